@@ -1,0 +1,93 @@
+"""One exception tree for the whole library.
+
+::
+
+    StreamEngineError
+    ├── ConfigError (ValueError)
+    ├── LlmError
+    │   ├── LlmHttpError            status_code, body, retry_after
+    │   ├── LlmTimeoutError (TimeoutError)   timeout_s, chunks_received, verb
+    │   ├── LlmStreamError          broken / malformed / in-band error stream
+    │   │   └── LlmProtocolError    the provider did not speak the wire format
+    │   ├── LlmConnectionError (ConnectionError)
+    │   ├── LlmCancelledError       the caller cancelled the call
+    │   └── AllModelsFailedError    attempts: every model's cause
+    └── ToolError                   a tool could not be defined or called
+
+Third-party exceptions are translated at one boundary (the client) and chained
+with ``raise ... from``, so the original cause is never lost.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+
+class StreamEngineError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class ConfigError(StreamEngineError, ValueError):
+    """A setting or argument is invalid; the message says which and how to fix it."""
+
+
+class LlmError(StreamEngineError):
+    """A call to the model failed."""
+
+
+class LlmHttpError(LlmError):
+    """The provider answered with an HTTP error status."""
+
+    def __init__(
+        self,
+        status_code: int,
+        body: str = "",
+        retry_after: Optional[float] = None,
+        message: Optional[str] = None,
+    ) -> None:
+        self.status_code = status_code
+        self.body = body[:1024]
+        self.retry_after = retry_after
+        super().__init__(message or f"provider answered HTTP {status_code}: {self.body}")
+
+
+class LlmTimeoutError(LlmError, TimeoutError):
+    """The model was silent too long, or its stream ran past the absolute cap."""
+
+    def __init__(self, message: str, *, timeout_s: float, chunks_received: int, verb: str) -> None:
+        self.timeout_s = timeout_s
+        self.chunks_received = chunks_received
+        self.verb = verb
+        super().__init__(message)
+
+
+class LlmStreamError(LlmError):
+    """The stream broke, was malformed, or carried an in-band error."""
+
+    def __init__(self, message: str, *, overloaded: bool = False) -> None:
+        self.overloaded = overloaded
+        super().__init__(message)
+
+
+class LlmProtocolError(LlmStreamError):
+    """The provider did not speak the OpenAI wire format (wrong content type, bad JSON)."""
+
+
+class LlmConnectionError(LlmError, ConnectionError):
+    """The provider could not be reached or dropped the connection."""
+
+
+class LlmCancelledError(LlmError):
+    """The call was cancelled by the caller; not a provider fault."""
+
+
+class AllModelsFailedError(LlmError):
+    """Every model in the failover list failed; ``attempts`` holds each cause."""
+
+    def __init__(self, attempts: Sequence[Tuple[str, BaseException]]) -> None:
+        self.attempts = list(attempts)
+        causes = "; ".join(f"{model}: {type(exc).__name__}: {exc}" for model, exc in self.attempts)
+        super().__init__(f"all {len(self.attempts)} model attempt(s) failed: {causes}")
+
+
+class ToolError(StreamEngineError):
+    """A tool could not be defined, validated or called."""

@@ -1,0 +1,209 @@
+"""The data that flows between provider, engine and caller: small frozen dataclasses.
+
+Frozen so that a chunk handed to an observer cannot be changed under the
+engine; plain dicts (``{"role": ..., "content": ...}``) are accepted wherever
+messages are taken and turned into :class:`Message` by :func:`as_message`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .errors import ConfigError, ToolError
+
+MAX_ARGUMENT_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call; ``arguments`` is the JSON text as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def args(self) -> Dict[str, Any]:
+        """Parse ``arguments``; an empty text means no arguments."""
+        text = self.arguments.strip()
+        if not text:
+            return {}
+        if len(text) > MAX_ARGUMENT_CHARS:
+            raise ToolError(
+                f"arguments of tool call {self.name!r} are {len(text)} characters, over the "
+                f"{MAX_ARGUMENT_CHARS} limit; ask the model for smaller arguments"
+            )
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ToolError(
+                f"arguments of tool call {self.name!r} are not valid JSON ({exc}); "
+                f"expected a JSON object such as {{\"query\": \"...\"}}"
+            ) from exc
+        if not isinstance(value, dict):
+            raise ToolError(
+                f"arguments of tool call {self.name!r} must be a JSON object, got {type(value).__name__}"
+            )
+        return value
+
+    def to_openai(self) -> Dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One streamed fragment of a native tool call, keyed by ``index``."""
+
+    index: int
+    id: Optional[str] = None
+    name: Optional[str] = None
+    arguments_fragment: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.total_tokens + other.total_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str = ""
+    tool_calls: Tuple[ToolCall, ...] = ()
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
+
+    def to_openai(self) -> Dict[str, Any]:
+        """The wire form; ``content`` is null only for an assistant turn made of tool calls."""
+        out: Dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+            if not self.content:
+                out["content"] = None
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+MessageLike = Union[Message, Mapping[str, Any]]
+
+
+def _tool_call_from_dict(raw: Mapping[str, Any]) -> ToolCall:
+    function = raw.get("function") or {}
+    return ToolCall(
+        id=str(raw.get("id", "")),
+        name=str(function.get("name", raw.get("name", ""))),
+        arguments=function.get("arguments", raw.get("arguments", "{}")) or "{}",
+    )
+
+
+def as_message(value: MessageLike) -> Message:
+    """Accept a :class:`Message` or an OpenAI-style dict; reject anything else clearly."""
+    if isinstance(value, Message):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"a message must be a Message or a dict like {{'role': 'user', 'content': '...'}}, "
+            f"got {type(value).__name__}"
+        )
+    role = value.get("role")
+    if not isinstance(role, str) or not role:
+        raise ConfigError(f"message {dict(value)!r} has no 'role'; use 'system', 'user', 'assistant' or 'tool'")
+    content = value.get("content")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise ConfigError(f"message content must be a string, got {type(content).__name__} in {dict(value)!r}")
+    calls = tuple(
+        c if isinstance(c, ToolCall) else _tool_call_from_dict(c) for c in (value.get("tool_calls") or ())
+    )
+    return Message(role=role, content=content, tool_calls=calls,
+                   tool_call_id=value.get("tool_call_id"), name=value.get("name"))
+
+
+def as_messages(values: Iterable[MessageLike]) -> List[Message]:
+    if isinstance(values, (str, bytes, Mapping)):
+        raise ConfigError(
+            "messages must be a list of messages, e.g. [{'role': 'user', 'content': 'hi'}], "
+            f"got a single {type(values).__name__}"
+        )
+    return [as_message(v) for v in values]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One parsed provider frame.  Only a meaningful chunk resets the idle timer."""
+
+    content: Optional[str] = None
+    reasoning: Optional[str] = None
+    tool_calls: Tuple[ToolCallDelta, ...] = ()
+    is_completed: bool = False
+    usage: Optional[Usage] = None
+    finish_reason: Optional[str] = None
+    model: Optional[str] = None
+
+    @property
+    def is_meaningful(self) -> bool:
+        return bool(self.content) or bool(self.reasoning) or bool(self.tool_calls) or self.is_completed
+
+
+@dataclass(frozen=True)
+class Response:
+    content: str = ""
+    tool_calls: Tuple[ToolCall, ...] = ()
+    usage: Optional[Usage] = None
+    model: Optional[str] = None
+    finish_reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What the model is told about a tool: name, description, JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_openai(self) -> Dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description,
+                             "parameters": dict(self.parameters)}}
+
+
+@dataclass(frozen=True)
+class CompletionOptions:
+    """Per-call settings; ``extra`` is merged into the request JSON as is."""
+
+    model: Optional[str] = None
+    temperature: Optional[float] = None
+    max_tokens: Optional[int] = None
+    stop: Optional[Sequence[str]] = None
+    extra: Optional[Mapping[str, Any]] = None
+
+    def with_model(self, model: str) -> "CompletionOptions":
+        return CompletionOptions(model, self.temperature, self.max_tokens, self.stop, self.extra)
+
+    def to_body(self) -> Dict[str, Any]:
+        body: Dict[str, Any] = {}
+        if self.model is not None:
+            body["model"] = self.model
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if self.stop is not None:
+            body["stop"] = list(self.stop)
+        if self.extra:
+            body.update(self.extra)
+        return body
