@@ -1,0 +1,39 @@
+"""Shared fixtures: a FakeProvider per test, and a guard that no thread outlives its test."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+
+def _alive_threads() -> set:
+    return {t for t in threading.enumerate() if t.is_alive()}
+
+
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until true; a failure guard, not a speed assertion."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture
+def no_thread_leak():
+    """Fails the test if threads it started are still alive shortly after it ends."""
+    before = _alive_threads()
+    yield
+    leaked = lambda: [t for t in _alive_threads() - before if not t.name.startswith("pytest")]
+    wait_for(lambda: not leaked(), timeout=5.0)
+    assert leaked() == [], f"threads left behind: {[t.name for t in leaked()]}"
+
+
+@pytest.fixture
+def provider():
+    from streamengine.testing import FakeProvider
+
+    with FakeProvider() as fp:
+        yield fp

@@ -1,0 +1,519 @@
+"""rag.py: chunking properties, SQLite/FTS5 ranking, vector fusion, threads, fallbacks."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from loguru import logger
+
+from streamengine import rag
+from streamengine.errors import ConfigError, LlmProtocolError, StreamEngineError
+from streamengine.rag import (
+    Embedder, HashingEmbedder, Hit, OpenAIEmbedder, RagStore, SqliteRagStore, chunks_for_ingest,
+)
+
+HOSTILE_QUERIES = [
+    '"', '""', '"unterminated', "AND", "alpha AND", "OR OR", "NOT", "*", "alpha*", "text:alpha",
+    "col:", ":", "(", "((alpha", "alpha)", "NEAR(alpha beta)", "-alpha", "^alpha", "+", "{text}: x",
+    "alpha' OR '1'='1", "%", "_", "\\", "\x00", "🙂 émoji", "a" * 5000, " ".join(["w%d" % i for i in range(500)]),
+]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leaks():
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not extra:
+            return
+        for thread in extra:
+            thread.join(timeout=0.05)
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
+@pytest.fixture
+def warnings_log():
+    """Warning records logged by streamengine during the test."""
+    records = []
+    logger.enable("streamengine")
+    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
+    yield records
+    logger.remove(sink)
+    logger.disable("streamengine")
+
+
+# ---------------------------------------------------------------------------
+# chunks_for_ingest
+# ---------------------------------------------------------------------------
+
+
+def _random_text(rng: random.Random, unique: bool) -> str:
+    """Prose with paragraphs, sentences, line breaks and the odd huge word."""
+    vocabulary = ["the", "a", "tool", "result", "of", "search", "data", "x", "model", "stream"]
+    paragraphs = []
+    counter = 0
+    for _ in range(rng.randint(1, 6)):
+        sentences = []
+        for _ in range(rng.randint(1, 8)):
+            words = []
+            for _ in range(rng.randint(1, 25)):
+                counter += 1
+                roll = rng.random()
+                if roll < 0.02:
+                    word = "H" * rng.randint(60, 200)  # longer than the chunk sizes used
+                else:
+                    word = rng.choice(vocabulary) * rng.randint(1, 3)
+                words.append(f"{word}{counter}" if unique else word)
+            sentences.append(" ".join(words) + rng.choice([".", "!", "?", ",", ""]))
+        paragraphs.append(rng.choice([" ", "  ", "\n", " \t"]).join(sentences))
+    return rng.choice(["", "  ", "\n"]) + rng.choice(["\n\n", "\n \n", "\n\n\n"]).join(paragraphs) + "\n "
+
+
+def _covers_in_order(text: str, chunks: list, overlap: int) -> bool:
+    """Whether dropping some overlap prefix from each chunk leaves exactly the words of ``text``.
+
+    Words may repeat, so the overlap length is not unique; search over every
+    admissible choice (a prefix of a chunk that is a suffix of the previous
+    chunk, at most ``overlap`` characters long there) with a set of reachable
+    positions in the input's word list.
+    """
+    words = text.split()
+    reachable = {0}
+    previous = None
+    for chunk in chunks:
+        chunk_words = chunk.split()
+        nxt = set()
+        for position in reachable:
+            for cut in range(len(chunk_words) + 1):
+                if cut and (previous is None or chunk_words[:cut] != previous[-cut:]):
+                    continue
+                if cut and len(" ".join(previous[-cut:])) > overlap:
+                    continue
+                rest = chunk_words[cut:]
+                if rest and words[position:position + len(rest)] == rest:
+                    nxt.add(position + len(rest))
+        reachable = nxt
+        previous = chunk_words
+    return len(words) in reachable
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("size,overlap", [(40, 0), (50, 10), (80, 30), (120, 119)])
+def test_chunks_lose_no_text_and_respect_size(seed, size, overlap):
+    text = _random_text(random.Random(seed), unique=seed % 2 == 0)
+    chunks = chunks_for_ingest(text, chunk_size=size, overlap=overlap)
+    assert chunks and all(chunk.strip() == chunk and chunk for chunk in chunks)
+    for chunk in chunks:
+        assert chunk in text  # a verbatim slice of the input
+        assert len(chunk) <= size or (len(chunk.split()) == 1 and len(chunk) > size)
+    assert _covers_in_order(text, chunks, overlap)
+    assert chunks_for_ingest(text, chunk_size=size, overlap=overlap) == chunks  # deterministic
+
+
+def test_overlap_is_whole_words_from_the_end_of_the_previous_chunk():
+    text = " ".join(f"w{i:03d}" for i in range(200))  # unique words: the overlap is unambiguous
+    chunks = chunks_for_ingest(text, chunk_size=60, overlap=20)
+    seen = set()
+    for previous, chunk in zip(chunks, chunks[1:]):
+        seen.update(previous.split())
+        shared = [w for w in chunk.split() if w in seen]
+        assert shared, "every chunk after the first should carry some overlap here"
+        tail = " ".join(shared)
+        assert previous.endswith(tail) and chunk.startswith(tail)
+        assert len(tail) <= 20
+    assert chunks[0].startswith("w000 ") and chunks[-1].endswith(" w199")
+
+
+def test_a_word_longer_than_chunk_size_is_its_own_uncut_chunk():
+    huge = "https://example.com/" + "z" * 300
+    chunks = chunks_for_ingest(f"before the link {huge} after the link", chunk_size=50, overlap=10)
+    assert huge in chunks
+    index = chunks.index(huge)
+    assert index > 0 and "after" in chunks[index + 1] and huge not in chunks[index + 1]
+
+
+def test_paragraphs_are_preferred_to_sentences():
+    paragraphs = [" ".join(["para%d sentence%d." % (p, s) for s in range(4)]) for p in range(6)]
+    text = "\n\n".join(paragraphs)
+    size = len(paragraphs[0]) * 2 + 10  # two paragraphs fit, three do not
+    chunks = chunks_for_ingest(text, chunk_size=size, overlap=0)
+    assert len(chunks) == 3
+    for chunk in chunks:
+        assert all(part in paragraphs for part in chunk.split("\n\n"))
+
+
+def test_a_big_paragraph_is_split_at_sentences_and_kept_apart_from_neighbours():
+    sentences = ["Sentence number %d is here." % i for i in range(12)]
+    big = " ".join(sentences)
+    text = "Small intro.\n\n" + big + "\n\nSmall outro."
+    chunks = chunks_for_ingest(text, chunk_size=90, overlap=0)
+    assert chunks[0] == "Small intro." and chunks[-1] == "Small outro."
+    for chunk in chunks[1:-1]:
+        assert chunk.endswith(".") and chunk.startswith("Sentence")
+
+
+def test_small_empty_and_whitespace_text():
+    assert chunks_for_ingest("  hello world \n") == ["hello world"]
+    assert chunks_for_ingest("") == []
+    assert chunks_for_ingest(" \n\t \n ") == []
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"chunk_size": 0}, {"chunk_size": -5}, {"chunk_size": 10, "overlap": 10},
+    {"chunk_size": 10, "overlap": -1}, {"chunk_size": 10.5}, {"chunk_size": True}, {"overlap": None},
+])
+def test_chunk_arguments_are_validated(kwargs):
+    with pytest.raises(ConfigError):
+        chunks_for_ingest("some text", **kwargs)
+    with pytest.raises(ConfigError):
+        chunks_for_ingest(b"bytes")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# SqliteRagStore: keyword search
+# ---------------------------------------------------------------------------
+
+CORPUS = {
+    "doc:cats": "Cats sleep most of the day and the cats purr when they are happy.",
+    "doc:dogs": "Dogs bark at the mail carrier and the dogs love long walks in the park.",
+    "doc:rare": "The quokka is a small marsupial and the quokka lives on Rottnest Island.",
+    "doc:park": "The park opens at dawn and the park closes at dusk for the day.",
+    "doc:mix": "The day the dogs and the cats met in the park was a happy day.",
+}
+
+
+def _store(**kwargs) -> SqliteRagStore:
+    store = SqliteRagStore(**kwargs)
+    for source, text in CORPUS.items():
+        assert store.add_chunks(source, [text]) == 1
+    return store
+
+
+@pytest.mark.parametrize("no_fts", [False, True])
+def test_the_document_with_the_rare_term_ranks_first(no_fts):
+    with _store(_force_no_fts=no_fts) as store:
+        hits = store.search("the day in the park with a quokka", k=3)
+        assert hits[0].source == "doc:rare"
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        assert all(isinstance(h, Hit) for h in hits) and len(hits) == 3
+        assert store.search("zzzunknownzzz") == []
+
+
+def test_search_filters_by_source_and_validates_k():
+    with _store() as store:
+        hits = store.search("park day dogs", k=5, source="doc:park")
+        assert [h.source for h in hits] == ["doc:park"]
+        assert store.search("park", source="doc:none") == []
+        for bad in (0, -1, 2.0, "5", True, None):
+            with pytest.raises(ConfigError):
+                store.search("park", k=bad)
+        with pytest.raises(ConfigError):
+            store.search(None)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError):
+            store.search("park", source="")
+        assert store.search("   ") == []
+
+
+def test_stemming_matches_word_forms():
+    with _store() as store:
+        assert store.search("barking dog", k=1)[0].source == "doc:dogs"
+
+
+@pytest.mark.parametrize("no_fts", [False, True])
+def test_hostile_queries_never_raise(no_fts):
+    with _store(_force_no_fts=no_fts, embedder=HashingEmbedder()) as store:
+        for query in HOSTILE_QUERIES:
+            hits = store.search(query, k=3)
+            assert isinstance(hits, list)
+        # Operators and column filters are plain words: "text:quokka" finds the quokka.
+        assert store.search("text:quokka", k=1)[0].source == "doc:rare"
+        assert store.search('"quokka AND (', k=1)[0].source == "doc:rare"
+
+
+def test_add_chunks_validates_and_skips_blank_chunks():
+    with SqliteRagStore() as store:
+        assert store.add_chunks("s", ["one", "  ", "", "two"]) == 2
+        assert store.add_chunks("s", []) == 0
+        assert store.count() == 2 and store.count("s") == 2
+        for bad_source in ("", None, 3):
+            with pytest.raises(ConfigError):
+                store.add_chunks(bad_source, ["x"])  # type: ignore[arg-type]
+        with pytest.raises(ConfigError):
+            store.add_chunks("s", "a whole string")
+        with pytest.raises(ConfigError):
+            store.add_chunks("s", ["ok", 3])  # type: ignore[list-item]
+
+
+def test_closed_store_raises_a_clear_error_and_close_is_idempotent():
+    store = _store()
+    assert isinstance(store, RagStore)
+    store.close()
+    store.close()
+    with pytest.raises(StreamEngineError, match="closed"):
+        store.search("park")
+    with pytest.raises(StreamEngineError, match="closed"):
+        store.add_chunks("s", ["x"])
+
+
+# ---------------------------------------------------------------------------
+# Embedders and fusion
+# ---------------------------------------------------------------------------
+
+
+def test_hashing_embedder_is_deterministic_and_unit_length():
+    embedder = HashingEmbedder(dim=32)
+    assert isinstance(embedder, Embedder) and embedder.model == "hashing-32"
+    first, again, empty = embedder.embed(["Tool results, tool RESULTS!", "tool results", " ... "], None)
+    assert first == again  # case and punctuation do not matter, only words
+    assert len(first) == 32 and abs(sum(x * x for x in first) - 1.0) < 1e-9
+    assert empty == [0.0] * 32
+    # Stable across processes: BLAKE2b, not the salted hash().
+    code = "from streamengine.rag import HashingEmbedder; print(HashingEmbedder(32).embed(['tool results'], None)[0])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(first)
+    with pytest.raises(ConfigError):
+        HashingEmbedder(0)
+
+
+FUSION_DOCS = {
+    "r1": "alpha report on quarterly staffing",
+    "r2": "alpha release notes mobile app",
+    "r3": "alpha particles stopped by paper",
+    "f1": "beta testers liked the new onboarding screens today",
+    "f2": "beta version shipped to the early customers last week",
+    "f3": "beta blockers lower the resting heart rate a bit",
+    "f4": "beta coefficient of the stock versus the market index",
+    "f5": "beta decay emits an electron from the nucleus quickly",
+    "f6": "beta fish need warm clean water in small tanks",
+    "x": "beta beta beta",
+}
+
+
+def test_cosine_fused_with_bm25_surfaces_a_doc_bm25_ranks_low():
+    # "beta" is in most documents, so BM25 gives it (almost) no weight and x,
+    # which shares only "beta" with the query, falls behind every "alpha"
+    # doc; its vector, though, is the closest to the query's.
+    query = "alpha beta"
+    plain = SqliteRagStore()
+    fused = SqliteRagStore(embedder=HashingEmbedder(256))
+    try:
+        for source, text in FUSION_DOCS.items():
+            plain.add_chunks(source, [text])
+            fused.add_chunks(source, [text])
+        assert "x" not in [h.source for h in plain.search(query, k=2)]
+        hits = fused.search(query, k=2)
+        assert "x" in [h.source for h in hits]
+        assert [h.source for h in hits] == ["r1", "x"]
+        # r1: first by BM25, behind x by cosine; the score is the RRF sum
+        assert 1 / (rag.RRF_K + 1) < hits[0].score <= 1 / (rag.RRF_K + 1) + 1 / (rag.RRF_K + 2)
+    finally:
+        plain.close()
+        fused.close()
+
+
+def test_vectors_of_another_model_are_not_compared():
+    with SqliteRagStore(embedder=HashingEmbedder(64), embed_model="model-a") as store:
+        store.add_chunks("a", ["beta beta beta"])
+        store.add_chunks("b", ["beta beta beta"], embed_model="model-b")
+        hits = store.search("gamma beta", k=5)
+        by_source = {h.source: h.score for h in hits}
+        # both are keyword hits; only "a" also ranks in the vector list
+        assert by_source["a"] > by_source["b"]
+
+
+class _FakeClient:
+    def __init__(self, short_by=0):
+        self.calls = []
+        self.short_by = short_by
+
+    def embed(self, texts, model):
+        self.calls.append((list(texts), model))
+        return [[float(len(t)), 1.0] for t in texts][: len(texts) - self.short_by]
+
+
+def test_openai_embedder_batches_in_order():
+    client = _FakeClient()
+    embedder = OpenAIEmbedder(client, "text-embedding-3-small", batch_size=64)
+    texts = ["t" * i for i in range(150)]
+    vectors = embedder.embed(texts, None)
+    assert [len(batch) for batch, _ in client.calls] == [64, 64, 22]
+    assert {model for _, model in client.calls} == {"text-embedding-3-small"}
+    assert [v[0] for v in vectors] == [float(i) for i in range(150)]
+    embedder.embed(["x"], "other-model")
+    assert client.calls[-1][1] == "other-model"
+    with pytest.raises(LlmProtocolError):
+        OpenAIEmbedder(_FakeClient(short_by=1), "m").embed(["a", "b"], None)
+    for bad in ({"client": object(), "model": "m"}, {"client": client, "model": ""},
+                {"client": client, "model": "m", "batch_size": 0}):
+        with pytest.raises(ConfigError):
+            OpenAIEmbedder(**bad)
+
+
+class _BrokenEmbedder:
+    model = "broken"
+
+    def __init__(self, fail_ingest=True, fail_query=True, wrong_count=False):
+        self.fail_ingest, self.fail_query, self.wrong_count = fail_ingest, fail_query, wrong_count
+
+    def embed(self, texts, model):
+        texts = list(texts)
+        is_query = len(texts) == 1 and texts[0].startswith("?")
+        if (self.fail_query if is_query else self.fail_ingest):
+            raise ConnectionError("embedding endpoint answered 500")
+        if self.wrong_count and not is_query:
+            return [[1.0]]
+        return HashingEmbedder(16).embed(texts, None)
+
+
+@pytest.mark.parametrize("embedder", [
+    _BrokenEmbedder(), _BrokenEmbedder(wrong_count=True, fail_ingest=False, fail_query=False),
+])
+def test_failed_embedding_still_stores_the_text(embedder, warnings_log):
+    with SqliteRagStore(embedder=embedder) as store:
+        assert store.add_chunks("tool:fetch:1", ["the unique phrase zanzibar pineapple", "other text"]) == 2
+        assert any("without vectors" in r["message"] for r in warnings_log)
+        hits = store.search("? zanzibar", k=1)
+        assert hits[0].source == "tool:fetch:1" and "zanzibar" in hits[0].text
+
+
+def test_a_failed_query_embedding_falls_back_to_bm25(warnings_log):
+    with SqliteRagStore(embedder=_BrokenEmbedder(fail_ingest=False)) as store:
+        store.add_chunks("s", ["quokka island", "dog park"])
+        hits = store.search("? quokka", k=2)
+        assert [h.source for h in hits] == ["s"] and "quokka" in hits[0].text
+        assert hits[0].score > 0 and any("BM25" in r["message"] for r in warnings_log)
+
+
+# ---------------------------------------------------------------------------
+# Persistence, threads, FTS5 fallback
+# ---------------------------------------------------------------------------
+
+
+def test_a_file_store_persists_across_instances_and_processes(tmp_path):
+    path = tmp_path / "rag.sqlite"
+    with SqliteRagStore(path, embedder=HashingEmbedder()) as first:
+        first.add_chunks("tool:a:1", ["the quokka smiles for photos", "unrelated filler text"])
+    code = (
+        "import sys; from streamengine.rag import SqliteRagStore, HashingEmbedder\n"
+        "s = SqliteRagStore(sys.argv[1], embedder=HashingEmbedder())\n"
+        "s.add_chunks('tool:b:2', ['a wombat digs burrows at night']); s.close()\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=30)
+    with SqliteRagStore(str(path), embedder=HashingEmbedder()) as second:
+        assert second.count() == 3
+        assert second.search("quokka", k=1)[0].source == "tool:a:1"
+        assert second.search("wombat burrows", k=1)[0].source == "tool:b:2"
+        # the stored vectors are used: the fused score of a top hit in both lists
+        assert second.search("wombat burrows", k=1)[0].score == pytest.approx(2 / (rag.RRF_K + 1))
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_concurrent_add_and_search_from_eight_threads(where, tmp_path):
+    path = ":memory:" if where == "memory" else str(tmp_path / "threads.sqlite")
+    store = SqliteRagStore(path, embedder=HashingEmbedder())
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def work(n):
+        try:
+            barrier.wait(timeout=10)
+            for i in range(15):
+                store.add_chunks(f"tool:t{n}:{i}", [f"thread{n} item{i} shared words", f"second{n}x{i} chunk"])
+                store.search(f"thread{(n + 1) % 8} shared", k=3)
+                store.search("shared", k=2, source=f"tool:t{n}:{i}")
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,), name=f"rag-{n}") for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    try:
+        assert errors == []
+        assert store.count() == 8 * 15 * 2
+        for n in range(8):
+            hit = store.search(f"thread{n} item7", k=1)[0]
+            assert hit.source == f"tool:t{n}:7"
+    finally:
+        store.close()
+
+
+def test_missing_fts5_falls_back_to_like_with_a_warning(monkeypatch, warnings_log):
+    monkeypatch.setattr(rag, "_fts5_available", lambda: False)
+    with _store() as store:
+        assert store.uses_fts is False
+        assert any("FTS5" in r["message"] for r in warnings_log)
+        assert store.search("quokka", k=1)[0].source == "doc:rare"
+        assert store.search("dogs", k=5, source="doc:mix")[0].source == "doc:mix"
+        # LIKE matches substrings; only whole words count
+        assert store.search("quo") == []
+
+
+def test_rows_added_without_fts5_are_indexed_when_reopened_with_it(tmp_path, monkeypatch):
+    path = str(tmp_path / "mixed.sqlite")
+    with SqliteRagStore(path) as store:
+        store.add_chunks("with-fts", ["the quokka"])
+    with SqliteRagStore(path, _force_no_fts=True) as store:
+        store.add_chunks("without-fts", ["the wombat"])
+        assert store.search("wombat", k=1)[0].source == "without-fts"
+    with SqliteRagStore(path) as store:
+        assert store.uses_fts
+        assert store.search("wombat", k=1)[0].source == "without-fts"
+        assert store.search("quokka", k=1)[0].source == "with-fts"
+
+
+def test_a_file_that_is_not_a_database_is_a_config_error(tmp_path):
+    path = tmp_path / "not.sqlite"
+    path.write_bytes(b"this is not an sqlite file" * 100)
+    with pytest.raises(ConfigError, match="RAG store"):
+        SqliteRagStore(path)
+    with pytest.raises(ConfigError):
+        SqliteRagStore(embedder=object())  # type: ignore[arg-type]
+
+
+def test_a_store_from_a_newer_version_is_refused(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "future.sqlite")
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(ConfigError, match="newer"):
+        SqliteRagStore(path)
+
+
+# ---------------------------------------------------------------------------
+# Real HTTP, once the client's embed() and FakeProvider's /v1/embeddings exist
+# ---------------------------------------------------------------------------
+
+
+def _fake_provider():
+    testing = pytest.importorskip("streamengine.testing")
+    openai = pytest.importorskip("streamengine.clients.openai")
+    if not hasattr(openai.OpenAICompatibleClient, "embed") or not hasattr(testing.FakeProvider, "fail_embeddings"):
+        pytest.skip("client embed() / FakeProvider embeddings not available yet")
+    return testing.FakeProvider, openai.OpenAICompatibleClient
+
+
+def test_openai_embedder_through_fake_provider_and_a_500(warnings_log):
+    FakeProvider, Client = _fake_provider()
+    with FakeProvider(embedding_dim=16) as fp:
+        client = Client(fp.base_url, api_key="test-key")
+        try:
+            embedder = OpenAIEmbedder(client, "embed-small", batch_size=2)
+            with SqliteRagStore(embedder=embedder) as store:
+                assert store.add_chunks("tool:a:1", ["alpha one", "beta two", "gamma three"]) == 3
+                fp.fail_embeddings(status=500, times=1)
+                assert store.add_chunks("tool:b:2", ["the zanzibar phrase"]) == 1
+                assert any("without vectors" in r["message"] for r in warnings_log)
+                assert store.search("zanzibar", k=1)[0].source == "tool:b:2"
+                assert store.search("gamma three", k=1)[0].source == "tool:a:1"
+        finally:
+            client.close()
