@@ -21,7 +21,28 @@ def test_every_public_class_or_function_is_exported():
     assert public - set(streamengine.__all__) == set()
 
 
-def test_logging_is_disabled_until_enabled(capsys):
+def _warn_from_inside_the_package():
+    # A failing cancel callback is logged as a WARNING by streamengine.cancel.
+    from streamengine.cancel import CancelToken
+
+    token = CancelToken()
+    token.add_callback(lambda: 1 / 0)
+    token.set()
+
+
+def test_logging_is_silent_until_enabled_then_goes_to_the_sink():
     from loguru import logger
-    logger.bind(component="streamengine.test").warning("should be silent")
-    assert "should be silent" not in capsys.readouterr().err
+
+    seen = []
+    probe = logger.add(lambda m: seen.append(m.record["message"]), level="DEBUG")
+    try:
+        _warn_from_inside_the_package()
+        assert seen == []
+        lines = []
+        handler = streamengine.enable_logging("WARNING", sink=lambda m: lines.append(str(m)))
+        _warn_from_inside_the_package()
+        assert any("cancel callback failed" in line and "streamengine.cancel" in line for line in lines)
+        logger.remove(handler)
+    finally:
+        logger.remove(probe)
+        logger.disable("streamengine")

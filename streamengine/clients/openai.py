@@ -1,0 +1,658 @@
+"""The OpenAI-compatible chat-completions client (OpenAI, vLLM, llama.cpp, Ollama ``/v1``...).
+
+This is the one boundary where HTTP, urllib3 and sseclient-py errors become
+streamengine errors (``raise ... from exc``), so nothing above it needs to
+know which library spoke to the provider.
+
+Design points, each measured (``FACTS.md``):
+
+* the body is read with ``resp.raw.read1(65536)``: it returns whatever has
+  arrived, on chunked, close-delimited and Content-Length bodies alike, where
+  ``iter_content(n)`` would wait to fill ``n`` bytes;
+* cancelling shuts the socket down (``connection.py``): closing a response
+  from another thread does not unblock a read;
+* a close-delimited body cut mid-stream looks like a clean end, so a stream
+  is complete only with ``[DONE]`` or a finish reason, never by the mere
+  absence of an exception;
+* the only timeout here is the connect timeout.  Idle and total timeouts live
+  in the call strategies, where only meaningful chunks count.
+"""
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import math
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import requests
+import urllib3.exceptions
+
+from .._sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_events, read1_iter
+from ..cancel import on_cancel
+from ..errors import (
+    ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError, LlmProtocolError,
+    LlmStreamError,
+)
+from ..logs import component_logger
+from ..messages import (
+    Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolCallDelta, ToolSpec, Usage,
+    as_messages,
+)
+from .base import StreamingLlmClient
+from .connection import RequestTracker, mount_cancellable, tracking
+
+__all__ = ["OpenAICompatibleClient", "parse_retry_after"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+READ_SIZE = 65536
+ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
+JSON_BODY_LIMIT = 64 * 1024 * 1024
+MAX_RETRY_AFTER_S = 86400.0
+
+# "rate" alone would match "generate"; these are the words providers use.
+_OVERLOAD = re.compile(r"overload|rate[ _-]?limit|too many requests|capacity|\b(?:429|503|529)\b", re.I)
+_STREAM_ERRORS = (
+    requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError,
+)
+_HINTS = {
+    400: "the provider rejected the request; check the model name, messages and options",
+    401: "check the API key (STREAMENGINE_API_KEY or OPENAI_API_KEY)",
+    403: "the API key is not allowed to use this model or endpoint",
+    404: "check base_url and the model name",
+    429: "rate limited by the provider; slow down or retry later",
+}
+
+
+class OpenAICompatibleClient(StreamingLlmClient):
+    """Chat completions (streamed or not) and embeddings over one ``requests.Session``.
+
+    ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1``; requests go
+    to ``{base_url}/chat/completions`` and ``{base_url}/embeddings``.  A
+    ``session`` you pass is used as is, except that a cancellable adapter is
+    mounted for ``base_url`` (needed to abort a request before its headers);
+    it is not closed by :meth:`close`.  The API key is sent as a bearer token
+    and never logged or shown in errors.
+    """
+
+    #: An SSE event larger than this is refused (LlmProtocolError), bounding memory.
+    max_event_bytes: int = MAX_EVENT_BYTES
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: Optional[str] = None,
+        *,
+        session: Optional[requests.Session] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if not isinstance(base_url, str) or not re.match(r"^https?://[^/]", base_url):
+            raise ConfigError(
+                f"base_url must be an http(s) URL such as 'http://127.0.0.1:8000/v1', got {base_url!r}"
+            )
+        if not (isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < math.inf):
+            raise ConfigError(
+                f"connect_timeout must be a positive number of seconds, got {connect_timeout!r}")
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key or None
+        self._headers = dict(headers or {})
+        self.connect_timeout = float(connect_timeout)
+        self._owns_session = session is None
+        self._session = session if session is not None else requests.Session()
+        if self._owns_session:
+            mount_cancellable(self._session)
+        else:
+            mount_cancellable(self._session, (self.base_url + "/",))
+        self._log = component_logger("streamengine.clients.openai.OpenAICompatibleClient")
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "OpenAICompatibleClient":
+        """Build from ``STREAMENGINE_BASE_URL`` and ``STREAMENGINE_API_KEY`` / ``OPENAI_API_KEY``."""
+        base_url = os.environ.get("STREAMENGINE_BASE_URL") or DEFAULT_BASE_URL
+        api_key = os.environ.get("STREAMENGINE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        return cls(base_url, api_key, **kwargs)
+
+    def __repr__(self) -> str:
+        key = "***" if self._api_key else None
+        return f"{type(self).__name__}(base_url={self.base_url!r}, api_key={key!r})"
+
+    def close(self) -> None:
+        """Close pooled connections (only if this client created the session)."""
+        if self._owns_session:
+            self._session.close()
+
+    def __enter__(self) -> "OpenAICompatibleClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- public calls ----------------------------------------------------------
+
+    def stream(
+        self,
+        messages: Sequence[MessageLike],
+        tools: Optional[Sequence[ToolSpec]] = None,
+        options: Optional[CompletionOptions] = None,
+        cancel: Optional[threading.Event] = None,
+    ) -> Iterator[Chunk]:
+        """Yield chunks as they arrive; the last one has ``is_completed=True``.
+
+        Arguments are checked now; the request is sent on the first ``next()``.
+        """
+        body = self._chat_body(messages, tools, options, stream=True)
+        return self._stream(_encode(body), cancel)
+
+    def complete(
+        self,
+        messages: Sequence[MessageLike],
+        tools: Optional[Sequence[ToolSpec]] = None,
+        options: Optional[CompletionOptions] = None,
+        cancel: Optional[threading.Event] = None,
+    ) -> Response:
+        """One non-streamed chat completion."""
+        body = self._chat_body(messages, tools, options, stream=False)
+        payload = self._post_json("/chat/completions", _encode(body), cancel)
+        return _response_from_json(payload, self._redact)
+
+    def embed(
+        self, texts: Sequence[str], model: str, *, cancel: Optional[threading.Event] = None,
+    ) -> List[List[float]]:
+        """Embed ``texts`` in one request; vectors come back in input order."""
+        if isinstance(texts, (str, bytes)):
+            raise ConfigError(
+                "embed() takes a list of texts, e.g. embed(['some text'], model), not one string")
+        texts = list(texts)
+        if not texts:
+            return []
+        payload = self._post_json("/embeddings", _encode({"model": model, "input": texts}), cancel)
+        return _vectors_from_json(payload, len(texts))
+
+    # -- request building ------------------------------------------------------
+
+    def _chat_body(
+        self,
+        messages: Sequence[MessageLike],
+        tools: Optional[Sequence[ToolSpec]],
+        options: Optional[CompletionOptions],
+        stream: bool,
+    ) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"messages": [m.to_openai() for m in as_messages(messages)]}
+        if tools:
+            body["tools"] = [t.to_openai() for t in tools]
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        body.update((options or CompletionOptions()).to_body())
+        return body
+
+    def _request_headers(self, stream: bool) -> Dict[str, str]:
+        headers = {"Content-Type": "application/json",
+                   "Accept": "text/event-stream" if stream else "application/json"}
+        if stream:
+            # A compressed event stream is buffered by some proxies; ask for none.
+            headers["Accept-Encoding"] = "identity"
+        headers.update(self._headers)
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _redact(self, text: str) -> str:
+        if self._api_key and self._api_key in text:
+            return text.replace(self._api_key, "***")
+        return text
+
+    # -- transport -------------------------------------------------------------
+
+    def _send(self, path: str, data: bytes, stream: bool, tracker: RequestTracker,
+              cancel: Optional[threading.Event]) -> requests.Response:
+        """POST and return the response with its body unread; the status is checked."""
+        url = self.base_url + path
+        self._log.debug("POST {} stream={} ({} bytes)", url, stream, len(data))
+        if _cancelled(cancel, tracker):
+            raise LlmCancelledError(f"call to {url} was cancelled before it was sent")
+        try:
+            with tracking(tracker):
+                resp = self._session.post(
+                    url, data=data, headers=self._request_headers(stream), stream=True,
+                    timeout=(self.connect_timeout, None),
+                )
+        except _STREAM_ERRORS as exc:
+            if _cancelled(cancel, tracker):
+                raise LlmCancelledError(f"call to {url} was cancelled while waiting for the answer") from exc
+            raise LlmConnectionError(self._redact(
+                f"could not get an answer from {url}: {type(exc).__name__}: {exc}; "
+                f"check that the provider is running and base_url is right"
+            )) from exc
+        try:
+            if resp.status_code >= 400:
+                raise self._http_error(resp, url, cancel, tracker)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    def _http_error(self, resp: requests.Response, url: str, cancel: Optional[threading.Event],
+                    tracker: RequestTracker) -> LlmError:
+        try:
+            raw = _read_limited(resp, ERROR_BODY_LIMIT, truncate=True)
+        except _STREAM_ERRORS as exc:
+            if _cancelled(cancel, tracker):
+                return LlmCancelledError(f"call to {url} was cancelled while reading an error answer")
+            raw = f"<error body unreadable: {exc}>".encode()
+        text = self._redact(raw.decode("utf-8", errors="replace"))
+        retry_after = parse_retry_after(resp.headers)
+        detail = _provider_message(text) or text[:300].strip() or "(empty body)"
+        hint = _HINTS.get(resp.status_code) or (
+            "the provider failed; retry later or fail over to another model"
+            if resp.status_code >= 500 else "the request was not accepted")
+        when = f"; retry after {retry_after:g}s" if retry_after is not None else ""
+        message = (f"provider answered HTTP {resp.status_code} {resp.reason or ''}".rstrip()
+                   + f" for {url}: {detail} ({hint}{when})")
+        self._log.debug("HTTP {} from {}: {}", resp.status_code, url, detail)
+        return LlmHttpError(resp.status_code, text, retry_after, message=message)
+
+    def _post_json(self, path: str, data: bytes, cancel: Optional[threading.Event]) -> Any:
+        url = self.base_url + path
+        tracker = RequestTracker()
+        stop_watch = on_cancel(cancel, tracker.abort)
+        resp: Optional[requests.Response] = None
+        try:
+            resp = self._send(path, data, False, tracker, cancel)
+            try:
+                raw = _read_limited(resp, JSON_BODY_LIMIT, truncate=False)
+            except _STREAM_ERRORS as exc:
+                if _cancelled(cancel, tracker):
+                    raise LlmCancelledError(f"call to {url} was cancelled while reading the answer") from exc
+                raise LlmConnectionError(
+                    f"the answer from {url} broke off: {type(exc).__name__}: {exc}; retry or fail over"
+                ) from exc
+            if _cancelled(cancel, tracker):
+                raise LlmCancelledError(f"call to {url} was cancelled")
+            try:
+                payload = json.loads(raw.decode("utf-8", errors="replace"))
+            except ValueError as exc:
+                raise LlmProtocolError(
+                    f"{url} answered HTTP {resp.status_code} with a body that is not JSON "
+                    f"(content type {resp.headers.get('Content-Type')!r}): "
+                    f"{self._redact(raw[:200].decode('utf-8', errors='replace'))!r}; "
+                    f"is base_url an OpenAI-compatible API root (ending in /v1)?"
+                ) from exc
+            _raise_in_band_error(payload, url, self._redact)
+            return payload
+        finally:
+            stop_watch()
+            tracker.release()
+            if resp is not None:
+                resp.close()
+
+    def _stream(self, data: bytes, cancel: Optional[threading.Event]) -> Iterator[Chunk]:
+        url = self.base_url + "/chat/completions"
+        tracker = RequestTracker()
+        stop_watch = on_cancel(cancel, tracker.abort)
+        resp: Optional[requests.Response] = None
+
+        def release() -> None:
+            # Tracker first: a cancel arriving now must not reach a socket
+            # that is being closed (its descriptor number may be reused).
+            stop_watch()
+            tracker.release()
+            if resp is not None:
+                resp.close()
+
+        try:
+            resp = self._send("/chat/completions", data, True, tracker, cancel)
+            content_type = resp.headers.get("Content-Type", "")
+            if not content_type.lower().startswith("text/event-stream"):
+                raise LlmProtocolError(
+                    f"{url} answered a streaming request with content type {content_type!r}, "
+                    f"not 'text/event-stream': {self._redact(_excerpt(resp))!r}; is base_url an "
+                    f"OpenAI-compatible API root (ending in /v1)?"
+                )
+            parser = _StreamParser(url, self._redact, self.max_event_bytes)
+            completed = yield from parser.run(resp, cancel, tracker)
+        finally:
+            release()
+        # Released before the last chunk goes out: a caller that stops at the
+        # completed chunk and never closes the iterator holds no connection.
+        self._log.debug("stream from {} completed after {} events (finish={})",
+                        url, parser.events, completed.finish_reason)
+        yield completed
+
+
+class _StreamParser:
+    """SSE events of one response -> Chunks, with the completion rule and error mapping."""
+
+    def __init__(self, url: str, redact: Any, max_event_bytes: int) -> None:
+        self.url = url
+        self.max_event_bytes = max_event_bytes
+        self.redact = redact
+        self.events = 0
+        self.finish_reason: Optional[str] = None
+        self.usage: Optional[Usage] = None
+        self.model: Optional[str] = None
+
+    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
+            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+        """Yield the chunks of the stream; return the completed chunk (not yielded)."""
+        framer = SseFramer(self.max_event_bytes, 8 * self.max_event_bytes)
+        reads = read1_iter(_read1_of(resp), READ_SIZE)
+        try:
+            for event in iter_events(reads, framer):
+                if _cancelled(cancel, tracker):
+                    break
+                self.events += 1
+                if event.data == "[DONE]":
+                    return self._completed()
+                chunk = self._chunk(event.event, event.data)
+                if chunk is not None:
+                    yield chunk
+        except SseEventTooLarge as exc:
+            raise LlmProtocolError(f"{self.url}: {exc}") from exc
+        except _STREAM_ERRORS as exc:
+            if _cancelled(cancel, tracker):
+                raise LlmCancelledError(f"stream from {self.url} was cancelled") from exc
+            raise LlmStreamError(
+                f"stream from {self.url} broke after {self.events} events: {type(exc).__name__}: "
+                f"{exc}; the provider dropped the connection mid-answer, retry or fail over"
+            ) from exc
+        if _cancelled(cancel, tracker):
+            raise LlmCancelledError(f"stream from {self.url} was cancelled")
+        if self.finish_reason is not None:
+            return self._completed()
+        cut = (f" ({framer.dropped_bytes} bytes of an unfinished event were dropped)"
+               if framer.dropped_bytes else "")
+        raise LlmStreamError(
+            f"stream from {self.url} ended without a finish reason or [DONE] after "
+            f"{self.events} events{cut}; the answer is incomplete, retry or fail over"
+        )
+
+    def _completed(self) -> Chunk:
+        return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model)
+
+    def _chunk(self, event_name: str, data: str) -> Optional[Chunk]:
+        if event_name == "ping":
+            return None
+        try:
+            frame = json.loads(data)
+        except ValueError as exc:
+            if event_name == "error":
+                frame = {"error": {"message": data}}
+            else:
+                raise LlmProtocolError(
+                    f"{self.url} sent a stream frame that is not JSON ({exc}): "
+                    f"{self.redact(data[:200])!r}; the provider does not speak the OpenAI stream format"
+                ) from exc
+        if not isinstance(frame, dict):
+            raise LlmProtocolError(
+                f"{self.url} sent a stream frame that is not a JSON object: {self.redact(data[:200])!r}"
+            )
+        if event_name == "error" and "error" not in frame:
+            frame = {"error": frame}
+        _raise_in_band_error(frame, self.url, self.redact, after=self.events - 1)
+        return self._chunk_from_frame(frame)
+
+    def _chunk_from_frame(self, frame: Dict[str, Any]) -> Chunk:
+        if isinstance(frame.get("model"), str):
+            self.model = frame["model"]
+        usage = _usage(frame.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        choice = _first_choice(frame.get("choices"))
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str) and finish:
+            self.finish_reason = finish
+        else:
+            finish = None
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        return Chunk(
+            content=_text_or_none(delta.get("content")),
+            reasoning=_text_or_none(reasoning),
+            tool_calls=_tool_call_deltas(delta.get("tool_calls")),
+            usage=usage,
+            finish_reason=finish,
+            model=self.model,
+        )
+
+
+# -- helpers: parsing -------------------------------------------------------------
+
+def _encode(body: Dict[str, Any]) -> bytes:
+    """The request JSON, built before anything is sent so a bad option fails at the call."""
+    try:
+        return json.dumps(body, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"the request cannot be sent as JSON ({exc}); check CompletionOptions.extra, "
+            f"tool parameters and message contents for non-JSON values such as sets or NaN"
+        ) from exc
+
+
+def _text_or_none(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
+
+
+def _first_choice(choices: Any) -> Dict[str, Any]:
+    """The choice with index 0 (``n > 1`` is not supported: other choices are ignored)."""
+    if not isinstance(choices, list):
+        return {}
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return {}
+
+
+def _usage(raw: Any) -> Optional[Usage]:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        prompt = int(raw.get("prompt_tokens") or 0)
+        completion = int(raw.get("completion_tokens") or 0)
+        total = int(raw.get("total_tokens") or (prompt + completion))
+    except (TypeError, ValueError):
+        return None
+    return Usage(prompt, completion, total)
+
+
+def _arguments_text(raw: Any) -> Optional[str]:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return raw
+    return json.dumps(raw)  # some servers send an object instead of JSON text
+
+
+def _tool_call_deltas(raw: Any) -> Tuple[ToolCallDelta, ...]:
+    if not isinstance(raw, list):
+        return ()
+    deltas = []
+    for position, item in enumerate(raw):
+        if not isinstance(item, dict):
+            continue
+        function = item.get("function") if isinstance(item.get("function"), dict) else {}
+        index = item.get("index", position)
+        # Empty strings are "not sent": an empty id would look like a new call.
+        call_id = item.get("id") or None
+        name = function.get("name") or None
+        arguments = _arguments_text(function.get("arguments")) or None
+        if call_id is None and name is None and arguments is None:
+            continue
+        deltas.append(ToolCallDelta(index=int(index) if isinstance(index, int) else position,
+                                    id=call_id, name=name, arguments_fragment=arguments))
+    return tuple(deltas)
+
+
+def _provider_message(text: str) -> Optional[str]:
+    """The provider's own error message from a JSON error body, if there is one."""
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    error = payload.get("error", payload)
+    if isinstance(error, str):
+        return error
+    if isinstance(error, dict):
+        for key in ("message", "detail", "error"):
+            if isinstance(error.get(key), str) and error[key]:
+                return error[key]
+    if isinstance(payload.get("detail"), str):
+        return payload["detail"]
+    return None
+
+
+def _raise_in_band_error(payload: Any, url: str, redact: Any, after: Optional[int] = None) -> None:
+    if not isinstance(payload, dict) or not payload.get("error"):
+        return
+    error = payload["error"]
+    if isinstance(error, dict):
+        message = str(error.get("message") or error)
+        kind, code = error.get("type"), error.get("code")
+    else:
+        message, kind, code = str(error), None, None
+    facts = ", ".join(f"{k}={v}" for k, v in (("type", kind), ("code", code)) if v is not None)
+    overloaded = bool(_OVERLOAD.search(" ".join(str(v) for v in (kind, code, message) if v is not None)))
+    where = f"in the stream after {after} events" if after is not None else "in its answer"
+    raise LlmStreamError(
+        redact(f"provider at {url} sent an error {where}: {message}"
+               + (f" ({facts})" if facts else "")
+               + ("; it is overloaded, retry later or fail over" if overloaded else "; retry or fail over")),
+        overloaded=overloaded,
+    )
+
+
+def _response_from_json(payload: Any, redact: Any) -> Response:
+    if not isinstance(payload, dict):
+        raise LlmProtocolError(f"a chat completion must be a JSON object, got {redact(str(payload)[:200])!r}")
+    choice = _first_choice(payload.get("choices"))
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else None
+    if message is None:
+        raise LlmProtocolError(
+            f"the chat completion has no choices[0].message: {redact(json.dumps(payload)[:300])}; "
+            f"the provider does not speak the OpenAI format"
+        )
+    calls = []
+    for position, item in enumerate(message.get("tool_calls") or ()):
+        if not isinstance(item, dict):
+            continue
+        function = item.get("function") if isinstance(item.get("function"), dict) else {}
+        calls.append(ToolCall(id=str(item.get("id") or f"call_{position}"),
+                              name=str(function.get("name") or ""),
+                              arguments=_arguments_text(function.get("arguments")) or "{}"))
+    finish = choice.get("finish_reason")
+    return Response(
+        content=message.get("content") if isinstance(message.get("content"), str) else "",
+        tool_calls=tuple(calls),
+        usage=_usage(payload.get("usage")),
+        model=payload.get("model") if isinstance(payload.get("model"), str) else None,
+        finish_reason=finish if isinstance(finish, str) else None,
+    )
+
+
+def _vectors_from_json(payload: Any, expected: int) -> List[List[float]]:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list) or len(data) != expected:
+        got = len(data) if isinstance(data, list) else "no"
+        raise LlmProtocolError(
+            f"the embeddings answer holds {got} vectors for {expected} inputs; "
+            f"the provider does not speak the OpenAI embeddings format"
+        )
+    try:
+        ordered = sorted(data, key=lambda item: int(item.get("index", 0)))
+        return [[float(x) for x in item["embedding"]] for item in ordered]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise LlmProtocolError(
+            f"the embeddings answer is malformed ({exc}); expected data[i].embedding lists") from exc
+
+
+def parse_retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Optional[float]:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date).
+
+    Anything not finite, negative or over a day is ignored (``None``): a
+    broken header must not park a caller for a year.  A date in the past
+    means "now" (0).
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    ms = _finite(lowered.get("retry-after-ms"))
+    if ms is not None:
+        return _sane(ms / 1000.0)
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    seconds = _finite(value)
+    if seconds is not None:
+        return _sane(seconds)
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    now = time.time() if now is None else now
+    return _sane(max(0.0, when.timestamp() - now))
+
+
+def _finite(value: Optional[str]) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except (AttributeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _sane(seconds: float) -> Optional[float]:
+    return seconds if 0.0 <= seconds <= MAX_RETRY_AFTER_S else None
+
+
+# -- helpers: transport ------------------------------------------------------------
+
+def _cancelled(cancel: Optional[threading.Event], tracker: RequestTracker) -> bool:
+    return tracker.aborted or (cancel is not None and cancel.is_set())
+
+
+def _read1_of(resp: requests.Response) -> Callable[[int], bytes]:
+    """``read1`` of the body: returns what has arrived instead of waiting to fill a buffer.
+
+    urllib3 >= 2 has it (decoding any content encoding); on urllib3 1.x the
+    http.client response underneath has it (we ask for no encoding).
+    """
+    raw = resp.raw
+    if hasattr(raw, "read1"):
+        return lambda n: raw.read1(n, decode_content=True)
+    fp = getattr(raw, "_fp", None)
+    if fp is not None and hasattr(fp, "read1"):
+        return fp.read1
+    return raw.read  # last resort: correct, but may wait for a full buffer
+
+
+def _excerpt(resp: requests.Response, limit: int = 300) -> str:
+    """The start of a body for an error message; unreadable is not a second error."""
+    try:
+        return _read_limited(resp, limit, truncate=True).decode("utf-8", errors="replace")
+    except _STREAM_ERRORS as exc:
+        return f"<body unreadable: {exc}>"
+
+
+def _read_limited(resp: requests.Response, limit: int, truncate: bool) -> bytes:
+    """Read the body up to ``limit`` bytes; over it, cut (``truncate``) or refuse."""
+    parts: List[bytes] = []
+    size = 0
+    for data in read1_iter(_read1_of(resp), READ_SIZE):
+        parts.append(data)
+        size += len(data)
+        if size > limit:
+            if truncate:
+                break
+            raise LlmProtocolError(
+                f"the answer from {resp.url} is over {limit} bytes; refusing to buffer it"
+            )
+    return b"".join(parts)[:limit]

@@ -1,0 +1,331 @@
+"""One run of the engine, round by round, on the run thread.
+
+Each round streams the model's answer; visible text goes to the caller as it
+arrives while completed tool calls go through the :class:`ToolDispatcher` at
+once.  After the stream the round joins its tools, and if it found any call
+the next round asks the model for a revised answer.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Set
+
+from .accumulate import ToolCallAccumulator
+from .cancel import CancelToken
+from .continuation import build_continuation_message, tool_result_messages
+from .dispatch import DispatchLimits, ToolDispatcher
+from .errors import LlmCancelledError, LlmError
+from .events import DoneEvent, ErrorEvent, Event, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from .inline import XmlParseState, tool_instructions
+from .messages import Chunk, Message, ToolCall, Usage
+from .result import EngineResult, Telemetry
+from .tools import ToolHandle, ToolResult
+
+if TYPE_CHECKING:
+    from .engine import StreamingEngine
+
+CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
+CANCEL_POLL_S = 0.05
+
+
+def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
+    return ToolResult.error_result(handle.call, reason)
+
+
+@dataclass
+class RunState:
+    conversation: List[Message]
+    cancel: CancelToken
+    emit: Callable[[Event], None]
+    started: float
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    rounds: List[str] = field(default_factory=list)
+    results: List[ToolResult] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    answer: Optional[str] = None
+    error: Optional[str] = None
+    done: bool = False
+
+
+class _RoundStream:
+    """Everything one round keeps while its stream flows (reset on failover)."""
+
+    def __init__(self, runner: "RoundRunner", round_no: int) -> None:
+        self.runner = runner
+        # Ids must stay unique across the rounds of a request: the round is in the prefix.
+        self.parser = XmlParseState(max_block_chars=runner.config.max_block_chars,
+                                    id_prefix=f"call_inline_r{round_no}_") if runner.use_xml else None
+        self.accumulator = ToolCallAccumulator() if runner.use_native else None
+        self.text_parts: List[str] = []
+        self.native_calls: List[ToolCall] = []
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        """Called on the run thread for every chunk: show text, dispatch calls at once."""
+        content = chunk.content
+        if content:
+            parser = self.parser
+            if parser is None:
+                self.runner.show(self, content)
+            else:
+                fed = parser.feed(content)
+                if fed.errors:
+                    self.runner.log_parse_errors(fed.errors)
+                if fed.visible:
+                    self.runner.show(self, fed.visible)
+                for call in fed.calls:
+                    self.runner.dispatcher.dispatch(call)
+        if chunk.tool_calls and self.accumulator is not None:
+            for delta in chunk.tool_calls:
+                for call in self.accumulator.add(delta):
+                    self._dispatch_native(call)
+
+    def _dispatch_native(self, call: ToolCall) -> None:
+        self.native_calls.append(call)
+        self.runner.dispatcher.dispatch(call)
+
+    def finish(self) -> None:
+        """The stream completed: release held-back text, dispatch the last native calls."""
+        if self.parser is not None:
+            tail = self.parser.flush()
+            if tail.visible:
+                self.runner.show(self, tail.visible)
+            for call in tail.calls:
+                self.runner.dispatcher.dispatch(call)
+        if self.accumulator is not None:
+            for call in self.accumulator.finish():
+                self._dispatch_native(call)
+
+    @property
+    def committed(self) -> bool:
+        """Something reached the caller or a tool started: no failover from here on."""
+        return bool(self.text_parts) or self.runner.dispatcher.started_any
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+class RoundRunner:
+    def __init__(self, engine: "StreamingEngine", state: RunState) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.state = state
+        has_tools = bool(engine.registry.names)
+        self.use_xml = has_tools and self.config.tool_mode in ("xml", "auto")
+        self.use_native = has_tools and self.config.tool_mode in ("native", "auto")
+        self.dispatcher = ToolDispatcher(
+            engine.registry, engine.executor,
+            DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
+                           self.config.tool_timeout, self.config.allowed_tools),
+            state.cancel, on_start=self._on_tool_start,
+            on_result=self._on_tool_result if engine.rag is not None else None)
+        self.messages = self._initial_messages(state.conversation)
+        self._parser_errors = 0
+
+    # --- set-up -------------------------------------------------------------------
+    def _tool_specs(self) -> list:
+        names = set(self.dispatcher.available_names())
+        return [spec for spec in self.engine.registry.specs() if spec.name in names]
+
+    def _initial_messages(self, conversation: List[Message]) -> List[Message]:
+        if not self.use_xml:
+            return list(conversation)
+        hint = Message(role="system", content=tool_instructions(self._tool_specs()))
+        leading = 0
+        while leading < len(conversation) and conversation[leading].role == "system":
+            leading += 1
+        return conversation[:leading] + [hint] + conversation[leading:]
+
+    # --- events ---------------------------------------------------------------------
+    def show(self, stream: _RoundStream, text: str) -> None:
+        stream.text_parts.append(text)
+        if self.state.telemetry.time_to_first_token_s is None:
+            self.state.telemetry.time_to_first_token_s = time.monotonic() - self.state.started
+        self.state.emit(TokenEvent(text))
+
+    def log_parse_errors(self, errors: Sequence[str]) -> None:
+        for reason in errors:
+            self.engine.log.warning("invalid tool block shown as text, not run: {}", reason)
+
+    def _on_tool_start(self, call: ToolCall) -> None:
+        self.state.emit(ToolStartEvent(call))
+
+    def _on_tool_result(self, result: ToolResult) -> None:
+        """Runs on the tool's worker thread: file the result where later searches find it."""
+        self.engine.ingest(result)
+
+    # --- the loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        last_round = self.config.max_continuations + 1
+        for round_no in range(1, last_round + 1):
+            if self.state.cancel.is_set():
+                self._stop("cancelled")
+                break
+            if not self._round(round_no, is_last=round_no == last_round):
+                break
+        self._finish()
+
+    def _round(self, round_no: int, *, is_last: bool) -> bool:
+        """Run one round; True when another round should follow."""
+        self.state.telemetry.rounds = round_no
+        self.state.emit(RoundEvent(round_no))
+        self.dispatcher.begin_round(accept_calls=not is_last)
+        stream = _RoundStream(self, round_no)
+        holder = [stream]
+
+        def may_advance() -> bool:
+            if holder[0].committed:
+                return False
+            self.dispatcher.reset_round()
+            holder[0] = _RoundStream(self, round_no)
+            return True
+
+        try:
+            outcome = self.engine.failover.call(
+                self.messages, tools=self._tool_specs() if self.use_native else None,
+                options=self.config.options, cancel=self.state.cancel,
+                on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance)
+        except LlmError as exc:
+            self._on_llm_error(holder[0], exc)
+            return False
+        stream = holder[0]
+        stream.finish()
+        self._count_parse_errors(stream)
+        self._account(outcome)
+        if (outcome.response.finish_reason or "stop") not in CUT_OFF_FINISH_REASONS:
+            self.dispatcher.release_side_effects()
+        text = stream.text
+        self.state.rounds.append(text)
+        results = self._join_round()
+        if self.state.cancel.is_set():
+            self._stop("cancelled")
+            return False
+        if not self.dispatcher.found_calls:
+            self.state.answer = text
+            return False
+        if is_last:
+            self._stop("max_continuations_reached")
+            self.state.answer = "\n\n".join(part for part in self.state.rounds if part)
+            return False
+        self._continue_with(stream, results)
+        return True
+
+    def _account(self, outcome: Any) -> None:
+        telemetry = self.state.telemetry
+        telemetry.model_used = outcome.model
+        telemetry.failovers += sum(1 for model, _ in outcome.attempts if model != outcome.model)
+        if outcome.response.usage is not None:
+            self.state.usage = self.state.usage + outcome.response.usage
+
+    def _join_round(self) -> List[ToolResult]:
+        results = []
+        for entry in self.dispatcher.entries():
+            if isinstance(entry, ToolHandle):
+                result = self._await(entry)
+                self._count_tool_outcome(result)
+            else:
+                result = entry
+            results.append(result)
+            self.state.emit(ToolResultEvent(result))
+        self.state.results.extend(results)
+        # Results filed in the RAG store must be searchable when the next round starts.
+        self.dispatcher.wait_for_results_delivered(self.config.tool_timeout)
+        return results
+
+    def _await(self, handle: ToolHandle) -> ToolResult:
+        """The handle's result at its deadline at the latest; at once if the run is cancelled."""
+        cancel = self.state.cancel
+        while not handle.wait(CANCEL_POLL_S):
+            if cancel.is_set():
+                handle.cancel()
+                if not handle.done():
+                    return _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
+        return handle.result()
+
+    def _count_tool_outcome(self, result: ToolResult) -> None:
+        telemetry = self.state.telemetry
+        if result.ok:
+            telemetry.tools_ok += 1
+        elif result.timed_out:
+            telemetry.tools_timed_out += 1
+        else:
+            telemetry.tools_failed += 1
+
+    def _continue_with(self, stream: _RoundStream, results: List[ToolResult]) -> None:
+        native_ids: Set[str] = {call.id for call in stream.native_calls}
+        self.messages.append(Message(role="assistant", content=stream.text, tool_calls=tuple(stream.native_calls)))
+        native = [r for r in results if r.call_id in native_ids]
+        inline = [r for r in results if r.call_id not in native_ids]
+        self.messages.extend(tool_result_messages(native))
+        if inline or not native:
+            self.messages.append(Message(role="user", content=build_continuation_message(inline or results)))
+
+    # --- endings ----------------------------------------------------------------------------
+    def _count_parse_errors(self, stream: _RoundStream) -> None:
+        if stream.parser is not None:
+            self._parser_errors += stream.parser.parse_errors
+
+    def _on_llm_error(self, stream: _RoundStream, exc: LlmError) -> None:
+        self._count_parse_errors(stream)
+        self.dispatcher.cancel_all()
+        self._collect_abandoned()
+        if isinstance(exc, LlmCancelledError) or self.state.cancel.is_set():
+            self.state.rounds.append(stream.text)
+            self._stop("cancelled")
+            return
+        self.state.error = str(exc)
+        if not stream.committed:
+            warning = f"\u26a0\ufe0f LLM error: {exc}"
+            self.show(stream, warning)
+            self.state.emit(ErrorEvent(str(exc)))
+            self._stop("llm_error")
+        else:
+            self.state.emit(ErrorEvent(f"the model's stream failed after a partial answer: {exc}"))
+            self._stop("llm_error_after_tokens")
+        self.state.rounds.append(stream.text)
+        self.state.answer = stream.text
+
+    def _collect_abandoned(self) -> None:
+        """Report the tools of a broken round without waiting for the ones still running."""
+        for entry in self.dispatcher.entries():
+            if isinstance(entry, ToolHandle):
+                result = entry.result() if entry.done() else _abandoned(
+                    entry, "cancelled: the round ended before the tool finished")
+                if entry.done():
+                    self._count_tool_outcome(result)
+            else:
+                result = entry
+            self.state.results.append(result)
+            self.state.emit(ToolResultEvent(result))
+
+    def _stop(self, reason: str) -> None:
+        if self.state.telemetry.fallback_reason is None:
+            self.state.telemetry.fallback_reason = reason
+
+    def _finish(self) -> None:
+        state = self.state
+        counters = self.dispatcher.counters
+        telemetry = state.telemetry
+        telemetry.tools_started = counters.tools_started
+        telemetry.dedup_skipped = counters.dedup_skipped
+        telemetry.cap_skipped = counters.cap_skipped
+        telemetry.disallowed = counters.disallowed
+        telemetry.parse_errors = counters.parse_errors + self._parser_errors
+        telemetry.total_s = time.monotonic() - state.started
+        answer = state.answer if state.answer is not None else "\n\n".join(p for p in state.rounds if p)
+        result = EngineResult(answer=answer, rounds=tuple(state.rounds), tool_results=tuple(state.results),
+                              telemetry=telemetry, usage=state.usage, error=state.error)
+        state.done = True
+        state.emit(DoneEvent(result))
+
+    def fail_unexpectedly(self, exc: BaseException) -> None:
+        """A bug, not a provider fault: still end with ``error`` and ``done``."""
+        if self.state.done:
+            return
+        self.dispatcher.cancel_all()
+        self.state.error = f"internal error: {type(exc).__name__}: {exc}"
+        self.state.emit(ErrorEvent(self.state.error))
+        self._stop("internal_error")
+        self._finish()

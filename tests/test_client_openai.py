@@ -1,0 +1,619 @@
+"""OpenAICompatibleClient through real loopback HTTP (FakeProvider on 127.0.0.1).
+
+Wire-level cases (CRLF, split UTF-8, multi-line data, framing) go through a
+real socket because that is where they break; timing is asserted with
+events, and the cancel latency is measured but guarded generously.
+"""
+from __future__ import annotations
+
+import email.utils
+import socket
+import threading
+import time
+from typing import Any, List, Optional
+
+import pytest
+
+from streamengine import enable_logging
+from streamengine._sse_read import SseEventTooLarge, SseFramer, iter_events
+from streamengine.cancel import CancelToken
+from streamengine.clients.openai import OpenAICompatibleClient, parse_retry_after
+from streamengine.errors import (
+    ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError,
+    LlmStreamError,
+)
+from streamengine.messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
+from streamengine.testing import FakeProvider, fake_embedding, steps as s
+
+FRAMINGS = ["chunked", "close", "length"]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True)
+def _threads(no_thread_leak):
+    yield
+
+
+@pytest.fixture
+def fp():
+    with FakeProvider() as provider:
+        yield provider
+
+
+@pytest.fixture
+def client(fp):
+    with OpenAICompatibleClient(fp.base_url, api_key="sk-test-key") as c:
+        yield c
+
+
+def collect(client: OpenAICompatibleClient, **kwargs: Any) -> List[Chunk]:
+    return list(client.stream(MESSAGES, **kwargs))
+
+
+def text_of(chunks: List[Chunk]) -> str:
+    return "".join(c.content or "" for c in chunks)
+
+
+# -- parsing --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_text_reasoning_and_tool_call_deltas_are_parsed(framing):
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.reasoning("think"), s.text("Hel"), s.delay(0.01), s.text("lo"),
+                    s.tool_call(0, id="c0", name="lookup", arguments='{"q":'),
+                    s.tool_call(1, id="c1", name="other"), s.tool_call(0, arguments='"x"}'),
+                    s.finish("tool_calls"), s.usage(prompt=7, completion=3))
+        chunks = collect(client)
+    assert [c.reasoning for c in chunks if c.reasoning] == ["think"]
+    assert text_of(chunks) == "Hello"
+    deltas = [d for c in chunks for d in c.tool_calls]
+    assert deltas == [ToolCallDelta(0, "c0", "lookup", '{"q":'), ToolCallDelta(1, "c1", "other", None),
+                      ToolCallDelta(0, None, None, '"x"}')]
+    last = chunks[-1]
+    assert last.is_completed and last.finish_reason == "tool_calls"
+    assert last.usage == Usage(7, 3, 10) and last.model == "fake-model"
+    assert [c.is_completed for c in chunks].count(True) == 1
+
+
+def test_usage_frame_comes_last_and_completed_chunk_carries_it(fp, client):
+    fp.add_turn(s.text("a"), s.finish("stop"), s.usage(prompt=2, completion=1))
+    chunks = collect(client, options=CompletionOptions(model="m1"))
+    assert chunks[-2].usage == Usage(2, 1, 3) and not chunks[-2].is_meaningful
+    assert chunks[-2].finish_reason is None
+    assert any(c.finish_reason == "stop" and not c.is_completed for c in chunks)
+    assert chunks[-1] == Chunk(is_completed=True, finish_reason="stop", usage=Usage(2, 1, 3), model="m1")
+
+
+def test_reasoning_field_named_reasoning_is_accepted(fp, client):
+    fp.add_turn(s.raw('data: {"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}\n\n'))
+    assert [c.reasoning for c in collect(client) if c.reasoning] == ["hm"]
+
+
+def test_empty_deltas_are_not_meaningful(fp, client):
+    fp.add_turn(s.empty_delta(), s.tool_call(0), s.text("x"))
+    chunks = collect(client)
+    assert not chunks[0].is_meaningful and chunks[0] == Chunk(model="fake-model")
+    assert not chunks[1].is_meaningful  # a tool-call delta carrying nothing
+    assert chunks[2].content == "x"
+
+
+def test_keep_alive_comments_and_ping_events_are_dropped(fp, client):
+    fp.add_turn(s.comment(), s.text("a"), s.ping_event(), s.comment("x"), s.text("b"))
+    chunks = collect(client)
+    assert [c.content for c in chunks if c.content] == ["a", "b"]
+    assert len(chunks) == 5  # a, b, finish, usage, completed
+
+
+def test_crlf_line_endings_split_across_writes(fp, client):
+    frame = '{"choices":[{"index":0,"delta":{"content":"crlf"}}]}'
+    fp.add_turn(s.raw(f"data: {frame}\r"), s.delay(0.02), s.raw("\n\r"), s.delay(0.02),
+                s.raw(f"\ndata: {frame}\r\n\r\n"), s.raw("data: [DONE]\r\n\r\n"), auto_finish=False)
+    chunks = collect(client)
+    assert text_of(chunks) == "crlfcrlf" and chunks[-1].is_completed
+
+
+def test_utf8_character_split_across_writes(fp, client):
+    frame = '{"choices":[{"index":0,"delta":{"content":"a€b"}}]}\n\n'.encode("utf-8")
+    cut = frame.index("€".encode("utf-8")) + 1
+    fp.add_turn(s.raw(b"data: " + frame[:cut]), s.delay(0.03), s.raw(frame[cut:]))
+    assert text_of(collect(client)) == "a€b"
+
+
+def test_multi_line_data_is_joined(fp, client):
+    fp.add_turn(s.raw('data: {"choices":[{"index":0,\ndata: "delta":{"content":"joined"}}]}\n\n'))
+    assert text_of(collect(client)) == "joined"
+
+
+def test_invalid_utf8_is_replaced_not_fatal(fp, client):
+    fp.add_turn(s.raw(b'data: {"choices":[{"index":0,"delta":{"content":"a\xff\xfeb"}}]}\n\n'))
+    assert text_of(collect(client)) == "a\ufffd\ufffdb"
+
+
+def test_done_stops_the_stream_and_later_bytes_are_ignored(fp, client):
+    fp.add_turn(s.text("a"), s.done(), s.text("after"), s.raw("data: {not json\n\n"), s.stall())
+    chunks = collect(client)
+    assert text_of(chunks) == "a" and chunks[-1].is_completed and chunks[-1].finish_reason is None
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_finish_reason_without_done_completes(framing):
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.text("a"), s.finish("length"), s.end())
+        chunks = collect(client)
+    assert chunks[-1].is_completed and chunks[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_body_ending_without_finish_or_done_is_a_stream_error(framing):
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.text("partial"), s.end())
+        with pytest.raises(LlmStreamError, match=r"ended without a finish reason or \[DONE\]") as info:
+            collect(client)
+    assert type(info.value) is LlmStreamError
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_connection_dropped_mid_stream_is_a_stream_error(framing):
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.text("partial"), s.drop())
+        with pytest.raises(LlmStreamError) as info:
+            collect(client)
+    assert not isinstance(info.value, LlmCancelledError)
+
+
+def test_truncated_last_event_is_reported(fp, client):
+    fp.add_turn(s.text("a"), s.raw('data: {"choices":[{"index":0,"delta":{"content":"cut'), s.end())
+    with pytest.raises(LlmStreamError, match="bytes of an unfinished event were dropped"):
+        collect(client)
+
+
+def test_connection_dropped_before_headers_is_a_connection_error(fp, client):
+    fp.add_turn(s.drop())
+    with pytest.raises(LlmConnectionError, match="could not get an answer"):
+        collect(client)
+
+
+def test_in_band_error_frame_is_a_stream_error_with_the_provider_message(fp, client):
+    fp.add_turn(s.text("a"), s.error_frame("Overloaded", type="overloaded_error"))
+    fp.add_turn(s.error_frame("bad tool schema", type="invalid_request_error", code="bad_schema"))
+    fp.add_turn(s.raw('event: error\ndata: {"message": "rate limit reached", "code": 429}\n\n'))
+    with pytest.raises(LlmStreamError, match="Overloaded") as first:
+        collect(client)
+    assert first.value.overloaded and "type=overloaded_error" in str(first.value)
+    with pytest.raises(LlmStreamError, match="bad tool schema") as second:
+        collect(client)
+    assert not second.value.overloaded and "code=bad_schema" in str(second.value)
+    with pytest.raises(LlmStreamError, match="rate limit reached") as third:
+        collect(client)
+    assert third.value.overloaded
+
+
+def test_invalid_json_frame_is_a_protocol_error(fp, client):
+    fp.add_turn(s.text("a"), s.raw("data: {oops\n\n"))
+    with pytest.raises(LlmProtocolError, match="not JSON"):
+        collect(client)
+
+
+def test_oversized_event_is_refused_with_bounded_memory(fp, client):
+    client.max_event_bytes = 4096
+    fp.add_turn(s.raw("data: " + "x" * 10000), s.stall())
+    with pytest.raises(LlmProtocolError, match="grew past 4096 bytes"):
+        collect(client)
+
+
+def test_non_event_stream_200_is_a_protocol_error(fp, client):
+    fp.add_turn(s.http_error(200, "<html>login</html>", content_type="text/html"))
+    with pytest.raises(LlmProtocolError, match="text/html") as info:
+        collect(client)
+    assert "<html>login</html>" in str(info.value)
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_reads_are_prompt_on_every_framing(framing):
+    """The first frame reaches the caller while the server still holds the rest back."""
+    release, passed = threading.Event(), threading.Event()
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.text("first"), s.wait(release, timeout=5), s.signal(passed), s.text("second"))
+        stream = client.stream(MESSAGES)
+        first = next(stream)
+        held_back = not passed.is_set()
+        release.set()
+        rest = list(stream)
+    assert first.content == "first" and held_back
+    assert text_of(rest) == "second"
+
+
+# -- HTTP errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 429, 500, 503])
+def test_http_errors_carry_status_body_and_provider_message(fp, client, status):
+    fp.add_turn(s.http_error(status, {"error": {"message": f"provider says {status}"}}))
+    with pytest.raises(LlmHttpError) as info:
+        collect(client)
+    err = info.value
+    assert err.status_code == status and f"provider says {status}" in err.body
+    assert f"HTTP {status}" in str(err) and f"provider says {status}" in str(err)
+
+
+def test_http_error_body_is_cut_to_one_kilobyte(fp, client):
+    fp.add_turn(s.http_error(500, "x" * 5000, content_type="text/plain"))
+    with pytest.raises(LlmHttpError) as info:
+        client.complete(MESSAGES)
+    assert len(info.value.body) == 1024
+
+
+@pytest.mark.parametrize("headers, expected", [
+    ({"Retry-After": "3"}, 3.0),
+    ({"retry-after-ms": "250", "Retry-After": "9"}, 0.25),
+    ({"Retry-After": "nan"}, None),
+    ({"Retry-After": "-1"}, None),
+    ({"Retry-After": "inf"}, None),
+    ({"Retry-After": "100000"}, None),
+    ({"Retry-After": "soon"}, None),
+    ({}, None),
+])
+def test_retry_after_through_http(fp, client, headers, expected):
+    fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers=headers))
+    with pytest.raises(LlmHttpError) as info:
+        collect(client)
+    assert info.value.retry_after == expected
+
+
+def test_retry_after_http_date():
+    now = 1_700_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert parse_retry_after({"Retry-After": date}, now=now) == 30.0
+    assert parse_retry_after({"Retry-After": email.utils.formatdate(now - 30, usegmt=True)}, now=now) == 0.0
+    assert parse_retry_after({"Retry-After": email.utils.formatdate(now + 3 * 86400, usegmt=True)}, now=now) is None
+    assert parse_retry_after({"retry-after-ms": "nan", "retry-after": "2"}) == 2.0
+
+
+def test_connection_refused_is_a_connection_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with OpenAICompatibleClient(f"http://127.0.0.1:{port}/v1") as client:
+        with pytest.raises(LlmConnectionError, match="check that the provider is running"):
+            collect(client)
+        with pytest.raises(LlmConnectionError):
+            client.complete(MESSAGES)
+
+
+# -- cancel ---------------------------------------------------------------------------
+
+
+def _cancel_while_blocked(client, fp, cancel, call, ready: Optional[threading.Event] = None):
+    """Run ``call`` in a thread, cancel once it is blocked; return (error, seconds to unblock)."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: B902 - we inspect it below
+            outcome["error"], outcome["at"] = exc, time.monotonic()
+
+    thread = threading.Thread(target=run, name="test-reader")
+    thread.start()
+    if ready is not None:
+        assert ready.wait(5)
+    else:
+        assert fp.wait_for_requests(1, 5)
+    time.sleep(0.05)  # let the reader settle into its blocking read
+    cancelled_at = time.monotonic()
+    cancel.set()
+    thread.join(2.0)
+    assert not thread.is_alive(), "cancel did not unblock the read"
+    return outcome.get("error"), outcome["at"] - cancelled_at
+
+
+@pytest.mark.parametrize("token", [threading.Event, CancelToken])
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_cancel_before_headers_unblocks_at_once(token, framing):
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.stall_before_headers())
+        fp.add_turn(*s.reply("after"))
+        cancel = token()
+        error, elapsed = _cancel_while_blocked(client, fp, cancel, lambda: collect(client, cancel=cancel))
+        assert isinstance(error, LlmCancelledError) and error.__cause__ is not None
+        assert elapsed < 0.1, f"cancel took {elapsed * 1000:.1f} ms"
+        assert text_of(collect(client)) == "after"  # the client is still usable
+
+
+@pytest.mark.parametrize("token", [threading.Event, CancelToken])
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_cancel_mid_stream_unblocks_at_once(token, framing):
+    with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
+        fp.add_turn(s.text("a"), s.stall())
+        cancel, got_first = token(), threading.Event()
+
+        def read() -> None:
+            for chunk in client.stream(MESSAGES, cancel=cancel):
+                if chunk.content:
+                    got_first.set()
+
+        error, elapsed = _cancel_while_blocked(client, fp, cancel, read, ready=got_first)
+        assert isinstance(error, LlmCancelledError)
+        assert elapsed < 0.1, f"cancel took {elapsed * 1000:.1f} ms"
+
+
+def test_cancel_complete_before_headers(fp, client):
+    fp.add_turn(s.stall_before_headers())
+    cancel = CancelToken()
+    error, elapsed = _cancel_while_blocked(client, fp, cancel, lambda: client.complete(MESSAGES, cancel=cancel))
+    assert isinstance(error, LlmCancelledError) and elapsed < 0.1
+
+
+def test_already_cancelled_call_sends_nothing(fp, client):
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LlmCancelledError):
+        collect(client, cancel=cancel)
+    with pytest.raises(LlmCancelledError):
+        client.complete(MESSAGES, cancel=cancel)
+    assert fp.request_count == 0
+
+
+def test_cancel_after_completion_does_not_touch_the_next_request(fp, client):
+    fp.add_turn(*s.reply("one"))
+    fp.add_turn(s.text("two"), s.delay(0.05), s.text("!"))
+    cancel = CancelToken()
+    assert client.complete(MESSAGES, cancel=cancel).content == "one"
+    stream = client.stream(MESSAGES)
+    assert next(stream).content == "two"
+    cancel.set()  # the first call's token, long after it finished
+    assert text_of(list(stream)) == "!"
+
+
+def test_connection_is_released_before_the_completed_chunk_is_handed_out(fp, client):
+    fp.add_turn(s.text("a"), s.done(), s.stall())  # the server would hold the body open
+    stream = client.stream(MESSAGES, cancel=threading.Event())
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if chunk.is_completed:
+            break
+    busy = lambda: [t.name for t in threading.enumerate()
+                    if t.name in (f"FakeProvider-{fp.port}-conn", "streamengine-cancel-watch")]
+    deadline = time.monotonic() + 5
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert busy() == [] and chunks[-1].is_completed  # while ``stream`` is still referenced
+
+
+def test_closing_the_iterator_early_releases_the_connection(fp, client):
+    fp.add_turn(s.text("a"), s.stall())
+    stream = client.stream(MESSAGES)
+    assert next(stream).content == "a"
+    stream.close()
+    # The server sees the client go away and its handler ends (checked by the leak guard).
+
+
+# -- complete / embed ------------------------------------------------------------------
+
+
+def test_complete_returns_the_whole_answer(fp, client):
+    fp.add_turn(s.text("Hello "), s.text("world"), s.usage(prompt=4, completion=2))
+    fp.add_turn(s.tool_call(0, id="c1", name="lookup", arguments='{"q": '), s.tool_call(0, arguments='"x"}'))
+    first = client.complete([Message("user", "hi")], options=CompletionOptions(model="m"))
+    assert (first.content, first.usage, first.model, first.finish_reason) == \
+        ("Hello world", Usage(4, 2, 6), "m", "stop")
+    second = client.complete(MESSAGES)
+    assert second.content == "" and second.finish_reason == "tool_calls"
+    assert [(c.id, c.name, c.args()) for c in second.tool_calls] == [("c1", "lookup", {"q": "x"})]
+    assert fp.connection_count == 1  # keep-alive: both calls on one connection
+
+
+def test_complete_errors(fp, client):
+    fp.add_turn(s.raw("<html>not json</html>"))
+    fp.add_turn(s.error_frame("server overloaded"))
+    fp.add_turn(s.http_error(503, {"error": {"message": "busy"}}))
+    with pytest.raises(LlmProtocolError, match="not JSON"):
+        client.complete(MESSAGES)
+    with pytest.raises(LlmStreamError, match="server overloaded") as info:
+        client.complete(MESSAGES)
+    assert info.value.overloaded
+    with pytest.raises(LlmHttpError, match="busy"):
+        client.complete(MESSAGES)
+
+
+def test_no_turn_left_is_an_http_500(fp, client):
+    with pytest.raises(LlmHttpError, match="no scripted turn left"):
+        collect(client)
+
+
+def test_embed_returns_vectors_in_input_order():
+    with FakeProvider(embedding_dim=8, reverse_embeddings=True) as fp, \
+            OpenAICompatibleClient(fp.base_url) as client:
+        texts = ["red fox", "blue whale", "red fox", "x"]
+        vectors = client.embed(texts, "emb-model")
+        assert vectors == [fake_embedding(t, 8) for t in texts]
+        assert vectors[0] == vectors[2] != vectors[1] != vectors[3]
+        assert client.embed([], "emb-model") == []
+        assert fp.requests[0].json == {"model": "emb-model", "input": texts}
+        assert fp.request_count == 1
+        fp.fail_embeddings(status=500, times=1)
+        with pytest.raises(LlmHttpError, match="scripted embeddings failure"):
+            client.embed(["x"], "emb-model")
+        assert len(client.embed(["x"], "emb-model")) == 1
+        with pytest.raises(ConfigError, match="list of texts"):
+            client.embed("one string", "emb-model")  # type: ignore[arg-type]
+
+
+# -- configuration and secrets -----------------------------------------------------------
+
+
+def test_api_key_is_never_logged_nor_shown():
+    key = "sk-very-secret-123"
+    lines: List[str] = []
+    handler = enable_logging(level="TRACE", sink=lines.append)
+    try:
+        with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, api_key=key) as client:
+            fp.add_turn(*s.reply("ok"))
+            fp.add_turn(s.http_error(401, {"error": {"message": f"Incorrect API key provided: {key}"}}))
+            collect(client)
+            with pytest.raises(LlmHttpError) as info:
+                collect(client)
+            assert fp.requests[0].headers["Authorization"] == f"Bearer {key}"
+            assert key not in repr(client)
+    finally:
+        from loguru import logger
+        logger.remove(handler)
+        logger.disable("streamengine")
+    assert lines, "the client logged nothing at TRACE level"
+    assert not any(key in line for line in lines)
+    assert key not in str(info.value) and key not in info.value.body
+    assert "Incorrect API key provided: ***" in str(info.value)
+
+
+def test_from_env(monkeypatch):
+    monkeypatch.setenv("STREAMENGINE_BASE_URL", "http://127.0.0.1:9/v1/")
+    monkeypatch.delenv("STREAMENGINE_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    client = OpenAICompatibleClient.from_env(connect_timeout=2.0)
+    assert client.base_url == "http://127.0.0.1:9/v1" and client._api_key == "sk-env"
+    assert client.connect_timeout == 2.0
+    monkeypatch.setenv("STREAMENGINE_API_KEY", "sk-mine")
+    monkeypatch.delenv("STREAMENGINE_BASE_URL")
+    other = OpenAICompatibleClient.from_env()
+    assert other.base_url == "https://api.openai.com/v1" and other._api_key == "sk-mine"
+    client.close()
+    other.close()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"base_url": "127.0.0.1:8000/v1"}, {"base_url": "ftp://x/v1"},
+    {"base_url": "http://x/v1", "connect_timeout": 0},
+])
+def test_bad_configuration_is_refused(kwargs):
+    with pytest.raises(ConfigError):
+        OpenAICompatibleClient(**kwargs)
+
+
+def test_bad_messages_are_refused_before_any_request(fp, client):
+    with pytest.raises(ConfigError):
+        client.stream({"role": "user", "content": "not a list"})  # type: ignore[arg-type]
+    assert fp.request_count == 0
+
+
+def test_a_given_session_is_used_and_left_open(fp):
+    import requests
+
+    from streamengine.clients.connection import CancellableAdapter
+
+    session = requests.Session()
+    with OpenAICompatibleClient(fp.base_url, session=session) as client:
+        fp.add_turn(s.stall_before_headers())
+        cancel = CancelToken()
+        error, _ = _cancel_while_blocked(client, fp, cancel, lambda: collect(client, cancel=cancel))
+        assert isinstance(error, LlmCancelledError)
+    assert isinstance(session.get_adapter(fp.base_url + "/chat/completions"), CancellableAdapter)
+    assert not isinstance(session.get_adapter("http://example.com/"), CancellableAdapter)
+    session.close()
+
+
+# -- SSE reading, in memory (parsers do no I/O) -------------------------------------------
+
+WIRE = ("data: one\r\n\r\n: comment\n\ndata: t\u00e9\u20ac\ndata: two\n\n"
+        "event: ping\rdata: {}\r\rdata: three\n\r\ndata: \U0001F600\r\n\n").encode("utf-8")
+EXPECTED = [("message", "one"), ("message", "t\u00e9\u20ac\ntwo"), ("ping", "{}"),
+            ("message", "three"), ("message", "\U0001F600")]
+
+
+def parse(reads) -> list:
+    return [(e.event, e.data) for e in iter_events(reads, SseFramer())]
+
+
+def test_sse_split_at_every_offset_gives_the_same_events():
+    assert parse([WIRE]) == EXPECTED
+    assert parse([WIRE[i:i + 1] for i in range(len(WIRE))]) == EXPECTED
+    for cut in range(1, len(WIRE)):
+        assert parse([WIRE[:cut], WIRE[cut:]]) == EXPECTED, cut
+
+
+def test_sse_trailing_event_needs_complete_lines():
+    framer = SseFramer()
+    assert [e.data for e in iter_events([b"data: a\n\ndata: [DONE]\n"], framer)] == ["a", "[DONE]"]
+    framer = SseFramer()
+    assert [e.data for e in iter_events([b"data: a\n\ndata: {\"cut"], framer)] == ["a"]
+    assert framer.dropped_bytes == len(b'data: {"cut')
+
+
+def test_sse_invalid_utf8_is_replaced_even_when_split():
+    data = b"data: a\xe2\x82\n\ndata: \xff\n\ndata: \xe2\x82"
+    assert parse([data[i:i + 1] for i in range(len(data))] + [b"\xac\n\n"]) == [
+        ("message", "a\ufffd"), ("message", "\ufffd"), ("message", "\u20ac")]
+
+
+def test_sse_event_over_the_size_cap_is_refused():
+    framer = SseFramer(max_event_bytes=1 << 20)
+    piece = b"data: " + b"x" * 65536
+    with pytest.raises(SseEventTooLarge, match="grew past"):
+        for _ in range(40):
+            framer.feed(piece)
+    assert len(framer._buf) == 0  # the held bytes were released
+
+
+def test_sse_many_line_event_over_the_work_budget_is_refused():
+    framer = SseFramer(max_event_bytes=1 << 20, max_event_work=1 << 20)
+    with pytest.raises(SseEventTooLarge, match="work limit"):
+        framer.feed(b"data: x\n" * 50000 + b"\n")
+    assert framer.feed(b"data: " + b"y" * 500000 + b"\n\n") == [b"data: " + b"y" * 500000]
+
+
+@pytest.mark.parametrize("extra", [{"bad": {1, 2}}, {"temperature": float("nan")}])
+def test_options_that_are_not_json_are_refused_at_the_call(fp, client, extra):
+    with pytest.raises(ConfigError, match="cannot be sent as JSON"):
+        client.stream(MESSAGES, options=CompletionOptions(extra=extra))
+    with pytest.raises(ConfigError):
+        client.complete(MESSAGES, options=CompletionOptions(extra=extra))
+    assert fp.request_count == 0
+
+
+# -- connection.py on its own -----------------------------------------------------------
+
+
+def test_request_tracker_aborts_a_plain_requests_call_before_headers(fp):
+    import requests
+
+    from streamengine.clients.connection import RequestTracker, mount_cancellable, tracking
+
+    fp.add_turn(s.stall_before_headers())
+    session = requests.Session()
+    mount_cancellable(session)
+    tracker = RequestTracker()
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            with tracking(tracker):
+                session.post(fp.base_url + "/chat/completions", json={"stream": True}, stream=True)
+        except requests.ConnectionError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert fp.wait_for_requests(1)
+    tracker.abort()
+    thread.join(2)
+    assert not thread.is_alive() and "error" in outcome and tracker.aborted
+    tracker.release()
+    tracker.abort()  # after release: touches nothing
+    session.close()
+
+
+def test_an_aborted_tracker_shuts_a_new_connection_at_birth(fp):
+    import requests
+
+    from streamengine.clients.connection import RequestTracker, mount_cancellable, tracking
+
+    fp.add_turn(*s.reply("never read"))
+    session = requests.Session()
+    mount_cancellable(session)
+    tracker = RequestTracker()
+    tracker.abort()
+    with pytest.raises(requests.ConnectionError):
+        with tracking(tracker):
+            session.post(fp.base_url + "/chat/completions", json={}, stream=True)
+    session.close()

@@ -1,0 +1,300 @@
+"""FakeProvider itself: framing on the wire, the script, records, lifecycle.
+
+Checked with plain http.client and raw sockets, so the provider is not
+tested only through the client it is meant to test.
+"""
+from __future__ import annotations
+
+import http.client
+import importlib
+import json
+import socket
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from streamengine.testing import FakeProvider, RecordedRequest, fake_embedding, steps as s
+
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    """Poll ``predicate``: a failure guard, not a speed assertion."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.01)
+    return bool(predicate())
+
+
+@pytest.fixture(autouse=True)
+def _threads(no_thread_leak):
+    yield
+
+
+def post(fp: FakeProvider, body: Dict[str, Any], path: str = "/v1/chat/completions",
+         conn: Optional[http.client.HTTPConnection] = None) -> Tuple[http.client.HTTPResponse, bytes]:
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", fp.port, timeout=5)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", "X-Test": "yes"})
+    resp = conn.getresponse()
+    data = resp.read()
+    if own:
+        conn.close()
+    return resp, data
+
+
+def frames(data: bytes) -> List[Any]:
+    out = []
+    for block in data.decode("utf-8").split("\n\n"):
+        if block.startswith("data: "):
+            payload = block[len("data: "):]
+            try:
+                out.append(json.loads(payload))
+            except ValueError:
+                out.append(payload)  # [DONE] or a raw test frame
+        elif block:
+            out.append(block)
+    return out
+
+
+STREAM = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+WHOLE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_steps_are_importable_every_way():
+    module = importlib.import_module("streamengine.testing.steps")
+    from streamengine.testing.steps import text
+
+    assert module is s and text is s.text and "stall_before_headers" in s.__all__
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_streamed_turn_on_each_framing(framing):
+    with FakeProvider(framing=framing) as fp:
+        fp.add_turn(s.text("Hé"), s.delay(0.01), s.reasoning("r"), s.tool_call(0, id="c", name="f", arguments="{}"))
+        resp, data = post(fp, STREAM)
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    assert {"chunked": resp.getheader("Transfer-Encoding") == "chunked",
+            "close": resp.getheader("Connection") == "close",
+            "length": resp.getheader("Content-Length") == str(len(data))}[framing]
+    got = frames(data)
+    assert got[0]["choices"][0]["delta"] == {"content": "Hé"} and got[0]["model"] == "m"
+    assert got[0]["object"] == "chat.completion.chunk"
+    assert got[1]["choices"][0]["delta"] == {"reasoning_content": "r"}
+    assert got[2]["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    assert got[3]["choices"][0]["finish_reason"] == "tool_calls"  # auto finish knows tool calls
+    assert got[4]["choices"] == [] and got[4]["usage"]["total_tokens"] == 2
+    assert got[5] == "[DONE]" and len(got) == 6
+
+
+def test_auto_finish_adds_only_what_is_missing():
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("a"), s.finish("length"))
+        fp.add_turn(s.text("a"), s.end())
+        fp.add_turn(s.text("a"), s.done())
+        fp.add_turn(s.text("a"), auto_finish=False)
+        kinds = []
+        for _ in range(4):
+            _, data = post(fp, STREAM)
+            kinds.append([f if isinstance(f, str) else
+                          (f["choices"][0]["finish_reason"] if f["choices"] else "usage") for f in frames(data)])
+    assert kinds == [[None, "length", "usage", "[DONE]"], [None], [None, "[DONE]"], [None]]
+
+
+def test_comment_ping_empty_delta_error_frame_and_raw():
+    with FakeProvider() as fp:
+        fp.add_turn(s.comment(), s.ping_event(), s.empty_delta(), s.error_frame("boom", type="t", code=1),
+                    s.raw(b"data: raw\n\n"), s.done())
+        _, data = post(fp, STREAM)
+    assert data.startswith(b": keep-alive\n\nevent: ping\ndata: ")
+    got = frames(data)
+    assert got[2]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert got[3] == {"error": {"message": "boom", "type": "t", "code": 1}}
+    assert got[4] == "raw" and got[5] == "[DONE]"
+
+
+def test_non_stream_request_gets_the_aggregated_completion():
+    with FakeProvider() as fp:
+        fp.add_turn(s.delay(0.01), *s.reply("Hello world", pieces=3), s.reasoning("why"),
+                    s.tool_call(0, id="a", name="f", arguments='{"x"'), s.tool_call(0, arguments=": 1}"),
+                    s.tool_call(1, id="b", name="g"), s.usage(prompt=5, completion=6))
+        resp, data = post(fp, WHOLE)
+    body = json.loads(data)
+    assert resp.status == 200 and body["object"] == "chat.completion" and body["model"] == "m"
+    message = body["choices"][0]["message"]
+    assert message["content"] == "Hello world" and message["reasoning_content"] == "why"
+    assert message["tool_calls"] == [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}}]
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+
+
+def test_http_error_with_headers_and_no_turn_left():
+    with FakeProvider() as fp:
+        fp.add_turn(s.delay(0.01), s.http_error(429, {"error": {"message": "slow"}}, headers={"Retry-After": "2"}))
+        fp.add_turn(s.http_error(502, "bad gateway", content_type="text/plain"))
+        first, data = post(fp, STREAM)
+        assert (first.status, first.getheader("Retry-After"), json.loads(data)) == \
+            (429, "2", {"error": {"message": "slow"}})
+        second, data = post(fp, WHOLE)
+        assert (second.status, second.getheader("Content-Type"), data) == (502, "text/plain", b"bad gateway")
+        third, data = post(fp, STREAM)
+        assert third.status == 500 and b"no scripted turn left" in data
+        assert fp.turns_left == 0
+
+
+def test_turn_validation():
+    with FakeProvider() as fp:
+        with pytest.raises(ValueError, match="must be the first step"):
+            fp.add_turn(s.text("a"), s.http_error(500))
+        with pytest.raises(ValueError, match="must be the first step"):
+            fp.add_turn(s.text("a"), s.stall_before_headers())
+        with pytest.raises(TypeError, match="made of steps"):
+            fp.add_turn("text")
+        fp.add_turn(s.reply("abc", pieces=2))  # a list is flattened
+        assert fp.turns_left == 1
+    with pytest.raises(ValueError, match="framing"):
+        FakeProvider(framing="gzip")
+
+
+def test_reply_splits_text():
+    assert [st.value["content"] for st in s.reply("abcdefg", pieces=3)] == ["abc", "def", "g"]
+    assert [st.value["content"] for st in s.reply("ab", pieces=5)] == ["a", "b"]
+    assert [st.value["content"] for st in s.reply("", pieces=2)] == [""]
+
+
+def test_requests_are_recorded_and_countable():
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("a"))
+        post(fp, STREAM)
+        conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=5)
+        conn.request("GET", "/v1/models")
+        models = json.loads(conn.getresponse().read())
+        conn.request("POST", "/v1/unknown", b"not json", {"Content-Length": "8"})
+        unknown = conn.getresponse()
+        unknown.read()
+        conn.close()
+        assert fp.wait_for_requests(3, timeout=1) and not fp.wait_for_requests(4, timeout=0.01)
+        assert fp.request_count == 3
+        first = fp.requests[0]
+    assert isinstance(first, RecordedRequest)
+    assert (first.method, first.path, first.json) == ("POST", "/v1/chat/completions", STREAM)
+    assert first.headers["x-test"] == first.headers["X-Test"] == "yes"
+    assert json.loads(first.body) == STREAM
+    assert models["data"][0]["id"] == "fake-model" and unknown.status == 404
+    assert fp.requests[2].json is None and fp.requests[2].body == b"not json"
+
+
+@pytest.mark.parametrize("framing, connections", [("chunked", 1), ("length", 1), ("close", 2)])
+def test_keep_alive(framing, connections):
+    with FakeProvider(framing=framing) as fp:
+        fp.add_turn(s.text("a"))
+        fp.add_turn(s.text("b"))
+        conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=5)
+        assert b"[DONE]" in post(fp, STREAM, conn=conn)[1]
+        assert b"[DONE]" in post(fp, STREAM, conn=conn)[1]
+        conn.close()
+        assert fp.connection_count == connections
+
+
+def test_embeddings_are_deterministic_unit_vectors_and_can_fail():
+    with FakeProvider(embedding_dim=12) as fp:
+        fp.fail_embeddings(status=503, times=2)
+        assert post(fp, {"input": ["a"]}, "/v1/embeddings")[0].status == 503
+        assert post(fp, {"input": ["a"]}, "/v1/embeddings")[0].status == 503
+        resp, data = post(fp, {"model": "e", "input": ["the cat", "The CAT!", "a dog"]}, "/v1/embeddings")
+        single = json.loads(post(fp, {"input": "solo"}, "/v1/embeddings")[1])
+        bad = post(fp, {"input": [1, 2]}, "/v1/embeddings")[0]
+    body = json.loads(data)
+    vectors = [item["embedding"] for item in body["data"]]
+    assert resp.status == 200 and [item["index"] for item in body["data"]] == [0, 1, 2]
+    assert vectors[0] == vectors[1] == fake_embedding("the cat", 12) and len(vectors[0]) == 12
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-9 for v in vectors)
+    assert single["data"][0]["embedding"] == fake_embedding("solo", 12)
+    assert fake_embedding("", 12) == fake_embedding("", 12) and sum(fake_embedding("", 12)) == 1.0
+    assert bad.status == 400
+
+
+def test_wait_holds_a_frame_and_signal_marks_progress():
+    release, reached = threading.Event(), threading.Event()
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("a"), s.signal(reached), s.wait(release), s.text("b"))
+        conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=5)
+        conn.request("POST", "/v1/chat/completions", json.dumps(STREAM))
+        resp = conn.getresponse()
+        assert reached.wait(5)
+        first = resp.read1(65536)
+        assert b'"a"' in first and b'"b"' not in first
+        release.set()
+        rest = resp.read()
+        conn.close()
+    assert b'"b"' in rest and b"[DONE]" in rest
+
+
+@pytest.mark.parametrize("framing", ["chunked", "length"])
+def test_drop_cuts_the_body(framing):
+    with FakeProvider(framing=framing) as fp:
+        fp.add_turn(s.text("a"), s.drop())
+        conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=5)
+        conn.request("POST", "/v1/chat/completions", json.dumps(STREAM))
+        resp = conn.getresponse()
+        with pytest.raises(http.client.IncompleteRead):
+            resp.read()
+        conn.close()
+
+
+def test_drop_before_headers_closes_without_answer():
+    with FakeProvider() as fp:
+        fp.add_turn(s.drop())
+        conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=5)
+        conn.request("POST", "/v1/chat/completions", json.dumps(STREAM))
+        with pytest.raises(http.client.RemoteDisconnected):
+            conn.getresponse()
+        conn.close()
+
+
+@pytest.mark.parametrize("step", [s.stall, s.stall_before_headers])
+def test_close_ends_stalled_connections_and_joins_threads(step):
+    fp = FakeProvider()
+    fp.add_turn(s.text("a"), step()) if step is s.stall else fp.add_turn(step())
+    sock = socket.create_connection(("127.0.0.1", fp.port), timeout=5)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(json.dumps(STREAM)), json.dumps(STREAM).encode()))
+    assert fp.wait_for_requests(1)
+    fp.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith(f"FakeProvider-{fp.port}")]
+    received = b""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            break
+        received += data
+    sock.close()
+    assert (b"HTTP/1.1 200" in received) == (step is s.stall)
+    fp.close()  # idempotent
+
+
+def test_stalled_handler_ends_when_the_client_goes_away():
+    with FakeProvider() as fp:
+        fp.add_turn(s.stall_before_headers())
+        sock = socket.create_connection(("127.0.0.1", fp.port), timeout=5)
+        body = json.dumps(STREAM).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert fp.wait_for_requests(1)
+        sock.close()
+        handlers = lambda: [t for t in threading.enumerate() if t.name == f"FakeProvider-{fp.port}-conn"]
+        assert wait_for(lambda: not handlers(), timeout=5)
+
+
+def test_delay_is_cut_short_by_close():
+    fp = FakeProvider()
+    fp.add_turn(s.text("a"), s.delay(30))
+    sock = socket.create_connection(("127.0.0.1", fp.port), timeout=5)
+    body = json.dumps(STREAM).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert fp.wait_for_requests(1)
+    fp.close()  # would hang for 30 s if the delay were not interruptible
+    sock.close()
