@@ -163,7 +163,9 @@ class _Channel:
 
     def failure(self) -> Optional[BaseException]:
         """The producer's exception, if it has sent one."""
-        for item in self.items:
+        # tuple() copies in one C call, so an abandoned producer appending
+        # concurrently cannot break the iteration.
+        for item in tuple(self.items):
             if type(item) is _Signal and item.error is not None:
                 return item.error
         return None

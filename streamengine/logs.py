@@ -5,6 +5,7 @@ disables itself at import; :func:`enable_logging` is the one switch.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Optional
 
@@ -20,6 +21,7 @@ def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
     rather than duplicating every line.
     """
     global _sink_id
+    _keep_default_handler_out()
     logger.enable("streamengine")
     if _sink_id is not None:
         try:
@@ -33,6 +35,21 @@ def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
         format=_format,
     )
     return _sink_id
+
+
+def _keep_default_handler_out() -> None:
+    """Stop loguru's built-in stderr handler (id 0) from printing our records a second time.
+
+    It is replaced by the same handler minus streamengine's records, so the
+    host's own logging looks exactly as before.  A host that already removed
+    it is left alone.
+    """
+    try:
+        logger.remove(0)
+    except ValueError:
+        return
+    logger.add(sys.stderr, level=os.environ.get("LOGURU_LEVEL", "DEBUG"),
+               filter=lambda record: not record["name"].startswith("streamengine"))
 
 
 def _format(record: Any) -> str:

@@ -215,7 +215,7 @@ class RoundRunner:
     def _account(self, outcome: Any) -> None:
         telemetry = self.state.telemetry
         telemetry.model_used = outcome.model
-        telemetry.failovers += sum(1 for model, _ in outcome.attempts if model != outcome.model)
+        telemetry.failovers += outcome.failovers
         if outcome.response.usage is not None:
             self.state.usage = self.state.usage + outcome.response.usage
 
