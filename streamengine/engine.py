@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .cancel import CancelToken, as_token
+from .cancel import CancelToken, on_cancel
 from .calls import make_call_strategy
 from .channel import EventChannel
 from .clients.base import LlmClient
@@ -186,8 +186,9 @@ class StreamingEngine:
     # --- one run -------------------------------------------------------------------
     def _events(self, conversation: List[Message], cancel: Optional[threading.Event],
                 heartbeat_s: Optional[float]) -> Iterator[Event]:
-        token, stop_watch = as_token(cancel)
-        token = token.child() if token is cancel else token
+        # The run's own token: the caller's event cancels it, never the other way round.
+        token = CancelToken()
+        stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel()
         state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic())
         runner = RoundRunner(self, state)

@@ -268,6 +268,11 @@ class RoundRunner:
             self._parser_errors += stream.parser.parse_errors
 
     def _on_llm_error(self, stream: _RoundStream, exc: LlmError) -> None:
+        if stream.parser is not None and stream.text_parts:
+            # Text held back as a possible block start belongs to the partial answer.
+            held = stream.parser.flush().visible
+            if held:
+                self.show(stream, held)
         self._count_parse_errors(stream)
         self.dispatcher.cancel_all()
         self._collect_abandoned()

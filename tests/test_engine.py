@@ -351,6 +351,33 @@ def test_error_after_tokens_keeps_the_partial_answer_and_does_not_fail_over():
     assert len(fp.requests) == 1
 
 
+def test_text_held_back_as_a_possible_block_is_kept_when_the_stream_breaks():
+    @tool
+    def t() -> str:
+        """T."""
+        return "x"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Partial <to"), s.drop())
+        with make_engine(fp, [t]) as engine:
+            result = engine.complete([{"role": "user", "content": "q"}])
+    assert result.answer == "Partial <to"
+    assert result.telemetry.fallback_reason == "llm_error_after_tokens"
+
+
+def test_caller_cancel_token_is_not_set_by_the_run():
+    from streamengine.cancel import CancelToken
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("one "), s.stall())
+        with make_engine(fp) as engine:
+            mine = CancelToken()
+            gen = engine.run([{"role": "user", "content": "q"}], cancel=mine)
+            next(e for e in gen if isinstance(e, TokenEvent))
+            gen.close()
+            assert not mine.is_set()
+
+
 def test_max_continuations_returns_all_rounds_joined():
     @tool
     def again(n: int) -> str:
