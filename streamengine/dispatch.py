@@ -40,9 +40,8 @@ Entry = Union[ToolHandle, ToolResult]
 
 
 def _skip(call: ToolCall, reason: str) -> ToolResult:
-    now = time.monotonic()
-    return ToolResult(call_id=call.id, name=call.name, ok=False, text="", error=reason,
-                      duration_s=0.0, started_at=now, ended_at=now)
+    """An error result for a call that never ran (``started_at`` stays 0.0)."""
+    return ToolResult(call_id=call.id, name=call.name, ok=False, text="", error=reason)
 
 
 def canonical_key(call: ToolCall) -> Tuple[str, str]:

@@ -174,6 +174,7 @@ class RoundRunner:
         self.dispatcher.begin_round(accept_calls=not is_last)
         stream = _RoundStream(self, round_no)
         holder = [stream]
+        tried: List[str] = []
 
         def may_advance() -> bool:
             if holder[0].committed:
@@ -186,8 +187,12 @@ class RoundRunner:
             outcome = self.engine.failover.call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
                 options=self.config.options, cancel=self.state.cancel,
-                on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance)
+                on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance,
+                on_attempt=lambda model, _n: tried.append(model))
         except LlmError as exc:
+            if tried:
+                self.state.telemetry.model_used = tried[-1]
+                self.state.telemetry.failovers += len(dict.fromkeys(tried)) - 1
             self._on_llm_error(holder[0], exc)
             return False
         stream = holder[0]

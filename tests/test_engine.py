@@ -351,6 +351,16 @@ def test_error_after_tokens_keeps_the_partial_answer_and_does_not_fail_over():
     assert len(fp.requests) == 1
 
 
+def test_telemetry_names_the_model_and_failovers_when_the_run_ends_in_an_error():
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(503, {"error": {"message": "busy"}}))
+        fp.add_turn(s.text("partial"), s.drop())
+        with make_engine(fp, models=["a", "b"]) as engine:
+            result = engine.complete([{"role": "user", "content": "q"}])
+    assert (result.telemetry.model_used, result.telemetry.failovers) == ("b", 1)
+    assert result.answer == "partial" and result.error
+
+
 def test_text_held_back_as_a_possible_block_is_kept_when_the_stream_breaks():
     @tool
     def t() -> str:
