@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import ToolError
 from .messages import ToolCall

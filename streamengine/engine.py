@@ -15,24 +15,23 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, List, Optional, Sequence
 
 from .cancel import CancelToken, on_cancel
 from .calls import make_call_strategy
 from .channel import EventChannel
 from .clients.base import LlmClient
-from .errors import ConfigError, LlmCancelledError, LlmError
-from .events import (
-    DoneEvent, ErrorEvent, Event, HeartbeatEvent, RoundEvent, TokenEvent, ToolResultEvent,
-    ToolStartEvent,
-)
+from .errors import ConfigError
+from .events import DoneEvent, Event, HeartbeatEvent
 from .failover import ModelFailover
 from .logs import component_logger
-from .messages import CompletionOptions, Message, MessageLike, Usage, as_messages
-from .tools import ToolExecutor, ToolRegistry, ToolResult
+from .messages import CompletionOptions, Message, MessageLike, as_messages
 from .result import EngineResult, Telemetry
+from .tools import ToolExecutor, ToolRegistry, ToolResult
 from .round import RoundRunner, RunState
+
+__all__ = ["EngineConfig", "EngineResult", "StreamingEngine", "Telemetry"]
 
 TOOL_MODES = ("auto", "xml", "native")
 
