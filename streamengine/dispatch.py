@@ -69,13 +69,14 @@ class ToolDispatcher:
         self._seen: Set[Tuple[str, str]] = set()
         self._total = 0
         self.counters = DispatchCounters()
-        self._round: List[Entry] = []
-        self._round_count = 0
         self.begin_round()
 
     # --- per round -------------------------------------------------------
     def begin_round(self, *, accept_calls: bool = True) -> None:
-        self._round, self._round_count, self._gated, self._round_keys = [], 0, [], []
+        self._round: List[Entry] = []  # one entry per call found this round, in order
+        self._round_count = 0
+        self._gated: List[Tuple[int, Tool, ToolCall]] = []
+        self._round_keys: List[Tuple[str, str]] = []
         self.round_closed = not accept_calls
         self._counters_at_round_start = DispatchCounters(**vars(self.counters))
 
@@ -150,6 +151,7 @@ class ToolDispatcher:
         settled = threading.Event()
         self._settled.append(settled)
         on_result = self._on_result
+        assert on_result is not None
 
         def deliver(done: ToolHandle) -> None:
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Set
 
 from .accumulate import ToolCallAccumulator
 from .cancel import CancelToken
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
 CANCEL_POLL_S = 0.05
+
+
+def _frozen(names: Optional[Iterable[str]]) -> Optional[frozenset]:
+    return None if names is None else frozenset(names)
 
 
 def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
@@ -117,7 +121,7 @@ class RoundRunner:
         self.dispatcher = ToolDispatcher(
             engine.registry, engine.executor,
             DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
-                           self.config.tool_timeout, self.config.allowed_tools),
+                           self.config.tool_timeout, _frozen(self.config.allowed_tools)),
             state.cancel, on_start=self._on_tool_start,
             on_result=self._on_tool_result if engine.rag is not None else None)
         self.messages = self._initial_messages(state.conversation)
