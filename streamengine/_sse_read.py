@@ -1,7 +1,7 @@
 """Turn raw body reads into SSE events, safely, for sseclient-py.
 
 sseclient-py parses the fields of an event well (comments, ``event:``,
-multi-line ``data:``), but three of its habits are unsafe on a provider's
+multi-line ``data:``), but four of its habits are unsafe on a provider's
 bytes, so this module stands between the socket and it:
 
 * it decodes each line as strict UTF-8 and raises ``UnicodeDecodeError``:
@@ -14,6 +14,9 @@ bytes, so this module stands between the socket and it:
 * it joins ``data:`` lines by repeated ``str +=``, quadratic in the number of
   lines: an event whose lines x bytes exceed a work budget is refused too.
   Providers send one ``data:`` line per event, so only garbage trips it.
+* it delivers a trailing event that lacks its empty line when the body
+  ends; WHATWG says to drop it, and so does safety (a cut body must never
+  look complete), so it is dropped here (:meth:`SseFramer.finish`).
 
 Each complete event is handed to sseclient-py with a ``\\n\\n`` terminator,
 so its own splitter sees exactly one event per item.  No I/O here: the
@@ -77,16 +80,19 @@ class SseFramer:
         return events
 
     def finish(self) -> List[bytes]:
-        """The body ended: return a last event only if its lines were complete.
+        """The body ended: an event without its terminating empty line is dropped.
 
-        A trailing event without the empty line is accepted (as sseclient-py
-        does), but a line cut mid-way is a truncated body and is dropped: the
-        caller then sees a stream that ended without completion.
+        This is the WHATWG rule ("if the file ends in the middle of an event,
+        before the final empty line, the incomplete event is not dispatched"),
+        and here it is a safety rule too: sseclient-py would deliver such a
+        trailing event, but a body cut right after ``data: {...finish_reason:
+        "stop"}\n`` or ``data: [DONE]\n`` is a cut body, and must not turn a
+        broken stream into a "complete" answer.  ``dropped_bytes`` says how
+        much was dropped, for the caller's error message.  Always returns
+        ``[]``; it is a list so that callers need not special-case it.
         """
         self._buf += self._sanitize(b"", final=True)
         tail, self._buf = bytes(self._buf), bytearray()
-        if tail.endswith((b"\n", b"\r")) and tail.strip():
-            return [self._checked(tail.rstrip(b"\r\n"))]
         self.dropped_bytes = len(tail.strip())
         return []
 

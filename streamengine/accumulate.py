@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
 
-__all__ = ["ResponseAggregator", "ToolCallAccumulator"]
+__all__ = ["ResponseAggregator", "TextBuffer", "ToolCallAccumulator"]
 
 
 class _PartialCall:
@@ -173,6 +173,47 @@ class ToolCallAccumulator:
         return len(self._open)
 
 
+class TextBuffer:
+    """Text pieces to be joined at the end, in memory proportional to the text.
+
+    A list with one reference per token costs 8 bytes a token on top of the
+    text (and keeps every small token string alive): 16 MB for a 1M-token
+    answer of 1 MB.  Every ``BLOCK`` pieces are joined into one string, so
+    the overhead is one reference per block; each character is copied twice.
+    """
+
+    __slots__ = ("blocks", "parts")
+
+    def __init__(self) -> None:
+        self.blocks: List[str] = []
+        self.parts: List[str] = []
+
+    def append(self, text: str) -> None:
+        parts = self.parts
+        parts.append(text)
+        if len(parts) >= BLOCK:
+            self.compact()
+
+    def compact(self) -> None:
+        """Join the pending pieces into one block (hot callers append to ``parts`` themselves)."""
+        if self.parts:
+            self.blocks.append("".join(self.parts))
+            self.parts.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.parts) or bool(self.blocks)
+
+    def text(self) -> str:
+        if self.blocks:
+            return "".join(self.blocks) + "".join(self.parts)
+        return "".join(self.parts)
+
+
+#: Pieces per joined block; ``parts`` never holds more.  ``parts`` is one list for
+#: the buffer's life, so a caller may keep a reference and append to it directly.
+BLOCK = 1024
+
+
 class ResponseAggregator:
     """Folds chunks into one :class:`Response`.
 
@@ -183,8 +224,9 @@ class ResponseAggregator:
     """
 
     def __init__(self) -> None:
-        self._content: List[str] = []
-        self._reasoning: List[str] = []
+        self._content = TextBuffer()
+        self._content_parts = self._content.parts  # add() appends here directly: one call less a token
+        self._reasoning = TextBuffer()
         self.tools = ToolCallAccumulator()
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
@@ -195,14 +237,19 @@ class ResponseAggregator:
     def add(self, chunk: Chunk) -> List[ToolCall]:
         """Take one chunk; return tool calls that became complete (see ``ToolCallAccumulator.add``)."""
         self.chunks += 1
-        if chunk.content:
-            self._content.append(chunk.content)
+        content = chunk.content
+        if content:
+            parts = self._content_parts
+            parts.append(content)
+            if len(parts) >= BLOCK:
+                self._content.compact()
         if chunk.reasoning:
             self._reasoning.append(chunk.reasoning)
         if chunk.usage is not None:
             self.usage = chunk.usage
-        if chunk.model:
-            self.model = chunk.model
+        model = chunk.model
+        if model:
+            self.model = model
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
         if chunk.is_completed:
@@ -216,11 +263,11 @@ class ResponseAggregator:
 
     @property
     def content(self) -> str:
-        return "".join(self._content)
+        return self._content.text()
 
     @property
     def reasoning(self) -> str:
-        return "".join(self._reasoning)
+        return self._reasoning.text()
 
     def finish(self) -> List[ToolCall]:
         """Close open tool calls; returns those not returned by :meth:`add` yet."""

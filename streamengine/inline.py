@@ -116,6 +116,14 @@ class FeedResult:
     calls: Tuple[ToolCall, ...] = ()
     errors: Tuple[str, ...] = ()
 
+    # By hand, not generated: ``feed`` builds one per model token, and the
+    # generated frozen __init__ pays an object.__setattr__ call per field.
+    def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = ()) -> None:
+        d = self.__dict__
+        d["visible"] = visible
+        d["calls"] = calls
+        d["errors"] = errors
+
 
 _EMPTY = FeedResult("")
 

@@ -20,8 +20,8 @@ UTF-8 character split across packets, a connection dropped mid-answer.
 Each chat-completions request (streamed or not) takes the next turn, first
 in, first out.  A turn is a list of steps (``steps`` below), run in order;
 consecutive frames with no timing step between them go out in one write.
-A turn without a terminal step (``done``, ``end``, ``stall``, ``drop``,
-``http_error``, ``stall_before_headers``) gets ``finish`` (``"tool_calls"``
+A turn without a terminal step (``done``, ``end``, ``stall``, ``forever``,
+``drop``, ``http_error``, ``stall_before_headers``) gets ``finish`` (``"tool_calls"``
 when the turn has tool calls, else ``"stop"``), ``usage`` and ``[DONE]``
 appended, leaving out the ones the turn already has.
 
@@ -57,9 +57,10 @@ __all__ = ["FakeProvider", "RecordedRequest", "Step", "Turn", "fake_embedding", 
 _POLL_S = 0.02
 _TIMING = frozenset({"delay", "wait", "signal"})
 _PRE_HEADER = frozenset({"http_error", "stall_before_headers", "drop"})
-_TERMINAL = frozenset({"done", "end", "stall", "drop", "http_error", "stall_before_headers"})
+_TERMINAL = frozenset({"done", "end", "stall", "drop", "http_error", "stall_before_headers", "forever"})
 _FRAMES = frozenset({"delta", "finish", "usage", "done", "sse", "raw", "error_frame"})
 _DROP_PHANTOM_BYTES = 1024  # declared but never sent, so a drop is visible on Content-Length bodies
+_FOREVER_PHANTOM_BYTES = 1 << 40  # a Content-Length that "forever" never reaches
 
 
 # -- steps ---------------------------------------------------------------------------
@@ -151,6 +152,33 @@ def stall_before_headers() -> Step:
     return Step("stall_before_headers")
 
 
+def forever(*frames: Step, every: float = 0.05) -> Step:
+    """Send ``frames`` every ``every`` seconds until the client goes away or the provider closes.
+
+    For streams that never end but are never silent either: keep-alive
+    comments (``forever(comment())``), ``event: ping`` frames, empty deltas
+    -- or content (``forever(text("x"))``) to run into the absolute cap.
+    Only frame steps are allowed inside.  Terminal, like ``stall``.
+    """
+    frames = tuple(_flatten(frames))
+    if not frames or any(f.kind not in _FRAMES for f in frames):
+        raise ValueError("forever() repeats frame steps (text, comment, ping_event, empty_delta, raw...)")
+    if not every > 0:
+        raise ValueError(f"forever(every=...) must be a positive number of seconds, got {every!r}")
+    return Step("forever", frames, {"every": float(every)})
+
+
+def trickle(data: Union[bytes, str], interval: float = 0.5) -> Step:
+    """Write ``data`` one byte at a time, pausing ``interval`` seconds before each byte.
+
+    A frame trickled this way completes only after ``len(data) * interval``
+    seconds: bytes keep arriving (a socket read timeout never fires) while
+    nothing meaningful does.  Ends early if the client goes away.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    return Step("trickle", payload, {"interval": float(interval)})
+
+
 def drop() -> Step:
     """Close the connection abruptly: no more bytes, no body terminator."""
     return Step("drop")
@@ -194,7 +222,7 @@ def reply(s: str, pieces: int = 1) -> List[Step]:
 steps = types.ModuleType("streamengine.testing.steps", "Steps for FakeProvider turns.")
 for _fn in (text, reasoning, tool_call, empty_delta, finish, usage, done, delay, wait, signal,
             comment, ping_event, stall, stall_before_headers, drop, end, http_error, raw,
-            error_frame, reply):
+            error_frame, reply, forever, trickle):
     setattr(steps, _fn.__name__, _fn)
 steps.Step = Step  # type: ignore[attr-defined]
 steps.__all__ = sorted(n for n in vars(steps) if not n.startswith("_"))  # type: ignore[attr-defined]
@@ -286,12 +314,13 @@ class FakeProvider:
 
     ``framing`` picks how streamed bodies are delimited: ``"chunked"``,
     ``"close"`` (the connection ends the body) or ``"length"``
-    (Content-Length, computed from the turn).  :meth:`close` ends every open
+    (Content-Length, computed from the turn).  ``max_recorded`` bounds
+    :attr:`requests` to the latest N (``request_count`` still counts all).  :meth:`close` ends every open
     connection, stalled ones included, and joins all server threads.
     """
 
     def __init__(self, framing: str = "chunked", embedding_dim: int = 16, *,
-                 reverse_embeddings: bool = False) -> None:
+                 reverse_embeddings: bool = False, max_recorded: Optional[int] = None) -> None:
         if framing not in ("chunked", "close", "length"):
             raise ValueError(f"framing must be 'chunked', 'close' or 'length', got {framing!r}")
         self.framing = framing
@@ -302,7 +331,10 @@ class FakeProvider:
         self._turns: Deque[Turn] = collections.deque()
         self._responder: Optional[Callable[[Dict[str, Any]], Sequence[Any]]] = None
         self._responder_auto_finish = True
-        self._requests: List[RecordedRequest] = []
+        # ``max_recorded`` keeps only the latest requests: a soak test sending
+        # thousands must not see the recorder's memory as a leak.
+        self._requests: Deque[RecordedRequest] = collections.deque(maxlen=max_recorded)
+        self._request_total = 0
         self._embedding_failures: Deque[int] = collections.deque()
         self._sockets: set = set()
         self._threads: List[threading.Thread] = []
@@ -310,6 +342,7 @@ class FakeProvider:
         self._closed = False
         self._ids = itertools.count(1)
         self._connections = 0
+        self._client_gone = 0
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.provider = self
         self.port: int = self._server.server_address[1]
@@ -370,12 +403,27 @@ class FakeProvider:
     @property
     def request_count(self) -> int:
         with self._lock:
-            return len(self._requests)
+            return self._request_total
+
+    @property
+    def client_disconnects(self) -> int:
+        """Answers cut short because the client went away (closed or shut down its socket).
+
+        How a test sees, from the server's side, that a timeout or a cancel
+        really closed the connection instead of leaving it open.
+        """
+        with self._lock:
+            return self._client_gone
+
+    def wait_for_client_disconnects(self, n: int, timeout: float = 5.0) -> bool:
+        """Block until ``n`` answers were cut short by their client; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._client_gone >= n, timeout)
 
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> bool:
         """Block until ``n`` requests have arrived; False on timeout."""
         with self._changed:
-            return self._changed.wait_for(lambda: len(self._requests) >= n, timeout)
+            return self._changed.wait_for(lambda: self._request_total >= n, timeout)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -440,6 +488,7 @@ class FakeProvider:
     def _record(self, request: RecordedRequest) -> None:
         with self._changed:
             self._requests.append(request)
+            self._request_total += 1
             self._changed.notify_all()
 
     def _next_turn(self, payload: Dict[str, Any]) -> Optional[Turn]:
@@ -450,6 +499,11 @@ class FakeProvider:
         if responder is None:
             return None
         return _build_turn(list(responder(payload)), auto_finish)
+
+    def _note_client_gone(self) -> None:
+        with self._changed:
+            self._client_gone += 1
+            self._changed.notify_all()
 
     def _next_embedding_failure(self) -> Optional[int]:
         with self._lock:
@@ -499,6 +553,16 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+
+    def setup(self) -> None:
+        # Frames go out as written, as from a real streaming server: with Nagle
+        # on, a small write after another one waits for the client's delayed
+        # ACK (40 ms), which would show up as latency that is not the client's.
+        try:
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -632,6 +696,12 @@ class _Exchange:
                 self._whole(list(turn.steps))
         except (OSError, ValueError):
             self.h.close_connection = True  # the client went away mid-answer
+            self._client_left()
+
+    def _client_left(self) -> None:
+        """Count an answer cut short by its client (not by the provider closing)."""
+        if not self.provider._closing.is_set():
+            self.provider._note_client_gone()
 
     # -- shared step handling ----------------------------------------------------------
 
@@ -645,6 +715,9 @@ class _Exchange:
         return True
 
     def _abandon(self) -> None:
+        """Stop answering: the client left, the provider closes, or a drop/stall step ended it."""
+        if self.h.client_gone():
+            self._client_left()
         self.h.close_connection = True
         _shutdown(self.h.connection)
 
@@ -705,12 +778,34 @@ class _Exchange:
             elif step.kind == "stall":
                 self.h.pause()
                 return self._abandon()
+            elif step.kind == "forever":
+                self._forever(step)
+                return self._abandon()
+            elif step.kind == "trickle":
+                if not self._trickle(step):
+                    return self._abandon()
             elif step.kind == "drop":
                 return self._abandon()
             elif step.kind == "end":
                 break
         self._flush()
         self._end_body()
+
+    def _forever(self, step: Step) -> None:
+        data = b"".join(self._frame(frame) for frame in step.value)
+        while True:
+            self.pending.append(data)
+            self._flush()
+            if not self.h.pause(seconds=step.options["every"]):
+                return
+
+    def _trickle(self, step: Step) -> bool:
+        for i in range(len(step.value)):
+            if not self.h.pause(seconds=step.options["interval"]):
+                return False
+            self.pending.append(step.value[i:i + 1])
+            self._flush()
+        return True
 
     def _send_stream_headers(self, body: List[Step]) -> None:
         h = self.h
@@ -731,8 +826,12 @@ class _Exchange:
         for step in body:
             if step.kind in _FRAMES:
                 total += len(self._frame(step))
+            elif step.kind == "trickle":
+                total += len(step.value)
             elif step.kind in ("stall", "drop"):
                 return total + _DROP_PHANTOM_BYTES
+            elif step.kind == "forever":
+                return total + _FOREVER_PHANTOM_BYTES
             elif step.kind == "end":
                 break
         return total
@@ -761,9 +860,13 @@ class _Exchange:
                     return self._abandon()
             elif step.kind in _PRE_HEADER:
                 return self._pre_header(step)
-            elif step.kind == "stall":
+            elif step.kind in ("stall", "forever"):  # nothing is sent before a whole answer
                 self.h.pause()
                 return self._abandon()
+            elif step.kind == "trickle":  # a whole answer cannot trickle: wait as long, then send
+                if not self._timing(delay(step.options["interval"] * len(step.value))):
+                    return self._abandon()
+                agg.add(raw(step.value))
             elif step.kind == "error_frame":
                 return self.h._send_json(200, step.value)
             else:

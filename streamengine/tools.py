@@ -758,6 +758,10 @@ class ToolHandle:
         self._on_start = on_start
         self._state = _QUEUED
         self._abandoned = False  # the deadline passed while the function ran
+        # When the cancel flag went up (monotonic): a running tool that has not
+        # returned a grace period later is ignoring it, and its slot is stuck.
+        self.cancelled_at: Optional[float] = None
+        self.cancel_event.add_callback(self._note_cancel)
         self._result: Optional[ToolResult] = None
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -836,6 +840,17 @@ class ToolHandle:
         return f"ToolHandle({self.call.name!r}, id={self.call.id!r}, state={self._state})"
 
     # -- internal, called by the executor
+
+    def _note_cancel(self) -> None:
+        self.cancelled_at = time.monotonic()
+
+    def _given_up(self, now: float, grace: float, flagged_before: Optional[float] = None) -> bool:
+        """Past its deadline, or flagged ``grace`` seconds ago (before ``flagged_before``) and still running."""
+        if self._abandoned or now >= self.deadline:
+            return True
+        flagged = self.cancelled_at
+        return (flagged is not None and now >= flagged + grace
+                and (flagged_before is None or flagged < flagged_before))
 
     def _settle(self, result: ToolResult) -> bool:
         with self._lock:
@@ -924,9 +939,18 @@ class ToolExecutor:
     notify.  Workers stuck in timed-out tools keep their slot until the
     function returns; when all are stuck, ``submit`` answers at once with an
     error result rather than queueing a call that could never start.
+
+    A tool that was *cancelled* (its run was cancelled, e.g. the browser went
+    away) but is still running ``cancel_grace_s`` seconds later is ignoring
+    its flag: its slot counts as stuck from then on, not only from its
+    deadline.  Otherwise a few abandoned runs whose tools hang would make
+    every later call wait in the queue for up to its whole deadline.
     """
 
     _ids = itertools.count(1)
+
+    #: Seconds a cancelled, still running tool gets to notice its flag before its slot counts as stuck.
+    cancel_grace_s: float = 1.0
 
     def __init__(self, max_workers: int = 8, idle_exit_s: float = 5.0, logger: Any = None) -> None:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
@@ -1008,10 +1032,11 @@ class ToolExecutor:
         for handle in queued:
             handle._settle(ToolResult.error_result(
                 handle.call, f"tool '{handle.call.name}' cancelled: the tool executor shut down before it started"))
+        began = time.monotonic()
         for handle in running:
             handle.cancel_event.set()
         if wait:
-            self._join(workers, time.monotonic() + max(0.0, timeout))
+            self._join(workers, began + max(0.0, timeout), began)
 
     def threads_alive(self) -> int:
         """Worker threads still alive (stuck ones included); for tests and health checks."""
@@ -1020,7 +1045,7 @@ class ToolExecutor:
             return len(self._threads)
 
     def stuck_workers(self) -> int:
-        """Workers running a tool whose deadline has passed."""
+        """Workers running a tool whose deadline has passed, or that ignores its cancel flag."""
         with self._lock:
             return len(self._stuck(time.monotonic()))
 
@@ -1050,20 +1075,25 @@ class ToolExecutor:
                     worker.task = handle
                     self._workers.add(worker)
                     return None, worker
-                expired = self._stuck(time.monotonic())
-                if len(expired) >= self.max_workers:
-                    return (f"tool pool exhausted: all {self.max_workers} workers are stuck in timed-out "
-                            "tools; try again later"), None
+                now = time.monotonic()
+                stuck = self._stuck(now)
+                # Only those past their deadline get a timeout result now; a
+                # cancelled one keeps waiting for its function (or deadline).
+                expired = [h for h in stuck if now >= h.deadline]
+                if len(stuck) >= self.max_workers:
+                    return (f"tool pool exhausted: all {self.max_workers} workers are stuck in tools that "
+                            "timed out or ignored a cancel; try again later"), None
                 self._queue.append(handle)
                 return None, None
         finally:
-            for stuck in expired:  # fix their results and raise their flags outside the lock
-                stuck._expire(time.monotonic())
-                stuck.cancel_event.set()
+            for late in expired:  # fix their results and raise their flags outside the lock
+                late._expire(time.monotonic())
+                late.cancel_event.set()
 
     def _stuck(self, now: float) -> List[ToolHandle]:
+        grace = self.cancel_grace_s
         return [w.current for w in self._workers
-                if w.current is not None and (w.current._abandoned or now >= w.current.deadline)]
+                if w.current is not None and w.current._given_up(now, grace)]
 
     def _start(self, worker: _Worker, first: ToolHandle) -> None:
         thread = threading.Thread(target=self._work, args=(worker,), daemon=True,
@@ -1079,6 +1109,10 @@ class ToolExecutor:
                                                   f"start a worker thread ({exc}); try again later"))
             return
         with self._lock:
+            # Pruned here, not only in threads_alive(): idle threads retire and new
+            # ones start all day in a server, and a list of every thread ever
+            # started is a slow leak.
+            self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
 
     def _dequeue(self, handle: ToolHandle) -> bool:
@@ -1168,18 +1202,28 @@ class ToolExecutor:
         except Exception as exc:
             self._log.opt(exception=exc).warning("on_start hook of tool {!r} failed: {}", handle.call.name, exc)
 
-    def _join(self, workers: List[_Worker], until: float) -> None:
-        """Join each worker until ``until``, but stop waiting for one the moment its tool is stuck."""
+    def _join(self, workers: List[_Worker], until: float, began: float) -> None:
+        """Join each worker until ``until``, but stop waiting for one the moment its tool is stuck.
+
+        A tool flagged by this shutdown gets the whole ``until``; one that was
+        cancelled before it and ignored that for ``cancel_grace_s`` is stuck.
+        """
         me = threading.current_thread()
+        grace = self.cancel_grace_s
         for worker in workers:
             thread = worker.thread
             if thread is None or thread is me:
                 continue
             while thread.is_alive():
                 now, current = time.monotonic(), worker.current
-                if now >= until or (current is not None and (current._abandoned or now >= current.deadline)):
+                if now >= until or (current is not None and current._given_up(now, grace, began)):
                     break
-                stop = until if current is None else min(until, current.deadline)
+                stop = until
+                if current is not None:
+                    stop = min(stop, current.deadline)
+                    flagged = current.cancelled_at
+                    if flagged is not None and flagged < began:
+                        stop = min(stop, flagged + grace)
                 thread.join(max(0.0, stop - now))
 
     def _log_timeout(self, handle: ToolHandle, seconds: float) -> None:

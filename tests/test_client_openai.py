@@ -532,12 +532,19 @@ def test_sse_split_at_every_offset_gives_the_same_events():
         assert parse([WIRE[:cut], WIRE[cut:]]) == EXPECTED, cut
 
 
-def test_sse_trailing_event_needs_complete_lines():
+def test_sse_trailing_event_without_its_empty_line_is_dropped():
+    # WHATWG: an event not ended by an empty line when the body ends is not
+    # dispatched -- also when its lines are complete (a cut body must never
+    # look complete, issue 7).
     framer = SseFramer()
-    assert [e.data for e in iter_events([b"data: a\n\ndata: [DONE]\n"], framer)] == ["a", "[DONE]"]
+    assert [e.data for e in iter_events([b"data: a\n\ndata: [DONE]\n"], framer)] == ["a"]
+    assert framer.dropped_bytes == len(b"data: [DONE]")
     framer = SseFramer()
     assert [e.data for e in iter_events([b"data: a\n\ndata: {\"cut"], framer)] == ["a"]
     assert framer.dropped_bytes == len(b'data: {"cut')
+    framer = SseFramer()
+    assert [e.data for e in iter_events([b"data: a\r\n\r\n"], framer)] == ["a"]
+    assert framer.dropped_bytes == 0
 
 
 def test_sse_invalid_utf8_is_replaced_even_when_split():

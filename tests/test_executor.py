@@ -286,7 +286,7 @@ def test_pool_exhaustion_is_an_immediate_error_then_recovers(make_executor, rele
     assert refused.done()
     result = refused.result(timeout=0)
     assert not result.ok and result.error == (
-        "tool pool exhausted: all 2 workers are stuck in timed-out tools; try again later")
+        "tool pool exhausted: all 2 workers are stuck in tools that timed out or ignored a cancel; try again later")
     assert executor.threads_alive() == 2  # no extra thread was started for it
 
     release.set()  # the stuck functions return; their slots come back

@@ -259,11 +259,17 @@ def test_drop_before_headers_closes_without_answer():
 @pytest.mark.parametrize("step", [s.stall, s.stall_before_headers])
 def test_close_ends_stalled_connections_and_joins_threads(step):
     fp = FakeProvider()
-    fp.add_turn(s.text("a"), step()) if step is s.stall else fp.add_turn(step())
+    # The request is recorded before the answer starts: wait until the server
+    # stalls (everything before the signal is written), or a close that comes
+    # in between finds no headers sent (a race seen under load).
+    stalling = threading.Event()
+    fp.add_turn(s.text("a"), s.signal(stalling), step()) if step is s.stall \
+        else fp.add_turn(s.signal(stalling), step())
     sock = socket.create_connection(("127.0.0.1", fp.port), timeout=5)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                  % (len(json.dumps(STREAM)), json.dumps(STREAM).encode()))
     assert fp.wait_for_requests(1)
+    assert stalling.wait(5)
     fp.close()
     assert not [t for t in threading.enumerate() if t.name.startswith(f"FakeProvider-{fp.port}")]
     received = b""
@@ -298,3 +304,82 @@ def test_delay_is_cut_short_by_close():
     assert fp.wait_for_requests(1)
     fp.close()  # would hang for 30 s if the delay were not interruptible
     sock.close()
+
+
+# -- fault steps added for the fault matrix (issue 7) -----------------------------------------------
+
+
+def _open_stream(fp: FakeProvider) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", fp.port), timeout=5)
+    body = json.dumps(STREAM).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def _read_until(sock: socket.socket, needle: bytes, limit: int = 1 << 20) -> bytes:
+    data = b""
+    while needle not in data and len(data) < limit:
+        part = sock.recv(65536)
+        if not part:
+            break
+        data += part
+    return data
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_forever_repeats_frames_until_the_client_leaves_and_counts_the_disconnect(framing):
+    with FakeProvider(framing=framing) as fp:
+        fp.add_turn(s.text("a"), s.forever(s.comment("still here"), every=0.01))
+        sock = _open_stream(fp)
+        data = b""
+        while data.count(b": still here") < 3:
+            part = sock.recv(65536)
+            assert part, "the provider ended a forever() stream"
+            data += part
+        if framing == "length":
+            declared = int(data.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            assert declared > 1 << 30  # never reached: the body never "ends" early
+        assert fp.client_disconnects == 0
+        sock.close()
+        assert fp.wait_for_client_disconnects(1)
+        assert fp.client_disconnects == 1
+
+
+def test_forever_takes_frame_steps_only():
+    with pytest.raises(ValueError, match="frame steps"):
+        s.forever(s.delay(1))
+    with pytest.raises(ValueError, match="frame steps"):
+        s.forever()
+    with pytest.raises(ValueError, match="positive"):
+        s.forever(s.comment(), every=0)
+
+
+def test_trickle_sends_one_byte_at_a_time_then_goes_on():
+    release = threading.Event()
+    with FakeProvider(framing="chunked") as fp:
+        fp.add_turn(s.trickle(b"data: {}\n\n", interval=0.001), s.wait(release), s.text("after"))
+        sock = _open_stream(fp)
+        data = _read_until(sock, b"\n\r\n1\r\n\n\r\n")  # each byte its own chunk; the last two are "\n"
+        assert data.split(b"\r\n\r\n", 1)[1] == b"".join(b"1\r\n%c\r\n" % c for c in b"data: {}\n\n")
+        release.set()
+        assert b'"after"' in _read_until(sock, b"0\r\n\r\n")
+        sock.close()
+
+
+def test_a_provider_closing_is_not_a_client_disconnect():
+    fp = FakeProvider()
+    fp.add_turn(s.stall())
+    sock = _open_stream(fp)
+    assert _read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 200")
+    fp.close()
+    sock.close()
+    assert fp.client_disconnects == 0
+
+
+def test_max_recorded_keeps_the_latest_requests_and_counts_all():
+    with FakeProvider(max_recorded=2) as fp:
+        fp.respond_with(lambda payload: [s.text("x")])
+        for i in range(5):
+            post(fp, {"messages": [{"role": "user", "content": str(i)}], "stream": True})
+        assert fp.request_count == 5 and fp.wait_for_requests(5)
+        assert [r.json["messages"][0]["content"] for r in fp.requests] == ["3", "4"]

@@ -548,9 +548,6 @@ def test_hostile_model_text_arrives_as_exactly_one_token_event_each(fp):
         assert events[-1].data == "[DONE]" and all(e.last_event_id == "" for e in events)
 
 
-@pytest.mark.xfail(strict=True, reason="clients/openai.py _encode uses json.dumps(ensure_ascii=False).encode('utf-8'): "
-                                       "a lone surrogate the model wrote cannot be echoed back in the continuation; "
-                                       "fix: ensure_ascii=True (then delete this marker)")
 def test_a_lone_surrogate_from_the_model_survives_the_next_round(fp):
     @tool
     def noop() -> str:

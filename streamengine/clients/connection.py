@@ -11,24 +11,44 @@ So :class:`CancellableAdapter` installs pool and connection classes that
 hand every connection they use to the :class:`RequestTracker` of the request
 in progress (found through :func:`tracking`, a thread-local context set around
 ``session.request``).  :meth:`RequestTracker.abort` then shuts down whatever
-socket the request holds at that moment, and a connection that is still
-connecting is shut down the moment its socket exists.
+socket the request holds at that moment.
 
-Limits: a TCP connect (or TLS handshake) already in progress is not
-interrupted; it ends at the connect timeout, and is then shut down at once.
-SOCKS proxies use other connection classes and are not tracked.
+The TCP connect is made here, not by urllib3: its ``create_connection``
+keeps the new socket to itself until ``connect()`` returns, so a provider
+whose accept queue is full (SYNs dropped) would hold a cancelled call for
+the whole connect timeout.  Here the socket is published first and the
+connect is non-blocking, waited for in short slices that look at the
+tracker, so an abort ends it at once (a TLS handshake runs on the published
+socket and is shut down like any read).
+
+Limits: name resolution (``getaddrinfo``) cannot be interrupted.  SOCKS
+proxies use other connection classes and are not tracked.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import select
 import socket
+import sys
 import threading
+import time
 from typing import Any, Iterator, List, Optional, Sequence
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+from urllib3.util import connection as _u3conn
+
+try:  # urllib3 >= 2
+    from urllib3.exceptions import NameResolutionError as _NameResolutionError
+except ImportError:  # pragma: no cover - urllib3 1.26
+    _NameResolutionError = None  # type: ignore[assignment,misc]
+
+# How often a connect in progress looks at its tracker; a shutdown wakes it sooner.
+_CONNECT_SLICE_S = 0.05
 
 __all__ = ["CancellableAdapter", "RequestTracker", "mount_cancellable", "tracking"]
 
@@ -59,6 +79,18 @@ class RequestTracker:
             connections = list(self._connections)
         for conn in connections:
             conn._se_shutdown()
+
+    def set_read_timeout(self, seconds: Optional[float]) -> None:
+        """Give the sockets of this request a read timeout (urllib3 resets it on the next request)."""
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with conn._se_lock:
+                for sock in {id(s): s for s in (getattr(conn, "sock", None), conn._se_sock) if s is not None}.values():
+                    try:
+                        sock.settimeout(seconds)
+                    except OSError:
+                        pass  # already closed: nothing to time out
 
     def release(self) -> None:
         """The request is over: forget its connections (an abort then does nothing)."""
@@ -117,6 +149,42 @@ def _shutdown_socket(sock: Any) -> None:
         pass  # already closed or never connected: nothing left to unblock
 
 
+def _connect_abortably(sock: socket.socket, address: Any, timeout: Optional[float],
+                       tracker: "RequestTracker") -> None:
+    """Connect without blocking in the kernel: wait in slices, stop when the tracker is aborted."""
+    sock.setblocking(False)
+    code = sock.connect_ex(address)
+    if code in (0, errno.EISCONN):
+        return
+    if code not in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY):
+        raise OSError(code, f"{errno.errorcode.get(code, code)}: connect to {address} failed")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if tracker.aborted:
+            raise OSError(errno.ECONNABORTED, "connect aborted: the request was cancelled")
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise socket.timeout("timed out")
+        if _writable(sock, _CONNECT_SLICE_S if left is None else min(left, _CONNECT_SLICE_S)):
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if tracker.aborted:
+                raise OSError(errno.ECONNABORTED, "connect aborted: the request was cancelled")
+            if code:
+                raise OSError(code, f"{errno.errorcode.get(code, code)}: connect to {address} failed")
+            return
+
+
+def _writable(sock: socket.socket, wait: float) -> bool:
+    """True once a connecting socket is done (connected or failed); poll() where there is one,
+    as select() fails on descriptors above 1023, which busy servers have."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(wait * 1000))
+    _, writable, failed = select.select([], [sock], [sock], wait)
+    return bool(writable or failed)
+
+
 class _TrackedMixin:
     """Connection behaviour: report to the tracker and shut down on request."""
 
@@ -130,12 +198,54 @@ class _TrackedMixin:
         super().__init__(*args, **kwargs)
 
     def _new_conn(self) -> socket.socket:  # type: ignore[override]
-        sock = super()._new_conn()  # type: ignore[misc]
-        self._se_sock = sock  # reachable during a TLS handshake too
         tracker = self._se_tracker
-        if tracker is not None and tracker.aborted:
-            _shutdown_socket(sock)
+        if tracker is None:  # not part of a tracked request: urllib3's own way
+            sock = super()._new_conn()  # type: ignore[misc]
+            self._se_sock = sock
+            return sock
+        # The same errors urllib3's _new_conn raises, so requests maps them alike.
+        try:
+            sock = self._se_connect(tracker)
+        except socket.gaierror as exc:
+            if _NameResolutionError is not None:
+                raise _NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined]
+            raise NewConnectionError(self, f"Failed to resolve {self.host}: {exc}") from exc  # pragma: no cover
+        except socket.timeout as exc:
+            raise ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})"  # type: ignore[attr-defined]
+            ) from exc
+        except OSError as exc:
+            raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
+        sys.audit("http.client.connect", self, self.host, self.port)  # type: ignore[attr-defined]
         return sock
+
+    def _se_connect(self, tracker: "RequestTracker") -> socket.socket:
+        """urllib3's create_connection, with the socket published before the connect starts."""
+        host, port = self._dns_host, self.port  # type: ignore[attr-defined]
+        if host.startswith("["):
+            host = host.strip("[]")
+        timeout = self.timeout  # type: ignore[attr-defined]
+        if not isinstance(timeout, (int, float)) and timeout is not None:  # urllib3's "default" sentinel
+            timeout = socket.getdefaulttimeout()
+        error: Optional[OSError] = None
+        for family, kind, proto, _, address in socket.getaddrinfo(
+                host, port, _u3conn.allowed_gai_family(), socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                with self._se_lock:
+                    self._se_sock = sock
+                _u3conn._set_socket_options(sock, self.socket_options)  # type: ignore[attr-defined]
+                if self.source_address:  # type: ignore[attr-defined]
+                    sock.bind(self.source_address)  # type: ignore[attr-defined]
+                _connect_abortably(sock, address, timeout, tracker)
+                sock.settimeout(timeout)
+                return sock
+            except OSError as exc:
+                error = exc
+                sock.close()
+        if error is not None:
+            raise error
+        raise OSError("getaddrinfo returned no address")
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]
@@ -208,6 +318,29 @@ class CancellableAdapter(HTTPAdapter):
         if hasattr(manager, "pool_classes_by_scheme") and not proxy.lower().startswith("socks"):
             manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
         return manager
+
+    def close(self) -> None:
+        """Close every pooled connection now, then drop the pools.
+
+        urllib3 2's ``PoolManager.clear()`` only forgets its pools; their idle
+        keep-alive sockets close when the pools are garbage collected -- and
+        a pool is easily held by a reference cycle (an exception's traceback
+        keeps its frames, ``MaxRetryError.pool``...), so the sockets, and the
+        provider's threads serving them, lived on until the next full GC.
+        Connections in flight are closed when they come back.
+        """
+        managers = [self.poolmanager, *self.proxy_manager.values()]
+        for manager in managers:
+            pools = getattr(manager, "pools", None)
+            if pools is None:
+                continue
+            for key in list(pools.keys()):
+                try:
+                    pool = pools[key]
+                except KeyError:
+                    continue
+                pool.close()
+        super().close()
 
 
 # Many concurrent streams (an SSE server) would overflow requests' default of

@@ -99,8 +99,12 @@ class OpenAICompatibleClient(StreamingLlmClient):
             raise ConfigError(
                 f"connect_timeout must be a positive number of seconds, got {connect_timeout!r}")
         self.base_url = base_url.rstrip("/")
-        self._api_key = api_key or None
-        self._headers = dict(headers or {})
+        self._api_key = _check_api_key(api_key)
+        self._headers = _check_headers(headers)
+        # Everything an error message or log line must never show: the key and
+        # the values of credential-like headers (Azure's ``api-key``...).
+        self._secrets = _secret_forms(
+            [self._api_key] + [v for k, v in self._headers.items() if _SENSITIVE_HEADER.search(k)])
         self.connect_timeout = float(connect_timeout)
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
@@ -203,8 +207,9 @@ class OpenAICompatibleClient(StreamingLlmClient):
         return headers
 
     def _redact(self, text: str) -> str:
-        if self._api_key and self._api_key in text:
-            return text.replace(self._api_key, "***")
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "***")
         return text
 
     # -- transport -------------------------------------------------------------
@@ -229,6 +234,13 @@ class OpenAICompatibleClient(StreamingLlmClient):
                 f"could not get an answer from {url}: {type(exc).__name__}: {exc}; "
                 f"check that the provider is running and base_url is right"
             )) from exc
+        except UnicodeEncodeError as exc:
+            # http.client encodes header values as latin-1; the only headers
+            # not checked at construction are a user session's own.
+            raise ConfigError(
+                f"a request header for {url} cannot be sent: {exc}; HTTP header values must be "
+                f"latin-1 text (check the headers of the requests.Session you passed)"
+            ) from None
         try:
             if resp.status_code >= 400:
                 raise self._http_error(resp, url, cancel, tracker)
@@ -316,6 +328,8 @@ class OpenAICompatibleClient(StreamingLlmClient):
                 )
             parser = _StreamParser(url, self._redact, self.max_event_bytes)
             completed = yield from parser.run(resp, cancel, tracker)
+            if parser.saw_done:
+                _drain_after_done(resp, tracker)
         finally:
             release()
         # Released before the last chunk goes out: a caller that stops at the
@@ -333,6 +347,7 @@ class _StreamParser:
         self.max_event_bytes = max_event_bytes
         self.redact = redact
         self.events = 0
+        self.saw_done = False
         self.finish_reason: Optional[str] = None
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
@@ -348,6 +363,7 @@ class _StreamParser:
                     break
                 self.events += 1
                 if event.data == "[DONE]":
+                    self.saw_done = True
                     return self._completed()
                 chunk = self._chunk(event.event, event.data)
                 if chunk is not None:
@@ -424,9 +440,14 @@ class _StreamParser:
 # -- helpers: parsing -------------------------------------------------------------
 
 def _encode(body: Dict[str, Any]) -> bytes:
-    """The request JSON, built before anything is sent so a bad option fails at the call."""
+    """The request JSON, built before anything is sent so a bad option fails at the call.
+
+    ASCII-escaped on purpose: a lone surrogate (a model can send one,
+    JSON-escaped, and it comes back in the next round's messages) has no
+    UTF-8 form, but ``\\udXXX`` is valid JSON text.
+    """
     try:
-        return json.dumps(body, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        return json.dumps(body, allow_nan=False, ensure_ascii=True).encode("ascii")
     except (TypeError, ValueError) as exc:
         raise ConfigError(
             f"the request cannot be sent as JSON ({exc}); check CompletionOptions.extra, "
@@ -435,27 +456,68 @@ def _encode(body: Dict[str, Any]) -> bytes:
 
 
 def _text_or_none(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) and value else None
+    """Delta text: a string, or a list of text parts (``[{"type": "text", "text": ...}]``).
+
+    Anything else (a number, an object) is not text and is ignored.
+    """
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, list):
+        parts = [part.get("text") for part in value
+                 if isinstance(part, dict) and part.get("type", "text") == "text"]
+        joined = "".join(p for p in parts if isinstance(p, str))
+        return joined or None
+    return None
+
+
+def _choice_index(choice: Dict[str, Any]) -> Optional[int]:
+    index = choice.get("index", 0)
+    if index is None:
+        return 0  # some servers send null for the only choice
+    if isinstance(index, bool):
+        return None
+    if isinstance(index, int):
+        return index
+    if isinstance(index, str) and index.strip().isdigit():
+        return int(index)
+    return None
 
 
 def _first_choice(choices: Any) -> Dict[str, Any]:
-    """The choice with index 0 (``n > 1`` is not supported: other choices are ignored)."""
+    """The choice with index 0 (``n > 1`` is not supported: other choices are ignored).
+
+    A missing, null or ``"0"`` index counts as 0: dropping the only choice of
+    a sloppy server would silently lose the answer.
+    """
     if not isinstance(choices, list):
         return {}
     for choice in choices:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+        if isinstance(choice, dict) and _choice_index(choice) == 0:
             return choice
     return {}
 
 
+def _token_count(value: Any) -> Optional[int]:
+    """A token count: a non-negative integer (``3.0`` accepted); anything else is unknown."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < 1 << 53:
+        return value
+    return None
+
+
 def _usage(raw: Any) -> Optional[Usage]:
+    """Usage numbers; a frame with absurd ones (``1e400``, ``"x"``, ``-5``) carries no usage."""
     if not isinstance(raw, dict):
         return None
-    try:
-        prompt = int(raw.get("prompt_tokens") or 0)
-        completion = int(raw.get("completion_tokens") or 0)
-        total = int(raw.get("total_tokens") or (prompt + completion))
-    except (TypeError, ValueError):
+    counts = [_token_count(raw.get(key) or 0) for key in ("prompt_tokens", "completion_tokens")]
+    if None in counts:
+        return None
+    prompt, completion = counts
+    total = _token_count(raw.get("total_tokens") or (prompt + completion))
+    if total is None:
         return None
     return Usage(prompt, completion, total)
 
@@ -468,6 +530,11 @@ def _arguments_text(raw: Any) -> Optional[str]:
     return json.dumps(raw)  # some servers send an object instead of JSON text
 
 
+def _string_or_none(value: Any) -> Optional[str]:
+    """Ids and names are strings; a number or a list there is garbage, not a name."""
+    return value if isinstance(value, str) and value else None
+
+
 def _tool_call_deltas(raw: Any) -> Tuple[ToolCallDelta, ...]:
     if not isinstance(raw, list):
         return ()
@@ -478,12 +545,13 @@ def _tool_call_deltas(raw: Any) -> Tuple[ToolCallDelta, ...]:
         function = item.get("function") if isinstance(item.get("function"), dict) else {}
         index = item.get("index", position)
         # Empty strings are "not sent": an empty id would look like a new call.
-        call_id = item.get("id") or None
-        name = function.get("name") or None
+        call_id = _string_or_none(item.get("id"))
+        name = _string_or_none(function.get("name"))
         arguments = _arguments_text(function.get("arguments")) or None
         if call_id is None and name is None and arguments is None:
             continue
-        deltas.append(ToolCallDelta(index=int(index) if isinstance(index, int) else position,
+        valid_index = isinstance(index, int) and not isinstance(index, bool)
+        deltas.append(ToolCallDelta(index=index if valid_index else position,
                                     id=call_id, name=name, arguments_fragment=arguments))
     return tuple(deltas)
 
@@ -543,12 +611,12 @@ def _response_from_json(payload: Any, redact: Any) -> Response:
         if not isinstance(item, dict):
             continue
         function = item.get("function") if isinstance(item.get("function"), dict) else {}
-        calls.append(ToolCall(id=str(item.get("id") or f"call_{position}"),
-                              name=str(function.get("name") or ""),
+        calls.append(ToolCall(id=_string_or_none(item.get("id")) or f"call_{position}",
+                              name=_string_or_none(function.get("name")) or "",
                               arguments=_arguments_text(function.get("arguments")) or "{}"))
     finish = choice.get("finish_reason")
     return Response(
-        content=message.get("content") if isinstance(message.get("content"), str) else "",
+        content=_text_or_none(message.get("content")) or "",
         tool_calls=tuple(calls),
         usage=_usage(payload.get("usage")),
         model=payload.get("model") if isinstance(payload.get("model"), str) else None,
@@ -575,9 +643,11 @@ def _vectors_from_json(payload: Any, expected: int) -> List[List[float]]:
 def parse_retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Optional[float]:
     """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date).
 
-    Anything not finite, negative or over a day is ignored (``None``): a
-    broken header must not park a caller for a year.  A date in the past
-    means "now" (0).
+    A number must be plain digits with an optional fraction (RFC 9110
+    ``delay-seconds``, fractions tolerated): ``nan``, ``inf``, ``-1``,
+    ``1e3``, ``0x10``, ``1_0`` are not numbers here.  Anything invalid,
+    negative or over a day is ignored (``None``): a broken header must not
+    park a caller for a year.  A date in the past means "now" (0).
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     ms = _finite(lowered.get("retry-after-ms"))
@@ -599,18 +669,84 @@ def parse_retry_after(headers: Mapping[str, str], now: Optional[float] = None) -
     return _sane(max(0.0, when.timestamp() - now))
 
 
+_DELAY = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+
+
 def _finite(value: Optional[str]) -> Optional[float]:
-    if value is None:
+    # float() would take "nan", "inf", "1e9", " 1_0" and "+5"; a header is digits.
+    if not isinstance(value, str) or not _DELAY.fullmatch(value.strip()):
         return None
-    try:
-        number = float(value.strip())
-    except (AttributeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    return float(value.strip())
 
 
 def _sane(seconds: float) -> Optional[float]:
     return seconds if 0.0 <= seconds <= MAX_RETRY_AFTER_S else None
+
+
+# -- helpers: configuration and secrets ----------------------------------------------
+
+# Header names whose values are credentials (``Authorization``, Azure's
+# ``api-key``, ``x-api-key``, ``X-Auth-Token``...): never shown in errors.
+_SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)
+_BAD_HEADER_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_api_key(api_key: Optional[str]) -> Optional[str]:
+    """The key, stripped; refused (without showing it) if it cannot be a header value.
+
+    A key read from a file often ends with a newline.  Sent as is, requests
+    refuses the header with an error that quotes it -- which would put the
+    key into exception messages, logs and a browser's error event.
+    """
+    if api_key is None or api_key == "":
+        return None
+    if not isinstance(api_key, str):
+        raise ConfigError(f"api_key must be a string, got {type(api_key).__name__}")
+    key = api_key.strip()
+    if not key:
+        return None
+    if _BAD_HEADER_CHARS.search(key) or not _is_latin1(key) or " " in key:
+        raise ConfigError(
+            "api_key holds characters that cannot be sent in an HTTP header (control characters, "
+            "spaces or non-latin-1 text); check how the key is read (STREAMENGINE_API_KEY or "
+            "OPENAI_API_KEY) -- the key is not shown here on purpose")
+    return key
+
+
+def _check_headers(headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """Extra headers, checked now so a bad one is a clear ConfigError, not a failure per call."""
+    checked: Dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            raise ConfigError(f"header name {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str) or _BAD_HEADER_CHARS.search(value) or not _is_latin1(value):
+            shown = "(value not shown)" if _SENSITIVE_HEADER.search(name) else repr(value)
+            raise ConfigError(
+                f"header {name!r} has a value that cannot be sent in HTTP {shown}: values must be "
+                f"latin-1 text without control characters (CR, LF, NUL...)")
+        checked[name] = value
+    return checked
+
+
+def _is_latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _secret_forms(secrets: Sequence[Optional[str]]) -> Tuple[str, ...]:
+    """Each secret as it may appear in a message: raw, and escaped inside a repr()."""
+    forms = []
+    for secret in secrets:
+        if secret:
+            forms.append(secret)
+            escaped = repr(secret)[1:-1]
+            if escaped != secret:
+                forms.append(escaped)
+    # Longest first, so a secret containing another is replaced whole.
+    return tuple(sorted(set(forms), key=len, reverse=True))
 
 
 # -- helpers: transport ------------------------------------------------------------
@@ -632,6 +768,35 @@ def _read1_of(resp: requests.Response) -> Callable[[int], bytes]:
     if fp is not None and hasattr(fp, "read1"):
         return fp.read1
     return raw.read  # last resort: correct, but may wait for a full buffer
+
+
+#: After ``[DONE]``, how long to wait for the rest of the body (a chunked body's
+#: ``0\r\n\r\n``) so the connection can be reused.  It is nearly always there
+#: already; a provider that holds the body open after [DONE] costs this once,
+#: and its connection is closed instead of reused.
+DRAIN_AFTER_DONE_S = 0.05
+DRAIN_AFTER_DONE_BYTES = 64 * 1024
+
+
+def _drain_after_done(resp: requests.Response, tracker: RequestTracker) -> bool:
+    """Read what follows ``[DONE]`` (briefly, boundedly) so urllib3 can pool the connection.
+
+    Closing a chunked response before its terminating chunk closes the
+    connection: every streamed call would pay a new TCP (and TLS) handshake.
+    Returns True when the body ended and the connection went back to the pool.
+    """
+    tracker.set_read_timeout(DRAIN_AFTER_DONE_S)
+    read1 = _read1_of(resp)
+    drained = 0
+    try:
+        while drained <= DRAIN_AFTER_DONE_BYTES:
+            data = read1(READ_SIZE)
+            if not data:
+                return True
+            drained += len(data)
+    except _STREAM_ERRORS:
+        pass  # timed out or broke after [DONE]: the answer is complete; the connection is closed
+    return False
 
 
 def _excerpt(resp: requests.Response, limit: int = 300) -> str:

@@ -1,0 +1,45 @@
+"""The engine's WSGI app under waitress, as ``streamengine serve`` runs it, in its own process.
+
+``python -m bench.app UPSTREAM_BASE_URL MODEL THREADS`` prints ``PORT <n>``
+and serves until stdin closes.  The upstream is the pre-rendered bench
+server; the one tool sleeps 50 ms.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+
+def main() -> None:
+    upstream, model, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    from waitress.server import create_server
+
+    from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
+    from streamengine.wsgi import make_wsgi_app
+
+    @tool(name="lookup")
+    def lookup(query: str) -> str:
+        """Looks something up (sleeps 50 ms)."""
+        time.sleep(0.05)
+        return f"found {query}"
+
+    engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
+                             EngineConfig(models=[model], tool_mode="xml", pool_size=64))
+    app = make_wsgi_app(engine, heartbeat_s=15.0)
+    server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=threads + 100,
+                           backlog=2048, channel_request_lookahead=1, ident="streamengine-bench")
+    sys.stdout.write(f"PORT {server.effective_port}\n")
+    sys.stdout.flush()
+
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    server.run()
+
+
+if __name__ == "__main__":
+    main()

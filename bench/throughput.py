@@ -1,0 +1,178 @@
+"""1. Throughput: 100k OpenAI chunks through each way of reading a stream, same server, same run.
+
+Every reader does the minimum useful work: parse each frame and collect the
+content text; each run is checked to have produced the whole answer.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+from .common import Server, chunked_lines, content_frame, finish_frames, post_raw, seg
+
+TOKEN = " word"
+MESSAGES = [{"role": "user", "content": "benchmark"}]
+
+
+def register(server: Server, name: str, n: int, token: str = TOKEN) -> str:
+    return server.script(name, [seg(content_frame(token), repeat=n), seg(finish_frames())])
+
+
+# --- the readers --------------------------------------------------------------------------
+
+def raw_socket(server: Server, model: str) -> str:
+    """The Python limit: a socket, a chunked-body decoder, a line split and json.loads."""
+    sock = post_raw(server.port, "/v1/chat/completions", {"model": model, "messages": MESSAGES, "stream": True})
+    loads = json.loads
+    parts: List[str] = []
+    try:
+        for lines in chunked_lines(sock):
+            for line in lines:
+                if line[:6] == b"data: ":
+                    data = line[6:]
+                    if data == b"[DONE]":
+                        return "".join(parts)
+                    choices = loads(data)["choices"]
+                    if choices:
+                        content = choices[0]["delta"].get("content")
+                        if content:
+                            parts.append(content)
+        return "".join(parts)
+    finally:
+        sock.close()
+
+
+def make_requests_sseclient(server: Server) -> Callable[[str], str]:
+    import requests
+    import sseclient
+    session = requests.Session()
+    url = server.base_url + "/chat/completions"
+
+    def run(model: str) -> str:
+        parts = []
+        resp = session.post(url, json={"model": model, "messages": MESSAGES, "stream": True}, stream=True,
+                            headers={"Accept": "text/event-stream"})
+        try:
+            for event in sseclient.SSEClient(resp).events():
+                if event.data == "[DONE]":
+                    break
+                choices = json.loads(event.data)["choices"]
+                if choices:
+                    content = choices[0]["delta"].get("content")
+                    if content:
+                        parts.append(content)
+        finally:
+            resp.close()
+        return "".join(parts)
+
+    return run
+
+
+def make_openai_sdk(server: Server) -> Callable[[str], str]:
+    from openai import OpenAI
+    client = OpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
+
+    def run(model: str) -> str:
+        parts = []
+        for chunk in client.chat.completions.create(model=model, messages=MESSAGES, stream=True):
+            if chunk.choices:
+                content = chunk.choices[0].delta.content
+                if content:
+                    parts.append(content)
+        return "".join(parts)
+
+    return run
+
+
+def make_client_stream(server: Server) -> Callable[[str], str]:
+    from streamengine import CompletionOptions, OpenAICompatibleClient
+    client = OpenAICompatibleClient(server.base_url)
+
+    def run(model: str) -> str:
+        parts = []
+        for chunk in client.stream(MESSAGES, options=CompletionOptions(model=model)):
+            if chunk.content:
+                parts.append(chunk.content)
+        return "".join(parts)
+
+    return run
+
+
+def make_strategy(server: Server) -> Callable[[str], str]:
+    from streamengine import CompletionOptions, OpenAICompatibleClient, StreamingCallStrategy
+    strategy = StreamingCallStrategy(OpenAICompatibleClient(server.base_url))
+
+    def run(model: str) -> str:
+        return strategy.call(MESSAGES, options=CompletionOptions(model=model)).content
+
+    return run
+
+
+def bench_tool(query: str) -> str:
+    """A registered tool, so the inline parser is on (it is never called here)."""
+    return query
+
+
+def make_engine(server: Server, model: str) -> Tuple[Callable[[str], str], Any]:
+    from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
+    engine = StreamingEngine(OpenAICompatibleClient(server.base_url), [tool(bench_tool)],
+                             EngineConfig(models=[model], tool_mode="xml", completion_timeout=600.0))
+
+    def run(_model: str) -> str:
+        result = engine.complete(MESSAGES)
+        if result.error:
+            raise RuntimeError(result.error)
+        return result.answer
+
+    return run, engine
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+READERS = [
+    ("raw", "raw socket + line split + json.loads"),
+    ("requests_sseclient", "requests + sseclient-py"),
+    ("openai_sdk", "openai SDK stream=True"),
+    ("client", "OpenAICompatibleClient.stream"),
+    ("strategy", "StreamingCallStrategy.call"),
+    ("engine", "StreamingEngine.complete (xml parser on)"),
+]
+
+
+def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3,
+        only: Any = None) -> Dict[str, Any]:
+    model = register(server, f"throughput-{n}", n)
+    expected = TOKEN * n
+    engine_run, engine = make_engine(server, model)
+    runners: Dict[str, Callable[[str], str]] = {
+        "raw": lambda m: raw_socket(server, m),
+        "requests_sseclient": make_requests_sseclient(server),
+        "client": make_client_stream(server),
+        "strategy": make_strategy(server),
+        "engine": engine_run,
+    }
+    try:
+        runners["openai_sdk"] = make_openai_sdk(server)
+    except ImportError:
+        pass
+    if only:
+        runners = {k: v for k, v in runners.items() if k in only or k == "raw"}
+    times: Dict[str, List[float]] = {k: [] for k in runners}
+    try:
+        warm = register(server, "throughput-warm", 2000)
+        for fn in runners.values():  # warm-up: connections, imports, caches
+            fn(warm) if fn is not engine_run else None
+        for rep in range(repeats):
+            for key, fn in runners.items():
+                if key == "openai_sdk" and rep >= sdk_repeats:
+                    continue
+                t0 = time.perf_counter()
+                answer = fn(model)
+                elapsed = time.perf_counter() - t0
+                if answer != expected:
+                    raise RuntimeError(f"throughput/{key}: got {len(answer)} chars, expected {len(expected)}")
+                times[key].append(elapsed)
+    finally:
+        engine.close()
+    return {"n": n, "times": times}
