@@ -39,9 +39,11 @@ def _scripts(server: Server) -> str:
 
 class App:
     def __init__(self, upstream: str, model: str, threads: int) -> None:
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.app", upstream, model, str(threads)],
-                                     cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # Run as a script (not -m): streamengine is then found the way the bench
+        # process found it (the installed package, or PYTHONPATH when set).
+        app = os.environ.get("BENCH_APP_SCRIPT") or os.path.join(ROOT, "bench", "app.py")
+        self.proc = subprocess.Popen([sys.executable, app, upstream, model, str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
             raise RuntimeError(f"bench app did not start: {line!r}")

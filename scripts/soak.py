@@ -377,8 +377,9 @@ def run_soak(sequential: int = 1000, concurrent: int = 100, seed: int = 1, *, id
     fp = FakeProvider(max_recorded=50)
     fp.respond_with(faults.respond)
     session = requests.Session()
-    # More pooled connections than streams at once: no "pool is full" discards.
-    session.mount("http://", CancellableAdapter(pool_maxsize=width + 16))
+    # More pooled connections than streams at once (the client's own adapter keeps 64):
+    # no "pool is full" discards.  The client keeps a cancellable adapter it finds mounted.
+    session.mount(fp.base_url + "/", CancellableAdapter(pool_maxsize=width + 16))
     client = OpenAICompatibleClient(fp.base_url, api_key="sk-soak", session=session)
     config = EngineConfig(models=["primary", "fallback"], idle_timeout=idle_timeout, completion_timeout=5.0,
                           tool_timeout=tool_timeout, max_retries=1, max_continuations=1, pool_size=width + 8)

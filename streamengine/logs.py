@@ -33,6 +33,9 @@ def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
         level=level,
         filter=lambda record: record["name"].startswith("streamengine"),
         format=_format,
+        # diagnose would print local variables in tracebacks: secrets included.
+        diagnose=False,
+        backtrace=False,
     )
     return _sink_id
 

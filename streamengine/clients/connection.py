@@ -242,7 +242,9 @@ class _TrackedMixin:
                 return sock
             except OSError as exc:
                 error = exc
-                sock.close()
+                with self._se_lock:  # never free a descriptor number an abort is about to shut down
+                    self._se_sock = None
+                    sock.close()
         if error is not None:
             raise error
         raise OSError("getaddrinfo returned no address")

@@ -14,8 +14,10 @@ Design points, each measured (``FACTS.md``):
 * a close-delimited body cut mid-stream looks like a clean end, so a stream
   is complete only with ``[DONE]`` or a finish reason, never by the mere
   absence of an exception;
-* the only timeout here is the connect timeout.  Idle and total timeouts live
-  in the call strategies, where only meaningful chunks count.
+* the only timeout here is the connect timeout (and a 50 ms budget to read
+  the few bytes after ``[DONE]``, so a chunked connection can be reused).
+  Idle and total timeouts live in the call strategies, where only
+  meaningful chunks count.
 """
 from __future__ import annotations
 
@@ -76,7 +78,11 @@ class OpenAICompatibleClient(StreamingLlmClient):
     ``session`` you pass is used as is, except that a cancellable adapter is
     mounted for ``base_url`` (needed to abort a request before its headers);
     it is not closed by :meth:`close`.  The API key is sent as a bearer token
-    and never logged or shown in errors.
+    and never logged or shown in errors: surrounding whitespace (a key read
+    from a file ends with a newline) is stripped, a key that cannot be a
+    header value is refused without being shown, and the key -- and the
+    values of credential-like ``headers`` such as ``api-key`` -- are replaced
+    by ``***`` in every message built from what the provider sent back.
     """
 
     #: An SSE event larger than this is refused (LlmProtocolError), bounding memory.

@@ -15,7 +15,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 GUARD_S = 10.0  # a failure guard, never a speed assertion
 

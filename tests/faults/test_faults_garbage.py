@@ -20,7 +20,7 @@ from streamengine.errors import LlmError, LlmHttpError, LlmProtocolError
 from streamengine.failover import ErrorClass, ErrorClassifier
 from streamengine.testing import FakeProvider, steps as s
 
-from faultkit import DONE, GUARD_S, MESSAGES, content_frame, finish_frame, frame, stream_threads, streaming
+from faultkit import DONE, GUARD_S, MESSAGES, finish_frame, frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -337,9 +337,6 @@ def test_a_session_header_that_cannot_be_sent_is_a_config_error_not_an_escaped_u
     assert classify(info.value) is ErrorClass.FATAL
 
 
-@pytest.mark.xfail(strict=True, reason="logs.py bug: enable_logging() leaves loguru's diagnose=True on, so an "
-                                       "exception logged with its traceback prints the values of local "
-                                       "variables -- secrets included")
 def test_logged_tracebacks_do_not_print_local_variables():
     """A tool that uses the same key fails; the executor logs the traceback (WARNING).
 

@@ -20,7 +20,7 @@ import pytest
 
 from streamengine.clients.openai import OpenAICompatibleClient
 from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine.events import DoneEvent, ToolStartEvent
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
 
