@@ -29,7 +29,7 @@ from .engine import EngineConfig, StreamingEngine
 from .errors import ToolError
 from .events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .result import EngineResult
-from .testing import FakeProvider, Step, steps as s
+from .testing import FakeProvider, Stamp, Step, steps as s
 from .tools import Tool, ToolContext, tool
 
 __all__ = ["DEMO_MODEL", "DEMO_QUESTION", "DemoEngine", "DemoReport", "ToolTiming", "demo_tools",
@@ -68,19 +68,6 @@ _ROUND_2: Tuple[Tuple[str, float], ...] = (
     ("from EUR 129, in time for a late dinner in Alfama. ", 0.08),
     ("Enjoy the trip!", 0.0),
 )
-
-
-class _Stamp(threading.Event):
-    """An Event that remembers when it was first set (``steps.signal`` sets it on the server)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.at: Optional[float] = None
-
-    def set(self) -> None:
-        if self.at is None:
-            self.at = time.monotonic()
-        super().set()
 
 
 def demo_tools(scale: float = 1.0) -> List[Tool]:
@@ -181,7 +168,7 @@ def run_demo(*, fast: bool = False, on_event: Optional[Callable[[Event, float], 
              question: str = DEMO_QUESTION) -> DemoReport:
     """Run the scripted conversation once; ``on_event(event, seconds_since_request)`` sees each event."""
     scale = FAST_SCALE if fast else 1.0
-    round1_end = _Stamp()
+    round1_end = Stamp()
     with FakeProvider() as fp:
         for turn in demo_turns(scale, round1_end):
             fp.add_turn(*turn)
@@ -193,7 +180,7 @@ def run_demo(*, fast: bool = False, on_event: Optional[Callable[[Event, float], 
             client.close()
 
 
-def _measure(events: Iterator[Event], round1_end: _Stamp,
+def _measure(events: Iterator[Event], round1_end: Stamp,
              on_event: Optional[Callable[[Event, float], None]]) -> DemoReport:
     t0 = time.monotonic()  # the run starts its request on the first next()
     result: Optional[EngineResult] = None

@@ -96,7 +96,7 @@ from .errors import ConfigError, StreamEngineError, ToolError
 from .events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from .messages import CompletionOptions
 from .result import EngineResult, Telemetry
-from .testing import FakeProvider, Step, steps as s
+from .testing import FakeProvider, Stamp, Step, steps as s
 from .tools import Tool, ToolContext, ToolRegistry
 
 __all__ = ["Scenario", "ScenarioError", "ScenarioResult", "import_object", "load_scenario", "load_tools",
@@ -527,20 +527,7 @@ def _parse_expect(where: _Where, value: Any) -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- running
 
-class _Stamp(threading.Event):
-    """An Event that remembers when it was first set; FakeProvider's ``signal`` step sets it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.at: Optional[float] = None
-
-    def set(self) -> None:
-        if self.at is None:
-            self.at = time.monotonic()
-        super().set()
-
-
-def _stamped(turn: Sequence[Step], begin: _Stamp, end: _Stamp) -> List[Step]:
+def _stamped(turn: Sequence[Step], begin: Stamp, end: Stamp) -> List[Step]:
     """The turn with a begin stamp first and an end stamp where its stream stops."""
     body = list(turn)
     if not any(step.kind in _TERMINAL for step in body):
@@ -583,7 +570,7 @@ class ScenarioResult:
 @dataclass
 class _Run:
     events: List[Event]
-    stamps: List[Tuple[_Stamp, _Stamp]]
+    stamps: List[Tuple[Stamp, Stamp]]
     requests: List[Any]
 
     @property
@@ -610,12 +597,12 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
 
 def _execute(scenario: Scenario) -> _Run:
     release = threading.Event()
-    stamps: List[Tuple[_Stamp, _Stamp]] = []
+    stamps: List[Tuple[Stamp, Stamp]] = []
     messages = ([{"role": "system", "content": scenario.system}] if scenario.system else []) + \
         [{"role": "user", "content": scenario.prompt}]
     with FakeProvider(framing=scenario.framing) as fp:
         for turn in scenario.turns:
-            begin, end = _Stamp(), _Stamp()
+            begin, end = Stamp(), Stamp()
             stamps.append((begin, end))
             fp.add_turn(*_stamped(turn, begin, end), auto_finish=False)
         tools = [fake.build(release) for fake in scenario.fakes] + list(scenario.imported)

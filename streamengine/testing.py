@@ -52,7 +52,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 from requests.structures import CaseInsensitiveDict
 
-__all__ = ["FakeProvider", "RecordedRequest", "Step", "Turn", "fake_embedding", "steps"]
+__all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "Turn", "fake_embedding", "steps"]
 
 _POLL_S = 0.02
 _TIMING = frozenset({"delay", "wait", "signal"})
@@ -125,6 +125,23 @@ def delay(seconds: float) -> Step:
 def wait(event: threading.Event, timeout: float = 10.0) -> Step:
     """Hold the next frame until the test sets ``event`` (or ``timeout`` passes)."""
     return Step("wait", event, {"timeout": float(timeout)})
+
+
+class Stamp(threading.Event):
+    """An Event that remembers when it was first set (``time.monotonic()``).
+
+    Hand it to :func:`signal` to learn when the server wrote a point of the
+    stream, e.g. the end of a round, and compare with a tool's ``started_at``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: Optional[float] = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        super().set()
 
 
 def signal(event: threading.Event) -> Step:
