@@ -205,9 +205,9 @@ class JsonEventPrinter:
             self.errors.append(event.message)
             return {"message": event.message}
         if isinstance(event, DoneEvent):
-            self.result = r = event.result
-            return {"answer": r.answer, "rounds": list(r.rounds), "error": r.error,
-                    "telemetry": dataclasses.asdict(r.telemetry), "usage": dataclasses.asdict(r.usage)}
+            self.result = done = event.result
+            return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,
+                    "telemetry": dataclasses.asdict(done.telemetry), "usage": dataclasses.asdict(done.usage)}
         return {}
 
     def _offset(self, stamp: float) -> Optional[float]:

@@ -88,7 +88,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .clients.openai import OpenAICompatibleClient
 from .engine import EngineConfig, StreamingEngine
@@ -412,7 +412,9 @@ def _http_error_step(at: _Where, value: Mapping[str, Any]) -> Step:
 
 def _parse_tools(where: _Where, value: Any) -> Tuple[Tuple[FakeTool, ...], Tuple[Tool, ...]]:
     _need(where, value, (list,), "a list of tools")
-    fakes, imported, names = [], [], set()
+    fakes: List[FakeTool] = []
+    imported: List[Tool] = []
+    names: Set[str] = set()
     for i, item in enumerate(value):
         at = where.index(i)
         _need(at, item, (dict,), "an object: {\"fake\": ...} or {\"import\": \"module:attr\"}")
@@ -423,7 +425,7 @@ def _parse_tools(where: _Where, value: Any) -> Tuple[Tuple[FakeTool, ...], Tuple
                 tools = load_tools(spec, what="import")
             except ConfigError as exc:
                 raise at.key("import").error(str(exc)) from exc
-            new = tools
+            new: Sequence[Union[Tool, FakeTool]] = tools
         else:
             fake = _parse_fake(at, item)
             fakes.append(fake)
@@ -610,7 +612,7 @@ def _execute(scenario: Scenario) -> _Run:
         try:
             engine = StreamingEngine(client, tools, scenario.config)
             try:
-                events = [e for e in engine.run(messages) if not isinstance(e, HeartbeatEvent)]
+                events: List[Event] = [e for e in engine.run(messages) if not isinstance(e, HeartbeatEvent)]
             finally:
                 release.set()  # free 'hang' tools before the pool is joined
                 engine.close()
@@ -741,13 +743,13 @@ def _excerpt(text: str, limit: int = 120) -> str:
 
 def _compact(names: Sequence[str]) -> str:
     """``round token×12 tool_start ...``: consecutive repeats folded."""
-    out: List[str] = []
+    out: List[Tuple[str, int]] = []
     for name in names:
         if out and out[-1][0] == name:
             out[-1] = (name, out[-1][1] + 1)
         else:
-            out.append((name, 1))  # type: ignore[arg-type]
-    return " ".join(f"{n}x{c}" if c > 1 else n for n, c in out)  # type: ignore[misc]
+            out.append((name, 1))
+    return " ".join(f"{n}x{c}" if c > 1 else n for n, c in out)
 
 
 def _transcript(events: Sequence[Event]) -> str:
@@ -806,7 +808,7 @@ def write_junit(results: Sequence[ScenarioResult], path: str, suite: str = "stre
 
 def expand_paths(paths: Iterable[str]) -> List[str]:
     """Files as given; a directory stands for the ``*.json`` files in it, sorted."""
-    out = []
+    out: List[str] = []
     for path in paths:
         if os.path.isdir(path):
             out.extend(os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json"))

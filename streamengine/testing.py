@@ -542,12 +542,16 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128
     provider: FakeProvider
+    # socketserver.BaseServer's own one-request step (what handle_request() runs after its
+    # select); typeshed leaves it out, so it is declared here for _serve().
+    _handle_request_noblock: Callable[[], None]
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls getfqdn(), a reverse DNS lookup that can
         # take seconds on some machines; the name is never used here.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, self.server_port = self.server_address[:2]
+        self.server_name = host if isinstance(host, str) else host.decode("ascii")  # str for AF_INET/AF_INET6
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # Our own thread, so close() can join it and tests can name it in leaks.

@@ -29,7 +29,7 @@ import types
 import typing
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from .cancel import CancelToken, on_cancel
 from .errors import ConfigError, ToolError
@@ -226,7 +226,7 @@ def _nullable(schema: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) if isinstance(hint, type) else repr(hint)
+    return hint.__name__ if isinstance(hint, type) else repr(hint)
 
 
 def _json_type(value: Any) -> str:
@@ -519,7 +519,20 @@ class Tool:
         timeout = _check_timeout(timeout, f"tool {name!r}")
         summary, param_docs = _parse_docstring(inspect.getdoc(fn))
         signature = _Signature(fn, name, param_docs)
-        set_ = object.__setattr__
+        # The attributes, declared here rather than in the class body: any annotation there
+        # gives Tool a class ``__annotations__`` that instances would show in place of the
+        # wrapped function's (typing.get_type_hints(tool) would then read Tool's own hints).
+        self.fn: Callable[..., Any]
+        self.name: str
+        self.description: str
+        self.timeout: Optional[float]
+        self.side_effects: bool
+        self._schema: Dict[str, Any]
+        self._required: Tuple[str, ...]
+        self._optional: FrozenSet[str]
+        self._context_param: Optional[str]
+        self._spec: ToolSpec
+        set_ = object.__setattr__  # __setattr__ refuses assignment: Tool is immutable
         set_(self, "fn", fn)
         set_(self, "name", name)
         set_(self, "description", description if description is not None else summary)
@@ -658,10 +671,14 @@ def tool(
         if name is not None:
             raise ToolError(f"tool name given twice ({fn!r} and name={name!r}); pass it once")
         name, fn = fn, None
-    options = dict(name=name, description=description, timeout=timeout, side_effects=side_effects)
+
+    def make(f: Any) -> Tool:
+        return Tool.from_function(f, name=name, description=description, timeout=timeout,
+                                  side_effects=side_effects)
+
     if fn is None:
-        return lambda f: Tool.from_function(f, **options)
-    return Tool.from_function(fn, **options)
+        return make
+    return make(fn)
 
 
 # --------------------------------------------------------------------------- registry
@@ -841,6 +858,10 @@ class ToolHandle:
 
     # -- internal, called by the executor
 
+    def _cancel_callback(self) -> None:
+        """:meth:`cancel` as a cancel callback, which returns nothing."""
+        self.cancel()
+
     def _note_cancel(self) -> None:
         self.cancelled_at = time.monotonic()
 
@@ -1007,7 +1028,7 @@ class ToolExecutor:
         if spawn is not None:
             self._start(spawn, handle)
         if cancel is not None:
-            handle._link(on_cancel(cancel, handle.cancel))
+            handle._link(on_cancel(cancel, handle._cancel_callback))
         return handle
 
     def shutdown(self, wait: bool = True, timeout: float = 5.0) -> None:

@@ -68,7 +68,7 @@ import pkgutil
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple, Union, cast
 from urllib.parse import parse_qs
 
 from .cancel import CancelToken
@@ -117,7 +117,7 @@ def make_wsgi_app(engine: Any, *, allow_origin: Union[None, str, Iterable[str]] 
 class _HttpError(Exception):
     """A request refused before streaming (4xx/5xx); ``str()`` is the JSON error sent back."""
 
-    def __init__(self, message: str, status: int = 400, headers: Headers = ()) -> None:
+    def __init__(self, message: str, status: int = 400, headers: Sequence[Tuple[str, str]] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.headers = list(headers)
@@ -322,7 +322,9 @@ class SseResponse:
             tick = _PROBE_S if heartbeat_s is None else min(heartbeat_s, _PROBE_S)
         # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
         events = engine.run(messages, self._cancel, heartbeat_s=tick)
-        self._frames = encode_stream(_paced(events, heartbeat_s, disconnected))
+        # encode_stream returns a generator (its docs promise close()), though it is annotated Iterator.
+        frames = encode_stream(_paced(events, heartbeat_s, disconnected))
+        self._frames = cast("Generator[bytes, None, None]", frames)
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.wsgi.SseResponse")
         self._started = time.monotonic()
@@ -509,7 +511,8 @@ def _json_type(value: Any) -> str:
             list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
 
 
-def _json_response(status: int, payload: Dict[str, Any], headers: Headers = ()) -> Tuple[str, Headers, List[bytes]]:
+def _json_response(status: int, payload: Dict[str, Any],
+                   headers: Sequence[Tuple[str, str]] = ()) -> Tuple[str, Headers, List[bytes]]:
     body = json.dumps(payload, ensure_ascii=True).encode("ascii")
     return _STATUS[status], [("Content-Type", _JSON), ("Content-Length", str(len(body)))] + list(headers), [body]
 

@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -46,6 +46,17 @@ try:  # urllib3 >= 2
     from urllib3.exceptions import NameResolutionError as _NameResolutionError
 except ImportError:  # pragma: no cover - urllib3 1.26
     _NameResolutionError = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    # The mixins below are only ever combined with these urllib3 classes; the
+    # checker sees them as subclasses so ``self.host``, ``super().connect()``
+    # etc. are checked.  At run time they stay plain ``object`` mixins.
+    from typing_extensions import TypeAlias  # read by the checker only, never imported at run time
+
+    _ConnectionBase: TypeAlias = HTTPConnection
+    _PoolBase: TypeAlias = HTTPConnectionPool
+else:
+    _ConnectionBase = _PoolBase = object
 
 # How often a connect in progress looks at its tracker; a shutdown wakes it sooner.
 _CONNECT_SLICE_S = 0.05
@@ -185,7 +196,7 @@ def _writable(sock: socket.socket, wait: float) -> bool:
     return bool(writable or failed)
 
 
-class _TrackedMixin:
+class _TrackedMixin(_ConnectionBase):
     """Connection behaviour: report to the tracker and shut down on request."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -197,10 +208,10 @@ class _TrackedMixin:
         self._se_lock = threading.Lock()
         super().__init__(*args, **kwargs)
 
-    def _new_conn(self) -> socket.socket:  # type: ignore[override]
+    def _new_conn(self) -> socket.socket:
         tracker = self._se_tracker
         if tracker is None:  # not part of a tracked request: urllib3's own way
-            sock = super()._new_conn()  # type: ignore[misc]
+            sock = super()._new_conn()
             self._se_sock = sock
             return sock
         # The same errors urllib3's _new_conn raises, so requests maps them alike.
@@ -208,23 +219,23 @@ class _TrackedMixin:
             sock = self._se_connect(tracker)
         except socket.gaierror as exc:
             if _NameResolutionError is not None:
-                raise _NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined]
+                raise _NameResolutionError(self.host, self, exc) from exc
             raise NewConnectionError(self, f"Failed to resolve {self.host}: {exc}") from exc  # pragma: no cover
         except socket.timeout as exc:
             raise ConnectTimeoutError(
-                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})"  # type: ignore[attr-defined]
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})"
             ) from exc
         except OSError as exc:
             raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
-        sys.audit("http.client.connect", self, self.host, self.port)  # type: ignore[attr-defined]
+        sys.audit("http.client.connect", self, self.host, self.port)
         return sock
 
     def _se_connect(self, tracker: "RequestTracker") -> socket.socket:
         """urllib3's create_connection, with the socket published before the connect starts."""
-        host, port = self._dns_host, self.port  # type: ignore[attr-defined]
+        host, port = self._dns_host, self.port
         if host.startswith("["):
             host = host.strip("[]")
-        timeout = self.timeout  # type: ignore[attr-defined]
+        timeout = self.timeout
         if not isinstance(timeout, (int, float)) and timeout is not None:  # urllib3's "default" sentinel
             timeout = socket.getdefaulttimeout()
         error: Optional[OSError] = None
@@ -234,9 +245,9 @@ class _TrackedMixin:
             try:
                 with self._se_lock:
                     self._se_sock = sock
-                _u3conn._set_socket_options(sock, self.socket_options)  # type: ignore[attr-defined]
-                if self.source_address:  # type: ignore[attr-defined]
-                    sock.bind(self.source_address)  # type: ignore[attr-defined]
+                _u3conn._set_socket_options(sock, self.socket_options)
+                if self.source_address:
+                    sock.bind(self.source_address)
                 _connect_abortably(sock, address, timeout, tracker)
                 sock.settimeout(timeout)
                 return sock
@@ -250,7 +261,7 @@ class _TrackedMixin:
         raise OSError("getaddrinfo returned no address")
 
     def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
+        super().connect()
         self._se_sock = self.sock  # the TLS socket, once wrapped
         tracker = self._se_tracker
         if tracker is not None and tracker.aborted:
@@ -267,7 +278,7 @@ class _TrackedMixin:
         # Under the lock so an abort never shuts down a descriptor number
         # that close() has just freed for reuse by another socket.
         with self._se_lock:
-            super().close()  # type: ignore[misc]
+            super().close()
 
 
 class TrackedHTTPConnection(_TrackedMixin, HTTPConnection):
@@ -278,9 +289,9 @@ class TrackedHTTPSConnection(_TrackedMixin, HTTPSConnection):
     """An urllib3 HTTPS connection that a :class:`RequestTracker` can abort."""
 
 
-class _TrackedPoolMixin:
+class _TrackedPoolMixin(_PoolBase):
     def _get_conn(self, timeout: Optional[float] = None) -> Any:
-        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        conn = super()._get_conn(timeout)
         tracker = _current_tracker()
         if tracker is not None and isinstance(conn, _TrackedMixin):
             tracker._attach(conn)
@@ -291,7 +302,7 @@ class _TrackedPoolMixin:
             tracker = conn._se_tracker
             if tracker is not None:
                 tracker._detach(conn)
-        super()._put_conn(conn)  # type: ignore[misc]
+        super()._put_conn(conn)
 
 
 class TrackedHTTPConnectionPool(_TrackedPoolMixin, HTTPConnectionPool):

@@ -426,7 +426,8 @@ class _StreamParser:
         if usage is not None:
             self.usage = usage
         choice = _first_choice(frame.get("choices"))
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        raw_delta = choice.get("delta")
+        delta: Dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
         finish = choice.get("finish_reason")
         if isinstance(finish, str) and finish:
             self.finish_reason = finish
@@ -518,10 +519,10 @@ def _usage(raw: Any) -> Optional[Usage]:
     """Usage numbers; a frame with absurd ones (``1e400``, ``"x"``, ``-5``) carries no usage."""
     if not isinstance(raw, dict):
         return None
-    counts = [_token_count(raw.get(key) or 0) for key in ("prompt_tokens", "completion_tokens")]
-    if None in counts:
+    prompt = _token_count(raw.get("prompt_tokens") or 0)
+    completion = _token_count(raw.get("completion_tokens") or 0)
+    if prompt is None or completion is None:
         return None
-    prompt, completion = counts
     total = _token_count(raw.get("total_tokens") or (prompt + completion))
     if total is None:
         return None
@@ -548,7 +549,8 @@ def _tool_call_deltas(raw: Any) -> Tuple[ToolCallDelta, ...]:
     for position, item in enumerate(raw):
         if not isinstance(item, dict):
             continue
-        function = item.get("function") if isinstance(item.get("function"), dict) else {}
+        raw_function = item.get("function")
+        function: Dict[str, Any] = raw_function if isinstance(raw_function, dict) else {}
         index = item.get("index", position)
         # Empty strings are "not sent": an empty id would look like a new call.
         call_id = _string_or_none(item.get("id"))
@@ -616,7 +618,8 @@ def _response_from_json(payload: Any, redact: Any) -> Response:
     for position, item in enumerate(message.get("tool_calls") or ()):
         if not isinstance(item, dict):
             continue
-        function = item.get("function") if isinstance(item.get("function"), dict) else {}
+        raw_function = item.get("function")
+        function: Dict[str, Any] = raw_function if isinstance(raw_function, dict) else {}
         calls.append(ToolCall(id=_string_or_none(item.get("id")) or f"call_{position}",
                               name=_string_or_none(function.get("name")) or "",
                               arguments=_arguments_text(function.get("arguments")) or "{}"))
