@@ -28,7 +28,7 @@ import enum
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
@@ -181,7 +181,7 @@ class ModelFailover:
                     attempts: List[Attempt]) -> Response:
         """One model, with tenacity retrying rate limits; raises the model's last error."""
         waiter = cancel if cancel is not None else threading.Event()
-        state = {"last": None}  # the error being waited out, for chaining a cancel
+        state: Dict[str, Optional[BaseException]] = {"last": None}  # the error being waited out, for chaining a cancel
 
         def attempt() -> Response:
             if cancel is not None and cancel.is_set():
@@ -202,7 +202,10 @@ class ModelFailover:
             return min(backoff, self.max_retry_wait)
 
         def before_sleep(retry_state: tenacity.RetryCallState) -> None:
+            # tenacity only calls this after a failed attempt: there is an outcome with an exception.
+            assert retry_state.outcome is not None
             exc = retry_state.outcome.exception()
+            assert exc is not None
             attempts.append((model, exc))
             state["last"] = exc
             if may_advance is not None and not may_advance():
