@@ -12,6 +12,7 @@ The run thread, not the caller, parses and dispatches, so a slow consumer
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -164,12 +165,11 @@ class StreamingEngine:
 
     def complete(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None) -> EngineResult:
         """Run to the end and return the result (no events)."""
-        result = None
-        for event in self.run(messages, cancel):
-            if isinstance(event, DoneEvent):
-                result = event.result
-        assert result is not None  # run() always ends with DoneEvent
-        return result
+        # run() always ends with DoneEvent; a deque of length 1 keeps it and
+        # consumes the rest in C, not one Python loop step per token.
+        last = collections.deque(self.run(messages, cancel), maxlen=1)
+        assert last and isinstance(last[0], DoneEvent)
+        return last[0].result
 
     def close(self) -> None:
         """Stop the tool pool; runs still going get their tools cancelled."""
@@ -203,11 +203,11 @@ class StreamingEngine:
                         return
                     yield HeartbeatEvent()
                     continue
-                for item in items:
-                    yield item
-                    if isinstance(item, DoneEvent):
-                        finished = True
-                        return
+                # DoneEvent is the last event a run puts: only the last item can be one.
+                yield from items
+                if isinstance(items[-1], DoneEvent):
+                    finished = True
+                    return
         finally:
             if not finished:
                 token.set()

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Set
 
-from .accumulate import ToolCallAccumulator
+from .accumulate import TextBuffer, ToolCallAccumulator
 from .cancel import CancelToken
 from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher
@@ -61,7 +61,8 @@ class _RoundStream:
         self.parser = XmlParseState(max_block_chars=runner.config.max_block_chars,
                                     id_prefix=f"call_inline_r{round_no}_") if runner.use_xml else None
         self.accumulator = ToolCallAccumulator() if runner.use_native else None
-        self.text_parts: List[str] = []
+        # Joined every 1024 pieces: memory follows the text, not the token count.
+        self.text_parts = TextBuffer()
         self.native_calls: List[ToolCall] = []
 
     def on_chunk(self, chunk: Chunk) -> None:
@@ -107,7 +108,7 @@ class _RoundStream:
 
     @property
     def text(self) -> str:
-        return "".join(self.text_parts)
+        return self.text_parts.text()
 
 
 class RoundRunner:
