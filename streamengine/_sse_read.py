@@ -25,8 +25,9 @@ caller supplies the reads (parsers do no I/O).
 from __future__ import annotations
 
 import codecs
+import math
 import re
-from typing import Callable, Iterable, Iterator, List
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 import sseclient
 
@@ -54,11 +55,83 @@ class SseFramer:
         self._buf = bytearray()
         self.dropped_bytes = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._has_cr = False  # a CR was seen: take the general (regex) path from now on
+        # Events up to this size cannot exceed the work limit (lines <= bytes + 1).
+        self._small = max(0, math.isqrt(max_event_work) - 1)
 
     def feed(self, data: bytes) -> List[bytes]:
         """Add one read; return the events it completed, in order."""
+        return self._feed_sanitized(self._sanitize(data, final=False))
+
+    def _feed_lf(self, data: bytes) -> List[bytes]:
+        # Only LF line endings so far (what providers send): the one event end
+        # possible is "\n\n", and bytes.split finds every one in C.
+        buf = self._buf
+        if buf:
+            if b"\n\n" not in data and not (data[:1] == b"\n" and buf[-1:] == b"\n"):
+                buf += data  # still inside one (big) event: amortised, never quadratic
+                self._check_open_event()
+                return []
+            data = bytes(buf) + data
+        events = data.split(b"\n\n")
+        rest = events.pop()
+        self._buf = bytearray(rest)
+        if events and max(map(len, events)) > self._small:
+            try:
+                events = [self._checked(event) for event in events]
+            except SseEventTooLarge:
+                self._buf.clear()
+                raise
+        self._check_open_event()
+        return events
+
+    def feed_fields(self, data: bytes) -> List[Tuple[str, str]]:
+        """Like ``event_fields(feed(data))``, faster on what providers send.
+
+        LF-only input is cut after its last ``"\n\n"``, decoded once (it is
+        valid UTF-8 after ``_sanitize``, and ``"\n\n"`` never splits a
+        character), split into events, and each single ``data: `` line is
+        taken by a list comprehension; any other event goes through
+        :func:`event_fields`.  Runs of three or more newlines at the cut, CRs,
+        and a terminator split across reads take the general path.
+        """
+        data = self._sanitize(data, final=False)
+        buf = self._buf
+        complete, sep, rest = data.rpartition(b"\n\n")
+        if (b"\r" in data or self._has_cr or complete[-1:] == b"\n"
+                or (buf and data[:1] == b"\n" and buf[-1:] == b"\n")):
+            return event_fields(self._feed_sanitized(data))
+        if not sep:
+            buf += data  # still inside one event: amortised, never quadratic
+            self._check_open_event()
+            return []
+        if buf:
+            complete = bytes(buf) + complete
+        self._buf = bytearray(rest)
+        self._check_open_event()
+        texts = complete.decode("utf-8").split("\n\n")
+        if len(complete) > self._small and max(map(len, texts)) > self._small // 4:
+            try:  # some event may be over the work limit (4 bytes a character at most)
+                for text in texts:
+                    self._checked(text.encode("utf-8"))
+            except SseEventTooLarge:
+                self._buf.clear()
+                raise
+        fields = [("message", t[6:]) if t[:6] == "data: " and "\n" not in t else None for t in texts]
+        if None in fields:
+            return _fields_slow(texts, fields)
+        return fields
+
+    def _feed_sanitized(self, data: bytes) -> List[bytes]:
+        if b"\r" in data or self._has_cr:
+            return self._feed_any(data)
+        return self._feed_lf(data)
+
+    def _feed_any(self, data: bytes) -> List[bytes]:
+        """Any of the line endings SSE allows (CR, LF, CRLF, split across reads)."""
+        self._has_cr = True
         scan_from = max(0, len(self._buf) - (_LONGEST_END - 1))
-        self._buf += self._sanitize(data, final=False)
+        self._buf += data
         events: List[bytes] = []
         start = 0
         try:
@@ -70,6 +143,10 @@ class SseFramer:
             raise
         if start:
             del self._buf[:start]
+        self._check_open_event()
+        return events
+
+    def _check_open_event(self) -> None:
         if len(self._buf) > self.max_event_bytes:
             size = len(self._buf)
             self._buf.clear()
@@ -77,7 +154,6 @@ class SseFramer:
                 f"an SSE event grew past {self.max_event_bytes} bytes ({size} bytes without "
                 f"an empty line); the provider is not sending SSE events one by one"
             )
-        return events
 
     def finish(self) -> List[bytes]:
         """The body ended: an event without its terminating empty line is dropped.
@@ -114,6 +190,57 @@ class SseFramer:
 def iter_events(reads: Iterable[bytes], framer: SseFramer) -> Iterator["sseclient.Event"]:
     """SSE events (sseclient-py ``Event`` objects) from an iterable of raw reads."""
     return sseclient.SSEClient(_framed(reads, framer)).events()
+
+
+def iter_event_batches(reads: Iterable[bytes], framer: SseFramer) -> Iterator[List[Tuple[str, str]]]:
+    """``(event name, data)`` of the events each read completed, one list per read.
+
+    The hot path of a stream: one generator step per read, not per event.
+    Events are exactly what :func:`iter_events` yields, in the same order.
+    """
+    for data in reads:
+        fields = framer.feed_fields(data)
+        if fields:
+            yield fields
+    events = framer.finish()
+    if events:
+        yield event_fields(events)
+
+
+def event_fields(events: List[bytes]) -> List[Tuple[str, str]]:
+    """``(event name, data)`` per complete event; events without data are dropped.
+
+    A single ``data:`` line (what providers send) is read here directly;
+    anything else (comments, ``event:``, several lines, CRs) goes through
+    sseclient-py, so both give the same result.
+    """
+    out = []
+    append = out.append
+    for raw in events:
+        if raw[:5] == b"data:" and b"\n" not in raw and b"\r" not in raw:
+            append(("message", (raw[6:] if raw[5:6] == b" " else raw[5:]).decode("utf-8")))
+        elif raw:
+            event = _parsed(raw)
+            if event is not None:
+                append((event.event, event.data))
+    return out
+
+
+def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> List[Tuple[str, str]]:
+    """Fill in the events the fast path left out (comments, names, several lines, "data:x")."""
+    out = []
+    for text, field in zip(texts, fields):
+        if field is not None:
+            out.append(field)
+        elif text:
+            out.extend(event_fields([text.encode("utf-8")]))
+    return out
+
+
+def _parsed(raw: bytes) -> Optional["sseclient.Event"]:
+    for event in sseclient.SSEClient([raw + b"\n\n"]).events():
+        return event
+    return None
 
 
 def _framed(reads: Iterable[bytes], framer: SseFramer) -> Iterator[bytes]:

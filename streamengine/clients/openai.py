@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Opti
 import requests
 import urllib3.exceptions
 
-from .._sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_events, read1_iter
+from .._sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches, read1_iter
 from ..cancel import on_cancel
 from ..errors import (
     ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError, LlmProtocolError,
@@ -49,6 +50,9 @@ from .base import StreamingLlmClient
 from .connection import RequestTracker, mount_cancellable, tracking
 
 __all__ = ["OpenAICompatibleClient", "parse_retry_after"]
+
+_chain = itertools.chain.from_iterable
+_scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 READ_SIZE = 65536
@@ -363,15 +367,29 @@ class _StreamParser:
         """Yield the chunks of the stream; return the completed chunk (not yielded)."""
         framer = SseFramer(self.max_event_bytes, 8 * self.max_event_bytes)
         reads = read1_iter(_read1_of(resp), READ_SIZE)
+        # The per-event loop is the hot path (100k+ events/s): events come in
+        # one list per read (flattened in C), names are bound to locals.
+        # The tracker is only ever aborted by ``cancel`` (on_cancel), so the
+        # event's flag alone says "cancelled" here; a plain ``data:`` JSON
+        # object without "error" goes straight to _chunk_from_frame.
+        chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
+        is_set = cancel.is_set if cancel is not None else bool
         try:
-            for event in iter_events(reads, framer):
-                if _cancelled(cancel, tracker):
+            for name, data in _chain(iter_event_batches(reads, framer)):
+                if is_set():
                     break
                 self.events += 1
-                if event.data == "[DONE]":
+                if data == "[DONE]":
                     self.saw_done = True
                     return self._completed()
-                chunk = self._chunk(event.event, event.data)
+                try:
+                    frame, end = scan(data, 0)
+                except (StopIteration, ValueError):
+                    end = -1
+                if end == len(data) and name == "message" and type(frame) is dict and "error" not in frame:
+                    yield from_frame(frame)
+                    continue
+                chunk = chunk_of(name, data)
                 if chunk is not None:
                     yield chunk
         except SseEventTooLarge as exc:
@@ -401,47 +419,69 @@ class _StreamParser:
         if event_name == "ping":
             return None
         try:
-            frame = json.loads(data)
-        except ValueError as exc:
-            if event_name == "error":
-                frame = {"error": {"message": data}}
-            else:
-                raise LlmProtocolError(
-                    f"{self.url} sent a stream frame that is not JSON ({exc}): "
-                    f"{self.redact(data[:200])!r}; the provider does not speak the OpenAI stream format"
-                ) from exc
-        if not isinstance(frame, dict):
+            # The C scanner json.loads ends in, without its three Python frames;
+            # anything unusual (whitespace around, trailing data, an error)
+            # goes through json.loads for its exact result or message.
+            frame, end = _scan_json(data, 0)
+            if end != len(data):
+                frame = json.loads(data)
+        except (StopIteration, ValueError):
+            try:
+                frame = json.loads(data)
+            except ValueError as exc:
+                if event_name == "error":
+                    frame = {"error": {"message": data}}
+                else:
+                    raise LlmProtocolError(
+                        f"{self.url} sent a stream frame that is not JSON ({exc}): "
+                        f"{self.redact(data[:200])!r}; the provider does not speak the OpenAI stream format"
+                    ) from exc
+        if type(frame) is not dict:
             raise LlmProtocolError(
                 f"{self.url} sent a stream frame that is not a JSON object: {self.redact(data[:200])!r}"
             )
         if event_name == "error" and "error" not in frame:
             frame = {"error": frame}
-        _raise_in_band_error(frame, self.url, self.redact, after=self.events - 1)
+        if frame.get("error"):
+            _raise_in_band_error(frame, self.url, self.redact, after=self.events - 1)
         return self._chunk_from_frame(frame)
 
     def _chunk_from_frame(self, frame: Dict[str, Any]) -> Chunk:
-        if isinstance(frame.get("model"), str):
-            self.model = frame["model"]
-        usage = _usage(frame.get("usage"))
+        # Exact type checks are isinstance checks here: json makes exact types.
+        get = frame.get
+        model = get("model")
+        if type(model) is str:
+            self.model = model
+        usage = get("usage")
         if usage is not None:
-            self.usage = usage
-        choice = _first_choice(frame.get("choices"))
-        raw_delta = choice.get("delta")
-        delta: Dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
+            usage = _usage(usage)
+            if usage is not None:
+                self.usage = usage
+        choices = get("choices")
+        choice = choices[0] if type(choices) is list and choices else None
+        if type(choice) is dict:
+            index = choice.get("index", 0)
+            if index != 0 or type(index) is not int:
+                choice = _first_choice(choices)
+        else:
+            choice = _first_choice(choices)
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            delta = {}
         finish = choice.get("finish_reason")
-        if isinstance(finish, str) and finish:
+        if finish and type(finish) is str:
             self.finish_reason = finish
         else:
             finish = None
+        content = delta.get("content")
+        if type(content) is not str or not content:
+            content = _text_or_none(content)
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        return Chunk(
-            content=_text_or_none(delta.get("content")),
-            reasoning=_text_or_none(reasoning),
-            tool_calls=_tool_call_deltas(delta.get("tool_calls")),
-            usage=usage,
-            finish_reason=finish,
-            model=self.model,
-        )
+        if reasoning is not None:
+            reasoning = _text_or_none(reasoning)
+        tool_calls = delta.get("tool_calls")
+        return Chunk(content, reasoning, () if tool_calls is None else _tool_call_deltas(tool_calls),
+                     False, usage, finish, self.model)
 
 
 # -- helpers: parsing -------------------------------------------------------------
