@@ -182,3 +182,24 @@ def chunked_lines(sock: Any) -> Any:
         lines = (pending + take).split(b"\n")
         pending = lines.pop()
         yield lines
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds all processes have used since boot (from /proc/stat), or 0 where unknown."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

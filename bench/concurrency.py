@@ -41,6 +41,7 @@ class App:
     def __init__(self, upstream: str, model: str, threads: int) -> None:
         # Run as a script (not -m): streamengine is then found the way the bench
         # process found it (the installed package, or PYTHONPATH when set).
+        # BENCH_APP_SCRIPT swaps in a wrapper, e.g. one that runs the app under a profiler.
         app = os.environ.get("BENCH_APP_SCRIPT") or os.path.join(ROOT, "bench", "app.py")
         self.proc = subprocess.Popen([sys.executable, app, upstream, model, str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -58,6 +59,12 @@ class App:
                 elif line.startswith("VmRSS:"):
                     out["rss"] = int(line.split()[1]) * 1024
         return out
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the app process has used."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         try:
@@ -121,14 +128,15 @@ def run(server: Server, sessions: int = 200, baseline_runs: int = 3) -> Dict[str
     model = _scripts(server)
     app = App(server.base_url, model, threads=sessions + 40)
     try:
-        alone = []
+        alone, alone_total = [], []
         for _ in range(baseline_runs + 1):  # the first one warms the app up
             result: Dict[str, Any] = {}
             _session(app.port, None, result)
             if not _complete(result):
                 raise RuntimeError(f"concurrency: a lone session was incomplete: {result}")
             alone.append(result["first"] - result["t0"])
-        alone = alone[1:]
+            alone_total.append(result["end"] - result["t0"])
+        alone, alone_total = alone[1:], alone_total[1:]
         time.sleep(0.2)
         idle = app.status()
         samples: List[Dict[str, int]] = []
@@ -136,7 +144,7 @@ def run(server: Server, sessions: int = 200, baseline_runs: int = 3) -> Dict[str
 
         def sample() -> None:
             while not stop.is_set():
-                samples.append(app.status())
+                samples.append(dict(app.status(), t=time.monotonic()))
                 stop.wait(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -147,26 +155,38 @@ def run(server: Server, sessions: int = 200, baseline_runs: int = 3) -> Dict[str
         for t in threads:
             t.start()
         sampler.start()
+        cpu0 = app.cpu_s()
         barrier.wait()
         started = time.monotonic()
         for t in threads:
             t.join(60)
         wall = time.monotonic() - started
+        cpu = app.cpu_s() - cpu0
         stop.set()
         sampler.join()
         complete = sum(1 for r in results if _complete(r))
         ttft = [r["first"] - r["t0"] for r in results if r.get("first") is not None]
         peak_threads = max(s["threads"] for s in samples)
         peak_rss = max(s["rss"] for s in samples)
+        # Per open session: at the sample with the most sessions open at once.
+        for point in samples:
+            point["open"] = sum(1 for r in results if r.get("t0", 1e18) <= point["t"] <= r.get("end", 0))
+        busiest = max(samples, key=lambda point: (point["open"], point["threads"]))
+        open_max = max(1, busiest["open"])
+        tokens = len(FIRST) + len(SECOND)
         return {
             "sessions": sessions, "complete": complete, "wall_s": wall,
+            "threads_configured": sessions + 40, "tokens_round1": len(FIRST), "tokens_round2": len(SECOND),
+            "token_gap_ms": GAP_S * 1e3, "session_alone_s": median(alone_total),
+            "cpu_s": cpu, "cpu_per_session_s": cpu / sessions, "cpu_per_token_us": cpu / (sessions * tokens) * 1e6,
+            "cpu_busy": cpu / wall,
             "ttft_alone_s": median(alone),
             "ttft_p50_s": percentile(ttft, 50) if ttft else None,
             "ttft_p99_s": percentile(ttft, 99) if ttft else None,
-            "threads_idle": idle["threads"], "threads_peak": peak_threads,
-            "threads_per_session": (peak_threads - idle["threads"]) / sessions,
+            "threads_idle": idle["threads"], "threads_peak": peak_threads, "open_max": busiest["open"],
+            "threads_per_session": (busiest["threads"] - idle["threads"]) / open_max,
             "rss_idle": idle["rss"], "rss_peak": peak_rss,
-            "rss_per_session": (peak_rss - idle["rss"]) / sessions,
+            "rss_per_session": (busiest["rss"] - idle["rss"]) / open_max,
             "incomplete_examples": [{k: r.get(k) for k in ("counts", "last", "error")}
                                     for r in results if not _complete(r)][:3],
         }

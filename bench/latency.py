@@ -14,7 +14,6 @@ moment a content delta holds ``</tool>``.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any, Dict, List, Tuple
 

@@ -74,7 +74,7 @@ def _work(i: int, ms: int) -> str:
 
 def _run_engine(server: Server, model: str, k: int) -> Tuple[float, float]:
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
-    from streamengine.events import RoundEvent, ToolResultEvent
+    from streamengine.events import ToolResultEvent
     config = EngineConfig(models=[model], tool_mode="xml", max_tools_per_round=k, max_tools_total=k,
                           pool_size=k + 1, max_continuations=1)
     with StreamingEngine(OpenAICompatibleClient(server.base_url), [tool(name="work")(_work)], config) as engine:

@@ -114,18 +114,27 @@ def bench_tool(query: str) -> str:
     return query
 
 
-def make_engine(server: Server, model: str) -> Tuple[Callable[[str], str], Any]:
+def make_engine(server: Server) -> Tuple[Callable[[str], str], Callable[[], None]]:
+    """``StreamingEngine.complete`` with one registered tool and tool_mode "xml": the parser is on."""
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
-    engine = StreamingEngine(OpenAICompatibleClient(server.base_url), [tool(bench_tool)],
-                             EngineConfig(models=[model], tool_mode="xml", completion_timeout=600.0))
+    engines: Dict[str, Any] = {}  # an engine serves one model list: one per script
 
-    def run(_model: str) -> str:
+    def run(model: str) -> str:
+        engine = engines.get(model)
+        if engine is None:
+            engine = engines[model] = StreamingEngine(
+                OpenAICompatibleClient(server.base_url), [tool(bench_tool)],
+                EngineConfig(models=[model], tool_mode="xml", completion_timeout=600.0))
         result = engine.complete(MESSAGES)
         if result.error:
             raise RuntimeError(result.error)
         return result.answer
 
-    return run, engine
+    def close() -> None:
+        for engine in engines.values():
+            engine.close()
+
+    return run, close
 
 
 # --- the benchmark ---------------------------------------------------------------------------
@@ -144,7 +153,7 @@ def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3
         only: Any = None) -> Dict[str, Any]:
     model = register(server, f"throughput-{n}", n)
     expected = TOKEN * n
-    engine_run, engine = make_engine(server, model)
+    engine_run, close_engines = make_engine(server)
     runners: Dict[str, Callable[[str], str]] = {
         "raw": lambda m: raw_socket(server, m),
         "requests_sseclient": make_requests_sseclient(server),
@@ -162,7 +171,7 @@ def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3
     try:
         warm = register(server, "throughput-warm", 2000)
         for fn in runners.values():  # warm-up: connections, imports, caches
-            fn(warm) if fn is not engine_run else None
+            fn(warm)
         for rep in range(repeats):
             for key, fn in runners.items():
                 if key == "openai_sdk" and rep >= sdk_repeats:
@@ -174,5 +183,5 @@ def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3
                     raise RuntimeError(f"throughput/{key}: got {len(answer)} chars, expected {len(expected)}")
                 times[key].append(elapsed)
     finally:
-        engine.close()
+        close_engines()
     return {"n": n, "times": times}

@@ -1,0 +1,128 @@
+"""``python -m bench``: run the benchmarks, print the table, write bench/results.json.
+
+``scripts/bench`` sets up ``.venv-bench`` and runs this.  Options:
+
+  --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency)
+  --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
+  --out PATH     where to write the JSON (default bench/results.json)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import Any, Dict, List
+
+from . import common, concurrency, latency, overlap, report, scaling, throughput
+
+SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency"}
+
+
+def _environment() -> Dict[str, Any]:
+    import streamengine
+    versions = {}
+    for name in ("requests", "urllib3", "sseclient", "openai", "waitress"):
+        try:
+            module = __import__(name)
+            versions[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            versions[name] = None
+    try:
+        with open("/proc/loadavg") as f:
+            load = float(f.read().split()[0])
+    except (OSError, ValueError):
+        load = None
+    return {
+        "load_1min_at_start": load,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}",
+        "cpus": os.cpu_count(), "streamengine": getattr(streamengine, "__version__", "?"),
+        "streamengine_path": os.path.dirname(streamengine.__file__), "libraries": versions,
+    }
+
+
+def _freeze_harness_heap() -> None:
+    """Import what the readers need, then move every object alive now out of the GC's sight.
+
+    The openai SDK (pydantic, httpx...) leaves a few hundred thousand objects
+    behind; each full collection then scans them all (~50 ms, measured here),
+    a pause that lands on whatever is being timed.  Frozen objects
+    (``gc.freeze``) are never scanned again: collections cost what the code
+    under test allocated, not what this harness imported.
+    """
+    import gc
+    import requests  # noqa: F401
+    import sseclient  # noqa: F401
+    import streamengine  # noqa: F401
+    import streamengine.wsgi  # noqa: F401
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        pass
+    gc.collect()
+    gc.freeze()
+
+
+def _our_cpu_s(server: common.Server) -> float:
+    """CPU seconds of this process and the bench server: what is not 'other load'."""
+    return time.process_time() + common.process_cpu_s(server.proc.pid)
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated section numbers (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small inputs, few repeats (smoke test)")
+    parser.add_argument("--out", default=os.path.join(common.ROOT, "bench", "results.json"))
+    args = parser.parse_args(argv)
+    wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-5")
+    common.quiet_logs()
+    _freeze_harness_heap()
+    q = args.quick
+    results: Dict[str, Any] = {"environment": _environment(), "quick": q, "seconds": {}}
+    failed = False
+    started = time.monotonic()
+    with common.Server() as server:
+        plan = {
+            "throughput": lambda: throughput.run(server, n=20_000 if q else 100_000,
+                                                 repeats=2 if q else 7, sdk_repeats=1 if q else 3),
+            "latency": lambda: latency.run(server, streams=3 if q else 10, calls=10 if q else 20),
+            "overlap": lambda: overlap.run(server, repeats=1 if q else 3),
+            "scaling": lambda: scaling.run(server, quick=q),
+            "concurrency": lambda: concurrency.run(server, sessions=40 if q else 200),
+        }
+        for number in sorted(wanted):
+            name = SECTIONS[number]
+            print(f"[bench] {number}. {name} ...", file=sys.stderr, flush=True)
+            t0, machine0, ours0 = time.monotonic(), common.machine_cpu_s(), _our_cpu_s(server)
+            try:
+                results[name] = plan[name]()
+            except Exception as exc:  # one broken section must not hide the others
+                failed = True
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                traceback.print_exc()
+            wall = time.monotonic() - t0
+            results["seconds"][name] = round(wall, 1)
+            if name != "concurrency":  # there the app process is ours too, and gone by now
+                foreign = (common.machine_cpu_s() - machine0) - (_our_cpu_s(server) - ours0)
+                results.setdefault("other_load", {})[name] = round(max(0.0, foreign) / wall, 2)
+    results["seconds"]["total"] = round(time.monotonic() - started, 1)
+    text = report.render(results)
+    print(text)
+    results["table"] = text
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    print(f"[bench] wrote {args.out} ({results['seconds']['total']:.0f} s)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
