@@ -29,17 +29,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 GUARD = 5.0  # failure guard only
 
 
-@pytest.fixture(autouse=True)
-def no_thread_leak():
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + 2.0
-    while True:
-        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-        if not extra or time.monotonic() > deadline:
-            break
-        extra[0].join(0.05)
-    assert extra == [], f"threads left behind: {extra}"
+# The shared guard from conftest.py: no thread a test starts may outlive it.
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 
 @pytest.fixture
