@@ -36,7 +36,7 @@ def render(r: Dict[str, Any]) -> str:
     lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())]
     other = r.get("other_load") or {}
     if other:
-        busy = [k for k, v in other.items() if v > 0.1]
+        busy = [k for k, v in other.items() if v > 0.2]  # kernel threads moving our loopback traffic: ~0.1
         lines.append("other processes' CPU during the sections (cores): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in other.items())
                      + (f"  <- the machine was busy during {', '.join(busy)}: figures there may be low"
