@@ -50,8 +50,10 @@ def _throughput(t: Dict[str, Any]) -> List[str]:
     rate = {k: t["n"] / median(v) for k, v in times.items() if v}
     runs = {k: len(v) for k, v in times.items()}
     raw, sdk = rate.get("raw"), rate.get("openai_sdk")
+    procs = t.get("processes", 1)
     out = [f"1. Throughput - {t['n']:,} OpenAI chunks from a loopback server in its own process "
-           f"(runs: {runs.get('raw', 0)}, SDK {runs.get('openai_sdk', 0)})",
+           f"(runs: {runs.get('raw', 0)}" + (f" in {procs} fresh processes" if procs > 1 else "")
+           + f"; SDK {runs.get('openai_sdk', 0)})",
            f"   {'reader':<46}{'chunks/s':>10}{'x raw':>8}{'x SDK':>8}"]
     for key, label in READERS:
         if key not in rate:

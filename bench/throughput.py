@@ -149,9 +149,32 @@ READERS = [
 ]
 
 
-def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3,
-        only: Any = None) -> Dict[str, Any]:
+def run(server: Server, n: int = 100_000, repeats: int = 3, sdk_repeats: int = 3,
+        only: Any = None, processes: int = 1) -> Dict[str, Any]:
+    """``repeats`` rounds of every reader, interleaved, in each of ``processes`` fresh processes.
+
+    One process's level varies by +-10% for the threaded readers (where its
+    threads land, memory layout): several processes, and the median of all
+    their runs, give the figure a fresh process would show.  The openai SDK
+    (8 s a run) is run ``sdk_repeats`` times, in the first process only.
+    """
     model = register(server, f"throughput-{n}", n)
+    warm = register(server, "throughput-warm", 2000)
+    if processes <= 1:
+        times = measure(server, model, warm, n, repeats, sdk_repeats, only)
+    else:
+        times = {}
+        for i in range(processes):
+            spec = {"port": server.port, "model": model, "warm": warm, "n": n, "repeats": repeats,
+                    "sdk_repeats": sdk_repeats if i == 0 else 0, "only": only}
+            for key, values in _in_fresh_process(spec).items():
+                times.setdefault(key, []).extend(values)
+    return {"n": n, "times": times, "processes": processes}
+
+
+def measure(server: Any, model: str, warm: str, n: int, repeats: int, sdk_repeats: int,
+            only: Any = None) -> Dict[str, List[float]]:
+    """Seconds per run of each reader on ``model`` (whose answer is ``n`` tokens)."""
     expected = TOKEN * n
     engine_run, close_engines = make_engine(server)
     runners: Dict[str, Callable[[str], str]] = {
@@ -161,15 +184,15 @@ def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3
         "strategy": make_strategy(server),
         "engine": engine_run,
     }
-    try:
-        runners["openai_sdk"] = make_openai_sdk(server)
-    except ImportError:
-        pass
+    if sdk_repeats:
+        try:
+            runners["openai_sdk"] = make_openai_sdk(server)
+        except ImportError:
+            pass
     if only:
         runners = {k: v for k, v in runners.items() if k in only or k == "raw"}
     times: Dict[str, List[float]] = {k: [] for k in runners}
     try:
-        warm = register(server, "throughput-warm", 2000)
         for fn in runners.values():  # warm-up: connections, imports, caches
             fn(warm)
         for rep in range(repeats):
@@ -182,6 +205,55 @@ def run(server: Server, n: int = 100_000, repeats: int = 5, sdk_repeats: int = 3
                 if answer != expected:
                     raise RuntimeError(f"throughput/{key}: got {len(answer)} chars, expected {len(expected)}")
                 times[key].append(elapsed)
+        for rep in range(repeats, sdk_repeats):  # the SDK's runs beyond the shared rounds
+            if "openai_sdk" in runners:
+                t0 = time.perf_counter()
+                runners["openai_sdk"](model)
+                times["openai_sdk"].append(time.perf_counter() - t0)
     finally:
         close_engines()
-    return {"n": n, "times": times}
+    return times
+
+
+class _Remote:
+    """The parts of :class:`Server` the readers use, for a server another process started."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+
+def _in_fresh_process(spec: Dict[str, Any]) -> Dict[str, List[float]]:
+    import os
+    import subprocess
+    import sys
+    from .common import ROOT
+    # -c from the bench folder: streamengine is found as in this process (PYTHONPATH
+    # or the installed package), ROOT only supplies the bench package.
+    code = (f"import sys; sys.path.append({ROOT!r}); "
+            f"from bench.throughput import _worker; _worker()")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=os.path.join(ROOT, "bench"),
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"throughput worker failed: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _worker() -> None:
+    import gc
+    import sys
+    from .common import quiet_logs
+    spec = json.loads(sys.argv[1])
+    quiet_logs()
+    import requests  # noqa: F401 - imported before the freeze, like the harness
+    import streamengine  # noqa: F401
+    if spec["sdk_repeats"]:
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            pass
+    gc.collect()
+    gc.freeze()  # see bench/__main__.py: collections scan what is measured, not the harness
+    times = measure(_Remote(spec["port"]), spec["model"], spec["warm"], spec["n"], spec["repeats"],
+                    spec["sdk_repeats"], spec["only"])
+    print(json.dumps(times))

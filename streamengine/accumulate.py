@@ -26,7 +26,7 @@ import json
 import uuid
 from typing import Dict, List, Optional, Tuple
 
-from .messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
+from .messages import Chunk, Response, ToolCall, ToolCallDelta, Usage, too_deep
 
 __all__ = ["ResponseAggregator", "TextBuffer", "ToolCallAccumulator"]
 
@@ -64,8 +64,10 @@ class _PartialCall:
             return False
         self.dirty = False
         text = self.arguments().strip()
-        # Cheap pre-check before json.loads: a JSON object must end with "}".
-        if not text.endswith("}"):
+        # Cheap pre-checks before json.loads: a JSON object must end with "}";
+        # arguments nested too deep can never be run (ToolCall.args refuses them,
+        # and json would recurse to the interpreter's limit): finish() reports them.
+        if not text.endswith("}") or too_deep(text):
             return False
         try:
             json.loads(text)

@@ -7,12 +7,40 @@ messages are taken and turned into :class:`Message` by :func:`as_message`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, ToolError
 
 MAX_ARGUMENT_CHARS = 1_000_000
+#: Deeper arguments are refused before ``json.loads`` sees them.  Parsing them
+#: would run ``json`` to the interpreter's recursion limit: slow, and any
+#: finaliser the garbage collector happens to run at that depth fails too.
+MAX_ARGUMENT_DEPTH = 128
+
+# A JSON string (escapes followed) or one bracket: strings are skipped whole.
+_NESTING_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
+
+
+def too_deep(text: str, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """Whether JSON ``text`` nests brackets deeper than ``limit``; linear, no recursion.
+
+    The bracket count is the cheap test: only text with more than ``limit``
+    brackets can be that deep, and only then is it scanned.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for match in _NESTING_TOKEN.finditer(text):
+        token = match.group()
+        if token == "[" or token == "{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif token == "]" or token == "}":
+            depth -= 1
+    return False
 
 
 @dataclass(frozen=True)
@@ -32,6 +60,11 @@ class ToolCall:
             raise ToolError(
                 f"arguments of tool call {self.name!r} are {len(text)} characters, over the "
                 f"{MAX_ARGUMENT_CHARS} limit; ask the model for smaller arguments"
+            )
+        if too_deep(text):
+            raise ToolError(
+                f"arguments of tool call {self.name!r} are not valid JSON for a tool: they nest deeper "
+                f"than {MAX_ARGUMENT_DEPTH} levels; expected a JSON object such as {{\"query\": \"...\"}}"
             )
         try:
             value = json.loads(text)
