@@ -23,7 +23,6 @@ import dataclasses
 import io
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -31,8 +30,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from .errors import ConfigError, StreamEngineError
 from .events import DoneEvent, ErrorEvent, Event, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from .text import one_line as _one_line
 
-__all__ = ["EventPrinter", "JsonEventPrinter", "build_parser", "main", "serve_app"]
+__all__ = ["EventPrinter", "JsonEventPrinter", "build_parser", "main"]
 
 PROG = "streamengine"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -62,9 +62,6 @@ def _write(stream: TextIO, text: str) -> None:
         stream.write(text.encode(encoding, "replace").decode(encoding, "replace"))
     stream.flush()
 
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def _error_line(stream: TextIO, message: str) -> None:
@@ -225,7 +222,7 @@ def _models(args: argparse.Namespace) -> List[str]:
 
 
 def _tools(specs: Sequence[str]) -> List[Any]:
-    from .harness import load_tools
+    from .tools.loading import load_tools
     tools: List[Any] = []
     for spec in specs:
         tools.extend(load_tools(spec))
@@ -292,115 +289,12 @@ def _cmd_chat(args: argparse.Namespace, hooks: "_Hooks") -> int:
 
 # --------------------------------------------------------------------------- serve
 
-def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, banner: Sequence[str] = (),
-              stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None) -> None:
-    """Serve a WSGI app under waitress until Ctrl-C or until ``stop`` is set.
-
-    Every open SSE stream holds one waitress thread for its whole length, so
-    ``threads`` must exceed the concurrent streams you expect.
-    ``channel_request_lookahead`` lets waitress notice a closed tab at once.
-    """
-    try:
-        from waitress import wasyncore
-        from waitress.server import create_server
-    except ImportError as exc:
-        raise ConfigError("serving needs waitress: pip install 'streamengine[serve]'") from exc
-    sock = _listen_socket(host, port)
-    try:
-        # Bound here, not by waitress: a busy port then fails before waitress starts its threads.
-        server = create_server(app, sockets=[sock], threads=threads, channel_request_lookahead=1, ident=PROG)
-    except BaseException:
-        sock.close()
-        raise
-    bound_host, bound_port = (server.effective_host, server.effective_port) if hasattr(server, "effective_port") \
-        else server.effective_listen[0]
-    shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
-    url = f"http://{shown}:{bound_port}/"
-    _write(out, f"{PROG}: serving on {url}  (Ctrl-C to stop)\n")
-    for line in banner:
-        _write(out, line + "\n")
-    socket_map = getattr(server, "_map", None)
-    if socket_map is None:
-        socket_map = server.map
-    finished = threading.Event()
-    watcher = None
-    if stop is not None:
-        watcher = threading.Thread(target=_stop_when_set, args=(stop, finished, server, socket_map, wasyncore),
-                                   name="streamengine-serve-stop", daemon=True)
-        watcher.start()
-    if ready is not None:
-        ready(url)
-    try:
-        server.run()
-    finally:
-        finished.set()
-        server.task_dispatcher.shutdown(timeout=5)
-        _close_all(socket_map, wasyncore)
-        if watcher is not None:
-            watcher.join(timeout=10)
-    _write(out, f"{PROG}: stopped\n")
-
-
-def _listen_socket(host: str, port: int) -> socket.socket:
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    try:
-        if os.name == "posix":  # a restart may reuse a port still in TIME_WAIT
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock
-
-
-def _stop_when_set(stop: threading.Event, finished: threading.Event, server: Any, socket_map: Dict[Any, Any],
-                   wasyncore: Any) -> None:
-    """Stop the server from another thread, in the order waitress can take it.
-
-    The socket map belongs to the loop's thread, so changes go through the
-    trigger.  Listeners and client channels close first (a closed channel
-    makes its stream's next write, or the app's disconnect probe, end the
-    run); the task threads are joined while the trigger still exists (a
-    finishing task pulls it); only then does the loop lose its last
-    dispatcher and return.
-    """
-    while not stop.wait(0.1):
-        if finished.is_set():
-            return
-    trigger = next((d for d in list(socket_map.values()) if hasattr(d, "pull_trigger")), None)
-    if trigger is None or finished.is_set():
-        return
-    trigger.pull_trigger(lambda: _close_all(socket_map, wasyncore, keep_trigger=True))
-    server.task_dispatcher.shutdown(timeout=5)
-    trigger.pull_trigger(lambda: _close_all(socket_map, wasyncore))
-
-
-def _close_all(socket_map: Dict[Any, Any], wasyncore: Any, keep_trigger: bool = False) -> None:
-    for dispatcher in list(socket_map.values()):
-        if hasattr(dispatcher, "pull_trigger"):
-            if keep_trigger:
-                continue
-        try:
-            if hasattr(dispatcher, "write_soon"):
-                dispatcher.handle_close()  # a channel: wakes task threads blocked writing to it
-            else:
-                dispatcher.close()
-        except OSError:
-            pass
-    if not keep_trigger:
-        wasyncore.close_all(socket_map, ignore_all=True)
-
-
 def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
     if args.threads < 1:
         raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
     engine = _build_engine(args)
     try:
+        from .serve import serve_app
         from .wsgi import make_wsgi_app
         app = make_wsgi_app(engine, allow_origin=args.allow_origin, heartbeat_s=args.heartbeat)
         banner = [f"  models {', '.join(engine.config.models)} at {engine.client.base_url}; "
@@ -420,6 +314,7 @@ def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
 
     out = sys.stdout
     if args.serve:
+        from .serve import serve_app
         from .wsgi import make_wsgi_app
         engine = demo.DemoEngine(fast=args.fast)
         banner = ["  open the page and ask anything: the scripted model (no key, no network) plans a",
@@ -441,7 +336,8 @@ def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
 # --------------------------------------------------------------------------- harness
 
 def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
-    from .harness import expand_paths, run_files, write_junit
+    from .testing.junit import write_junit
+    from .testing.scenario import expand_paths, run_files
 
     out = sys.stdout
     paths = expand_paths(args.scenarios)
@@ -543,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
 
     harness = sub.add_parser("harness", help="run scenario files against FakeProvider",
-                             description="Run scripted scenarios (see streamengine.harness for the format) "
+                             description="Run scripted scenarios (see streamengine.testing.scenario for the format) "
                                          "over real HTTP; PASS/FAIL per scenario.")
     harness.add_argument("scenarios", nargs="+", metavar="SCENARIO.json",
                          help="scenario files (a directory = its *.json files)")

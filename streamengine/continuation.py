@@ -13,7 +13,7 @@ import re
 from typing import List, Sequence
 
 from .messages import Message
-from .tools import ToolResult
+from .messages import ToolResult
 
 __all__ = ["MAX_RESULT_CHARS", "build_continuation_message", "result_content", "tool_result_messages"]
 

@@ -16,7 +16,8 @@ from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import ToolError
 from .messages import ToolCall
-from .tools import Tool, ToolExecutor, ToolHandle, ToolRegistry, ToolResult
+from .messages import ToolResult
+from .tools import Tool, ToolExecutor, ToolHandle, ToolRegistry
 
 
 @dataclass

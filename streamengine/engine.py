@@ -139,7 +139,7 @@ class StreamingEngine:
         self._closed = False
 
     def _register_rag_search(self, rag: Any) -> None:
-        from .rag_tool import make_rag_search_tool
+        from .rag.search_tool import make_rag_search_tool
         if "rag_search" not in self.registry:
             self.registry.register(make_rag_search_tool(rag))
 

@@ -31,7 +31,7 @@ from .messages import Chunk, Response, ToolCall
 
 if TYPE_CHECKING:  # engine-level types live in upper layers; only hints need them
     from .engine import EngineResult
-    from .tools import ToolResult
+    from .messages import ToolResult
 
 
 # --------------------------------------------------------------------------- call level

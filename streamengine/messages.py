@@ -7,7 +7,10 @@ messages are taken and turned into :class:`Message` by :func:`as_message`.
 from __future__ import annotations
 
 import json
+import math
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -261,3 +264,77 @@ class CompletionOptions:
         if self.extra:
             body.update(self.extra)
         return body
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool may look at to stop early.
+
+    Declare a parameter annotated ``ToolContext`` (any name) to receive it; it
+    is injected, never shown to the model.  ``cancelled`` turns true when the
+    call is cancelled *or* its deadline has passed, so a polling loop stops on
+    time even before anyone has noticed the timeout.
+    """
+
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    deadline: Optional[float] = None  # time.monotonic() value; None = no deadline
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (never negative; ``inf`` without one)."""
+        if self.deadline is None:
+            return math.inf
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raise :class:`ToolError` if the tool should stop now."""
+        if self.cancel_event.is_set():
+            raise ToolError("cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise ToolError("cancelled: deadline passed")
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; return False at once if cancelled or past the deadline."""
+        wait_s = min(max(0.0, seconds), self.remaining())
+        if self.cancel_event.wait(wait_s if wait_s != math.inf else None):
+            return False
+        return not self.cancelled
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one call; errors (invalid, skipped, timed out, raised) have ``ok=False``.
+
+    ``text`` is the tool's output (empty for errors); ``error`` says what went
+    wrong.  ``started_at``/``ended_at`` are ``time.monotonic()`` values, 0.0
+    when the function never ran.  ``timed_out`` lets telemetry count timeouts
+    without parsing messages.
+    """
+
+    call_id: str
+    name: str
+    ok: bool
+    text: str
+    error: Optional[str] = None
+    duration_s: float = 0.0
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    timed_out: bool = False
+
+    @classmethod
+    def error_result(
+        cls,
+        call: ToolCall,
+        message: str,
+        *,
+        duration_s: float = 0.0,
+        started_at: float = 0.0,
+        ended_at: float = 0.0,
+        timed_out: bool = False,
+    ) -> "ToolResult":
+        """An error result for ``call`` (skips, refusals, failures) carrying ``message``."""
+        return cls(call.id, call.name, False, "", message, duration_s, started_at, ended_at, timed_out)
+

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from .messages import Usage
-from .tools import ToolResult
+from .messages import ToolResult
 
 
 @dataclass

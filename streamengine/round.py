@@ -20,7 +20,8 @@ from .events import DoneEvent, ErrorEvent, Event, RoundEvent, TokenEvent, ToolRe
 from .inline import XmlParseState, tool_instructions
 from .messages import Chunk, Message, ToolCall, Usage
 from .result import EngineResult, Telemetry
-from .tools import ToolHandle, ToolResult
+from .messages import ToolResult
+from .tools import ToolHandle
 
 if TYPE_CHECKING:
     from .engine import StreamingEngine

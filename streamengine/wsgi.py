@@ -77,6 +77,7 @@ from .events import HeartbeatEvent
 from .logs import component_logger
 from .messages import Message, as_message
 from .sse import encode_stream
+from .text import json_type as _json_type
 
 __all__ = ["STREAM_PATH", "SseResponse", "StreamApp", "make_wsgi_app", "mount"]
 
@@ -503,12 +504,6 @@ def _clip(text: str, limit: int) -> str:
     """Errors quote what was sent; a megabyte of it helps nobody."""
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def _json_response(status: int, payload: Dict[str, Any],

@@ -1,4 +1,4 @@
-"""rag.py: chunking properties, SQLite/FTS5 ranking, vector fusion, threads, fallbacks."""
+"""streamengine.rag: chunking properties, SQLite/FTS5 ranking, vector fusion, threads, fallbacks."""
 from __future__ import annotations
 
 import random
@@ -10,7 +10,7 @@ import time
 import pytest
 from loguru import logger
 
-from streamengine import rag
+from streamengine.rag import base as rag_base, sqlite as rag
 from streamengine.errors import ConfigError, LlmProtocolError, StreamEngineError
 from streamengine.rag import (
     Embedder, HashingEmbedder, Hit, OpenAIEmbedder, RagStore, SqliteRagStore, chunks_for_ingest,
@@ -311,7 +311,7 @@ def test_cosine_fused_with_bm25_surfaces_a_doc_bm25_ranks_low():
         assert "x" in [h.source for h in hits]
         assert [h.source for h in hits] == ["r1", "x"]
         # r1: first by BM25, behind x by cosine; the score is the RRF sum
-        assert 1 / (rag.RRF_K + 1) < hits[0].score <= 1 / (rag.RRF_K + 1) + 1 / (rag.RRF_K + 2)
+        assert 1 / (rag_base.RRF_K + 1) < hits[0].score <= 1 / (rag_base.RRF_K + 1) + 1 / (rag_base.RRF_K + 2)
     finally:
         plain.close()
         fused.close()
@@ -410,7 +410,7 @@ def test_a_file_store_persists_across_instances_and_processes(tmp_path):
         assert second.search("quokka", k=1)[0].source == "tool:a:1"
         assert second.search("wombat burrows", k=1)[0].source == "tool:b:2"
         # the stored vectors are used: the fused score of a top hit in both lists
-        assert second.search("wombat burrows", k=1)[0].score == pytest.approx(2 / (rag.RRF_K + 1))
+        assert second.search("wombat burrows", k=1)[0].score == pytest.approx(2 / (rag_base.RRF_K + 1))
 
 
 @pytest.mark.parametrize("where", ["memory", "file"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tools import Tool, tool
+from ..tools import Tool, tool
 
 
 def make_rag_search_tool(store: Any) -> Tool:

@@ -78,29 +78,29 @@ Every error in a file names the file and the JSON path (``$.turns[0][2]``).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import json
 import math
 import os
-import sys
 import threading
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from .clients.openai import OpenAICompatibleClient
-from .engine import EngineConfig, StreamingEngine
-from .errors import ConfigError, StreamEngineError, ToolError
-from .events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from .messages import CompletionOptions
-from .result import EngineResult, Telemetry
-from .testing import FakeProvider, Stamp, Step, steps as s
-from .tools import Tool, ToolContext, ToolRegistry
+from ..clients.openai import OpenAICompatibleClient
+from ..engine import EngineConfig, StreamingEngine
+from ..errors import ConfigError, StreamEngineError, ToolError
+from ..events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from ..messages import CompletionOptions
+from ..result import EngineResult, Telemetry
+from . import steps as s
+from .provider import FakeProvider
+from .steps import Stamp, Step
+from ..text import one_line as _one_line, short_repr as _short
+from ..tools import Tool, ToolContext
+from ..tools.loading import load_tools
 
-__all__ = ["Scenario", "ScenarioError", "ScenarioResult", "import_object", "load_scenario", "load_tools",
-           "run_scenario", "write_junit"]
+__all__ = ["Scenario", "ScenarioError", "ScenarioResult", "load_scenario", "run_files", "run_scenario"]
 
 EVENT_NAMES = ("round", "token", "tool_start", "tool_result", "error", "done")
 FAKE_KINDS = ("echo", "sleep", "fail", "hang")
@@ -123,45 +123,6 @@ class ScenarioError(ConfigError):
 
 # --------------------------------------------------------------------------- importing tools
 
-def import_object(spec: str, what: str = "--tools") -> Any:
-    """``"package.module:attr.sub"`` -> the object; one-line :class:`ConfigError` otherwise.
-
-    The current directory is put on ``sys.path`` (as gunicorn and uvicorn do),
-    so ``--tools mytools:TOOLS`` finds ``./mytools.py`` from the console script.
-    """
-    module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name.strip() or not attr.strip():
-        raise ConfigError(f"{what} {spec!r}: expected 'module:attribute', e.g. 'myapp.tools:TOOLS'")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as exc:  # anything the module raises while importing
-        raise ConfigError(f"{what} {spec!r}: cannot import module {module_name!r}: "
-                          f"{type(exc).__name__}: {_one_line(str(exc))}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise ConfigError(f"{what} {spec!r}: {module_name!r} has no attribute {attr!r}") from exc
-    return obj
-
-
-def load_tools(spec: str, what: str = "--tools") -> List[Tool]:
-    """The tools named by ``module:attr``: a Tool, a plain function, or a list/tuple/registry of them."""
-    obj = import_object(spec, what)
-    items = list(obj) if isinstance(obj, (list, tuple, ToolRegistry)) else [obj]
-    tools = []
-    for item in items:
-        if not callable(item):
-            raise ConfigError(f"{what} {spec!r}: {type(item).__name__} {_short(item)} is not a tool or a function; "
-                              "point at a @tool function or a list of them")
-        try:
-            tools.append(Tool.from_function(item))
-        except ToolError as exc:
-            raise ConfigError(f"{what} {spec!r}: {_one_line(str(exc))}") from exc
-    return tools
 
 
 # --------------------------------------------------------------------------- the file format
@@ -311,7 +272,7 @@ def load_scenario(path: str) -> Scenario:
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     """Validate already-parsed JSON (``source`` names it in errors)."""
     root = _Where(source)
-    _need(root, data, (dict,), "a JSON object with 'turns' (see streamengine.harness)")
+    _need(root, data, (dict,), "a JSON object with 'turns' (see streamengine.testing.scenario)")
     _need_keys(root, data, _TOP_KEYS)
     if "turns" not in data:
         raise root.error("missing 'turns': a list of provider turns, each a list of steps")
@@ -728,13 +689,6 @@ def _check_error(wanted: Any, error: Optional[str]) -> List[str]:
 
 # --------------------------------------------------------------------------- reporting
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _excerpt(text: str, limit: int = 120) -> str:
@@ -775,35 +729,6 @@ def _transcript(events: Sequence[Event]) -> str:
     return "\n".join(lines)
 
 
-def _xml_text(text: str) -> str:
-    """Drop what XML 1.0 cannot hold at all (ElementTree escapes the rest, but not these)."""
-    return "".join(ch if ch in "\t\n\r" or ("\x20" <= ch <= "\ud7ff") or ("\ue000" <= ch <= "\ufffd")
-                   or ch >= "\U00010000" else "\ufffd" for ch in str(text))
-
-
-def write_junit(results: Sequence[ScenarioResult], path: str, suite: str = "streamengine.harness") -> None:
-    """JUnit XML (the dialect CI servers read): one testcase per scenario."""
-    failures = sum(1 for r in results if r.failures and r.error is None)
-    errors = sum(1 for r in results if r.error is not None)
-    total = sum(r.duration_s for r in results)
-    attrs = {"name": suite, "tests": str(len(results)), "failures": str(failures), "errors": str(errors),
-             "skipped": "0", "time": f"{total:.3f}"}
-    root = ET.Element("testsuites", attrs)
-    suite_el = ET.SubElement(root, "testsuite", dict(attrs, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S")))
-    for r in results:
-        case = ET.SubElement(suite_el, "testcase", {"classname": suite, "name": _xml_text(r.name),
-                                                    "file": _xml_text(r.source), "time": f"{r.duration_s:.3f}"})
-        if r.error is not None:
-            ET.SubElement(case, "error", {"message": _xml_text(r.error), "type": "ScenarioError"}).text = \
-                _xml_text(r.error)
-        elif r.failures:
-            ET.SubElement(case, "failure", {"message": _xml_text(r.failures[0]), "type": "AssertionError"}).text = \
-                _xml_text("\n".join(r.failures))
-        if r.transcript:
-            ET.SubElement(case, "system-out").text = _xml_text(r.transcript)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def expand_paths(paths: Iterable[str]) -> List[str]:

@@ -1,316 +1,26 @@
-"""Retrieval store: what the tools fetched becomes searchable in the same request.
-
-The engine ingests every successful tool result (``chunks_for_ingest`` then
-``RagStore.add_chunks``) so that a later ``rag_search`` -- in the same
-continuation round or a later one -- finds it.  This module holds:
-
-- :func:`chunks_for_ingest`: deterministic splitting on paragraph, then
-  sentence, then word boundaries, with an overlap of whole words;
-- :class:`RagStore`: the small protocol the engine talks to (three methods, so
-  a PostgreSQL + pgvector store can implement it later);
-- :class:`SqliteRagStore`: the embedded default: SQLite + FTS5 (BM25) always,
-  cosine similarity fused with BM25 by reciprocal rank fusion when an
-  embedder is given;
-- :class:`Embedder` with :class:`OpenAIEmbedder` (a provider's
-  ``/v1/embeddings`` through any client with ``embed(texts, model)``) and
-  :class:`HashingEmbedder` (deterministic, local, for tests and offline use).
-
-Layering: this module depends only on ``errors``/``logs`` and the standard
-library.  It never imports the clients; ``OpenAIEmbedder`` duck-types
-``client.embed``.
+"""The embedded default store: SQLite + FTS5 (BM25), cosine fused by RRF with an embedder.
 
 Ingestion must never fail the request, so embedding problems are logged and
 the text is stored without vectors (it is then found by keywords only).
 """
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 import operator
 import os
-import re
 import sqlite3
 import sys
 import threading
 from array import array
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
-
-from typing import Protocol, runtime_checkable
-
-from .errors import ConfigError, LlmProtocolError, StreamEngineError
-from .logs import component_logger
-
-__all__ = [
-    "Embedder", "HashingEmbedder", "Hit", "OpenAIEmbedder", "RagStore", "SqliteRagStore",
-    "chunks_for_ingest",
-]
-
-RRF_K = 60
-"""The constant of reciprocal rank fusion (Cormack et al. 2009): 1 / (60 + rank)."""
-
-# Letters and digits only: this is how FTS5's unicode61 tokenizer sees words
-# (the underscore is punctuation to it), and using the same view for query
-# tokens, the LIKE fallback and HashingEmbedder keeps the three consistent.
-_TOKEN_RE = re.compile(r"[^\W_]+")
-_MAX_QUERY_TOKENS = 64
-# Each ranking contributes this many candidates (or 4 * k) to the fusion:
-# deep enough that a hit ranked low by one list can still be lifted by the other.
-_MIN_CANDIDATES = 50
-
-# ---------------------------------------------------------------------------
-# Chunking
-# ---------------------------------------------------------------------------
-
-_WORD_RE = re.compile(r"\S+")
-# A word ending in . ! ? or an ellipsis, maybe followed by closing quotes or
-# brackets, ends a sentence.  Crude on purpose ("e.g." ends one too): it only
-# chooses where a chunk may end, and determinism matters more than linguistics.
-_SENTENCE_END_RE = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019)\]]*$")
-_WORD_BREAK, _SENTENCE_BREAK, _PARAGRAPH_BREAK = 1, 2, 3
-
-_Span = Tuple[int, int]
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
-def chunks_for_ingest(text: str, chunk_size: int = 800, overlap: int = 100) -> List[str]:
-    """Split ``text`` into chunks of at most ``chunk_size`` characters for retrieval.
+from ..errors import ConfigError, StreamEngineError
+from ..logs import component_logger
 
-    Boundaries are chosen in order of preference: paragraphs (a blank line),
-    then sentences (a word ending in ``.``, ``!``, ``?`` -- a single line
-    break counts as a sentence end too, which suits lists, logs and tables),
-    then words.  Small paragraphs are packed together; a paragraph too big for
-    one chunk is split on its own, so its pieces never share a chunk with a
-    neighbouring paragraph.
-
-    Each chunk after the first starts with up to ``overlap`` characters of
-    whole words from the end of the previous chunk (fewer when the next
-    piece would not fit otherwise), so a phrase cut by a boundary is still
-    found whole.  A word is never cut: a single word longer than
-    ``chunk_size`` (a URL, a base64 blob) becomes a chunk of its own, longer
-    than ``chunk_size``, with no overlap.
-
-    Every chunk is a verbatim slice of ``text`` (inner whitespace kept), so a
-    hit can be found again in its source.  The result is deterministic;
-    empty or whitespace-only text gives ``[]``.
-    """
-    _check_chunk_args(text, chunk_size, overlap)
-    return [text[start:end] for start, end in _chunk_spans(text, chunk_size, overlap)]
-
-
-def _check_chunk_args(text: Any, chunk_size: Any, overlap: Any) -> None:
-    if not isinstance(text, str):
-        raise ConfigError(f"chunks_for_ingest needs text as str, got {type(text).__name__}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ConfigError(f"chunk_size must be a positive int (characters), got {chunk_size!r}")
-    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < chunk_size:
-        raise ConfigError(
-            f"overlap must be an int with 0 <= overlap < chunk_size ({chunk_size}), got {overlap!r}"
-        )
-
-
-def _chunk_spans(text: str, size: int, overlap: int) -> List[_Span]:
-    """Character spans ``(start, end)`` of each chunk, overlap included."""
-    words = [m.span() for m in _WORD_RE.finditer(text)]
-    if not words:
-        return []
-    if words[-1][1] - words[0][0] <= size:
-        return [(words[0][0], words[-1][1])]
-    breaks = _break_strengths(text, words)
-    groups: List[List[_Span]] = []
-    _split(words, breaks, 0, len(words), size, groups)
-    return [(words[first][0], words[end - 1][1]) for first, end in _pack(words, groups, size, overlap)]
-
-
-def _break_strengths(text: str, words: Sequence[_Span]) -> List[int]:
-    """``strengths[i]``: how good a place the gap before word ``i`` is to end a chunk."""
-    strengths = [0]
-    for i in range(1, len(words)):
-        newlines = text.count("\n", words[i - 1][1], words[i][0])
-        if newlines >= 2:
-            strengths.append(_PARAGRAPH_BREAK)
-        elif newlines == 1 or _SENTENCE_END_RE.search(text, words[i - 1][0], words[i - 1][1]):
-            strengths.append(_SENTENCE_BREAK)
-        else:
-            strengths.append(_WORD_BREAK)
-    return strengths
-
-
-def _split(words: Sequence[_Span], breaks: Sequence[int], i: int, j: int, size: int,
-           groups: List[List[_Span]]) -> None:
-    """Cut words[i:j] (too big for one chunk) at its strongest breaks.
-
-    Appends groups of units (word-index ranges); units of one group may be
-    packed into one chunk, a new group always starts a new chunk.  A part
-    still too big is cut again at the next weaker breaks, in a group of its
-    own: that is what keeps a big paragraph's pieces apart from its
-    neighbours.  Depth is bounded by the three break strengths.
-    """
-    level = max(breaks[i + 1:j])
-    cuts = [i] + [m for m in range(i + 1, j) if breaks[m] == level] + [j]
-    group: List[_Span] = []
-    for a, b in zip(cuts, cuts[1:]):
-        if b - a == 1 or words[b - 1][1] - words[a][0] <= size:
-            group.append((a, b))
-            continue
-        if group:
-            groups.append(group)
-            group = []
-        _split(words, breaks, a, b, size, groups)
-    if group:
-        groups.append(group)
-
-
-def _pack(words: Sequence[_Span], groups: Sequence[Sequence[_Span]], size: int,
-          overlap: int) -> List[_Span]:
-    """Greedily pack units into chunks; returns word-index ranges ``(first, end)``."""
-    chunks: List[_Span] = []
-    for group in groups:
-        current: Optional[_Span] = None
-        for a, b in group:
-            if current is not None and words[b - 1][1] - words[current[0]][0] <= size:
-                current = (current[0], b)
-                continue
-            if current is not None:
-                chunks.append(current)
-            previous = chunks[-1] if chunks else None
-            current = (_overlap_start(words, previous, a, b, size, overlap), b)
-        if current is not None:
-            chunks.append(current)
-    return chunks
-
-
-def _overlap_start(words: Sequence[_Span], previous: Optional[_Span], a: int, b: int,
-                   size: int, overlap: int) -> int:
-    """First word of a chunk whose new text is words[a:b]: reach back into ``previous``.
-
-    Takes as many of the previous chunk's last words as stay within
-    ``overlap`` characters and keep the chunk within ``size``.
-    """
-    if previous is None or overlap == 0:
-        return a
-    first, end = previous
-    tail_end, chunk_end = words[end - 1][1], words[b - 1][1]
-    start = a
-    for w in range(end - 1, first - 1, -1):
-        word_start = words[w][0]
-        if tail_end - word_start > overlap or chunk_end - word_start > size:
-            break
-        start = w
-    return start
-
-
-# ---------------------------------------------------------------------------
-# Protocols and results
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result.  ``score``: higher is better, comparable within one search only."""
-
-    source: str
-    text: str
-    score: float
-
-
-@runtime_checkable
-class RagStore(Protocol):
-    """What the engine needs from a retrieval store; small so pgvector can implement it."""
-
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
-        """Store ``chunks`` under ``source``; returns how many were stored."""
-        ...
-
-    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
-        """The ``k`` best chunks for ``query``, best first, optionally from one ``source``."""
-        ...
-
-    def close(self) -> None:
-        """Release the store's resources; idempotent."""
-        ...
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """Turns texts into vectors; ``model=None`` means the embedder's own default."""
-
-    def embed(self, texts: Sequence[str], model: Optional[str]) -> List[List[float]]:
-        ...
-
-
-# ---------------------------------------------------------------------------
-# Embedders
-# ---------------------------------------------------------------------------
-
-
-class OpenAIEmbedder:
-    """Embeds through a provider's ``/v1/embeddings`` via ``client.embed(texts, model)``.
-
-    Requests are batched (``batch_size`` texts each) because providers cap
-    the inputs of one request.  Any client error propagates: the store
-    decides what a failure means (it logs and keeps the text).
-    """
-
-    def __init__(self, client: Any, model: str, batch_size: int = 64) -> None:
-        if not callable(getattr(client, "embed", None)):
-            raise ConfigError(
-                f"OpenAIEmbedder needs a client with embed(texts, model), got {type(client).__name__}; "
-                "pass an OpenAICompatibleClient"
-            )
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigError(f"OpenAIEmbedder needs an embedding model name, got {model!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
-        self.client = client
-        self.model = model
-        self.batch_size = batch_size
-
-    def embed(self, texts: Sequence[str], model: Optional[str] = None) -> List[List[float]]:
-        """One vector per text, in order; ``model`` overrides the default for this call."""
-        texts = list(texts)
-        use = model or self.model
-        vectors: List[List[float]] = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = texts[start:start + self.batch_size]
-            got = self.client.embed(batch, use)
-            if len(got) != len(batch):
-                raise LlmProtocolError(
-                    f"embedding model {use!r} returned {len(got)} vectors for {len(batch)} inputs; "
-                    "the provider's /embeddings answer is incomplete"
-                )
-            vectors.extend([float(x) for x in vector] for vector in got)
-        return vectors
-
-
-class HashingEmbedder:
-    """A deterministic local embedder: a bag of hashed words, L2-normalised.
-
-    Each lower-cased word is hashed (BLAKE2b, so it is stable across
-    processes, unlike ``hash()``) to one of ``dim`` buckets with a +1/-1 sign
-    (feature hashing).  It knows no synonyms -- texts are similar when they
-    share words -- but it needs no network, which makes it right for tests
-    and offline use.  A text without words gives the zero vector.
-    """
-
-    def __init__(self, dim: int = 64) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise ConfigError(f"HashingEmbedder dim must be a positive int, got {dim!r}")
-        self.dim = dim
-        self.model = f"hashing-{dim}"
-
-    def embed(self, texts: Sequence[str], model: Optional[str] = None) -> List[List[float]]:
-        """One unit vector per text; ``model`` is accepted for the protocol and ignored."""
-        return [self._embed_one(text) for text in texts]
-
-    def _embed_one(self, text: str) -> List[float]:
-        vector = [0.0] * self.dim
-        for word in _TOKEN_RE.findall(text.lower()):
-            value = int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
-            vector[value % self.dim] += -1.0 if value >> 63 else 1.0
-        norm = math.sqrt(sum(x * x for x in vector))
-        return [x / norm for x in vector] if norm else vector
+from .base import Embedder, Hit, _MIN_CANDIDATES, _TOKEN_RE, _check_source, _clean_chunks, _query_tokens, _reciprocal_rank_fusion, _unit_vector
 
 
 # ---------------------------------------------------------------------------
@@ -619,37 +329,6 @@ class SqliteRagStore:
         return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
 
 
-# ---------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------
-
-
-def _check_source(source: Any, allow_none: bool) -> None:
-    if source is None and allow_none:
-        return
-    if not isinstance(source, str) or not source:
-        raise ConfigError(f"source must be a non-empty str such as 'tool:fetch:call_1', got {source!r}")
-
-
-def _clean_chunks(chunks: Any) -> List[str]:
-    if isinstance(chunks, str):
-        raise ConfigError("chunks must be a list of str, not one str; pass [text] or chunks_for_ingest(text)")
-    texts = list(chunks)
-    for item in texts:
-        if not isinstance(item, str):
-            raise ConfigError(f"every chunk must be a str, got {type(item).__name__}")
-    return [text for text in texts if text.strip()]
-
-
-def _query_tokens(query: str) -> List[str]:
-    """Distinct lower-case words of the query, in order, at most 64."""
-    tokens: List[str] = []
-    for token in _TOKEN_RE.findall(query.lower()):
-        if token not in tokens:
-            tokens.append(token)
-            if len(tokens) == _MAX_QUERY_TOKENS:
-                break
-    return tokens
 
 
 def _fts_expression(tokens: Sequence[str]) -> str:
@@ -731,15 +410,6 @@ def _like_escape(token: str) -> str:
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _unit_vector(values: Iterable[Any]) -> Optional[List[float]]:
-    """The vector scaled to length 1; None when empty, zero or not finite."""
-    vector = [float(x) for x in values]
-    norm = math.sqrt(sum(x * x for x in vector))
-    if not vector or not math.isfinite(norm) or norm == 0.0:
-        return None
-    return [x / norm for x in vector]
-
-
 def _pack_vectors(vectors: Any, expected: int) -> List[Optional[bytes]]:
     """Unit float32 blobs, little-endian; raises ValueError on a malformed answer."""
     vectors = list(vectors)
@@ -779,12 +449,3 @@ def _cosine_ranking(query: Sequence[float], rows: Sequence[Tuple[int, bytes]],
         if score > 0.0:
             scored.append((row_id, score))
     return heapq.nsmallest(depth, scored, key=lambda item: (-item[1], item[0]))
-
-
-def _reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> List[Tuple[int, float]]:
-    """Fuse rankings of ids: each id scores the sum of 1 / (k + rank) over the rankings."""
-    scores: Dict[int, float] = {}
-    for ranking in rankings:
-        for rank, row_id in enumerate(ranking, start=1):
-            scores[row_id] = scores.get(row_id, 0.0) + 1.0 / (k + rank)
-    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

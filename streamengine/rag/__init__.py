@@ -1,0 +1,25 @@
+"""Retrieval store: what the tools fetched becomes searchable in the same request.
+
+The engine files every successful tool result (``chunks_for_ingest`` then
+``RagStore.add_chunks``) so that a later ``rag_search`` -- in the same
+continuation round or a later one -- finds it.
+
+- ``chunking``: :func:`chunks_for_ingest`;
+- ``base``: :class:`RagStore` and :class:`Embedder` protocols, :class:`Hit`,
+  the query words and rank fusion every store shares;
+- ``embedders``: :class:`OpenAIEmbedder`, :class:`HashingEmbedder`;
+- ``sqlite``: :class:`SqliteRagStore`, the embedded default;
+- ``search_tool``: the built-in ``rag_search`` tool.
+
+Layering: this package depends only on ``errors``/``logs``/``tools`` and the
+standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
+"""
+from .base import Embedder, Hit, RagStore
+from .chunking import chunks_for_ingest
+from .embedders import HashingEmbedder, OpenAIEmbedder
+from .sqlite import SqliteRagStore
+
+__all__ = [
+    "Embedder", "HashingEmbedder", "Hit", "OpenAIEmbedder", "RagStore", "SqliteRagStore",
+    "chunks_for_ingest",
+]

@@ -1,0 +1,115 @@
+"""What every RAG store shares: the protocols, hits, query words and rank fusion.
+
+Kept apart from any one store so a second backend (PostgreSQL) gives the same
+query meaning: the same tokens, the same fusion constant.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from typing import Protocol, runtime_checkable
+
+from ..errors import ConfigError
+
+
+RRF_K = 60
+"""The constant of reciprocal rank fusion (Cormack et al. 2009): 1 / (60 + rank)."""
+
+# Letters and digits only: this is how FTS5's unicode61 tokenizer sees words
+# (the underscore is punctuation to it), and using the same view for query
+# tokens, the LIKE fallback and HashingEmbedder keeps the three consistent.
+_TOKEN_RE = re.compile(r"[^\W_]+")
+_MAX_QUERY_TOKENS = 64
+# Each ranking contributes this many candidates (or 4 * k) to the fusion:
+# deep enough that a hit ranked low by one list can still be lifted by the other.
+_MIN_CANDIDATES = 50
+
+
+# ---------------------------------------------------------------------------
+# Protocols and results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result.  ``score``: higher is better, comparable within one search only."""
+
+    source: str
+    text: str
+    score: float
+
+
+@runtime_checkable
+class RagStore(Protocol):
+    """What the engine needs from a retrieval store; small so pgvector can implement it."""
+
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
+        """Store ``chunks`` under ``source``; returns how many were stored."""
+        ...
+
+    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
+        """The ``k`` best chunks for ``query``, best first, optionally from one ``source``."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's resources; idempotent."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into vectors; ``model=None`` means the embedder's own default."""
+
+    def embed(self, texts: Sequence[str], model: Optional[str]) -> List[List[float]]:
+        ...
+
+
+
+
+def _check_source(source: Any, allow_none: bool) -> None:
+    if source is None and allow_none:
+        return
+    if not isinstance(source, str) or not source:
+        raise ConfigError(f"source must be a non-empty str such as 'tool:fetch:call_1', got {source!r}")
+
+
+def _clean_chunks(chunks: Any) -> List[str]:
+    if isinstance(chunks, str):
+        raise ConfigError("chunks must be a list of str, not one str; pass [text] or chunks_for_ingest(text)")
+    texts = list(chunks)
+    for item in texts:
+        if not isinstance(item, str):
+            raise ConfigError(f"every chunk must be a str, got {type(item).__name__}")
+    return [text for text in texts if text.strip()]
+
+
+def _query_tokens(query: str) -> List[str]:
+    """Distinct lower-case words of the query, in order, at most 64."""
+    tokens: List[str] = []
+    for token in _TOKEN_RE.findall(query.lower()):
+        if token not in tokens:
+            tokens.append(token)
+            if len(tokens) == _MAX_QUERY_TOKENS:
+                break
+    return tokens
+
+
+def _unit_vector(values: Iterable[Any]) -> Optional[List[float]]:
+    """The vector scaled to length 1; None when empty, zero or not finite."""
+    vector = [float(x) for x in values]
+    norm = math.sqrt(sum(x * x for x in vector))
+    if not vector or not math.isfinite(norm) or norm == 0.0:
+        return None
+    return [x / norm for x in vector]
+
+
+def _reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> List[Tuple[int, float]]:
+    """Fuse rankings of ids: each id scores the sum of 1 / (k + rank) over the rankings."""
+    scores: Dict[int, float] = {}
+    for ranking in rankings:
+        for rank, row_id in enumerate(ranking, start=1):
+            scores[row_id] = scores.get(row_id, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

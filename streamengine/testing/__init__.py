@@ -1,0 +1,19 @@
+"""Test kit: a scripted provider on loopback, its steps, and the scenario runner.
+
+Public, for streamengine's own tests, its demo and CLI harness, and your tests.
+
+- ``provider``: :class:`FakeProvider`, a real threaded HTTP/1.1 server on
+  127.0.0.1 that answers from scripted turns;
+- ``steps``: what a turn does (``s.text``, ``s.delay``, ``s.drop``...);
+- ``scenario``: JSON scenario files run against the engine (``streamengine harness``);
+- ``junit``: JUnit XML for CI servers.
+
+::
+
+    from streamengine.testing import FakeProvider, steps as s
+"""
+from . import steps
+from .provider import FakeProvider, RecordedRequest, Turn, fake_embedding
+from .steps import Stamp, Step
+
+__all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "Turn", "fake_embedding", "steps"]

@@ -1,0 +1,16 @@
+"""Tools: plain functions the model may call, and the pool that runs them.
+
+``schema`` turns a signature into a JSON schema and checks arguments against
+it; ``tool`` holds :class:`Tool`, ``@tool`` and :class:`ToolRegistry`;
+``executor`` runs calls on owned threads with deadlines.  What a call returns
+(:class:`ToolResult`) and what a running tool sees (:class:`ToolContext`) are
+plain data in :mod:`streamengine.messages`, re-exported here.
+"""
+from ..messages import ToolContext, ToolResult
+from .executor import ToolExecutor, ToolHandle
+from .tool import Tool, ToolRegistry, result_to_text, tool
+
+__all__ = [
+    "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult",
+    "result_to_text", "tool",
+]

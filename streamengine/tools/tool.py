@@ -1,0 +1,271 @@
+"""``@tool``, :class:`Tool` and :class:`ToolRegistry`: a function the model may call.
+
+Arguments are validated *before* the call: a model that invents or forgets
+an argument gets an error result, and the function never runs on input it
+did not declare.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import threading
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+
+from ..errors import ToolError
+from ..messages import ToolContext, ToolSpec
+from .schema import _NAME_RE, _Invalid, _Signature, _conform, _describe, _describe_value, _parse_docstring
+
+
+def result_to_text(value: Any) -> str:
+    """What the model reads: str as is, None as "", containers and numbers as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, (dict, list, tuple, int, float, bool)):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):  # non-string keys of odd types, cycles
+            return str(value)
+    return str(value)
+
+
+
+class Tool:
+    """A function the model may call; calling the ``Tool`` itself calls the function.
+
+    Immutable after construction: its schema is shared by the spec the model
+    sees and the validator that guards the function.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+        timeout: Optional[float] = None,
+        side_effects: bool = False,
+    ) -> None:
+        if not callable(fn):
+            raise ToolError(f"a tool must wrap a function, got {type(fn).__name__}")
+        name = name if name is not None else getattr(fn, "__name__", "")
+        _check_name(name)
+        timeout = _check_timeout(timeout, f"tool {name!r}")
+        summary, param_docs = _parse_docstring(inspect.getdoc(fn))
+        signature = _Signature(fn, name, param_docs)
+        # The attributes, declared here rather than in the class body: any annotation there
+        # gives Tool a class ``__annotations__`` that instances would show in place of the
+        # wrapped function's (typing.get_type_hints(tool) would then read Tool's own hints).
+        self.fn: Callable[..., Any]
+        self.name: str
+        self.description: str
+        self.timeout: Optional[float]
+        self.side_effects: bool
+        self._schema: Dict[str, Any]
+        self._required: Tuple[str, ...]
+        self._optional: FrozenSet[str]
+        self._context_param: Optional[str]
+        self._spec: ToolSpec
+        set_ = object.__setattr__  # __setattr__ refuses assignment: Tool is immutable
+        set_(self, "fn", fn)
+        set_(self, "name", name)
+        set_(self, "description", description if description is not None else summary)
+        set_(self, "timeout", timeout)
+        set_(self, "side_effects", bool(side_effects))
+        set_(self, "_schema", signature.schema())
+        set_(self, "_required", tuple(signature.required))
+        set_(self, "_optional", frozenset(signature.optional))
+        set_(self, "_context_param", signature.context_param)
+        set_(self, "_spec", ToolSpec(name, self.description, json.loads(json.dumps(self._schema))))
+        set_(self, "__wrapped__", fn)
+        set_(self, "__doc__", getattr(fn, "__doc__", None))
+        set_(self, "__name__", getattr(fn, "__name__", name))
+        set_(self, "__qualname__", getattr(fn, "__qualname__", name))
+        set_(self, "__module__", getattr(fn, "__module__", None))
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+        timeout: Optional[float] = None,
+        side_effects: bool = False,
+    ) -> "Tool":
+        """Wrap ``fn``; a ``Tool`` given without options is returned as is."""
+        if isinstance(fn, Tool):
+            if name is None and description is None and timeout is None and not side_effects:
+                return fn
+            fn = fn.fn
+        return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"Tool {self.name!r} is immutable; build a new one with tool(fn, {key}=...)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self.name!r}, timeout={self.timeout!r}, side_effects={self.side_effects!r})"
+
+    @property
+    def spec(self) -> ToolSpec:
+        """Name, description and JSON schema, as sent to the model."""
+        return self._spec
+
+    @property
+    def parameters(self) -> Dict[str, Any]:
+        """A copy of the JSON schema of the arguments."""
+        return json.loads(json.dumps(self._schema))
+
+    @property
+    def context_param(self) -> Optional[str]:
+        """The parameter that receives the :class:`ToolContext`, if any."""
+        return self._context_param
+
+    def validate(self, args: Any) -> Dict[str, Any]:
+        """Return the checked arguments, or raise :class:`ToolError` naming every problem.
+
+        A null for an argument that has a default means "use the default"
+        (models often send it for options they do not want to set).
+        """
+        if not isinstance(args, Mapping):
+            raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {_describe_value(args)}")
+        properties = self._schema["properties"]
+        problems = _unknown_and_missing(self.name, args, properties, self._required)
+        checked: Dict[str, Any] = {}
+        for key, value in args.items():
+            if key not in properties or (value is None and key in self._optional):
+                continue
+            try:
+                checked[key] = _conform(value, properties[key], key)
+            except _Invalid as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ToolError(f"invalid arguments for tool {self.name!r}: " + "; ".join(problems))
+        return checked
+
+    def run(self, args: Mapping[str, Any], context: Optional[ToolContext] = None) -> str:
+        """Validate ``args``, call the function, and return its value as text."""
+        return self._invoke(self.validate(args), context)
+
+    def _invoke(self, checked: Dict[str, Any], context: Optional[ToolContext]) -> str:
+        kwargs = dict(checked)
+        if self._context_param is not None:
+            kwargs[self._context_param] = context if context is not None else ToolContext()
+        return result_to_text(self.fn(**kwargs))
+
+
+def _unknown_and_missing(name: str, args: Mapping[str, Any], properties: Mapping[str, Any],
+                         required: Iterable[str]) -> List[str]:
+    problems = []
+    unknown = [key for key in args if key not in properties]
+    if unknown:
+        allowed = ", ".join(repr(p) for p in properties) or "none (this tool takes no arguments)"
+        noun = "argument" if len(unknown) == 1 else "arguments"
+        problems.append(f"unknown {noun} {', '.join(repr(str(k)) for k in unknown)}; allowed arguments: {allowed}")
+    for key in required:
+        if key not in args:
+            problems.append(f"missing required argument {key!r} ({_describe(properties[key])})")
+    return problems
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ToolError(
+            f"tool name {name!r} is invalid: use 1-64 characters from A-Z, a-z, 0-9, '_', '.', '-' "
+            "(pass name='...' to @tool for lambdas and callables without a usable __name__)"
+        )
+
+
+def _check_timeout(timeout: Any, label: str) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise ToolError(f"timeout of {label} must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def tool(
+    fn: Any = None,
+    *,
+    name: Optional[str] = None,
+    description: Optional[str] = None,
+    timeout: Optional[float] = None,
+    side_effects: bool = False,
+) -> Any:
+    """Make a :class:`Tool`: ``@tool``, ``@tool()``, ``@tool("name")`` or ``@tool(name=..., ...)``.
+
+    ``side_effects=True`` tells the engine not to start the tool before the
+    model's stream finished normally (no half-confirmed writes).
+    """
+    if isinstance(fn, str):
+        if name is not None:
+            raise ToolError(f"tool name given twice ({fn!r} and name={name!r}); pass it once")
+        name, fn = fn, None
+
+    def make(f: Any) -> Tool:
+        return Tool.from_function(f, name=name, description=description, timeout=timeout,
+                                  side_effects=side_effects)
+
+    if fn is None:
+        return make
+    return make(fn)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class ToolRegistry:
+    """The tools one engine offers, by name, in registration order."""
+
+    def __init__(self, tools: Iterable[Any] = ()) -> None:
+        self._tools: Dict[str, Tool] = {}
+        self._lock = threading.Lock()
+        for item in tools:
+            self.register(item)
+
+    def register(self, item: Any) -> Tool:
+        """Add a :class:`Tool` or plain function; a second tool with the same name is refused."""
+        made = Tool.from_function(item)
+        with self._lock:
+            if made.name in self._tools:
+                raise ToolError(f"two tools are named {made.name!r}; give one of them another name with "
+                                "@tool(name='...')")
+            tools = dict(self._tools)
+            tools[made.name] = made
+            self._tools = tools  # copy-on-write: readers need no lock
+        return made
+
+    def get(self, name: str) -> Optional[Tool]:
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(self._tools)
+
+    def specs(self) -> List[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __repr__(self) -> str:
+        return f"ToolRegistry({list(self._tools)!r})"
+
+
