@@ -1,37 +1,39 @@
 """streamengine: stream an LLM's answer while the tools it calls already run.
 
-The public face: everything a user needs is importable from here.  The web
-pieces (``streamengine.wsgi``), the CLI and ``streamengine.testing`` (the
-``FakeProvider``) are imported from their modules, so a plain script does not
-pay for http.server or waitress.
+The public face: ``__all__`` holds what a user of the engine needs — the
+engine and its config and result, the events a caller handles, clients,
+tools, errors, stores and logging.  Building blocks (call strategies,
+accumulators, the inline scanner, the tool executor, failover) are imported
+from their modules, e.g. ``from streamengine.calls import make_call_strategy``.
+The web pieces (``streamengine.wsgi``), the CLI and ``streamengine.testing``
+(the ``FakeProvider``) are imported from their modules too, so a plain
+script does not pay for http.server or waitress.
 """
+import importlib as _importlib
+from typing import Any as _Any
+
 from loguru import logger as _logger
 
-from .accumulate import ResponseAggregator, ToolCallAccumulator
-from .calls import BufferedCallStrategy, CallStrategy, StreamingCallStrategy, make_call_strategy
 from .cancel import CancelToken
 from .clients import LlmClient, OpenAICompatibleClient, ScriptedClient, StreamingLlmClient
-from .continuation import build_continuation_message
-from .engine import EngineConfig, StreamingEngine
+from .config import EngineConfig
+from .engine import StreamingEngine
 from .errors import (
     AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError,
     LlmHttpError, LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
 )
 from .events import (
-    DoneEvent, ErrorEvent, Event, EventEmitter, HeartbeatEvent, ModelChunkEvent, Observer,
-    RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ModelChunkEvent, Observer, RoundEvent,
+    TokenEvent, ToolResultEvent, ToolStartEvent,
 )
-from .failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
-from .inline import FeedResult, XmlParseState
+from .failover import ErrorClass, ErrorClassifier
 from .logs import enable_logging
 from .messages import (
     Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolSpec, Usage,
 )
-from .rag import (
-    Embedder, HashingEmbedder, Hit, OpenAIEmbedder, RagStore, SqliteRagStore, chunks_for_ingest,
-)
+from .rag import Embedder, HashingEmbedder, Hit, OpenAIEmbedder, RagStore, SqliteRagStore
 from .result import EngineResult, Telemetry
-from .tools import Tool, ToolContext, ToolExecutor, ToolHandle, ToolRegistry, ToolResult, tool
+from .tools import Tool, ToolContext, ToolRegistry, ToolResult, tool
 
 _logger.disable("streamengine")
 
@@ -39,8 +41,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllModelsFailedError",
-    "BufferedCallStrategy",
-    "CallStrategy",
     "CancelToken",
     "Chunk",
     "CompletionOptions",
@@ -53,9 +53,6 @@ __all__ = [
     "ErrorClassifier",
     "ErrorEvent",
     "Event",
-    "EventEmitter",
-    "FailoverResult",
-    "FeedResult",
     "HashingEmbedder",
     "HeartbeatEvent",
     "Hit",
@@ -69,40 +66,47 @@ __all__ = [
     "LlmTimeoutError",
     "Message",
     "ModelChunkEvent",
-    "ModelFailover",
     "Observer",
     "OpenAICompatibleClient",
     "OpenAIEmbedder",
     "RagStore",
     "Response",
-    "ResponseAggregator",
     "RoundEvent",
     "ScriptedClient",
     "SqliteRagStore",
     "StreamEngineError",
-    "StreamingCallStrategy",
     "StreamingEngine",
     "StreamingLlmClient",
     "Telemetry",
     "TokenEvent",
     "Tool",
     "ToolCall",
-    "ToolCallAccumulator",
     "ToolCallDelta",
     "ToolContext",
     "ToolError",
-    "ToolExecutor",
-    "ToolHandle",
     "ToolRegistry",
     "ToolResult",
     "ToolResultEvent",
     "ToolSpec",
     "ToolStartEvent",
     "Usage",
-    "XmlParseState",
-    "build_continuation_message",
-    "chunks_for_ingest",
     "enable_logging",
-    "make_call_strategy",
     "tool",
 ]
+
+#: Building blocks that used to be exported here; still importable from the
+#: package (resolved on first use), but their home is the module named.
+_BUILDING_BLOCKS = {
+    "BufferedCallStrategy": "calls", "CallStrategy": "calls", "StreamingCallStrategy": "calls",
+    "make_call_strategy": "calls", "ResponseAggregator": "accumulate", "ToolCallAccumulator": "accumulate",
+    "build_continuation_message": "continuation", "EventEmitter": "events", "FailoverResult": "failover",
+    "ModelFailover": "failover", "FeedResult": "inline", "XmlParseState": "inline",
+    "InlineToolScanner": "inline", "chunks_for_ingest": "rag", "ToolExecutor": "tools", "ToolHandle": "tools",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    module = _BUILDING_BLOCKS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamengine' has no attribute {name!r}")
+    return getattr(_importlib.import_module(f".{module}", __name__), name)

@@ -204,7 +204,7 @@ class JsonEventPrinter:
         if isinstance(event, DoneEvent):
             self.result = done = event.result
             return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,
-                    "telemetry": dataclasses.asdict(done.telemetry), "usage": dataclasses.asdict(done.usage)}
+                    "telemetry": dataclasses.asdict(done.telemetry), "usage": dataclasses.asdict(done.usage) if done.usage else None}
         return {}
 
     def _offset(self, stamp: float) -> Optional[float]:

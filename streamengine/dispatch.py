@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import ToolError
-from .messages import ToolCall
-from .messages import ToolResult
+from .messages import ToolCall, ToolResult
 from .tools import Tool, ToolExecutor, ToolHandle, ToolRegistry
 
 
 @dataclass
 class DispatchCounters:
+    """How many calls each gate let through or stopped, for the run's telemetry."""
+
     tools_started: int = 0
     dedup_skipped: int = 0
     cap_skipped: int = 0
@@ -31,6 +32,8 @@ class DispatchCounters:
 
 @dataclass
 class DispatchLimits:
+    """The engine's caps; ``tool_timeout`` is the default for tools without their own."""
+
     max_tools_per_round: int
     max_tools_total: int
     tool_timeout: float
@@ -39,10 +42,6 @@ class DispatchLimits:
 
 Entry = Union[ToolHandle, ToolResult]
 
-
-def _skip(call: ToolCall, reason: str) -> ToolResult:
-    """An error result for a call that never ran (``started_at`` stays 0.0)."""
-    return ToolResult(call_id=call.id, name=call.name, ok=False, text="", error=reason)
 
 
 def canonical_key(call: ToolCall) -> Tuple[str, str]:
@@ -100,46 +99,51 @@ class ToolDispatcher:
     def dispatch(self, call: ToolCall) -> None:
         """Run the gates for one completed call; start it unless a gate stops it."""
         if self.round_closed:
-            self._round.append(_skip(call, f"skipped: no continuation left to use the result of "
-                                           f"'{call.name}'; answer without it"))
             self.counters.cap_skipped += 1
+            self._refuse(call, f"skipped: no continuation left to use the result of '{call.name}'; "
+                               f"answer without it")
             return
         try:
             key = canonical_key(call)
         except ToolError as exc:
             self.counters.parse_errors += 1
-            self._round.append(_skip(call, f"invalid arguments: {exc}"))
+            self._refuse(call, f"invalid arguments: {exc}")
             return
         if key in self._seen:
             self.counters.dedup_skipped += 1
-            self._round.append(_skip(call, f"skipped: duplicate of an earlier call to '{call.name}' "
-                                           f"with the same arguments; use its result"))
+            self._refuse(call, f"skipped: duplicate of an earlier call to '{call.name}' with the same "
+                               f"arguments; use its result")
             return
         self._seen.add(key)
         self._round_keys.append(key)
         if self._round_count >= self._limits.max_tools_per_round or self._total >= self._limits.max_tools_total:
             self.counters.cap_skipped += 1
-            self._round.append(_skip(call, self._cap_reason(call)))
+            self._refuse(call, self._cap_reason(call))
             return
         tool = self._registry.get(call.name)
         allowed = self._limits.allowed_tools
         if tool is None or (allowed is not None and call.name not in allowed):
             self.counters.disallowed += 1
-            self._round.append(_skip(call, self._unavailable_reason(call)))
+            self._refuse(call, self._unavailable_reason(call))
             return
         self._round_count += 1
         self._total += 1
         if tool.side_effects:
             self._gated.append((len(self._round), tool, call))
-            self._round.append(_skip(call, "not run: the stream did not finish normally, so a tool "
-                                           "with side effects was not started"))
+            self._refuse(call, "not run: the stream did not finish normally, so a tool with side "
+                               "effects was not started")
             return
         self._start(len(self._round), tool, call, append=True)
+
+    def _refuse(self, call: ToolCall, reason: str) -> None:
+        """The call's slot holds an error result: it never ran (``started_at`` stays 0.0)."""
+        self._round.append(ToolResult.error_result(call, reason))
 
     def _start(self, slot: int, tool: Tool, call: ToolCall, *, append: bool) -> None:
         self.counters.tools_started += 1
         self._on_start(call)
-        handle = self._executor.submit(tool, call, tool.timeout or self._limits.tool_timeout, cancel=self._cancel)
+        # The engine's default; a tool's own @tool(timeout=...) wins, decided in ToolExecutor.submit.
+        handle = self._executor.submit(tool, call, self._limits.tool_timeout, cancel=self._cancel)
         if self._on_result is not None:
             self._watch_result(handle)
         if append:

@@ -1,11 +1,12 @@
 """The streaming engine: answers stream to the caller while their tools already run.
 
-Thread layout of one run (see DESIGN.md)::
+Thread layout of one run (docs/ARCHITECTURE.md has the whole picture)::
 
     producer thread   client.stream() -> chunks            (calls.StreamingCallStrategy)
     run thread        idle timer + cap, parse, dispatch  -> EventChannel
                       after the stream: join tools, continue with the next round
     caller's thread   the ``run()`` generator: yields events, heartbeats when idle
+    tool threads      one daemon thread per running tool  (tools.ToolExecutor)
 
 The run thread, not the caller, parses and dispatches, so a slow consumer
 (a browser on a bad line) never delays a tool's start.
@@ -13,100 +14,26 @@ The run thread, not the caller, parses and dispatches, so a slow consumer
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Sequence
 
-from .cancel import CancelToken, on_cancel
+from . import validation
 from .calls import make_call_strategy
+from .cancel import CancelToken, on_cancel
 from .channel import EventChannel
 from .clients.base import LlmClient
+from .config import EngineConfig
 from .errors import ConfigError
-from .events import DoneEvent, Event, HeartbeatEvent
-from .failover import ModelFailover
+from .events import DoneEvent, Event, EventEmitter, HeartbeatEvent
+from .failover import ErrorClassifier, ModelFailover
 from .logs import component_logger
-from .messages import CompletionOptions, Message, MessageLike, as_messages
+from .messages import Message, MessageLike, as_messages
 from .result import EngineResult, Telemetry
+from .round import RoundRunner, RunDeps, RunState
 from .tools import ToolExecutor, ToolRegistry, ToolResult
-from .round import RoundRunner, RunState
 
 __all__ = ["EngineConfig", "EngineResult", "StreamingEngine", "Telemetry"]
-
-TOOL_MODES = ("auto", "xml", "native")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Limits and settings for every run of an engine; validated on construction."""
-
-    models: Sequence[str] = ()
-    max_continuations: int = 3
-    max_tools_per_round: int = 3
-    max_tools_total: int = 5
-    tool_timeout: float = 30.0
-    idle_timeout: float = 30.0
-    completion_timeout: float = 60.0
-    allowed_tools: Optional[Iterable[str]] = None
-    tool_mode: str = "auto"
-    options: Optional[CompletionOptions] = None
-    max_block_chars: int = 16384
-    pool_size: int = 8
-    max_retries: int = 2
-    chunk_size: int = 800
-    chunk_overlap: int = 100
-    embed_model: Optional[str] = None
-    ingest_tool_results: bool = True
-
-    def __post_init__(self) -> None:
-        models = [self.models] if isinstance(self.models, str) else list(self.models)
-        if not models or not all(isinstance(m, str) and m.strip() for m in models):
-            raise ConfigError(
-                f"EngineConfig.models must be a non-empty list of model names (first = primary), "
-                f"got {self.models!r}; e.g. EngineConfig(models=['gpt-4o-mini'])"
-            )
-        object.__setattr__(self, "models", tuple(models))
-        for name in ("max_continuations", "max_tools_per_round", "max_tools_total", "max_retries"):
-            _require_int(name, getattr(self, name), minimum=0)
-        for name in ("max_block_chars", "pool_size", "chunk_size"):
-            _require_int(name, getattr(self, name), minimum=1)
-        _require_int("chunk_overlap", self.chunk_overlap, minimum=0)
-        if self.chunk_overlap >= self.chunk_size:
-            raise ConfigError(f"EngineConfig.chunk_overlap ({self.chunk_overlap}) must be smaller "
-                              f"than chunk_size ({self.chunk_size})")
-        for name in ("tool_timeout", "idle_timeout", "completion_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-                    or value == float("inf"):
-                raise ConfigError(f"EngineConfig.{name} must be a positive number of seconds, got {value!r}")
-        if self.tool_mode not in TOOL_MODES:
-            raise ConfigError(f"EngineConfig.tool_mode must be one of {', '.join(TOOL_MODES)}, "
-                              f"got {self.tool_mode!r}")
-        if self.options is not None and not isinstance(self.options, CompletionOptions):
-            raise ConfigError(f"EngineConfig.options must be a CompletionOptions, got {type(self.options).__name__}")
-        if self.allowed_tools is not None:
-            if isinstance(self.allowed_tools, str):
-                raise ConfigError("EngineConfig.allowed_tools must be a collection of tool names, "
-                                  f"not one string ({self.allowed_tools!r}); use [{self.allowed_tools!r}]")
-            object.__setattr__(self, "allowed_tools", frozenset(self.allowed_tools))
-
-    @classmethod
-    def from_env(cls, environ: Optional[dict] = None, **overrides: Any) -> "EngineConfig":
-        """``STREAMENGINE_MODEL`` (comma-separated failover list) plus keyword overrides."""
-        env = os.environ if environ is None else environ
-        raw = env.get("STREAMENGINE_MODEL", "")
-        models = [m.strip() for m in raw.split(",") if m.strip()]
-        if not models and "models" not in overrides:
-            raise ConfigError("no model configured: set STREAMENGINE_MODEL (e.g. 'gpt-4o-mini' or "
-                              "'primary,fallback') or pass EngineConfig(models=[...])")
-        overrides.setdefault("models", models)
-        return cls(**overrides)
-
-
-def _require_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"EngineConfig.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 class StreamingEngine:
@@ -114,10 +41,18 @@ class StreamingEngine:
 
     The engine owns a tool pool shared by its runs; ``close()`` (or leaving a
     ``with`` block) stops it.
+
+    Seams, each built by default when not given: ``classifier`` (an
+    :class:`ErrorClassifier`) decides which provider errors fail over, retry
+    or stop; ``emitter`` (an :class:`EventEmitter`, also ``engine.emitter``)
+    gets a :class:`ModelChunkEvent` for every chunk read from the model, the
+    last one with ``is_final`` and the whole response; ``observers`` hear
+    ``on_llm_responded(response)`` once per successful model call.
     """
 
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
-                 *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None) -> None:
+                 *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None,
+                 classifier: Optional[ErrorClassifier] = None, emitter: Optional[EventEmitter] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(f"StreamingEngine needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
                               f"got {type(client).__name__}")
@@ -130,12 +65,16 @@ class StreamingEngine:
         if rag is not None:
             self._register_rag_search(rag)
         self._log = component_logger("streamengine.engine.StreamingEngine", logger)
+        self.emitter = emitter if emitter is not None else EventEmitter()
         self._executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger)
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
                                       completion_timeout=self.config.completion_timeout,
-                                      observers=observers, logger=logger)
-        self._failover = ModelFailover(strategy, list(self.config.models),
-                                       max_retries=self.config.max_retries, logger=logger)
+                                      observers=observers, emitter=self.emitter, logger=logger)
+        failover = ModelFailover(strategy, list(self.config.models), classifier=classifier,
+                                 max_retries=self.config.max_retries, logger=logger)
+        self._deps = RunDeps(config=self.config, registry=self.registry, executor=self._executor,
+                             failover=failover, log=self._log,
+                             ingest=self.ingest if rag is not None else None)
         self._closed = False
 
     def _register_rag_search(self, rag: Any) -> None:
@@ -155,8 +94,7 @@ class StreamingEngine:
         """
         if self._closed:
             raise ConfigError("this StreamingEngine is closed; create a new one")
-        if heartbeat_s is not None and not heartbeat_s > 0:
-            raise ConfigError(f"heartbeat_s must be a positive number of seconds, got {heartbeat_s!r}")
+        heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         conversation = as_messages(messages)
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
@@ -190,7 +128,7 @@ class StreamingEngine:
         stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel()
         state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic())
-        runner = RoundRunner(self, state)
+        runner = RoundRunner(self._deps, state)
         worker = threading.Thread(target=self._drive, args=(runner, channel), name="streamengine-run",
                                   daemon=True)
         worker.start()
@@ -235,16 +173,3 @@ class StreamingEngine:
             self.rag.add_chunks(f"tool:{result.name}:{result.call_id}", chunks, self.config.embed_model)
         except Exception as exc:  # the store is an aid: a failure never fails the request
             self._log.opt(exception=True).warning("could not ingest result of tool {!r}: {}", result.name, exc)
-
-    # used by RoundRunner
-    @property
-    def executor(self) -> ToolExecutor:
-        return self._executor
-
-    @property
-    def failover(self) -> ModelFailover:
-        return self._failover
-
-    @property
-    def log(self) -> Any:
-        return self._log

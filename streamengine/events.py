@@ -30,8 +30,8 @@ from .logs import component_logger
 from .messages import Chunk, Response, ToolCall
 
 if TYPE_CHECKING:  # engine-level types live in upper layers; only hints need them
-    from .engine import EngineResult
     from .messages import ToolResult
+    from .result import EngineResult
 
 
 # --------------------------------------------------------------------------- call level

@@ -22,7 +22,7 @@ What the scanner guarantees (the contract the engine and tests rely on):
   could still begin ``<tool`` + whitespace, and (b) an open block, which is
   held until it closes, is given up, or the stream ends.
 
-Decisions on the points the issue leaves open:
+The rules where a choice had to be made:
 
 * Only the exact, lower-case ``<tool`` followed by a whitespace character
   (space, tab, CR, LF) opens a block.  ``<tool>``, ``<tools>``, ``<toolbox>``,
@@ -64,29 +64,30 @@ Decisions on the points the issue leaves open:
 * A block still open at ``flush()`` is released as text and is not a parse
   error (the stream was cut, the model did not write a bad block).
 * Unknown tool names are still calls: the engine owns the allowlist.
-* Call ids are ``id_prefix`` + a counter starting at 1, unique per parser (use
-  one parser per request, or a per-round prefix, for ids unique per request).
+* Call ids are ``id_prefix`` + a counter starting at 1, unique per scanner (use
+  one scanner per request, or a per-round prefix, for ids unique per request).
   ``arguments`` is the canonical JSON text (sorted keys, compact separators,
   non-ASCII kept) so the engine can dedup on it.
 
-A parser is not thread-safe: one per stream, fed from one thread.
+A scanner is not thread-safe: one per stream, fed from one thread.
+Whether a closed block is a valid call is decided in :mod:`streamengine.inline_block`.
 """
 from __future__ import annotations
 
-import json
-import math
 import re
+import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Tuple
 
+from . import validation
 from .errors import ConfigError
-from .messages import ToolCall, ToolSpec
+from .inline_block import CLOSE, OPEN, WS, BlockError, parse_block
+from .inline_prompt import TOOL_SYNTAX_HINT, tool_instructions
+from .messages import ToolCall
 
-__all__ = ["FeedResult", "XmlParseState", "TOOL_SYNTAX_HINT", "tool_instructions"]
+__all__ = ["FeedResult", "InlineToolScanner", "TOOL_SYNTAX_HINT", "tool_instructions"]
 
-_OPEN = "<tool"
-_CLOSE = "</tool>"
-_WS = " \t\r\n"
+_OPEN, _CLOSE, _WS = OPEN, CLOSE, WS
 _MIN_BLOCK_CHARS = len('<tool name="x"></tool>')
 
 _TEXT, _TAG, _BODY = 0, 1, 2
@@ -98,10 +99,6 @@ _NON_WS = re.compile(r"[^ \t\r\n]")
 _BODY_SPECIAL = re.compile(r'["<]')
 _STRING_SPECIAL = re.compile(r'["\\]')
 
-_ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-_DEPTH_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
-_SNIPPET = 40
 
 
 @dataclass(frozen=True)
@@ -128,11 +125,7 @@ class FeedResult:
 _EMPTY = FeedResult("")
 
 
-class _BlockError(Exception):
-    """A closed block that is not a valid tool call; the message says why."""
-
-
-class XmlParseState:
+class InlineToolScanner:
     """Incremental scanner for inline tool blocks in a model's streamed text.
 
     Feed it each content delta in order; show ``visible`` to the user and start
@@ -142,13 +135,9 @@ class XmlParseState:
 
     def __init__(self, max_block_chars: int = 16384, id_prefix: str = "call_inline_",
                  max_json_depth: int = 64) -> None:
-        if not isinstance(max_block_chars, int) or max_block_chars < _MIN_BLOCK_CHARS:
-            raise ConfigError(
-                f"max_block_chars must be an int >= {_MIN_BLOCK_CHARS} (the smallest block), "
-                f"got {max_block_chars!r}"
-            )
-        if not isinstance(max_json_depth, int) or max_json_depth < 1:
-            raise ConfigError(f"max_json_depth must be an int >= 1, got {max_json_depth!r}")
+        validation.count(max_block_chars, f"max_block_chars (the smallest block has {_MIN_BLOCK_CHARS} characters)",
+                         minimum=_MIN_BLOCK_CHARS)
+        validation.count(max_json_depth, "max_json_depth", minimum=1)
         if not isinstance(id_prefix, str):
             raise ConfigError(f"id_prefix must be a string, got {type(id_prefix).__name__}")
         self.max_block_chars = max_block_chars
@@ -173,7 +162,7 @@ class XmlParseState:
                 return FeedResult(text) if text else _EMPTY
         except TypeError:
             raise TypeError(
-                f"XmlParseState.feed takes the text of a content delta (str), got "
+                f"InlineToolScanner.feed takes the text of a content delta (str), got "
                 f"{type(text).__name__}; decode bytes first and skip None"
             ) from None
         return self._feed(text)
@@ -181,7 +170,7 @@ class XmlParseState:
     def flush(self) -> FeedResult:
         """End of stream: release everything still held as plain text.
 
-        An unclosed block is not a parse error.  The parser can be fed again
+        An unclosed block is not a parse error.  The scanner can be fed again
         afterwards (ids keep counting).
         """
         if self._mode == _TEXT:
@@ -396,8 +385,8 @@ class XmlParseState:
         self._mode = _TEXT
         out.append(text)
         try:
-            name, arguments = self._parse_block(text, tag_len, self_closing)
-        except _BlockError as exc:
+            name, arguments = parse_block(text, tag_len, self_closing, self.max_json_depth)
+        except BlockError as exc:
             self.parse_errors += 1
             errors.append(str(exc))
             return end
@@ -406,201 +395,11 @@ class XmlParseState:
         self.calls_found += 1
         return end
 
-    # ------------------------------------------------------------- parsing
 
-    def _parse_block(self, text: str, tag_len: int, self_closing: bool) -> Tuple[str, str]:
-        """Turn one closed block into ``(name, canonical JSON arguments)``."""
-        tag = text[len(_OPEN):tag_len - (2 if self_closing else 1)]
-        body = "" if self_closing else text[tag_len:-len(_CLOSE)]
-        attrs = _parse_attributes(tag)
-        name = attrs.pop("name", None)
-        _check_name(name)
-        args = _parse_body(body, self.max_json_depth)
-        merged: Dict[str, Any] = dict(attrs)
-        merged.update(args)  # a key in both: the JSON value wins
-        arguments = json.dumps(merged, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-        try:
-            arguments.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise _BlockError("tool arguments contain a lone surrogate (not valid UTF-8)") from exc
-        return name, arguments  # type: ignore[return-value]
-
-
-def _snippet(text: str) -> str:
-    return repr(text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else ""))
-
-
-def _skip_ws(text: str, i: int) -> int:
-    n = len(text)
-    while i < n and text[i] in _WS:
-        i += 1
-    return i
-
-
-def _parse_attributes(tag: str) -> Dict[str, str]:
-    """``key="value"`` pairs of a start tag, literally (no entities); strict."""
-    attrs: Dict[str, str] = {}
-    i, n = 0, len(tag)
-    while True:
-        j = _skip_ws(tag, i)
-        if j >= n:
-            return attrs
-        if j == i:
-            raise _BlockError(f"tool attributes must be separated by whitespace near {_snippet(tag[j:])}")
-        m = _ATTR_NAME.match(tag, j)
-        if m is None:
-            raise _BlockError(f"invalid attribute name in tool block near {_snippet(tag[j:])}")
-        key = m.group()
-        k = _skip_ws(tag, m.end())
-        if k >= n or tag[k] != "=":
-            raise _BlockError(f'tool attribute {key!r} has no value; write {key}="..."')
-        k = _skip_ws(tag, k + 1)
-        quote = tag[k] if k < n else ""
-        if quote not in ('"', "'"):
-            raise _BlockError(f'value of tool attribute {key!r} is not quoted; write {key}="..."')
-        close = tag.find(quote, k + 1)
-        if close < 0:
-            raise _BlockError(f"value of tool attribute {key!r} has no closing quote")
-        if key in attrs:
-            raise _BlockError(f"tool attribute {key!r} is given twice")
-        attrs[key] = tag[k + 1:close]
-        i = close + 1
-
-
-def _check_name(name: Optional[str]) -> None:
-    if name is None:
-        raise _BlockError('tool block has no name attribute; write <tool name="NAME">{...}</tool>')
-    if not name:
-        raise _BlockError("tool block has an empty name")
-    if _TOOL_NAME.fullmatch(name) is None:
-        raise _BlockError(
-            f"tool name {_snippet(name)} may only contain letters, digits, '_', '.' and '-'"
-        )
-
-
-def _parse_body(body: str, max_depth: int) -> Dict[str, Any]:
-    """The body's JSON object ({} when empty), parsed with depth and key checks."""
-    text = body.strip(_WS)
-    if not text:
-        return {}
-    # Cheap test first: the depth scan runs only when nesting is even possible.
-    if text.count("{") + text.count("[") > max_depth and _json_depth(text) > max_depth:
-        raise _BlockError(f"tool arguments nest deeper than {max_depth} levels")
-    try:
-        # strict=False: models often write raw newlines/tabs inside JSON strings
-        # (code, multi-line text); the canonical form re-escapes them.
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant,
-                           parse_float=_finite_float, strict=False)
-    except RecursionError as exc:
-        raise _BlockError(f"tool arguments nest deeper than {max_depth} levels") from exc
-    except ValueError as exc:  # JSONDecodeError, duplicate keys, NaN, huge ints
-        raise _BlockError(f"tool arguments are not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise _BlockError(f"tool arguments must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _json_depth(text: str) -> int:
-    """Deepest bracket nesting, skipping strings; linear, no recursion."""
-    depth = deepest = 0
-    for m in _DEPTH_TOKEN.finditer(text):
-        c = m.group()
-        if c in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-        elif c in "]}":
-            depth -= 1
-    return deepest
-
-
-def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    obj: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"key {key!r} appears twice in one object")
-        obj[key] = value
-    return obj
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (math.inf, -math.inf):
-        raise ValueError(f"number {text[:20]} is out of range")
-    return value
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-# -------------------------------------------------------------- prompting
-
-TOOL_SYNTAX_HINT = (
-    "You can call tools while you write your answer. To call a tool, write a block "
-    "exactly like this anywhere in your reply:\n"
-    '<tool name="NAME">{"argument": "value"}</tool>\n'
-    "The body is one JSON object holding the tool's arguments (write {} if it takes "
-    "none). Use double-quoted JSON, one block per call, and keep writing after it: "
-    "the tool starts at once, and you will get the results afterwards and be asked "
-    "for a revised answer. Every such block is executed, so never write one as an "
-    "example or quotation."
-)
-
-
-def tool_instructions(specs: Sequence[ToolSpec]) -> str:
-    """The system-message text that teaches the inline syntax and lists the tools.
-
-    Returns ``""`` when there are no tools: nothing to teach, and a syntax
-    lesson without tools only invites invented calls.
-    """
-    if not specs:
-        return ""
-    lines = [TOOL_SYNTAX_HINT, "", "Available tools:"]
-    for spec in specs:
-        lines.append(_describe_tool(spec))
-    lines += ["", "Example:", _example_block(specs[0])]
-    return "\n".join(lines)
-
-
-def _describe_tool(spec: ToolSpec) -> str:
-    head = f"- {spec.name}"
-    description = " ".join(spec.description.split())
-    if description:
-        head += f": {description}"
-    params = dict(spec.parameters or {})
-    properties = params.get("properties") or {}
-    if not properties:
-        return head + "\n  arguments: none"
-    required = set(params.get("required") or ())
-    parts = []
-    for key, schema in properties.items():
-        schema = schema if isinstance(schema, dict) else {}
-        kind = schema.get("type", "any")
-        kind = "|".join(kind) if isinstance(kind, list) else str(kind)
-        flag = "required" if key in required else "optional"
-        text = f"    {key} ({kind}, {flag})"
-        note = " ".join(str(schema.get("description", "")).split())
-        if note:
-            text += f": {note}"
-        if "enum" in schema:
-            text += f" one of {json.dumps(schema['enum'], ensure_ascii=False)}"
-        parts.append(text)
-    return head + "\n  arguments:\n" + "\n".join(parts)
-
-
-_PLACEHOLDERS = {"string": "...", "integer": 1, "number": 1.0, "boolean": True,
-                 "array": [], "object": {}}
-
-
-def _example_block(spec: ToolSpec) -> str:
-    params = dict(spec.parameters or {})
-    properties = params.get("properties") or {}
-    required = list(params.get("required") or ())
-    keys = [k for k in required if k in properties] or list(properties)[:1]
-    example: Dict[str, Any] = {}
-    for key in keys:
-        schema = properties.get(key)
-        kind = schema.get("type", "string") if isinstance(schema, dict) else "string"
-        example[key] = _PLACEHOLDERS.get(kind if isinstance(kind, str) else "string", "...")
-    return f'<tool name="{spec.name}">{json.dumps(example, ensure_ascii=False)}</tool>'
+def __getattr__(attribute: str) -> Any:
+    """``XmlParseState``: the old name of :class:`InlineToolScanner`, kept working with a warning."""
+    if attribute == "XmlParseState":
+        warnings.warn("streamengine.inline.XmlParseState is deprecated: it is not an XML parser; "
+                      "use InlineToolScanner", DeprecationWarning, stacklevel=2)
+        return InlineToolScanner
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -1,11 +1,10 @@
 """What a run hands back: the answer, each round's text, tool results, telemetry."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from .messages import Usage
-from .messages import ToolResult
+from .messages import ToolResult, Usage
 
 
 @dataclass
@@ -25,16 +24,28 @@ class Telemetry:
     model_used: Optional[str] = None
     time_to_first_token_s: Optional[float] = None
     total_s: float = 0.0
-    fallback_reason: Optional[str] = None
+    #: Why the run stopped early, or None for a normal answer: ``cancelled``,
+    #: ``llm_error``, ``llm_error_after_tokens``, ``max_continuations_reached``,
+    #: ``internal_error``.
+    stop_reason: Optional[str] = None
+
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        """The old name of :attr:`stop_reason` (it holds every stop reason, not only fallbacks)."""
+        return self.stop_reason
 
 
 @dataclass(frozen=True)
 class EngineResult:
-    """The outcome of a run. ``answer`` is the revised answer of the last round."""
+    """The outcome of a run. ``answer`` is the revised answer of the last round.
+
+    ``usage`` adds up the token counts of every model call, or is None when
+    the provider reported none (zeros would claim a free answer).
+    """
 
     answer: str
     rounds: Tuple[str, ...]
     tool_results: Tuple[ToolResult, ...]
     telemetry: Telemetry
-    usage: Usage = field(default_factory=Usage)
+    usage: Optional[Usage] = None
     error: Optional[str] = None

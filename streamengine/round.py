@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Set
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Set
 
 from .accumulate import TextBuffer, ToolCallAccumulator
 from .cancel import CancelToken
+from .config import EngineConfig
 from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher
 from .errors import LlmCancelledError, LlmError
 from .events import DoneEvent, ErrorEvent, Event, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from .inline import XmlParseState, tool_instructions
-from .messages import Chunk, Message, ToolCall, Usage
+from .failover import ModelFailover
+from .inline import InlineToolScanner, tool_instructions
+from .messages import Chunk, Message, ToolCall, ToolResult, Usage
 from .result import EngineResult, Telemetry
-from .messages import ToolResult
-from .tools import ToolHandle
-
-if TYPE_CHECKING:
-    from .engine import StreamingEngine
+from .tools import ToolExecutor, ToolHandle, ToolRegistry
 
 CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
 CANCEL_POLL_S = 0.05
@@ -38,8 +36,27 @@ def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
     return ToolResult.error_result(handle.call, reason)
 
 
+@dataclass(frozen=True)
+class RunDeps:
+    """What a run needs from the engine that started it, and nothing more.
+
+    Shared by every run of one engine; each field is safe to use from many
+    runs at once.  ``ingest`` files a successful tool result in the RAG store
+    (None: no store, nothing filed); it runs on the tool's worker thread.
+    """
+
+    config: EngineConfig
+    registry: ToolRegistry
+    executor: ToolExecutor
+    failover: ModelFailover
+    log: Any
+    ingest: Optional[Callable[[ToolResult], None]] = None
+
+
 @dataclass
 class RunState:
+    """What one run has gathered so far; owned by the run thread."""
+
     conversation: List[Message]
     cancel: CancelToken
     emit: Callable[[Event], None]
@@ -47,7 +64,7 @@ class RunState:
     telemetry: Telemetry = field(default_factory=Telemetry)
     rounds: List[str] = field(default_factory=list)
     results: List[ToolResult] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
+    usage: Optional[Usage] = None  # None until the provider reports usage
     answer: Optional[str] = None
     error: Optional[str] = None
     done: bool = False
@@ -59,8 +76,8 @@ class _RoundStream:
     def __init__(self, runner: "RoundRunner", round_no: int) -> None:
         self.runner = runner
         # Ids must stay unique across the rounds of a request: the round is in the prefix.
-        self.parser = XmlParseState(max_block_chars=runner.config.max_block_chars,
-                                    id_prefix=f"call_inline_r{round_no}_") if runner.use_xml else None
+        self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
+                                        id_prefix=f"call_inline_r{round_no}_") if runner.use_inline else None
         self.accumulator = ToolCallAccumulator() if runner.use_native else None
         # Joined every 1024 pieces: memory follows the text, not the token count.
         self.text_parts = TextBuffer()
@@ -113,29 +130,30 @@ class _RoundStream:
 
 
 class RoundRunner:
-    def __init__(self, engine: "StreamingEngine", state: RunState) -> None:
-        self.engine = engine
-        self.config = engine.config
+    """Runs the rounds of one request on the run thread; ``run()`` ends with a ``DoneEvent``."""
+
+    def __init__(self, deps: RunDeps, state: RunState) -> None:
+        self.deps = deps
+        self.config = deps.config
         self.state = state
-        has_tools = bool(engine.registry.names)
-        self.use_xml = has_tools and self.config.tool_mode in ("xml", "auto")
-        self.use_native = has_tools and self.config.tool_mode in ("native", "auto")
+        has_tools = bool(deps.registry.names)
+        self.use_inline = has_tools and self.config.uses_inline_tools
+        self.use_native = has_tools and self.config.uses_native_tools
         self.dispatcher = ToolDispatcher(
-            engine.registry, engine.executor,
+            deps.registry, deps.executor,
             DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
                            self.config.tool_timeout, _frozen(self.config.allowed_tools)),
-            state.cancel, on_start=self._on_tool_start,
-            on_result=self._on_tool_result if engine.rag is not None else None)
+            state.cancel, on_start=self._on_tool_start, on_result=deps.ingest)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
 
     # --- set-up -------------------------------------------------------------------
     def _tool_specs(self) -> list:
         names = set(self.dispatcher.available_names())
-        return [spec for spec in self.engine.registry.specs() if spec.name in names]
+        return [spec for spec in self.deps.registry.specs() if spec.name in names]
 
     def _initial_messages(self, conversation: List[Message]) -> List[Message]:
-        if not self.use_xml:
+        if not self.use_inline:
             return list(conversation)
         hint = Message(role="system", content=tool_instructions(self._tool_specs()))
         leading = 0
@@ -152,14 +170,10 @@ class RoundRunner:
 
     def log_parse_errors(self, errors: Sequence[str]) -> None:
         for reason in errors:
-            self.engine.log.warning("invalid tool block shown as text, not run: {}", reason)
+            self.deps.log.warning("invalid tool block shown as text, not run: {}", reason)
 
     def _on_tool_start(self, call: ToolCall) -> None:
         self.state.emit(ToolStartEvent(call))
-
-    def _on_tool_result(self, result: ToolResult) -> None:
-        """Runs on the tool's worker thread: file the result where later searches find it."""
-        self.engine.ingest(result)
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -189,7 +203,7 @@ class RoundRunner:
             return True
 
         try:
-            outcome = self.engine.failover.call(
+            outcome = self.deps.failover.call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
                 options=self.config.options, cancel=self.state.cancel,
                 on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance,
@@ -226,8 +240,9 @@ class RoundRunner:
         telemetry = self.state.telemetry
         telemetry.model_used = outcome.model
         telemetry.failovers += outcome.failovers
-        if outcome.response.usage is not None:
-            self.state.usage = self.state.usage + outcome.response.usage
+        usage = outcome.response.usage
+        if usage is not None:
+            self.state.usage = usage if self.state.usage is None else self.state.usage + usage
 
     def _join_round(self) -> List[ToolResult]:
         results = []
@@ -316,8 +331,8 @@ class RoundRunner:
             self.state.emit(ToolResultEvent(result))
 
     def _stop(self, reason: str) -> None:
-        if self.state.telemetry.fallback_reason is None:
-            self.state.telemetry.fallback_reason = reason
+        if self.state.telemetry.stop_reason is None:
+            self.state.telemetry.stop_reason = reason
 
     def _finish(self) -> None:
         state = self.state

@@ -15,13 +15,13 @@ from typing import List, Sequence, Tuple
 import pytest
 
 from streamengine.errors import ConfigError
-from streamengine.inline import TOOL_SYNTAX_HINT, FeedResult, XmlParseState, tool_instructions
+from streamengine.inline import TOOL_SYNTAX_HINT, FeedResult, InlineToolScanner, tool_instructions
 from streamengine.messages import ToolCall, ToolSpec
 
 
-def run(pieces: Sequence[str], **kwargs) -> Tuple[str, List[ToolCall], XmlParseState, List[str]]:
+def run(pieces: Sequence[str], **kwargs) -> Tuple[str, List[ToolCall], InlineToolScanner, List[str]]:
     """Feed pieces then flush; return (visible, calls, parser, per-step visible)."""
-    parser = XmlParseState(**kwargs)
+    parser = InlineToolScanner(**kwargs)
     steps: List[str] = []
     calls: List[ToolCall] = []
     for piece in pieces:
@@ -56,7 +56,7 @@ def test_a_block_is_a_call_and_stays_visible():
 
 
 def test_text_before_a_block_is_released_at_once_and_the_block_when_it_closes():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     assert parser.feed("Hello ").visible == "Hello "
     assert parser.feed('wor<tool name="a">{"x"').visible == "wor"
     assert parser.pending_chars == len('<tool name="a">{"x"')
@@ -67,7 +67,7 @@ def test_text_before_a_block_is_released_at_once_and_the_block_when_it_closes():
 
 
 def test_plain_text_takes_the_fast_path_unchanged():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     text = "no markup here, just a token"
     result = parser.feed(text)
     assert result.visible is text and result.calls == ()
@@ -82,10 +82,10 @@ def test_feed_result_is_frozen():
 
 def test_feeding_something_that_is_not_text_says_what_to_do():
     with pytest.raises(TypeError, match="decode bytes first"):
-        XmlParseState().feed(b"<tool")  # type: ignore[arg-type]
+        InlineToolScanner().feed(b"<tool")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="got NoneType"):
-        XmlParseState().feed(None)  # type: ignore[arg-type]
-    parser = XmlParseState()
+        InlineToolScanner().feed(None)  # type: ignore[arg-type]
+    parser = InlineToolScanner()
     parser.feed('<tool name="a">')
     with pytest.raises(TypeError, match="got bytes"):
         parser.feed(b"{}</tool>")  # type: ignore[arg-type]
@@ -93,9 +93,9 @@ def test_feeding_something_that_is_not_text_says_what_to_do():
 
 def test_constructor_rejects_bad_settings():
     with pytest.raises(ConfigError, match="max_block_chars"):
-        XmlParseState(max_block_chars=5)
+        InlineToolScanner(max_block_chars=5)
     with pytest.raises(ConfigError, match="max_json_depth"):
-        XmlParseState(max_json_depth=0)
+        InlineToolScanner(max_json_depth=0)
 
 
 # ----------------------------------------------------- split invariance
@@ -133,7 +133,7 @@ def test_tool_open_split_at_every_offset_inside_a_larger_text():
 # ----------------------------------------------------------- hold-back
 
 def test_a_tail_that_could_start_a_block_is_held_then_released():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     assert parser.feed("abc<to").visible == "abc"
     assert parser.pending_chars == 3
     assert parser.feed("x").visible == "<tox"
@@ -141,7 +141,7 @@ def test_a_tail_that_could_start_a_block_is_held_then_released():
 
 
 def test_a_tail_that_cannot_start_a_block_is_released_at_once():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     assert parser.feed("a <tx").visible == "a <tx"
     assert parser.feed("<").visible == ""
     assert parser.feed("b").visible == "<b"
@@ -161,7 +161,7 @@ def test_only_tool_followed_by_whitespace_opens_a_block():
 
 
 def test_a_mention_in_prose_is_released_without_waiting_for_the_cap():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     assert parser.feed("Wrap calls in a <tool ").visible == "Wrap calls in a "
     result = parser.feed("element, that's all")
     assert result.visible == "<tool element, that's all"
@@ -245,7 +245,7 @@ def test_control_characters_and_non_ascii_in_names_are_rejected(name):
 # ------------------------------------------------------------ the body
 
 def test_close_tag_inside_a_json_string_does_not_close_the_block():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     assert parser.feed('<tool name="echo">{"text": "a </tool> b').visible == ""
     result = parser.feed('"}</tool>tail')
     assert result.calls[0].args() == {"text": "a </tool> b"}
@@ -302,7 +302,7 @@ def test_deep_json_is_rejected_without_crashing():
 
 
 def test_parse_errors_are_counted_and_reasons_reported():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     result = parser.feed('<tool name="a">[1]</tool><tool name="b">{}</tool><tool q="1"></tool>')
     assert parser.parse_errors == 2 and parser.calls_found == 1
     assert [c.name for c in result.calls] == ["b"]
@@ -342,7 +342,7 @@ def test_a_block_of_exactly_the_cap_is_parsed():
 def test_an_oversized_block_is_given_up_as_text_and_scanning_resumes_after_it():
     block = block_of_length(101)
     text = block + ' then <tool name="b">{}</tool>'
-    parser = XmlParseState(max_block_chars=100)
+    parser = InlineToolScanner(max_block_chars=100)
     steps, calls = [], []
     for ch in text:
         result = parser.feed(ch)
@@ -370,7 +370,7 @@ def test_an_oversized_start_tag_is_given_up_too():
 
 
 def test_an_unclosed_block_is_flushed_as_text_and_is_not_a_parse_error():
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     assert parser.feed('ok <tool name="a">{"x": "</tool>').visible == "ok "
     tail = parser.flush()
     assert tail.visible == '<tool name="a">{"x": "</tool>' and tail.calls == ()
@@ -452,7 +452,7 @@ def test_random_well_formed_blocks_are_all_found():
 def _time_one_char_feeding(text: str, **kwargs) -> float:
     best = float("inf")
     for _ in range(2):
-        parser = XmlParseState(**kwargs)
+        parser = InlineToolScanner(**kwargs)
         feed = parser.feed
         start = time.perf_counter()
         for ch in text:

@@ -46,3 +46,45 @@ def test_logging_is_silent_until_enabled_then_goes_to_the_sink():
     finally:
         logger.remove(probe)
         logger.disable("streamengine")
+
+
+def test_all_holds_what_a_user_needs_not_the_building_blocks():
+    user_needs = {"StreamingEngine", "EngineConfig", "EngineResult", "TokenEvent", "DoneEvent", "ToolStartEvent",
+                  "OpenAICompatibleClient", "ScriptedClient", "tool", "ToolRegistry", "ConfigError", "LlmError",
+                  "SqliteRagStore", "enable_logging", "CancelToken", "CompletionOptions", "Message",
+                  "ErrorClassifier", "ModelChunkEvent"}
+    building_blocks = {"FeedResult", "ToolHandle", "make_call_strategy", "ToolCallAccumulator", "ResponseAggregator",
+                       "EventEmitter", "XmlParseState", "InlineToolScanner", "ToolExecutor", "ModelFailover"}
+    assert user_needs <= set(streamengine.__all__)
+    assert building_blocks & set(streamengine.__all__) == set()
+
+
+def test_building_blocks_stay_importable_from_their_modules_and_the_package():
+    from streamengine.accumulate import ToolCallAccumulator
+    from streamengine.calls import make_call_strategy
+    from streamengine.inline import InlineToolScanner
+    from streamengine.tools import ToolHandle
+
+    assert streamengine.make_call_strategy is make_call_strategy
+    assert streamengine.ToolCallAccumulator is ToolCallAccumulator
+    assert streamengine.ToolHandle is ToolHandle
+    assert streamengine.InlineToolScanner is InlineToolScanner
+
+
+def test_xml_parse_state_is_a_deprecated_alias_of_the_inline_scanner():
+    import warnings
+
+    from streamengine.inline import InlineToolScanner
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from streamengine.inline import XmlParseState
+    assert XmlParseState is InlineToolScanner
+    assert any(issubclass(w.category, DeprecationWarning) and "InlineToolScanner" in str(w.message)
+               for w in caught)
+    try:
+        streamengine.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
