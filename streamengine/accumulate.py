@@ -91,10 +91,9 @@ class ToolCallAccumulator:
     ``finish()`` returns every call still open at the end of the stream.
     Each call is returned exactly once across all ``add``/``finish`` calls;
     :attr:`calls` lists them all, in the order their first fragment arrived.
-    A call that never received a name cannot be run; ``finish`` drops it and
-    counts it in :attr:`nameless_dropped`.  Fragments for a call already
-    returned early (which a well-formed stream never sends, since its JSON
-    was complete) are counted in :attr:`late_fragments` and ignored.
+    A call that never received a name cannot be run; ``finish`` drops it.
+    Fragments for a call already returned early (which a well-formed stream
+    never sends, since its JSON was complete) are ignored.
     """
 
     def __init__(self) -> None:
@@ -103,8 +102,6 @@ class ToolCallAccumulator:
         self._closed: Dict[int, str] = {}  # index -> id of a call returned early
         self._next_order = 0
         self._highest_index = -1
-        self.nameless_dropped = 0
-        self.late_fragments = 0
 
     def add(self, delta: ToolCallDelta) -> List[ToolCall]:
         """Take one fragment; return the calls that this fragment proved complete."""
@@ -117,8 +114,6 @@ class ToolCallAccumulator:
             partial = None
         if partial is None:
             if self._is_late(index, delta):
-                if (delta.arguments_fragment or "").strip():
-                    self.late_fragments += 1
                 return completed
             partial = self._open[index] = _PartialCall(index, self._next_order)
             self._next_order += 1
@@ -149,7 +144,6 @@ class ToolCallAccumulator:
     def _close(self, index: int, early: bool = False) -> List[ToolCall]:
         partial = self._open.pop(index)
         if partial.name is None:
-            self.nameless_dropped += 1
             return []
         call = partial.to_call()
         self._done.append((partial.order, call))

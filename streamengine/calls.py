@@ -1,8 +1,11 @@
 """Call strategies: one model call, with the timeouts a socket cannot give.
 
-A read timeout on the socket cannot detect a stalled model: keep-alive
-comments reset it (FACTS.md).  So the idle timer lives where chunks are
-*read*, after parsing, and only a meaningful chunk resets it:
+A read timeout on the socket cannot detect a stalled model: requests' read
+timeout is per socket read, so every keep-alive comment (``: ping``) resets
+it, and a model that only sends keep-alives would never time out.  So the
+idle timer lives where chunks are *read*, after parsing, and only a
+meaningful chunk (content, reasoning, a tool-call delta, the completion)
+resets it:
 
 ``StreamingCallStrategy``
     A producer thread iterates ``client.stream()`` into a channel; the calling
@@ -35,11 +38,11 @@ from __future__ import annotations
 
 import abc
 import collections
-import math
 import threading
 import time
 from typing import Any, Callable, Deque, Iterable, Optional, Sequence
 
+from . import validation
 from .accumulate import ResponseAggregator
 from .cancel import CancelToken, on_cancel
 from .clients.base import LlmClient, StreamingLlmClient
@@ -76,7 +79,7 @@ class CallStrategy(abc.ABC):
                 f"a call strategy needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
                 f"got {type(client).__name__}")
         self.client = client
-        self.completion_timeout = _check_timeout("completion_timeout", completion_timeout)
+        self.completion_timeout = validation.seconds(completion_timeout, "completion_timeout")
         self.observers = check_observers(observers)
         if emitter is not None and not callable(getattr(emitter, "emit", None)):
             raise ConfigError(f"emitter must have an emit(event) method (an EventEmitter), got {emitter!r}")
@@ -112,17 +115,11 @@ class CallStrategy(abc.ABC):
                 worker.name, self.join_timeout)
 
 
-def _check_timeout(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
-
-
 def _model_of(options: Optional[CompletionOptions]) -> str:
     return (options.model if options is not None else None) or "(default model)"
 
 
-def _describe(exc: Optional[BaseException]) -> str:
+def _describe_exception(exc: Optional[BaseException]) -> str:
     """``Type: message`` plus the inner exception, for a log line."""
     if exc is None:
         return "nothing (the producer had not ended)"
@@ -187,7 +184,7 @@ class StreamingCallStrategy(CallStrategy):
             raise ConfigError(
                 f"StreamingCallStrategy needs a StreamingLlmClient; {type(client).__name__} cannot stream — "
                 "use BufferedCallStrategy or make_call_strategy()")
-        self.idle_timeout = _check_timeout("idle_timeout", idle_timeout)
+        self.idle_timeout = validation.seconds(idle_timeout, "idle_timeout")
 
     def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
              options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
@@ -326,7 +323,7 @@ class StreamingCallStrategy(CallStrategy):
             verb = VERB_TIMED_OUT
         self._log.warning(
             "{} — model {}, after {:.3f}s, {} meaningful chunks ({} in all); transport: {}",
-            message, _model_of(options), waited, meaningful, stopped.total, _describe(inner))
+            message, _model_of(options), waited, meaningful, stopped.total, _describe_exception(inner))
         return LlmTimeoutError(message, timeout_s=limit, chunks_received=meaningful, verb=verb)
 
 
@@ -408,7 +405,7 @@ class BufferedCallStrategy(CallStrategy):
         message = (f"LLM buffered completion timeout: no response received within {limit:g}s "
                    "(model may be unavailable or overloaded)")
         self._log.warning("{} — model {}, after {:.3f}s; transport: {}",
-                          message, _model_of(options), waited, _describe(error))
+                          message, _model_of(options), waited, _describe_exception(error))
         raise LlmTimeoutError(message, timeout_s=limit, chunks_received=0, verb=VERB_UNAVAILABLE) from error
 
 
@@ -428,6 +425,6 @@ def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, complet
     if isinstance(client, StreamingLlmClient):
         return StreamingCallStrategy(client, idle_timeout=idle_timeout, completion_timeout=completion_timeout,
                                      observers=observers, emitter=emitter, logger=logger)
-    _check_timeout("idle_timeout", idle_timeout)  # validated even if unused, so a typo never hides
+    validation.seconds(idle_timeout, "idle_timeout")  # validated even if unused, so a typo never hides
     return BufferedCallStrategy(client, completion_timeout=completion_timeout, observers=observers,
                                 emitter=emitter, logger=logger)

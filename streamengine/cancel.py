@@ -50,12 +50,6 @@ class CancelToken(threading.Event):
         for callback in callbacks:
             _run_safely(callback)
 
-    def child(self) -> "CancelToken":
-        """A token cancelled when this one is (not the other way round)."""
-        token = CancelToken()
-        self.add_callback(token.set)
-        return token
-
 
 def _run_safely(callback: Callback) -> None:
     try:
@@ -89,11 +83,3 @@ def on_cancel(event: Optional[threading.Event], callback: Callback) -> Callback:
 
     threading.Thread(target=watch, name="streamengine-cancel-watch", daemon=True).start()
     return finished.set
-
-
-def as_token(event: Optional[threading.Event]) -> "tuple[CancelToken, Callback]":
-    """A :class:`CancelToken` that follows ``event``; returns it and a ``stop()``."""
-    if isinstance(event, CancelToken):
-        return event, lambda: None
-    token = CancelToken()
-    return token, on_cancel(event, token.set)

@@ -8,9 +8,11 @@ Each failure is sorted into an :class:`ErrorClass` by an :class:`ErrorClassifier
     so the next model is tried.
 ``TRANSIENT_RETRY``
     HTTP 429: the same model is retried after ``Retry-After`` (the client
-    parses it, invalid values become ``None``), capped at ``max_retry_wait``;
-    without one, exponential back-off.  Once the retries are used up the next
-    model is tried.
+    parses it, invalid values become ``None``); without one, exponential
+    back-off; every wait capped at ``max_retry_wait``.  A ``Retry-After``
+    beyond the cap says the model is out for longer than we wait: the next
+    model is tried at once (the last model is retried, waiting up to the
+    cap).  Once the retries are used up the next model is tried.
 ``FATAL``
     The request itself is wrong (400, 401, 403, other 4xx, a
     :class:`ConfigError`), the caller cancelled, or the error is not an
@@ -32,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
+from . import validation
 from .calls import CallStrategy
 from .errors import (
     AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
@@ -117,14 +120,11 @@ class ModelFailover:
             raise ConfigError(f"strategy must be a CallStrategy (see make_call_strategy), got {strategy!r}")
         self.strategy = strategy
         self.models = _check_models(models)
+        if classifier is not None and not callable(getattr(classifier, "classify", None)):
+            raise ConfigError(f"classifier must be an ErrorClassifier (with classify(exc)), got {classifier!r}")
         self.classifier = classifier if classifier is not None else ErrorClassifier()
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")
-        self.max_retries = max_retries
-        if (isinstance(max_retry_wait, bool) or not isinstance(max_retry_wait, (int, float))
-                or not math.isfinite(max_retry_wait) or max_retry_wait < 0):
-            raise ConfigError(f"max_retry_wait must be a finite number of seconds >= 0, got {max_retry_wait!r}")
-        self.max_retry_wait = float(max_retry_wait)
+        self.max_retries = validation.count(max_retries, "max_retries")
+        self.max_retry_wait = validation.seconds(max_retry_wait, "max_retry_wait", allow_zero=True)
         self._log = component_logger("streamengine.failover.ModelFailover", logger)
 
     def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
@@ -190,14 +190,22 @@ class ModelFailover:
                 on_attempt(model, len(attempts) + 1)
             return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
 
+        has_next = position < len(self.models) - 1
+
         def should_retry(exc: BaseException) -> bool:
-            return self.classifier.classify(exc) is ErrorClass.TRANSIENT_RETRY
+            if self.classifier.classify(exc) is not ErrorClass.TRANSIENT_RETRY:
+                return False
+            if has_next and self._asks_too_long(exc):
+                self._log.warning("model {} {} with Retry-After {:g}s, over the {:g}s cap: not waiting",
+                                  model, _verb(exc), _retry_after(exc), self.max_retry_wait)
+                return False
+            return True
 
         def wait(retry_state: tenacity.RetryCallState) -> float:
             exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
-            retry_after = getattr(exc, "retry_after", None)
-            if isinstance(retry_after, (int, float)) and math.isfinite(retry_after) and retry_after >= 0:
-                return min(float(retry_after), self.max_retry_wait)
+            retry_after = _retry_after(exc)
+            if retry_after is not None:
+                return min(retry_after, self.max_retry_wait)
             backoff = self.backoff_initial * 2 ** (retry_state.attempt_number - 1)
             return min(backoff, self.max_retry_wait)
 
@@ -231,6 +239,19 @@ class ModelFailover:
         )
         return retrying(attempt)
 
+    def _asks_too_long(self, exc: BaseException) -> bool:
+        """The provider asks for a longer wait than ``max_retry_wait``."""
+        retry_after = _retry_after(exc)
+        return retry_after is not None and retry_after > self.max_retry_wait
+
+
+def _retry_after(exc: Optional[BaseException]) -> Optional[float]:
+    """The error's ``Retry-After`` in seconds, when it has a usable one."""
+    value = getattr(exc, "retry_after", None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
 
 def _check_models(models: Sequence[str]) -> Tuple[str, ...]:
     if isinstance(models, str):
@@ -240,8 +261,7 @@ def _check_models(models: Sequence[str]) -> Tuple[str, ...]:
         raise ConfigError("ModelFailover needs at least one model name, e.g. models=['gpt-4o-mini'] "
                           "(or set STREAMENGINE_MODEL)")
     for model in checked:
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigError(f"every model must be a non-empty string, got {model!r} in {list(checked)!r}")
+        validation.name(model, f"every model in {list(checked)!r}")
     return checked
 
 

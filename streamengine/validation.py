@@ -17,11 +17,19 @@ and raises :class:`ConfigError` worded the same way::
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Literal, Optional, overload
 
 from .errors import ConfigError
 
 __all__ = ["count", "name", "seconds"]
+
+
+@overload
+def seconds(value: Any, what: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+
+
+@overload
+def seconds(value: Any, what: str, *, allow_none: bool, allow_zero: bool = ...) -> Optional[float]: ...
 
 
 def seconds(value: Any, what: str, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:

@@ -82,7 +82,6 @@ def test_interleaved_parallel_calls_are_only_returned_once_their_json_is_complet
     more, rest = feed(acc, remaining)
     assert more == []
     assert rest == [ToolCall("c1", "search", b)]
-    assert acc.late_fragments == 0
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 100])
@@ -113,10 +112,11 @@ def test_each_call_is_returned_exactly_once_and_calls_keep_start_order():
     assert [c.id for c in acc.calls] == ["c0", "c1", "c2"]
 
 
-def test_nameless_calls_are_dropped_and_counted():
+def test_nameless_calls_are_dropped():
     acc = ToolCallAccumulator()
-    early, rest = feed(acc, [D(0, id="c0", arguments_fragment="{}")])
-    assert early == rest == [] and acc.nameless_dropped == 1
+    early, rest = feed(acc, [D(0, id="c0", arguments_fragment="{}"), D(1, id="c1", name="g")])
+    assert early == [] and rest == [ToolCall("c1", "g", "{}")]
+    assert acc.calls == (ToolCall("c1", "g", "{}"),) and acc.pending == 0
 
 
 def test_missing_ids_are_generated_and_empty_arguments_become_an_empty_object():
@@ -127,13 +127,13 @@ def test_missing_ids_are_generated_and_empty_arguments_become_an_empty_object():
     assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
 
 
-def test_fragments_for_an_already_returned_call_are_ignored_and_counted():
+def test_fragments_for_an_already_returned_call_are_ignored():
     acc = ToolCallAccumulator()
     acc.add(D(0, id="c0", name="f", arguments_fragment="{}"))
     assert acc.add(D(1, id="c1", name="g")) == [ToolCall("c0", "f", "{}")]
     assert acc.add(D(0, arguments_fragment='"junk"')) == []
-    assert acc.add(D(0, arguments_fragment="  ")) == []  # whitespace is harmless, not counted
-    assert acc.late_fragments == 1
+    assert acc.add(D(0, arguments_fragment="  ")) == []
+    assert acc.calls == (ToolCall("c0", "f", "{}"),) and acc.pending == 1  # only c1 is open
     # ...but a new id on that index is a genuinely new call.
     assert acc.add(D(0, id="c2", name="h", arguments_fragment="{}")) == []
     assert [c.id for c in acc.finish()] == ["c2", "c1"]  # open calls close in index order

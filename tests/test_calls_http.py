@@ -246,6 +246,29 @@ def test_failover_order_and_verbs_over_http(fp, client, warnings):
     ]
 
 
+def test_retry_after_beyond_the_cap_fails_over_at_once_over_http(fp, client, warnings):
+    fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "120"}))
+    fp.add_turn(*s.reply("from b"))
+    cancel = WaitRecorder()
+    fo = ModelFailover(strategy_for(client), ["a", "b"], max_retry_wait=5)
+    result = fo.call(MESSAGES, cancel=cancel)
+    assert (result.model, result.failovers, result.response.content) == ("b", 1, "from b")
+    assert [r.json["model"] for r in fp.requests] == ["a", "b"]
+    assert cancel.waits == []  # no wait at all: the next model was asked at once
+    lines = messages_of(warnings, "streamengine.failover.ModelFailover")
+    assert lines[0].startswith("model a rate limited (429) with Retry-After 120s, over the 5s cap")
+    assert lines[1].startswith("model a rate limited (429), failing over to b")
+
+
+def test_retry_after_beyond_the_cap_on_the_last_model_waits_the_cap_over_http(fp, client):
+    fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "120"}))
+    fp.add_turn(*s.reply("ok"))
+    cancel = WaitRecorder()
+    result = ModelFailover(strategy_for(client), ["only"], max_retry_wait=0.05).call(MESSAGES, cancel=cancel)
+    assert (result.model, result.response.content) == ("only", "ok")
+    assert cancel.waits == [0.05]
+
+
 def test_429_is_retried_honouring_retry_after(fp, client, warnings):
     fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"retry-after-ms": "50"}))
     fp.add_turn(*s.reply("ok"))

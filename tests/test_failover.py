@@ -196,12 +196,22 @@ def test_429_is_retried_on_the_same_model_after_retry_after(warnings):
     assert warnings[0].startswith("model a rate limited (429), retrying in 0.05s")
 
 
-def test_retry_after_is_capped_and_missing_retry_after_backs_off_exponentially():
-    _, fo = failover(LlmHttpError(429, retry_after=3600), ["ok"], max_retry_wait=0.05)
+def test_retry_after_over_the_cap_fails_over_at_once(warnings):
+    client, fo = failover(LlmHttpError(429, retry_after=3600), ["ok"], max_retry_wait=0.05)
     cancel = WaitRecorder()
-    fo.call(MESSAGES, cancel=cancel)
-    assert cancel.waits == [0.05]
+    result = fo.call(MESSAGES, cancel=cancel)
+    assert cancel.waits == [] and models_called(client) == ["a", "b"] and result.model == "b"
+    assert "Retry-After 3600s, over the 0.05s cap" in warnings[0]
 
+
+def test_retry_after_over_the_cap_on_the_last_model_waits_up_to_the_cap():
+    client, fo = failover(LlmHttpError(429, retry_after=3600), ["ok"], models=["only"], max_retry_wait=0.05)
+    cancel = WaitRecorder()
+    result = fo.call(MESSAGES, cancel=cancel)
+    assert cancel.waits == [0.05] and models_called(client) == ["only", "only"] and result.model == "only"
+
+
+def test_missing_retry_after_backs_off_exponentially():
     _, fo = failover(LlmHttpError(429), LlmHttpError(429), ["ok"])
     fo.backoff_initial = 0.01
     cancel = WaitRecorder()
