@@ -1,0 +1,186 @@
+"""ToolDispatcher: the gates every completed call passes, in order, and what each one leaves behind."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from streamengine.cancel import CancelToken
+from streamengine.dispatch import DispatchLimits, ToolDispatcher, canonical_key
+from streamengine.messages import ToolCall, ToolResult
+from streamengine.tools import ToolContext, ToolExecutor, ToolHandle, ToolRegistry, tool
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+
+@tool
+def echo(text: str = "") -> str:
+    """Echo."""
+    return f"echo {text}"
+
+
+@tool(timeout=7)
+def patient() -> str:
+    """Has its own timeout."""
+    return "done"
+
+
+@tool(side_effects=True)
+def send(to: str) -> str:
+    """Writes somewhere."""
+    return f"sent to {to}"
+
+
+@pytest.fixture
+def executor():
+    pool = ToolExecutor(max_workers=4)
+    yield pool
+    pool.shutdown(wait=True)
+
+
+class Harness:
+    def __init__(self, executor, tools=(echo, patient, send), allowed=None, per_round=3, total=5, timeout=3.0):
+        self.started = []
+        self.delivered = []
+        self.dispatcher = ToolDispatcher(
+            ToolRegistry(list(tools)), executor, DispatchLimits(per_round, total, timeout, allowed),
+            CancelToken(), on_start=self.started.append, on_result=self.delivered.append)
+
+    def results(self):
+        out = []
+        for entry in self.dispatcher.entries():
+            out.append(entry.result(timeout=5) if isinstance(entry, ToolHandle) else entry)
+        return out
+
+
+def call(n, name="echo", arguments='{"text": "x"}'):
+    return ToolCall(f"c{n}", name, arguments)
+
+
+def test_same_arguments_in_another_key_order_and_spacing_are_a_duplicate(executor):
+    h = Harness(executor)
+    h.dispatcher.dispatch(call(1, arguments='{"a":1,"b":2}'))
+    h.dispatcher.dispatch(call(2, arguments='{ "b": 2, "a": 1 }'))
+    h.dispatcher.dispatch(call(3, arguments='{"a": 1, "b": 3}'))
+    first, second, third = h.results()
+    assert h.dispatcher.counters.dedup_skipped == 1 and h.dispatcher.counters.tools_started == 2
+    assert not second.ok and "duplicate of an earlier call to 'echo'" in second.error
+    assert second.call_id == "c2" and second.started_at == 0.0
+    assert first.call_id == "c1" and third.call_id == "c3"
+    assert canonical_key(call(1, arguments='{"a":1,"b":2}')) == canonical_key(call(2, arguments='{ "b": 2, "a": 1 }'))
+
+
+def test_a_duplicate_does_not_use_up_the_cap(executor):
+    h = Harness(executor, per_round=2)
+    for n, arguments in enumerate(['{"text": "a"}', '{"text": "a"}', '{"text": "b"}', '{"text": "c"}']):
+        h.dispatcher.dispatch(call(n, arguments=arguments))
+    results = h.results()
+    assert [r.ok for r in results] == [True, False, True, False]
+    assert "limit of 2 tool calls per round" in results[3].error
+    counters = h.dispatcher.counters
+    assert (counters.tools_started, counters.dedup_skipped, counters.cap_skipped) == (2, 1, 1)
+
+
+def test_the_request_cap_spans_rounds(executor):
+    h = Harness(executor, per_round=3, total=2)
+    h.dispatcher.dispatch(call(1, arguments='{"text": "a"}'))
+    h.results()
+    h.dispatcher.begin_round()
+    h.dispatcher.dispatch(call(2, arguments='{"text": "b"}'))
+    h.dispatcher.dispatch(call(3, arguments='{"text": "c"}'))
+    second, third = h.results()
+    assert second.ok and not third.ok and "limit of 2 tool calls per request" in third.error
+
+
+def test_unknown_and_disallowed_tools_name_the_available_ones(executor):
+    h = Harness(executor, allowed=frozenset({"echo"}))
+    h.dispatcher.dispatch(call(1, name="rm_rf"))
+    h.dispatcher.dispatch(call(2, name="patient", arguments="{}"))
+    unknown, disallowed = h.results()
+    assert unknown.error == "tool 'rm_rf' is not available; available tools: echo"
+    assert disallowed.error == "tool 'patient' is not available; available tools: echo"
+    assert h.dispatcher.counters.disallowed == 2 and h.started == []
+
+
+def test_invalid_arguments_are_a_parse_error_not_a_start(executor):
+    h = Harness(executor)
+    h.dispatcher.dispatch(call(1, arguments='{"text": '))
+    h.dispatcher.dispatch(call(2, arguments='["not", "an", "object"]'))
+    broken, array = h.results()
+    assert broken.error.startswith("invalid arguments: arguments of tool call 'echo' are not valid JSON")
+    assert "must be a JSON object" in array.error
+    assert h.dispatcher.counters.parse_errors == 2 and h.dispatcher.counters.tools_started == 0
+
+
+def test_a_closed_round_refuses_calls_because_no_continuation_would_read_them(executor):
+    h = Harness(executor)
+    h.dispatcher.begin_round(accept_calls=False)
+    h.dispatcher.dispatch(call(1))
+    (result,) = h.results()
+    assert "no continuation left" in result.error and h.dispatcher.counters.cap_skipped == 1
+    assert h.dispatcher.found_calls and not h.dispatcher.started_any
+
+
+def test_side_effect_tools_wait_for_the_stream_to_finish_normally(executor):
+    h = Harness(executor)
+    h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
+    h.dispatcher.dispatch(call(2))
+    held, _ = h.dispatcher.entries()
+    assert isinstance(held, ToolResult) and "not run" in held.error
+    assert [c.name for c in h.started] == ["echo"]
+    h.dispatcher.release_side_effects()
+    sent, echoed = h.results()
+    assert sent.ok and sent.text == "sent to bob" and echoed.text == "echo x"
+    assert [c.name for c in h.started] == ["echo", "send"]
+
+
+def test_a_side_effect_tool_never_starts_when_the_stream_broke(executor):
+    h = Harness(executor)
+    h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
+    (held,) = h.results()  # the round ends without release_side_effects()
+    assert not held.ok and h.started == [] and h.dispatcher.counters.tools_started == 0
+
+
+def test_reset_round_forgets_an_attempt_that_started_nothing(executor):
+    h = Harness(executor)
+    h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
+    h.dispatcher.reset_round()
+    assert not h.dispatcher.found_calls and h.dispatcher.counters.tools_started == 0
+    h.dispatcher.dispatch(call(2, name="send", arguments='{"to": "bob"}'))  # not a duplicate any more
+    h.dispatcher.release_side_effects()
+    (result,) = h.results()
+    assert result.ok and h.dispatcher.counters.dedup_skipped == 0
+
+
+def test_the_engine_timeout_is_the_default_and_a_tools_own_timeout_wins(executor):
+    h = Harness(executor, timeout=3.0)
+    h.dispatcher.dispatch(call(1))
+    h.dispatcher.dispatch(call(2, name="patient", arguments="{}"))
+    default, own = h.dispatcher.entries()
+    assert (default.timeout, own.timeout) == (3.0, 7.0)
+    h.results()
+
+
+def test_results_are_delivered_on_the_worker_before_the_round_is_joined(executor):
+    h = Harness(executor)
+    h.dispatcher.dispatch(call(1, arguments='{"text": "a"}'))
+    h.dispatcher.dispatch(call(2, arguments='{"text": "b"}'))
+    assert h.dispatcher.wait_for_results_delivered(5.0)
+    assert sorted(r.text for r in h.delivered) == ["echo a", "echo b"]
+
+
+def test_cancel_all_tells_running_tools_to_stop(executor):
+    entered = threading.Event()
+
+    @tool
+    def blocking(ctx: ToolContext) -> str:
+        """Waits for a cancel."""
+        entered.set()
+        return "stopped" if ctx.cancel_event.wait(5) else "never told"
+
+    h = Harness(executor, tools=(blocking,))
+    h.dispatcher.dispatch(call(1, name="blocking", arguments="{}"))
+    assert entered.wait(5)
+    h.dispatcher.cancel_all()
+    (result,) = h.results()
+    assert result.text != "never told" and not result.timed_out
