@@ -511,3 +511,92 @@ def test_options_reach_every_round():
             engine.complete([{"role": "user", "content": "q"}])
     for req in fp.requests:
         assert req.json["temperature"] == 0.2 and req.json["top_k"] == 5 and req.json["model"] == "m1"
+
+
+def test_options_may_be_a_plain_mapping_and_unknown_keys_go_to_extra():
+    from streamengine.messages import CompletionOptions
+
+    config = EngineConfig(models=["m"], options={"temperature": 0.2, "top_k": 5, "max_tokens": 9})
+    assert config.options == CompletionOptions(temperature=0.2, max_tokens=9, extra={"top_k": 5})
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("end"))
+        with make_engine(fp, options={"temperature": 0.3, "seed": 1}) as engine:
+            engine.complete([{"role": "user", "content": "q"}])
+    assert fp.requests[0].json["temperature"] == 0.3 and fp.requests[0].json["seed"] == 1
+    with pytest.raises(ConfigError, match="must not set 'model'.*models="):
+        EngineConfig(models=["m"], options={"model": "x"})
+    with pytest.raises(ConfigError, match="CompletionOptions or a mapping"):
+        EngineConfig(models=["m"], options=0.2)
+
+
+def test_model_is_shorthand_for_a_one_model_list():
+    assert EngineConfig(model="m").models == ("m",)
+    with pytest.raises(ConfigError, match="both model='a' and models"):
+        EngineConfig(model="a", models=["b"])
+    with pytest.raises(ConfigError, match="EngineConfig.model must be a non-empty string"):
+        EngineConfig(model="")
+    with pytest.raises(ConfigError, match=r"EngineConfig\(models=\['gpt-4o-mini'\]\) or EngineConfig\(model="):
+        EngineConfig()
+    import dataclasses
+    assert dataclasses.replace(EngineConfig(model="a"), models=["b", "c"]).models == ("b", "c")
+
+
+def test_tool_mode_inline_and_its_old_name_xml():
+    assert EngineConfig(models=["m"], tool_mode="xml").tool_mode == "inline"
+
+    @tool
+    def t() -> str:
+        """T."""
+        return "r"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("t")))
+        fp.add_turn(s.text("end"))
+        with make_engine(fp, [t], tool_mode="inline") as engine:
+            result = engine.complete([{"role": "user", "content": "q"}])
+    assert result.answer == "end" and result.telemetry.tools_ok == 1
+    assert "tools" not in fp.requests[0].json  # inline only: no native tool list sent
+    assert "<tool name=" in fp.requests[0].json["messages"][0]["content"]
+
+
+def test_the_classifier_seam_decides_failover():
+    from streamengine.failover import ErrorClass, ErrorClassifier
+
+    class NeverFailOver(ErrorClassifier):
+        def classify(self, exc):
+            return ErrorClass.FATAL
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(503, {"error": {"message": "busy"}}))
+        fp.add_turn(s.text("from m2"))
+        config = EngineConfig(models=["m1", "m2"], idle_timeout=5.0, completion_timeout=10.0)
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), config=config,
+                             classifier=NeverFailOver()) as engine:
+            result = engine.complete([{"role": "user", "content": "q"}])
+    assert result.telemetry.stop_reason == "llm_error" and len(fp.requests) == 1
+    with pytest.raises(ConfigError, match="classifier must be an ErrorClassifier"):
+        StreamingEngine(OpenAICompatibleClient("http://127.0.0.1:9"), config=config, classifier=object())
+
+
+def test_model_chunk_events_reach_the_engines_emitter_and_observers_hear_each_call():
+    from streamengine.events import ModelChunkEvent
+
+    heard = []
+
+    class Observer:
+        def on_llm_responded(self, response):
+            heard.append(response.content)
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Hel"), s.text("lo"), s.usage(prompt=2, completion=1))
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), config=EngineConfig(models=["m1"]),
+                             observers=[Observer()]) as engine:
+            chunks = []
+            unsubscribe = engine.emitter.subscribe(chunks.append)
+            result = engine.complete([{"role": "user", "content": "q"}])
+            unsubscribe()
+    assert all(isinstance(e, ModelChunkEvent) for e in chunks)
+    assert "".join(e.chunk.content or "" for e in chunks) == "Hello"
+    assert [e.is_final for e in chunks].count(True) == 1 and chunks[-1].is_final
+    assert chunks[-1].response.content == "Hello" and chunks[-1].response.usage == result.usage
+    assert heard == ["Hello"]
