@@ -255,10 +255,8 @@ def test_cancel_from_another_thread_ends_a_stalled_stream(make_event):
     client, strategy = streaming(["a", STALL], idle=GUARD)
     canceller = threading.Thread(target=lambda: got_first.wait(GUARD) and cancel.set())
     canceller.start()
-    started = time.monotonic()
     with pytest.raises(LlmCancelledError, match="cancelled by the caller"):
-        strategy.call(MESSAGES, cancel=cancel, on_chunk=lambda c: got_first.set())
-    assert time.monotonic() - started < GUARD
+        strategy.call(MESSAGES, cancel=cancel, on_chunk=lambda c: got_first.set())  # a stall would time out
     canceller.join()
 
 

@@ -218,8 +218,9 @@ def test_cancel_unblocks_a_stalled_stream(fp, client):
     canceller = threading.Thread(target=cancel_after_first_chunk)
     canceller.start()
     with pytest.raises(LlmCancelledError):
+        # Without a working cancel the stall would end as a timeout (LlmTimeoutError), not a cancel.
         strategy_for(client, idle=GUARD).call(MESSAGES, cancel=cancel, on_chunk=lambda c: first.set())
-    assert time.monotonic() - cancelled_at[0] < GUARD
+    assert cancelled_at
     canceller.join()
 
 

@@ -334,7 +334,7 @@ def test_all_models_failing_gives_a_visible_warning_and_done():
     result = done(events)
     tokens = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert tokens.startswith("\u26a0\ufe0f LLM error:") and "boom one" in tokens and "boom two" in tokens
-    assert result.telemetry.fallback_reason == "llm_error"
+    assert result.telemetry.stop_reason == "llm_error"
     assert any(isinstance(e, ErrorEvent) for e in events)
 
 
@@ -346,7 +346,7 @@ def test_error_after_tokens_keeps_the_partial_answer_and_does_not_fail_over():
             events = collect(engine)
     result = done(events)
     assert result.answer == "Half an ans"
-    assert result.telemetry.fallback_reason == "llm_error_after_tokens"
+    assert result.telemetry.stop_reason == "llm_error_after_tokens"
     assert isinstance(events[-2], ErrorEvent)
     assert len(fp.requests) == 1
 
@@ -372,7 +372,7 @@ def test_text_held_back_as_a_possible_block_is_kept_when_the_stream_breaks():
         with make_engine(fp, [t]) as engine:
             result = engine.complete([{"role": "user", "content": "q"}])
     assert result.answer == "Partial <to"
-    assert result.telemetry.fallback_reason == "llm_error_after_tokens"
+    assert result.telemetry.stop_reason == "llm_error_after_tokens"
 
 
 def test_caller_cancel_token_is_not_set_by_the_run():
@@ -399,7 +399,7 @@ def test_max_continuations_returns_all_rounds_joined():
             fp.add_turn(s.text(f"round{n} " + block("again", {"n": n})))
         with make_engine(fp, [again], max_continuations=2, max_tools_total=10) as engine:
             result = engine.complete([{"role": "user", "content": "q"}])
-    assert result.telemetry.fallback_reason == "max_continuations_reached"
+    assert result.telemetry.stop_reason == "max_continuations_reached"
     assert result.telemetry.rounds == 3 and len(fp.requests) == 3
     assert all(f"round{n}" in result.answer for n in range(3))
     assert result.telemetry.cap_skipped == 1  # the last round's call has no continuation to use it
@@ -431,7 +431,7 @@ def test_cancel_mid_stream_shuts_everything_down():
                     cancel.set()
             assert saw_cancel.wait(5)
     result = done(events)
-    assert result.telemetry.fallback_reason == "cancelled"
+    assert result.telemetry.stop_reason == "cancelled"
 
 
 def test_breaking_out_of_the_iteration_cancels_the_run():

@@ -24,7 +24,6 @@ Which timeout, and why (issue 2's rules):
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -220,8 +219,7 @@ def test_cancel_during_a_hanging_connect_is_prompt(full_queue):
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=GUARD_S) as client:
         timer = threading.Timer(0.1, cancel.set)
         timer.start()
-        started = time.monotonic()
+        # Waiting out the connect timeout would raise LlmConnectionError (ConnectTimeout), not a cancel.
         with pytest.raises(LlmCancelledError):
             list(client.stream(MESSAGES, cancel=cancel))
         timer.join()
-    assert time.monotonic() - started < GUARD_S / 2  # a guard: it did not wait for the 10 s connect timeout

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -107,14 +106,11 @@ def test_when_every_slot_is_stuck_new_calls_get_an_immediate_error_then_the_pool
 
         fp.add_turn(s.text(block("quick")))
         fp.add_turn(s.text("no tools right now"))
-        started = time.monotonic()
         second = list(engine.run(MESSAGES))[-1].result
-        waited = time.monotonic() - started
         refused = second.tool_results[0]
         assert refused.error == ("tool pool exhausted: all 2 workers are stuck in tools that timed out or "
                                  "ignored a cancel; try again later")
         assert refused.started_at == 0.0 and not refused.timed_out  # it never ran, it was not queued
-        assert waited < GUARD_S  # a guard: it did not wait for anything to free up
 
         hung.release.set()
         assert wait_for(lambda: engine.executor.stuck_workers() == 0)
@@ -138,7 +134,7 @@ def test_cancelling_a_run_stuck_in_a_tool_ends_it_at_once_and_flags_the_tool(hun
                 cancel.set()  # long before the 60 s deadline
         result = events[-1].result
         assert isinstance(events[-1], DoneEvent)
-        assert result.telemetry.fallback_reason == "cancelled"
+        assert result.telemetry.stop_reason == "cancelled"
         assert result.tool_results[0].error.startswith("cancelled")
         assert wait_for(lambda: hung.flags_seen == [True])
         assert fp.request_count == 1
@@ -219,14 +215,16 @@ def test_tools_of_cancelled_runs_that_ignore_their_flag_count_as_stuck(hung):
         assert wait_for(lambda: engine.executor.stuck_workers() == 1)  # after the grace, not after 60 s
         fp.add_turn(s.text(block("quick")))
         fp.add_turn(s.text("no tools right now"))
-        started = time.monotonic()
         result = list(engine.run(MESSAGES))[-1].result
-        assert time.monotonic() - started < GUARD_S  # a guard; it used to take the whole 60 s deadline
+        # Refused at once: queued behind the stuck tool, it would have timed out after its 60 s instead.
         assert result.tool_results[0].error.startswith("tool pool exhausted: all 1 workers are stuck")
-        # close() does not wait for a tool that ignored an earlier cancel either.
-        closing = time.monotonic()
-        engine.close()
-        assert time.monotonic() - closing < 4.0  # a guard below shutdown's 5 s join
+        assert not result.tool_results[0].timed_out
+        # close() does not wait for a tool that ignored an earlier cancel either (its join would take 5 s).
+        closed = threading.Event()
+        closer = threading.Thread(target=lambda: (engine.close(), closed.set()))
+        closer.start()
+        assert closed.wait(4.0)
+        closer.join()
     hung.release.set()
 
 
