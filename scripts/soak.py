@@ -235,7 +235,8 @@ def _check(frames: List[bytes], tokens: int) -> RunOutcome:
     if len(frames) < 2 or not frames[-2].startswith(b"event: done\n"):
         return RunOutcome(False, problem=f"no done event before [DONE] (frame {frames[-2:-1]!r})")
     done = json.loads(frames[-2].split(b"\ndata: ", 1)[1])
-    reason = (done.get("telemetry") or {}).get("fallback_reason")
+    telemetry = done.get("telemetry") or {}
+    reason = telemetry.get("stop_reason", telemetry.get("fallback_reason"))
     for frame in frames:
         if frame.startswith(b"event: error\n") and b"internal error" in frame:
             return RunOutcome(False, fallback_reason=reason, problem=f"internal error: {frame[:300]!r}")

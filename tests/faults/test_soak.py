@@ -43,6 +43,6 @@ def test_the_soak_reports_a_run_that_does_not_end_with_done():
     assert not soak._check([b'data: "hi"', b"data: [DONE]"], 1).ok
     assert not soak._check([b'data: "hi"', b'event: done\ndata: {"telemetry": {}}'], 1).ok
     internal = soak._check([b'event: error\ndata: {"message": "internal error: KeyError"}',
-                            b'event: done\ndata: {"telemetry": {"fallback_reason": "internal_error"}}',
+                            b'event: done\ndata: {"telemetry": {"stop_reason": "internal_error"}}',
                             b"data: [DONE]"], 0)
     assert not internal.ok
