@@ -15,9 +15,9 @@ Which timeout, and why (issue 2's rules):
   socket timeout would fire), yet no chunk is ever parsed, let alone a
   meaningful one.  So it is the same case: the idle timer fires with the
   zero-chunk message at 0.2 s.  When the idle timeout is longer than the
-  cap, the cap fires first and the zero-chunk message names the cap
-  (DESIGN.md: "when the cap fires before any meaningful chunk, the first
-  message is used with the cap as N").
+  cap, the cap fires first and the zero-chunk message names the cap: when
+  the cap fires before any meaningful chunk, the "no response received
+  within Ns" message is used with the cap as N.
 * Meaningful chunks, then only keep-alives: the idle message with M.
 * Meaningful chunks that never stop: the cap message with M.
 """
