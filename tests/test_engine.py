@@ -495,20 +495,25 @@ def test_config_is_validated_with_clear_errors(monkeypatch):
     assert EngineConfig.from_env().models == ("a", "b")
 
 
-def test_options_reach_every_round():
-    from streamengine.messages import CompletionOptions
-
+def one_tool_then_an_answer(fp, **config):
+    """Round 1 calls tool ``t`` inline, round 2 answers ``end``; returns the result."""
     @tool
     def t() -> str:
         """T."""
         return "r"
 
+    fp.add_turn(s.text(block("t")))
+    fp.add_turn(s.text("end"))
+    with make_engine(fp, [t], **config) as engine:
+        return engine.complete([{"role": "user", "content": "q"}])
+
+
+def test_options_reach_every_round():
+    from streamengine.messages import CompletionOptions
+
     with FakeProvider() as fp:
-        fp.add_turn(s.text(block("t")))
-        fp.add_turn(s.text("end"))
-        opts = CompletionOptions(temperature=0.2, extra={"top_k": 5})
-        with make_engine(fp, [t], options=opts) as engine:
-            engine.complete([{"role": "user", "content": "q"}])
+        one_tool_then_an_answer(fp, options=CompletionOptions(temperature=0.2, extra={"top_k": 5}))
+    assert len(fp.requests) == 2
     for req in fp.requests:
         assert req.json["temperature"] == 0.2 and req.json["top_k"] == 5 and req.json["model"] == "m1"
 
@@ -543,17 +548,8 @@ def test_model_is_shorthand_for_a_one_model_list():
 
 def test_tool_mode_inline_and_its_old_name_xml():
     assert EngineConfig(models=["m"], tool_mode="xml").tool_mode == "inline"
-
-    @tool
-    def t() -> str:
-        """T."""
-        return "r"
-
     with FakeProvider() as fp:
-        fp.add_turn(s.text(block("t")))
-        fp.add_turn(s.text("end"))
-        with make_engine(fp, [t], tool_mode="inline") as engine:
-            result = engine.complete([{"role": "user", "content": "q"}])
+        result = one_tool_then_an_answer(fp, tool_mode="inline")
     assert result.answer == "end" and result.telemetry.tools_ok == 1
     assert "tools" not in fp.requests[0].json  # inline only: no native tool list sent
     assert "<tool name=" in fp.requests[0].json["messages"][0]["content"]
