@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Set
+from typing import Any, Callable, List, Optional, Sequence, Set
 
 from .accumulate import TextBuffer, ToolCallAccumulator
 from .cancel import CancelToken
@@ -26,10 +26,6 @@ from .tools import ToolExecutor, ToolHandle, ToolRegistry
 
 CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
 CANCEL_POLL_S = 0.05
-
-
-def _frozen(names: Optional[Iterable[str]]) -> Optional[frozenset]:
-    return None if names is None else frozenset(names)
 
 
 def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
@@ -142,7 +138,7 @@ class RoundRunner:
         self.dispatcher = ToolDispatcher(
             deps.registry, deps.executor,
             DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
-                           self.config.tool_timeout, _frozen(self.config.allowed_tools)),
+                           self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
             state.cancel, on_start=self._on_tool_start, on_result=deps.ingest)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0

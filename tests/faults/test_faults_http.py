@@ -99,7 +99,7 @@ def test_429_retry_after_as_an_http_date(client, fp):
 WAITS = [
     # headers, max_retry_wait, the wait failover asks for before the retry
     ({"Retry-After": "2"}, 30.0, 2.0),
-    ({"Retry-After": "120"}, 5.0, 5.0),  # honoured, but capped
+    ({"Retry-After": "120"}, 5.0, 5.0),  # over the cap: waits the cap, as "a" is the last model left (see below)
     ({"retry-after-ms": "1500"}, 30.0, 1.5),
     ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 30.0, 0.0),
     ({"Retry-After": "nan"}, 30.0, 0.5),  # ignored: exponential back-off from 0.5 s
@@ -114,12 +114,23 @@ def test_failover_waits_the_retry_after_capped_then_retries_the_same_model(clien
     fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers=headers))
     fp.add_turn(s.text("answer"))
     waits = RecordedWaits()
-    result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retry_wait=cap).call(
+    # A Retry-After over the cap would fail over to "b" at once; with "a" alone it is waited out, capped.
+    models = ["a"] if headers.get("Retry-After") == "120" else ["a", "b"]
+    result = ModelFailover(streaming(client, 5.0, 10.0), models, max_retry_wait=cap).call(
         MESSAGES, cancel=waits)
     assert waits.waits == [wait]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [(m, e.status_code) for m, e in result.attempts] == [("a", 429)]
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
+
+
+def test_a_retry_after_over_the_cap_advances_to_the_next_model_without_waiting(client, fp):
+    fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "120"}))
+    fp.add_turn(s.text("from b"))
+    waits = RecordedWaits()
+    result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retry_wait=5.0).call(MESSAGES, cancel=waits)
+    assert waits.waits == [] and (result.model, result.failovers) == ("b", 1)
+    assert [r.json["model"] for r in fp.requests] == ["a", "b"]
 
 
 def test_retries_used_up_advance_to_the_next_model_with_growing_back_off(client, fp):
