@@ -66,13 +66,13 @@ class StreamingEngine:
             self._register_rag_search(rag)
         self._log = component_logger("streamengine.engine.StreamingEngine", logger)
         self.emitter = emitter if emitter is not None else EventEmitter()
-        # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
-        self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger)
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
                                       completion_timeout=self.config.completion_timeout,
                                       observers=observers, emitter=self.emitter, logger=logger)
         failover = ModelFailover(strategy, list(self.config.models), classifier=classifier,
                                  max_retries=self.config.max_retries, logger=logger)
+        # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
+        self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger)
         self._deps = RunDeps(config=self.config, registry=self.registry, executor=self.executor,
                              failover=failover, log=self._log,
                              ingest=self.ingest if rag is not None else None)
