@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 from .cancel import CancelToken, on_cancel
 from .calls import make_call_strategy
@@ -27,7 +27,7 @@ from .errors import ConfigError
 from .events import DoneEvent, Event, HeartbeatEvent
 from .failover import ModelFailover
 from .logs import component_logger
-from .messages import CompletionOptions, Message, MessageLike, as_messages
+from .messages import CompletionOptions, Message, MessageLike, ToolCall, as_messages
 from .result import EngineResult, Telemetry
 from .tools import ToolExecutor, ToolRegistry, ToolResult
 from .round import RoundRunner, RunState
@@ -58,6 +58,8 @@ class EngineConfig:
     chunk_overlap: int = 100
     embed_model: Optional[str] = None
     ingest_tool_results: bool = True
+    filing_timeout: float = 5.0
+    failover_after_tokens: bool = False
 
     def __post_init__(self) -> None:
         models = [self.models] if isinstance(self.models, str) else list(self.models)
@@ -75,7 +77,10 @@ class EngineConfig:
         if self.chunk_overlap >= self.chunk_size:
             raise ConfigError(f"EngineConfig.chunk_overlap ({self.chunk_overlap}) must be smaller "
                               f"than chunk_size ({self.chunk_size})")
-        for name in ("tool_timeout", "idle_timeout", "completion_timeout"):
+        if not isinstance(self.failover_after_tokens, bool):
+            raise ConfigError(f"EngineConfig.failover_after_tokens must be True or False, "
+                              f"got {self.failover_after_tokens!r}")
+        for name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
                     or value == float("inf"):
@@ -117,7 +122,8 @@ class StreamingEngine:
     """
 
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
-                 *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None) -> None:
+                 *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None,
+                 approve: Optional[Callable[[ToolCall], object]] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(f"StreamingEngine needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
                               f"got {type(client).__name__}")
@@ -125,6 +131,10 @@ class StreamingEngine:
         if not isinstance(self.config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(self.config).__name__}")
         self.client = client
+        if approve is not None and not callable(approve):
+            raise ConfigError(f"approve must be a callable taking a ToolCall and returning True to run it, "
+                              f"got {type(approve).__name__}")
+        self.approve = approve
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.rag = rag
         if rag is not None:
@@ -223,18 +233,26 @@ class StreamingEngine:
         finally:
             channel.close()
 
-    def ingest(self, result: ToolResult) -> None:
-        """File a successful tool result in the RAG store (runs on the tool's worker thread)."""
+    def ingest(self, result: ToolResult) -> Optional[str]:
+        """File a successful tool result in the RAG store (on the tool's worker); what went wrong, if anything.
+
+        The store is an aid: a failure never fails the request, but it is
+        reported (telemetry ``filing_errors`` and a non-fatal ``error`` event),
+        since a later ``rag_search`` will not find the result.
+        """
         if self.rag is None or not self.config.ingest_tool_results or not result.ok or not result.text:
-            return
+            return None
         if result.name == "rag_search":
-            return  # re-filing search hits would only duplicate what the store already has
+            return None  # re-filing search hits would only duplicate what the store already has
         from .rag import chunks_for_ingest
         try:
             chunks = chunks_for_ingest(result.text, self.config.chunk_size, self.config.chunk_overlap)
             self.rag.add_chunks(f"tool:{result.name}:{result.call_id}", chunks, self.config.embed_model)
-        except Exception as exc:  # the store is an aid: a failure never fails the request
-            self._log.opt(exception=True).warning("could not ingest result of tool {!r}: {}", result.name, exc)
+        except Exception as exc:
+            self._log.opt(exception=True).warning("could not file result of tool {!r}: {}", result.name, exc)
+            return (f"the result of tool '{result.name}' could not be filed in the RAG store "
+                    f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
+        return None
 
     # used by RoundRunner
     @property

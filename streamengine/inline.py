@@ -109,20 +109,27 @@ class FeedResult:
     """What one ``feed``/``flush`` released: text to show, calls to start.
 
     ``errors`` gives the reason for each block that failed to parse in this
-    step (in order), so the engine can log why without re-parsing.
+    step (in order), so the engine can tell without re-parsing.  ``rejected``
+    pairs each closed block that failed with a :class:`ToolCall` naming it
+    (name as written, or ``""``; the raw body as ``arguments``), so the model
+    can be told in the continuation why its call did not run.  Blocks given
+    up as too long, or left open at ``flush``, are in ``errors`` only.
     """
 
     visible: str
     calls: Tuple[ToolCall, ...] = ()
     errors: Tuple[str, ...] = ()
+    rejected: Tuple[Tuple[ToolCall, str], ...] = ()
 
     # By hand, not generated: ``feed`` builds one per model token, and the
     # generated frozen __init__ pays an object.__setattr__ call per field.
-    def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = ()) -> None:
+    def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = (),
+                 rejected: Tuple[Tuple[ToolCall, str], ...] = ()) -> None:
         d = self.__dict__
         d["visible"] = visible
         d["calls"] = calls
         d["errors"] = errors
+        d["rejected"] = rejected
 
 
 _EMPTY = FeedResult("")
@@ -157,6 +164,7 @@ class XmlParseState:
         self.parse_errors = 0
         self.calls_found = 0
         self._next_id = 1
+        self._rejected: List[Tuple[ToolCall, str]] = []
         # True when in text mode with nothing held back: the hot-path test.
         self._plain = True
         self._mode = _TEXT
@@ -181,18 +189,22 @@ class XmlParseState:
     def flush(self) -> FeedResult:
         """End of stream: release everything still held as plain text.
 
-        An unclosed block is not a parse error.  The parser can be fed again
-        afterwards (ids keep counting).
+        An unclosed block is not a parse error (the stream was cut, the model
+        did not write a bad block), but ``errors`` says it was shown as text.
+        The parser can be fed again afterwards (ids keep counting).
         """
+        errors: Tuple[str, ...] = ()
         if self._mode == _TEXT:
             text = self._held
         else:
             text = "".join(self._block)
+            errors = (f"a tool block was still open when the stream ended and was shown as text, not run: "
+                      f"{_snippet(text)}",)
         self._mode = _TEXT
         self._held = ""
         self._plain = True
         self._reset_block()
-        return FeedResult(text) if text else _EMPTY
+        return FeedResult(text, (), errors) if text else _EMPTY
 
     @property
     def pending_chars(self) -> int:
@@ -235,7 +247,10 @@ class XmlParseState:
         self._plain = self._mode == _TEXT and not self._held
         if not (out or calls or errors):
             return _EMPTY
-        return FeedResult("".join(out), tuple(calls), tuple(errors))
+        rejected: Tuple[Tuple[ToolCall, str], ...] = ()
+        if self._rejected:
+            rejected, self._rejected = tuple(self._rejected), []
+        return FeedResult("".join(out), tuple(calls), tuple(errors), rejected)
 
     def _scan_text(self, data: str, pos: int, out: List[str]) -> int:
         start, n = pos, len(data)
@@ -400,11 +415,25 @@ class XmlParseState:
         except _BlockError as exc:
             self.parse_errors += 1
             errors.append(str(exc))
+            self._rejected.append((self._rejected_call(text, tag_len, self_closing), str(exc)))
             return end
         calls.append(ToolCall(id=f"{self.id_prefix}{self._next_id}", name=name, arguments=arguments))
         self._next_id += 1
         self.calls_found += 1
         return end
+
+    def _rejected_call(self, text: str, tag_len: int, self_closing: bool) -> ToolCall:
+        """The call a bad block meant, as far as it can be read: for telling the model."""
+        tag = text[len(_OPEN):tag_len - (2 if self_closing else 1)]
+        try:
+            name = _parse_attributes(tag).get("name") or ""
+        except _BlockError:
+            name = ""
+        body = "" if self_closing else text[tag_len:-len(_CLOSE)]
+        call = ToolCall(id=f"{self.id_prefix}{self._next_id}", name=name if _TOOL_NAME.fullmatch(name) else "",
+                        arguments=body)
+        self._next_id += 1
+        return call
 
     # ------------------------------------------------------------- parsing
 
