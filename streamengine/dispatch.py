@@ -106,6 +106,7 @@ class ToolDispatcher:
         self._replayable: Dict[Key, ToolHandle] = {}
         self._total = 0
         self._pending: List[ToolHandle] = []  # started, result maybe not fixed yet
+        self._never_started: Dict[ToolHandle, Callable[[ToolHandle], None]] = {}
         self._next_deadline = float("inf")
         self.counters = DispatchCounters()
         self.begin_round()
@@ -186,13 +187,35 @@ class ToolDispatcher:
             self._started[key] = self._round_started[key] = reused
             return _Reused(reused, call)
         self.counters.tools_started += 1
+        reported = threading.Event()
+        self._reported.append(reported)
+        on_result, on_start = self._on_result, self._on_start
+
+        def deliver(done: ToolHandle) -> None:
+            try:
+                on_result(done.result(), True)
+            finally:
+                reported.set()
+
+        def entered(handle: ToolHandle) -> None:
+            # Registered on the worker as the function is entered, so a result
+            # (and its filing) is always delivered there, never on the run thread.
+            handle.add_done_callback(deliver)
+            on_start(call)
+
         handle = self._executor.submit(tool, call, tool.timeout or self._limits.tool_timeout, cancel=self._cancel,
-                                       on_start=lambda _handle: self._on_start(call))
+                                       on_start=entered)
+        self._never_started[handle] = deliver
         self._started[key] = self._round_started[key] = handle
-        self._report_when_done(handle)
         self._pending.append(handle)
         self._next_deadline = min(self._next_deadline, handle.deadline)
         return handle
+
+    def settle_unstarted(self, handle: ToolHandle) -> None:
+        """Report a call whose result was fixed before its function was entered (queue timeout, cancel)."""
+        deliver = self._never_started.pop(handle, None)
+        if deliver is not None and handle.started_at is None and handle.done():
+            deliver(handle)
 
     def poll_deadlines(self) -> None:
         """Fix the result of a call whose deadline passed, so its ``tool_result`` goes out now.
@@ -201,21 +224,14 @@ class ToolDispatcher:
         """
         if not self._pending or time.monotonic() < self._next_deadline:
             return
-        self._pending = [h for h in self._pending if not h.done()]
-        self._next_deadline = min((h.deadline for h in self._pending), default=float("inf"))
-
-    def _report_when_done(self, handle: ToolHandle) -> None:
-        reported = threading.Event()
-        self._reported.append(reported)
-        on_result = self._on_result
-
-        def deliver(done: ToolHandle) -> None:
-            try:
-                on_result(done.result(), True)
-            finally:
-                reported.set()
-
-        handle.add_done_callback(deliver)
+        still = []
+        for handle in self._pending:
+            if handle.done():
+                self.settle_unstarted(handle)
+            else:
+                still.append(handle)
+        self._pending = still
+        self._next_deadline = min((h.deadline for h in still), default=float("inf"))
 
     def wait_until_reported(self, timeout: float) -> bool:
         """Block until every started call's ``on_result`` has returned (or ``timeout``)."""

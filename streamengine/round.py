@@ -305,6 +305,7 @@ class RoundRunner:
                     result = _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
                     self._report_once(result)
                     return result
+        self.dispatcher.settle_unstarted(handle)
         return entry_result(entry)
 
     def _count_tool_outcome(self, result: ToolResult) -> None:
@@ -364,6 +365,8 @@ class RoundRunner:
         for entry in self.dispatcher.entries():
             handle = entry_handle(entry)
             if handle is None or handle.done():
+                if handle is not None:
+                    self.dispatcher.settle_unstarted(handle)
                 self.state.results.append(entry_result(entry))
             else:
                 result = _abandoned(handle, "cancelled: the round ended before the tool finished")
