@@ -52,6 +52,8 @@ class EngineConfig:
     chunk_overlap: int = 100
     embed_model: Optional[str] = None
     ingest_tool_results: bool = True
+    filing_timeout: float = 5.0
+    failover_after_tokens: bool = False
     model: InitVar[Optional[str]] = None
 
     def __post_init__(self, model: Optional[str]) -> None:
@@ -64,7 +66,10 @@ class EngineConfig:
         if self.chunk_overlap >= self.chunk_size:
             raise ConfigError(f"EngineConfig.chunk_overlap ({self.chunk_overlap}) must be smaller "
                               f"than chunk_size ({self.chunk_size})")
-        for field_name in ("tool_timeout", "idle_timeout", "completion_timeout"):
+        if not isinstance(self.failover_after_tokens, bool):
+            raise ConfigError(f"EngineConfig.failover_after_tokens must be True or False, "
+                              f"got {self.failover_after_tokens!r}")
+        for field_name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout"):
             validation.seconds(getattr(self, field_name), f"EngineConfig.{field_name}")
         mode = _TOOL_MODE_ALIASES.get(self.tool_mode, self.tool_mode)
         if mode not in TOOL_MODES:

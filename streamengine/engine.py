@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 from . import validation
 from .calls import make_call_strategy
@@ -28,7 +28,7 @@ from .errors import ConfigError
 from .events import DoneEvent, Event, EventEmitter, HeartbeatEvent
 from .failover import ErrorClassifier, ModelFailover
 from .logs import component_logger
-from .messages import Message, MessageLike, as_messages
+from .messages import Message, MessageLike, ToolCall, as_messages
 from .result import EngineResult, Telemetry
 from .round import RoundRunner, RunDeps, RunState
 from .tools import ToolExecutor, ToolRegistry, ToolResult
@@ -48,11 +48,16 @@ class StreamingEngine:
     gets a :class:`ModelChunkEvent` for every chunk read from the model, the
     last one with ``is_final`` and the whole response; ``observers`` hear
     ``on_llm_responded(response)`` once per successful model call.
+
+    ``approve(call) -> bool`` (optional) is asked, on the run thread, before
+    each tool marked ``side_effects=True`` runs; a refusal becomes an error
+    result the model reads.
     """
 
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
                  *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None,
-                 classifier: Optional[ErrorClassifier] = None, emitter: Optional[EventEmitter] = None) -> None:
+                 classifier: Optional[ErrorClassifier] = None, emitter: Optional[EventEmitter] = None,
+                 approve: Optional[Callable[[ToolCall], object]] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(f"StreamingEngine needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
                               f"got {type(client).__name__}")
@@ -60,6 +65,9 @@ class StreamingEngine:
         if not isinstance(self.config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(self.config).__name__}")
         self.client = client
+        if approve is not None and not callable(approve):
+            raise ConfigError(f"approve must be a callable taking a ToolCall and returning True to run it, "
+                              f"got {type(approve).__name__}")
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.rag = rag
         if rag is not None:
@@ -75,7 +83,7 @@ class StreamingEngine:
         self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger)
         self._deps = RunDeps(config=self.config, registry=self.registry, executor=self.executor,
                              failover=failover, log=self._log,
-                             ingest=self.ingest if rag is not None else None)
+                             ingest=self.ingest if rag is not None else None, approve=approve)
         self._closed = False
 
     def _register_rag_search(self, rag: Any) -> None:
@@ -162,15 +170,23 @@ class StreamingEngine:
         finally:
             channel.close()
 
-    def ingest(self, result: ToolResult) -> None:
-        """File a successful tool result in the RAG store (runs on the tool's worker thread)."""
+    def ingest(self, result: ToolResult) -> Optional[str]:
+        """File a successful tool result in the RAG store (on the tool's worker); what went wrong, if anything.
+
+        The store is an aid: a failure never fails the request, but it is
+        reported (telemetry ``filing_errors`` and a non-fatal ``error`` event),
+        since a later ``rag_search`` will not find the result.
+        """
         if self.rag is None or not self.config.ingest_tool_results or not result.ok or not result.text:
-            return
+            return None
         if result.name == "rag_search":
-            return  # re-filing search hits would only duplicate what the store already has
+            return None  # re-filing search hits would only duplicate what the store already has
         from .rag import chunks_for_ingest
         try:
             chunks = chunks_for_ingest(result.text, self.config.chunk_size, self.config.chunk_overlap)
             self.rag.add_chunks(f"tool:{result.name}:{result.call_id}", chunks, self.config.embed_model)
-        except Exception as exc:  # the store is an aid: a failure never fails the request
-            self._log.opt(exception=True).warning("could not ingest result of tool {!r}: {}", result.name, exc)
+        except Exception as exc:
+            self._log.opt(exception=True).warning("could not file result of tool {!r}: {}", result.name, exc)
+            return (f"the result of tool '{result.name}' could not be filed in the RAG store "
+                    f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
+        return None

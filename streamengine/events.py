@@ -151,7 +151,7 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class ToolStartEvent:
-    """A tool call was recognised and handed to the executor."""
+    """A tool's function was entered: its deadline counts from here (not from a wait for a worker)."""
 
     name: ClassVar[str] = "tool_start"
     call: ToolCall
@@ -159,7 +159,7 @@ class ToolStartEvent:
 
 @dataclass(frozen=True)
 class ToolResultEvent:
-    """A tool finished, failed, timed out or was skipped."""
+    """A tool finished, failed, timed out or was skipped: sent the moment that is known."""
 
     name: ClassVar[str] = "tool_result"
     result: "ToolResult"
@@ -175,10 +175,29 @@ class RoundEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
-    """The run failed or stopped early; ``message`` says why, for a person."""
+    """Something went wrong; ``message`` says what, for a person.
+
+    ``fatal`` is True when the run failed or stopped early because of it;
+    False for a problem the run went on past (a tool block the model wrote
+    that could not be read, a result that could not be filed in the store).
+    """
 
     name: ClassVar[str] = "error"
     message: str
+    fatal: bool = True
+
+
+@dataclass(frozen=True)
+class ResetEvent:
+    """Discard the text of round ``round`` shown so far: it is streamed again on another model.
+
+    Only sent with ``EngineConfig(failover_after_tokens=True)``, when a model
+    failed mid-answer and another model is left; ``reason`` says which failed.
+    """
+
+    name: ClassVar[str] = "reset"
+    round: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -200,9 +219,10 @@ class HeartbeatEvent:
     name: ClassVar[str] = "heartbeat"
 
 
-Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ErrorEvent, DoneEvent, HeartbeatEvent]
+Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ResetEvent, ErrorEvent, DoneEvent,
+              HeartbeatEvent]
 
 __all__ = [
     "DoneEvent", "ErrorEvent", "Event", "EventEmitter", "HeartbeatEvent", "ModelChunkEvent",
-    "Observer", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent",
+    "Observer", "ResetEvent", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent",
 ]

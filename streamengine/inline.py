@@ -81,7 +81,7 @@ from typing import Any, List, Tuple
 
 from . import validation
 from .errors import ConfigError
-from .inline_block import CLOSE, OPEN, WS, BlockError, parse_block
+from .inline_block import CLOSE, OPEN, WS, BlockError, block_parts, parse_block, snippet
 from .inline_prompt import TOOL_SYNTAX_HINT, tool_instructions
 from .messages import ToolCall
 
@@ -106,20 +106,27 @@ class FeedResult:
     """What one ``feed``/``flush`` released: text to show, calls to start.
 
     ``errors`` gives the reason for each block that failed to parse in this
-    step (in order), so the engine can log why without re-parsing.
+    step (in order), so the engine can tell without re-parsing.  ``rejected``
+    pairs each closed block that failed with a :class:`ToolCall` naming it
+    (name as written, or ``""``; the raw body as ``arguments``), so the model
+    can be told in the continuation why its call did not run.  Blocks given
+    up as too long, or left open at ``flush``, are in ``errors`` only.
     """
 
     visible: str
     calls: Tuple[ToolCall, ...] = ()
     errors: Tuple[str, ...] = ()
+    rejected: Tuple[Tuple[ToolCall, str], ...] = ()
 
     # By hand, not generated: ``feed`` builds one per model token, and the
     # generated frozen __init__ pays an object.__setattr__ call per field.
-    def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = ()) -> None:
+    def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = (),
+                 rejected: Tuple[Tuple[ToolCall, str], ...] = ()) -> None:
         d = self.__dict__
         d["visible"] = visible
         d["calls"] = calls
         d["errors"] = errors
+        d["rejected"] = rejected
 
 
 _EMPTY = FeedResult("")
@@ -146,6 +153,7 @@ class InlineToolScanner:
         self.parse_errors = 0
         self.calls_found = 0
         self._next_id = 1
+        self._rejected: List[Tuple[ToolCall, str]] = []
         # True when in text mode with nothing held back: the hot-path test.
         self._plain = True
         self._mode = _TEXT
@@ -170,18 +178,22 @@ class InlineToolScanner:
     def flush(self) -> FeedResult:
         """End of stream: release everything still held as plain text.
 
-        An unclosed block is not a parse error.  The scanner can be fed again
-        afterwards (ids keep counting).
+        An unclosed block is not a parse error (the stream was cut, the model
+        did not write a bad block), but ``errors`` says it was shown as text.
+        The scanner can be fed again afterwards (ids keep counting).
         """
+        errors: Tuple[str, ...] = ()
         if self._mode == _TEXT:
             text = self._held
         else:
             text = "".join(self._block)
+            errors = (f"a tool block was still open when the stream ended and was shown as text, "
+                      f"not run: {snippet(text)}",)
         self._mode = _TEXT
         self._held = ""
         self._plain = True
         self._reset_block()
-        return FeedResult(text) if text else _EMPTY
+        return FeedResult(text, (), errors) if text else _EMPTY
 
     @property
     def pending_chars(self) -> int:
@@ -224,7 +236,10 @@ class InlineToolScanner:
         self._plain = self._mode == _TEXT and not self._held
         if not (out or calls or errors):
             return _EMPTY
-        return FeedResult("".join(out), tuple(calls), tuple(errors))
+        rejected: Tuple[Tuple[ToolCall, str], ...] = ()
+        if self._rejected:
+            rejected, self._rejected = tuple(self._rejected), []
+        return FeedResult("".join(out), tuple(calls), tuple(errors), rejected)
 
     def _scan_text(self, data: str, pos: int, out: List[str]) -> int:
         start, n = pos, len(data)
@@ -389,6 +404,10 @@ class InlineToolScanner:
         except BlockError as exc:
             self.parse_errors += 1
             errors.append(str(exc))
+            name, body = block_parts(text, tag_len, self_closing)
+            self._rejected.append((ToolCall(id=f"{self.id_prefix}{self._next_id}", name=name, arguments=body),
+                                   str(exc)))
+            self._next_id += 1
             return end
         calls.append(ToolCall(id=f"{self.id_prefix}{self._next_id}", name=name, arguments=arguments))
         self._next_id += 1

@@ -47,6 +47,26 @@ def parse_block(text: str, tag_len: int, self_closing: bool, max_json_depth: int
     return name, arguments  # type: ignore[return-value]
 
 
+def block_parts(text: str, tag_len: int, self_closing: bool) -> Tuple[str, str]:
+    """``(name as written, raw body)`` of a closed block that failed to parse: what to tell the model.
+
+    The name is ``""`` when it cannot be read or is not a valid tool name.
+    """
+    tag = text[len(OPEN):tag_len - (2 if self_closing else 1)]
+    body = "" if self_closing else text[tag_len:-len(CLOSE)]
+    try:
+        name = _parse_attributes(tag).get("name") or ""
+        _check_name(name)
+    except BlockError:
+        name = ""
+    return name, body
+
+
+def snippet(text: str) -> str:
+    """The start of ``text``, quoted, for messages."""
+    return _snippet(text)
+
+
 def _snippet(text: str) -> str:
     return repr(text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else ""))
 

@@ -19,7 +19,9 @@ class Telemetry:
     dedup_skipped: int = 0
     cap_skipped: int = 0
     disallowed: int = 0
+    refused: int = 0
     parse_errors: int = 0
+    filing_errors: int = 0
     failovers: int = 0
     model_used: Optional[str] = None
     time_to_first_token_s: Optional[float] = None

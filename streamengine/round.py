@@ -2,22 +2,26 @@
 
 Each round streams the model's answer; visible text goes to the caller as it
 arrives while completed tool calls go through the :class:`ToolDispatcher` at
-once.  After the stream the round joins its tools, and if it found any call
-the next round asks the model for a revised answer.
+once, and each ``tool_result`` is sent the moment its tool finishes.  After
+the stream the round collects its results in call order, and if it found any
+call the next round asks the model for a revised answer.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Set
+from typing import Any, Callable, Iterable, List, Optional, Set
 
 from .accumulate import TextBuffer, ToolCallAccumulator
 from .cancel import CancelToken
 from .config import EngineConfig
 from .continuation import build_continuation_message, tool_result_messages
-from .dispatch import DispatchLimits, ToolDispatcher
+from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
 from .errors import LlmCancelledError, LlmError
-from .events import DoneEvent, ErrorEvent, Event, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from .events import (
+    DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+)
 from .failover import ModelFailover
 from .inline import InlineToolScanner, tool_instructions
 from .messages import Chunk, Message, ToolCall, ToolResult, Usage
@@ -32,13 +36,19 @@ def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
     return ToolResult.error_result(handle.call, reason)
 
 
+def _joined(parts: Iterable[str]) -> str:
+    return "\n\n".join(part for part in parts if part)
+
+
 @dataclass(frozen=True)
 class RunDeps:
     """What a run needs from the engine that started it, and nothing more.
 
     Shared by every run of one engine; each field is safe to use from many
     runs at once.  ``ingest`` files a successful tool result in the RAG store
-    (None: no store, nothing filed); it runs on the tool's worker thread.
+    and says what went wrong, if anything (None: no store, nothing filed); it
+    runs on the tool's worker thread.  ``approve`` is asked before a
+    side-effect tool runs.
     """
 
     config: EngineConfig
@@ -46,7 +56,8 @@ class RunDeps:
     executor: ToolExecutor
     failover: ModelFailover
     log: Any
-    ingest: Optional[Callable[[ToolResult], None]] = None
+    ingest: Optional[Callable[[ToolResult], Optional[str]]] = None
+    approve: Optional[Callable[[ToolCall], object]] = None
 
 
 @dataclass
@@ -88,16 +99,17 @@ class _RoundStream:
                 self.runner.show(self, content)
             else:
                 fed = parser.feed(content)
-                if fed.errors:
-                    self.runner.log_parse_errors(fed.errors)
                 if fed.visible:
                     self.runner.show(self, fed.visible)
+                if fed.errors:
+                    self.runner.report_parse_problems(fed)
                 for call in fed.calls:
                     self.runner.dispatcher.dispatch(call)
         if chunk.tool_calls and self.accumulator is not None:
             for delta in chunk.tool_calls:
                 for call in self.accumulator.add(delta):
                     self._dispatch_native(call)
+        self.runner.dispatcher.poll_deadlines()
 
     def _dispatch_native(self, call: ToolCall) -> None:
         self.native_calls.append(call)
@@ -109,6 +121,8 @@ class _RoundStream:
             tail = self.parser.flush()
             if tail.visible:
                 self.runner.show(self, tail.visible)
+            if tail.errors:
+                self.runner.report_parse_problems(tail)
             for call in tail.calls:
                 self.runner.dispatcher.dispatch(call)
         if self.accumulator is not None:
@@ -135,11 +149,15 @@ class RoundRunner:
         has_tools = bool(deps.registry.names)
         self.use_inline = has_tools and self.config.uses_inline_tools
         self.use_native = has_tools and self.config.uses_native_tools
+        self._lock = threading.Lock()  # telemetry counters and reports written from tool workers
+        self._reported: Set[str] = set()  # call ids whose tool_result went out
+        self._round_no = 0
         self.dispatcher = ToolDispatcher(
             deps.registry, deps.executor,
             DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
                            self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
-            state.cancel, on_start=self._on_tool_start, on_result=deps.ingest)
+            state.cancel, on_start=self._on_tool_start, on_result=self._on_tool_result,
+            approve=deps.approve)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
 
@@ -164,12 +182,46 @@ class RoundRunner:
             self.state.telemetry.time_to_first_token_s = time.monotonic() - self.state.started
         self.state.emit(TokenEvent(text))
 
-    def log_parse_errors(self, errors: Sequence[str]) -> None:
-        for reason in errors:
-            self.deps.log.warning("invalid tool block shown as text, not run: {}", reason)
+    def report_parse_problems(self, fed: Any) -> None:
+        """Bad blocks the model closed become error results it reads; others are told as events."""
+        told = set()
+        for call, reason in fed.rejected:
+            told.add(reason)
+            what = f"tool '{call.name}'" if call.name else "a tool block"
+            self.dispatcher.reject(call, f"{what} was not run: {reason}; write the block again as "
+                                         f'<tool name="NAME">{{"argument": "value"}}</tool> with a JSON object')
+        for reason in fed.errors:
+            if reason not in told:
+                self.deps.log.warning("tool block shown as text, not run: {}", reason)
+                self.state.emit(ErrorEvent(f"a tool block could not be read: {reason}", fatal=False))
 
     def _on_tool_start(self, call: ToolCall) -> None:
+        """Runs on the tool's worker as the function is entered."""
         self.state.emit(ToolStartEvent(call))
+
+    def _on_tool_result(self, result: ToolResult, ran: bool) -> None:
+        """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call)."""
+        if not self._report_once(result):
+            return
+        if ran:
+            self._count_tool_outcome(result)
+        problem = self.deps.ingest(result) if self.deps.ingest is not None else None
+        if problem is not None:
+            self._filing_failed(problem)
+
+    def _report_once(self, result: ToolResult) -> bool:
+        """Send ``tool_result`` for a call once: a tool given up on may still return later."""
+        with self._lock:
+            if result.call_id in self._reported:
+                return False
+            self._reported.add(result.call_id)
+        self.state.emit(ToolResultEvent(result))
+        return True
+
+    def _filing_failed(self, problem: str) -> None:
+        with self._lock:
+            self.state.telemetry.filing_errors += 1
+        self.state.emit(ErrorEvent(problem, fatal=False))
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -184,16 +236,21 @@ class RoundRunner:
 
     def _round(self, round_no: int, *, is_last: bool) -> bool:
         """Run one round; True when another round should follow."""
+        self._round_no = round_no
         self.state.telemetry.rounds = round_no
         self.state.emit(RoundEvent(round_no))
-        self.dispatcher.begin_round(accept_calls=not is_last)
+        self.dispatcher.begin_round()
         stream = _RoundStream(self, round_no)
         holder = [stream]
         tried: List[str] = []
 
         def may_advance() -> bool:
             if holder[0].committed:
-                return False
+                if not self.config.failover_after_tokens:
+                    return False
+                failed = tried[-1] if tried else "the model"
+                self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
+                                                     f"the round is streamed again on another model"))
             self.dispatcher.reset_round()
             holder[0] = _RoundStream(self, round_no)
             return True
@@ -216,6 +273,9 @@ class RoundRunner:
         self._account(outcome)
         if (outcome.response.finish_reason or "stop") not in CUT_OFF_FINISH_REASONS:
             self.dispatcher.release_side_effects()
+        else:
+            self.dispatcher.drop_held()
+        self.dispatcher.cancel_unused_replays()
         text = stream.text
         self.state.rounds.append(text)
         results = self._join_round()
@@ -227,7 +287,7 @@ class RoundRunner:
             return False
         if is_last:
             self._stop("max_continuations_reached")
-            self.state.answer = "\n\n".join(part for part in self.state.rounds if part)
+            self.state.answer = _joined(self.state.rounds)
             return False
         self._continue_with(stream, results)
         return True
@@ -241,38 +301,41 @@ class RoundRunner:
             self.state.usage = usage if self.state.usage is None else self.state.usage + usage
 
     def _join_round(self) -> List[ToolResult]:
-        results = []
-        for entry in self.dispatcher.entries():
-            if isinstance(entry, ToolHandle):
-                result = self._await(entry)
-                self._count_tool_outcome(result)
-            else:
-                result = entry
-            results.append(result)
-            self.state.emit(ToolResultEvent(result))
+        """The round's results in call order (each was already sent as it finished)."""
+        results = [self._await(entry) for entry in self.dispatcher.entries()]
         self.state.results.extend(results)
-        # Results filed in the RAG store must be searchable when the next round starts.
-        self.dispatcher.wait_for_results_delivered(self.config.tool_timeout)
+        # Filed results must be searchable when the next round starts; a store
+        # that takes longer than filing_timeout is reported, not waited for.
+        if not self.dispatcher.wait_until_reported(self.config.filing_timeout):
+            self._filing_failed(f"filing tool results in the RAG store took longer than "
+                                f"{self.config.filing_timeout:g}s; the next round may not find them")
         return results
 
-    def _await(self, handle: ToolHandle) -> ToolResult:
-        """The handle's result at its deadline at the latest; at once if the run is cancelled."""
+    def _await(self, entry: Any) -> ToolResult:
+        """The entry's result at its deadline at the latest; at once if the run is cancelled."""
+        handle = entry_handle(entry)
+        if handle is None:
+            return entry_result(entry)
         cancel = self.state.cancel
         while not handle.wait(CANCEL_POLL_S):
             if cancel.is_set():
                 handle.cancel()
                 if not handle.done():
-                    return _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
-        return handle.result()
+                    result = _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
+                    self._report_once(result)
+                    return result
+        self.dispatcher.settle_unstarted(handle)
+        return entry_result(entry)
 
     def _count_tool_outcome(self, result: ToolResult) -> None:
         telemetry = self.state.telemetry
-        if result.ok:
-            telemetry.tools_ok += 1
-        elif result.timed_out:
-            telemetry.tools_timed_out += 1
-        else:
-            telemetry.tools_failed += 1
+        with self._lock:
+            if result.ok:
+                telemetry.tools_ok += 1
+            elif result.timed_out:
+                telemetry.tools_timed_out += 1
+            else:
+                telemetry.tools_failed += 1
 
     def _continue_with(self, stream: _RoundStream, results: List[ToolResult]) -> None:
         native_ids: Set[str] = {call.id for call in stream.native_calls}
@@ -295,7 +358,9 @@ class RoundRunner:
             if held:
                 self.show(stream, held)
         self._count_parse_errors(stream)
+        self.dispatcher.drop_held()
         self.dispatcher.cancel_all()
+        self.dispatcher.cancel_unused_replays()
         self._collect_abandoned()
         if isinstance(exc, LlmCancelledError) or self.state.cancel.is_set():
             self.state.rounds.append(stream.text)
@@ -311,20 +376,21 @@ class RoundRunner:
             self.state.emit(ErrorEvent(f"the model's stream failed after a partial answer: {exc}"))
             self._stop("llm_error_after_tokens")
         self.state.rounds.append(stream.text)
-        self.state.answer = stream.text
+        # Everything the person has read stays in the answer: earlier drafts too.
+        self.state.answer = _joined(self.state.rounds)
 
     def _collect_abandoned(self) -> None:
-        """Report the tools of a broken round without waiting for the ones still running."""
+        """The tools of a broken round, without waiting for the ones still running."""
         for entry in self.dispatcher.entries():
-            if isinstance(entry, ToolHandle):
-                result = entry.result() if entry.done() else _abandoned(
-                    entry, "cancelled: the round ended before the tool finished")
-                if entry.done():
-                    self._count_tool_outcome(result)
+            handle = entry_handle(entry)
+            if handle is None or handle.done():
+                if handle is not None:
+                    self.dispatcher.settle_unstarted(handle)
+                self.state.results.append(entry_result(entry))
             else:
-                result = entry
-            self.state.results.append(result)
-            self.state.emit(ToolResultEvent(result))
+                result = _abandoned(handle, "cancelled: the round ended before the tool finished")
+                self._report_once(result)
+                self.state.results.append(result)
 
     def _stop(self, reason: str) -> None:
         if self.state.telemetry.stop_reason is None:
@@ -338,9 +404,10 @@ class RoundRunner:
         telemetry.dedup_skipped = counters.dedup_skipped
         telemetry.cap_skipped = counters.cap_skipped
         telemetry.disallowed = counters.disallowed
+        telemetry.refused = counters.refused
         telemetry.parse_errors = counters.parse_errors + self._parser_errors
         telemetry.total_s = time.monotonic() - state.started
-        answer = state.answer if state.answer is not None else "\n\n".join(p for p in state.rounds if p)
+        answer = state.answer if state.answer is not None else _joined(state.rounds)
         result = EngineResult(answer=answer, rounds=tuple(state.rounds), tool_results=tuple(state.results),
                               telemetry=telemetry, usage=state.usage, error=state.error)
         state.done = True

@@ -44,12 +44,13 @@ class Harness:
         self.delivered = []
         self.dispatcher = ToolDispatcher(
             ToolRegistry(list(tools)), executor, DispatchLimits(per_round, total, timeout, allowed),
-            CancelToken(), on_start=self.started.append, on_result=self.delivered.append)
+            CancelToken(), on_start=self.started.append, on_result=lambda result, ran: self.delivered.append(result))
 
     def results(self):
         out = []
         for entry in self.dispatcher.entries():
             out.append(entry.result(timeout=5) if isinstance(entry, ToolHandle) else entry)
+        assert self.dispatcher.wait_until_reported(5)
         return out
 
 
@@ -107,18 +108,21 @@ def test_invalid_arguments_are_a_parse_error_not_a_start(executor):
     h.dispatcher.dispatch(call(1, arguments='{"text": '))
     h.dispatcher.dispatch(call(2, arguments='["not", "an", "object"]'))
     broken, array = h.results()
-    assert broken.error.startswith("invalid arguments: arguments of tool call 'echo' are not valid JSON")
+    assert broken.error.startswith("invalid arguments for tool 'echo': arguments of tool call 'echo' are not valid JSON")
     assert "must be a JSON object" in array.error
     assert h.dispatcher.counters.parse_errors == 2 and h.dispatcher.counters.tools_started == 0
 
 
-def test_a_closed_round_refuses_calls_because_no_continuation_would_read_them(executor):
-    h = Harness(executor)
-    h.dispatcher.begin_round(accept_calls=False)
-    h.dispatcher.dispatch(call(1))
-    (result,) = h.results()
-    assert "no continuation left" in result.error and h.dispatcher.counters.cap_skipped == 1
-    assert h.dispatcher.found_calls and not h.dispatcher.started_any
+def test_a_call_a_gate_stopped_can_be_asked_for_again_once_it_would_pass(executor):
+    h = Harness(executor, per_round=1)
+    h.dispatcher.dispatch(call(1, arguments='{"text": "a"}'))
+    h.dispatcher.dispatch(call(2, arguments='{"text": "b"}'))  # over the round's cap: never started
+    h.results()
+    h.dispatcher.begin_round()
+    h.dispatcher.dispatch(call(3, arguments='{"text": "b"}'))  # not a duplicate: the first never ran
+    results = h.results()
+    assert results[-1].ok and results[-1].text == "echo b"
+    assert h.dispatcher.counters.cap_skipped == 1 and h.dispatcher.counters.dedup_skipped == 0
 
 
 def test_side_effect_tools_wait_for_the_stream_to_finish_normally(executor):
@@ -126,7 +130,7 @@ def test_side_effect_tools_wait_for_the_stream_to_finish_normally(executor):
     h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
     h.dispatcher.dispatch(call(2))
     held, _ = h.dispatcher.entries()
-    assert isinstance(held, ToolResult) and "not run" in held.error
+    assert isinstance(held, ToolResult) and held.error.startswith("held")
     assert [c.name for c in h.started] == ["echo"]
     h.dispatcher.release_side_effects()
     sent, echoed = h.results()
@@ -137,8 +141,11 @@ def test_side_effect_tools_wait_for_the_stream_to_finish_normally(executor):
 def test_a_side_effect_tool_never_starts_when_the_stream_broke(executor):
     h = Harness(executor)
     h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
-    (held,) = h.results()  # the round ends without release_side_effects()
-    assert not held.ok and h.started == [] and h.dispatcher.counters.tools_started == 0
+    h.dispatcher.drop_held()  # the round's stream broke
+    (held,) = h.results()
+    assert not held.ok and "not run" in held.error
+    assert h.started == [] and h.dispatcher.counters.tools_started == 0
+    assert [r.error for r in h.delivered] == [held.error]
 
 
 def test_reset_round_forgets_an_attempt_that_started_nothing(executor):
@@ -165,7 +172,7 @@ def test_results_are_delivered_on_the_worker_before_the_round_is_joined(executor
     h = Harness(executor)
     h.dispatcher.dispatch(call(1, arguments='{"text": "a"}'))
     h.dispatcher.dispatch(call(2, arguments='{"text": "b"}'))
-    assert h.dispatcher.wait_for_results_delivered(5.0)
+    assert h.dispatcher.wait_until_reported(5.0)
     assert sorted(r.text for r in h.delivered) == ["echo a", "echo b"]
 
 

@@ -9,7 +9,7 @@ from loguru import logger
 
 from streamengine.errors import ConfigError
 from streamengine.events import (
-    DoneEvent, ErrorEvent, Event, EventEmitter, HeartbeatEvent, ModelChunkEvent, Observer, RoundEvent,
+    DoneEvent, ErrorEvent, Event, EventEmitter, HeartbeatEvent, ModelChunkEvent, Observer, ResetEvent, RoundEvent,
     TokenEvent, ToolResultEvent, ToolStartEvent, check_observers, notify_observers,
 )
 from streamengine.messages import Chunk, Response, ToolCall
@@ -116,7 +116,8 @@ def test_observers_are_checked_and_a_failing_one_does_not_stop_the_rest(warnings
     (ToolStartEvent, "tool_start", (ToolCall("c1", "search", "{}"),)),
     (ToolResultEvent, "tool_result", (object(),)),
     (RoundEvent, "round", (2,)),
-    (ErrorEvent, "error", ("boom",)),
+    (ErrorEvent, "error", ("boom", True)),
+    (ResetEvent, "reset", (2, "model a failed mid-answer")),
     (DoneEvent, "done", (object(),)),
     (HeartbeatEvent, "heartbeat", ()),
 ])
@@ -133,4 +134,4 @@ def test_engine_events_are_frozen_and_name_is_a_class_attribute(cls, name, args)
 
 def test_event_union_is_exactly_the_engine_events():
     assert set(typing.get_args(Event)) == {
-        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ErrorEvent, DoneEvent, HeartbeatEvent}
+        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ResetEvent, ErrorEvent, DoneEvent, HeartbeatEvent}

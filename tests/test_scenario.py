@@ -105,7 +105,7 @@ def test_a_scenario_that_holds_passes_and_one_that_does_not_says_why():
     turns = [[{"text": "a " + BLOCK}, {"delay": 0.2}, {"text": " b"}], [{"text": "final"}]]
     tools = [{"fake": "echo", "name": "t", "params": {"x": "string"}}]
     good = run_scenario(scenario(turns=turns, tools=tools, expect={
-        "events": ["round", "tool_start", "token", "tool_result", "round", "done"],
+        "events": ["round", "tool_start", "tool_result", "token", "round", "done"],
         "tools_started_before_stream_end": True, "answer_equals": "final", "requests": 2,
         "request_contains": {"1": ['\\"x\\": \\"1\\"']}, "telemetry": {"tools_ok": 1}, "error": False}))
     assert good.passed, good.reason

@@ -17,7 +17,7 @@ import pytest
 
 from streamengine.clients.openai import OpenAICompatibleClient
 from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
 
@@ -174,7 +174,17 @@ def test_malformed_blocks_never_run_and_stay_visible(engine, fp, ran, text, pars
     assert not [e for e in events if isinstance(e, ToolStartEvent)]
     assert round_one_text(events) == text
     assert result_of(events).telemetry.parse_errors == parse_errors
-    assert result_of(events).telemetry.rounds == 1  # no call was found: nothing to continue with
+    told = [e.result for e in events if isinstance(e, ToolResultEvent)]
+    notices = [e for e in events if isinstance(e, ErrorEvent)]
+    if "x" * 3000 in text:  # the oversized block, given up as text: an event tells, no round 2
+        assert told == [] and [n.fatal for n in notices] == [False] and "longer than" in notices[0].message
+        assert result_of(events).telemetry.rounds == 1
+    elif parse_errors:  # the model wrote a call that cannot run: it is told why and may try again
+        assert len(told) == 1 and not told[0].ok and "was not run" in told[0].error
+        assert result_of(events).telemetry.rounds == 2
+        assert "was not run" in fp.requests[1].json["messages"][-1]["content"]
+    else:  # not a block at all: plain text, nothing to continue with
+        assert told == [] and result_of(events).telemetry.rounds == 1
 
 
 def test_a_stream_recovers_after_a_broken_block(engine, fp, ran):
