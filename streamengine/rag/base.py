@@ -67,6 +67,86 @@ class Embedder(Protocol):
         ...
 
 
+# ---------------------------------------------------------------------------
+# What every store checks and how it embeds
+# ---------------------------------------------------------------------------
+
+
+def _check_search_args(query: Any, k: Any, source: Any) -> None:
+    if not isinstance(query, str):
+        raise ConfigError(f"search query must be a str, got {type(query).__name__}")
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ConfigError(f"k must be a positive int (how many hits), got {k!r}")
+    _check_source(source, allow_none=True)
+
+
+def _candidate_depth(k: int) -> int:
+    return max(_MIN_CANDIDATES, 4 * k)
+
+
+class _StoreEmbedding:
+    """The embedding side every store shares: labels, unit vectors, never failing ingestion.
+
+    Ingestion must never fail the request, so an embedding problem is logged
+    and the text is stored without vectors (found by keywords only); a query
+    that cannot be embedded is answered by keywords alone.
+    """
+
+    def __init__(self, embedder: Optional[Embedder], embed_model: Optional[str], log: Any) -> None:
+        if embedder is not None and not callable(getattr(embedder, "embed", None)):
+            raise ConfigError(
+                f"embedder must have embed(texts, model), got {type(embedder).__name__}; "
+                "use OpenAIEmbedder(client, model) or HashingEmbedder()"
+            )
+        self.embedder = embedder
+        self.embed_model = embed_model
+        self._log = log
+
+    def label(self, model: Optional[str] = None) -> Optional[str]:
+        """The model name stored with vectors: only same-label vectors are compared."""
+        if self.embedder is None:
+            return None
+        return model or self.embed_model or getattr(self.embedder, "model", None) or type(self.embedder).__name__
+
+    def for_storage(self, source: str, texts: List[str],
+                    embed_model: Optional[str]) -> Tuple[List[Optional[List[float]]], Optional[str]]:
+        """One unit vector (or None) per text, and the label to store them under."""
+        if self.embedder is None:
+            return [None] * len(texts), None
+        model = embed_model or self.embed_model
+        try:
+            vectors = _unit_vectors(self.embedder.embed(texts, model), len(texts))
+        except Exception as exc:  # ingestion must never fail the request
+            self._log.warning(
+                "embedding {} chunk(s) of {!r} with model {!r} failed ({}: {}); stored the text without "
+                "vectors, so it is found by keywords only",
+                len(texts), source, self.label(model), type(exc).__name__, exc,
+            )
+            return [None] * len(texts), None
+        return vectors, self.label(model)
+
+    def for_query(self, query: str) -> Optional[List[float]]:
+        if self.embedder is None:
+            return None
+        try:
+            vectors = list(self.embedder.embed([query], self.embed_model))
+            if len(vectors) != 1:
+                raise ValueError(f"embedder returned {len(vectors)} vectors for 1 query")
+            return _unit_vector(vectors[0])
+        except Exception as exc:
+            self._log.warning(
+                "embedding the search query failed ({}: {}); ranking by keywords (BM25) only",
+                type(exc).__name__, exc,
+            )
+            return None
+
+
+def _fuse_or_keywords(keyword: Sequence[Tuple[int, float]], semantic: Optional[Sequence[Tuple[int, float]]],
+                      k: int) -> List[Tuple[int, float]]:
+    """The keyword ranking alone when there is no query vector, else both fused by RRF."""
+    if semantic is None:
+        return list(keyword[:k])
+    return _reciprocal_rank_fusion([[i for i, _ in keyword], [i for i, _ in semantic]])[:k]
 
 
 def _check_source(source: Any, allow_none: bool) -> None:
@@ -104,6 +184,14 @@ def _unit_vector(values: Iterable[Any]) -> Optional[List[float]]:
     if not vector or not math.isfinite(norm) or norm == 0.0:
         return None
     return [x / norm for x in vector]
+
+
+def _unit_vectors(vectors: Any, expected: int) -> List[Optional[List[float]]]:
+    """Each vector scaled to unit length (None when unusable); ValueError on a malformed answer."""
+    vectors = list(vectors)
+    if len(vectors) != expected:
+        raise ValueError(f"embedder returned {len(vectors)} vectors for {expected} texts")
+    return [_unit_vector(vector) for vector in vectors]
 
 
 def _reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> List[Tuple[int, float]]:
