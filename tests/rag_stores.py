@@ -1,0 +1,116 @@
+"""Making RAG stores of every kind for the contract tests, in this process or another.
+
+The PostgreSQL server comes from ``STREAMENGINE_TEST_PG_DSN`` (``scripts/test``
+starts a throwaway one).  Without it the Postgres tests skip with a reason,
+except under ``CI=true``, where they fail: CI must never pass by skipping them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any, Dict, List
+
+import pytest
+
+from streamengine.rag import HashingEmbedder, PostgresRagStore, SqliteRagStore
+
+PG_DSN_ENV = "STREAMENGINE_TEST_PG_DSN"
+STORE_KINDS = ["sqlite", "sqlite-like", "postgres"]
+
+
+def postgres_dsn() -> str:
+    """The test server's DSN; skips (fails under CI=true) when there is none."""
+    dsn = os.environ.get(PG_DSN_ENV)
+    if dsn:
+        return dsn
+    message = (f"no PostgreSQL for the Postgres store tests: ${PG_DSN_ENV} is not set; run the tests through "
+               f"scripts/test (it starts a throwaway server) or set {PG_DSN_ENV}=postgresql://user@host/db")
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI=true: these tests must run in CI)", pytrace=False)
+    pytest.skip(message)
+
+
+def drop_tables(dsn: str, tables: List[str]) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in tables:
+            conn.execute(psycopg.sql.SQL("DROP TABLE IF EXISTS {}").format(psycopg.sql.Identifier(table)))
+
+
+class StoreMaker:
+    """Makes stores of one kind; each ``new()`` is an empty corpus, ``again()`` reopens one."""
+
+    def __init__(self, kind: str, tmp_path: Any) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.dsn = postgres_dsn() if kind == "postgres" else None
+        self.stores: List[Any] = []
+        self.tables: List[str] = []
+
+    def new(self, persistent: bool = False, **kwargs: Any) -> Any:
+        """An empty store; ``persistent`` SQLite stores live in a file (for other processes)."""
+        name = f"rag_{uuid.uuid4().hex[:16]}"
+        if self.kind == "postgres":
+            self.tables.append(name)
+            spec = {"kind": self.kind, "dsn": self.dsn, "table": name}
+        else:
+            path = str(self.tmp_path / f"{name}.sqlite") if persistent else ":memory:"
+            spec = {"kind": self.kind, "path": path}
+        return self._open(spec, **kwargs)
+
+    def again(self, store: Any, **kwargs: Any) -> Any:
+        """Another instance on the same data (another connection, the same corpus)."""
+        return self._open(store.test_spec, **kwargs)
+
+    def _open(self, spec: Dict[str, Any], **kwargs: Any) -> Any:
+        store = open_store(spec, **kwargs)
+        self.stores.append(store)
+        return store
+
+    def cleanup(self) -> None:
+        for store in self.stores:
+            store.close()
+        if self.tables:
+            drop_tables(self.dsn, self.tables)
+
+
+def open_store(spec: Dict[str, Any], **kwargs: Any) -> Any:
+    """A store from a spec (a dict that also crosses to subprocesses as JSON)."""
+    if spec["kind"] == "postgres":
+        store = PostgresRagStore(spec["dsn"], table=spec["table"], **kwargs)
+    else:
+        store = SqliteRagStore(spec["path"], _force_no_fts=spec["kind"] == "sqlite-like", **kwargs)
+    store.test_spec = spec
+    return store
+
+
+# A subprocess that opens the store of spec (argv[1]), waits for "go" on stdin,
+# then files and searches; used to run writers in several processes at once.
+WRITER_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests_dir!r})
+from rag_stores import open_store, HashingEmbedder
+spec, n = json.loads(sys.argv[1]), int(sys.argv[2])
+store = open_store(spec, embedder=HashingEmbedder())
+print("ready", flush=True)
+assert sys.stdin.readline().strip() == "go"
+for i in range(20):
+    store.add_chunks(f"proc{{n}}:{{i}}", [f"process{{n}} item{{i}} shared words", f"second{{n}}x{{i}} chunk"])
+    store.search(f"process{{(n + 1) % 3}} shared", k=3)
+store.close()
+print("done", flush=True)
+"""
+
+
+def writer_script() -> str:
+    return WRITER_SCRIPT.format(tests_dir=os.path.dirname(os.path.abspath(__file__)))
+
+
+def spec_json(store: Any) -> str:
+    return json.dumps(store.test_spec)
+
+
+__all__ = ["HashingEmbedder", "STORE_KINDS", "StoreMaker", "drop_tables", "open_store", "postgres_dsn",
+           "spec_json", "writer_script"]
