@@ -13,10 +13,11 @@ from typing import Any, Dict, List
 
 import pytest
 
-from streamengine.rag import HashingEmbedder, PostgresRagStore, SqliteRagStore
+from streamengine.rag import PostgresRagStore, SqliteRagStore
 
 PG_DSN_ENV = "STREAMENGINE_TEST_PG_DSN"
 STORE_KINDS = ["sqlite", "sqlite-like", "postgres"]
+STEMMING_KINDS = ["sqlite", "postgres"]  # the LIKE fallback has no stemmer (it warns when it runs)
 
 
 def postgres_dsn() -> str:
@@ -91,7 +92,8 @@ def open_store(spec: Dict[str, Any], **kwargs: Any) -> Any:
 WRITER_SCRIPT = """
 import json, sys
 sys.path.insert(0, {tests_dir!r})
-from rag_stores import open_store, HashingEmbedder
+from rag_stores import open_store
+from streamengine.rag import HashingEmbedder
 spec, n = json.loads(sys.argv[1]), int(sys.argv[2])
 store = open_store(spec, embedder=HashingEmbedder())
 print("ready", flush=True)
@@ -112,5 +114,42 @@ def spec_json(store: Any) -> str:
     return json.dumps(store.test_spec)
 
 
-__all__ = ["HashingEmbedder", "STORE_KINDS", "StoreMaker", "drop_tables", "open_store", "postgres_dsn",
-           "spec_json", "writer_script"]
+
+
+# ---------------------------------------------------------------------------
+# Shared corpora
+# ---------------------------------------------------------------------------
+
+HOSTILE_QUERIES = [
+    '"', '""', '"unterminated', "AND", "alpha AND", "OR OR", "NOT", "*", "alpha*", "text:alpha",
+    "col:", ":", "(", "((alpha", "alpha)", "NEAR(alpha beta)", "-alpha", "^alpha", "+", "{text}: x",
+    "alpha' OR '1'='1", "%", "_", "\\", "\x00", "🙂 émoji", "a" * 5000, " ".join(["w%d" % i for i in range(500)]),
+    "alpha & beta | !gamma <-> delta:*", "'); DROP TABLE x; --", "$1 %s %(x)s {}", "½ ² ٣ 三",
+]
+
+CORPUS = {
+    "doc:cats": "Cats sleep most of the day and the cats purr when they are happy.",
+    "doc:dogs": "Dogs bark at the mail carrier and the dogs love long walks in the park.",
+    "doc:rare": "The quokka is a small marsupial and the quokka lives on Rottnest Island.",
+    "doc:park": "The park opens at dawn and the park closes at dusk for the day.",
+    "doc:mix": "The day the dogs and the cats met in the park was a happy day.",
+}
+
+FUSION_DOCS = {
+    "r1": "alpha report on quarterly staffing",
+    "r2": "alpha release notes mobile app",
+    "r3": "alpha particles stopped by paper",
+    "f1": "beta testers liked the new onboarding screens today",
+    "f2": "beta version shipped to the early customers last week",
+    "f3": "beta blockers lower the resting heart rate a bit",
+    "f4": "beta coefficient of the stock versus the market index",
+    "f5": "beta decay emits an electron from the nucleus quickly",
+    "f6": "beta fish need warm clean water in small tanks",
+    "x": "beta beta beta",
+}
+
+
+def fill(store: Any, corpus: Dict[str, str] = CORPUS) -> Any:
+    for source, text in corpus.items():
+        assert store.add_chunks(source, [text]) == 1
+    return store

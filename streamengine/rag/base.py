@@ -163,7 +163,9 @@ def _clean_chunks(chunks: Any) -> List[str]:
     for item in texts:
         if not isinstance(item, str):
             raise ConfigError(f"every chunk must be a str, got {type(item).__name__}")
-    return [text for text in texts if text.strip()]
+    # NUL cannot be stored in PostgreSQL text and cuts SQLite's LIKE short:
+    # every store keeps U+FFFD in its place, so all find the words around it.
+    return [text.replace("\x00", "\ufffd") for text in texts if text.strip()]
 
 
 def _query_tokens(query: str) -> List[str]:

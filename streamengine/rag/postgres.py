@@ -80,7 +80,7 @@ def _import_psycopg() -> Tuple[Any, Any]:
 
 
 def _storable(text: str) -> str:
-    """PostgreSQL text cannot hold NUL: it becomes U+FFFD (the SQLite store keeps it)."""
+    """PostgreSQL text cannot hold NUL: in a source it becomes U+FFFD, as in chunks (base)."""
     return text.replace("\x00", "\ufffd")
 
 
@@ -230,7 +230,7 @@ class PostgresRagStore:
             return 0
         self._require_open()  # before a possibly slow embedding call
         vectors, label = self._embedding.for_storage(source, texts, embed_model)
-        rows = [(_storable(source), _storable(text), None if vector is None else label, vector)
+        rows = [(_storable(source), text, None if vector is None else label, vector)
                 for text, vector in zip(texts, vectors)]
         insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector) VALUES (%s, %s, %s, %s)")
         with self._connection(f"store {len(texts)} chunk(s) of {source!r}") as conn:
