@@ -178,7 +178,7 @@ FILING_PROCESS = """
 import json, sys
 sys.path.insert(0, {tests_dir!r})
 from rag_stores import open_store
-from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
 from streamengine.testing import FakeProvider, steps as s
 
 @tool
