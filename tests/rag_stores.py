@@ -12,12 +12,24 @@ import uuid
 from typing import Any, Dict, List
 
 import pytest
+from loguru import logger
 
 from streamengine.rag import PostgresRagStore, SqliteRagStore
 
 PG_DSN_ENV = "STREAMENGINE_TEST_PG_DSN"
 STORE_KINDS = ["sqlite", "sqlite-like", "postgres"]
 STEMMING_KINDS = ["sqlite", "postgres"]  # the LIKE fallback has no stemmer (it warns when it runs)
+
+
+@pytest.fixture
+def warnings_log():
+    """Warning records logged by streamengine during the test (import it into a test module)."""
+    records = []
+    logger.enable("streamengine")
+    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
+    yield records
+    logger.remove(sink)
+    logger.disable("streamengine")
 
 
 def postgres_dsn() -> str:

@@ -10,9 +10,8 @@ import threading
 import time
 
 import pytest
-from loguru import logger
 
-from rag_stores import fill
+from rag_stores import fill, warnings_log  # noqa: F401 - a fixture
 from streamengine.rag import base as rag_base, sqlite as rag
 from streamengine.errors import ConfigError, LlmProtocolError
 from streamengine.rag import (
@@ -34,15 +33,6 @@ def no_thread_leaks():
     assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
 
 
-@pytest.fixture
-def warnings_log():
-    """Warning records logged by streamengine during the test."""
-    records = []
-    logger.enable("streamengine")
-    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
-    yield records
-    logger.remove(sink)
-    logger.disable("streamengine")
 
 
 # ---------------------------------------------------------------------------

@@ -11,10 +11,10 @@ import sys
 import threading
 
 import pytest
-from loguru import logger
 
-from rag_stores import (
-    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, STORE_KINDS, StoreMaker, fill, spec_json, writer_script,
+from rag_stores import (  # noqa: F401 - warnings_log is a fixture
+    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, STORE_KINDS, StoreMaker, fill, spec_json,
+    warnings_log, writer_script,
 )
 from streamengine.errors import ConfigError, StreamEngineError
 from streamengine.rag import HashingEmbedder, Hit, RagStore, base as rag_base
@@ -29,15 +29,6 @@ def stores(request, tmp_path):
     maker.cleanup()
 
 
-@pytest.fixture
-def warnings_log():
-    """Warning records logged by streamengine during the test."""
-    records = []
-    logger.enable("streamengine")
-    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
-    yield records
-    logger.remove(sink)
-    logger.disable("streamengine")
 
 
 # ---------------------------------------------------------------------------

@@ -149,6 +149,53 @@ def _fuse_or_keywords(keyword: Sequence[Tuple[int, float]], semantic: Optional[S
     return _reciprocal_rank_fusion([[i for i, _ in keyword], [i for i, _ in semantic]])[:k]
 
 
+class _StoreBase:
+    """The steps every store takes the same way around its own SQL.
+
+    A subclass sets ``_embedding`` (a :class:`_StoreEmbedding`) and defines
+    ``_require_open`` (raises once closed) and ``close``.
+    """
+
+    _embedding: _StoreEmbedding
+
+    def _require_open(self) -> Any:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _checked_chunks(self, source: Any, chunks: Any, embed_model: Optional[str],
+                        ) -> Tuple[List[str], List[Optional[List[float]]], Optional[str]]:
+        """The non-blank texts to store, their unit vectors (or None) and the vectors' label."""
+        _check_source(source, allow_none=False)
+        texts = _clean_chunks(chunks)
+        if not texts:
+            return [], [], None
+        self._require_open()  # before a possibly slow embedding call
+        vectors, label = self._embedding.for_storage(source, texts, embed_model)
+        return texts, vectors, label
+
+    def _checked_query(self, query: Any, k: Any, source: Any) -> Tuple[bool, Optional[List[float]]]:
+        """Whether there is anything to search for, and the query's unit vector (None: keywords only)."""
+        _check_search_args(query, k, source)
+        if not query.strip():
+            return False, None
+        self._require_open()  # before a possibly slow query embedding
+        return True, self._embedding.for_query(query)
+
+
+def _hits_in_order(ranked: Sequence[Tuple[int, float]], rows: Iterable[Tuple[int, str, str]]) -> List[Hit]:
+    """Hits for the ranked ids, in rank order, from ``(id, source, text)`` rows in any order."""
+    by_id = {row_id: (source, text) for row_id, source, text in rows}
+    return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
+
+
 def _check_source(source: Any, allow_none: bool) -> None:
     if source is None and allow_none:
         return

@@ -16,8 +16,7 @@ from ..errors import ConfigError, StreamEngineError
 from ..logs import component_logger
 
 from .base import (
-    Embedder, Hit, _StoreEmbedding, _candidate_depth, _check_search_args, _check_source, _clean_chunks,
-    _fuse_or_keywords, _query_tokens,
+    Embedder, Hit, _candidate_depth, _check_source, _hits_in_order, _query_tokens, _StoreBase, _StoreEmbedding,
 )
 
 DSN_ENV = "STREAMENGINE_RAG_DSN"
@@ -84,7 +83,7 @@ def _storable(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-class PostgresRagStore:
+class PostgresRagStore(_StoreBase):
     """A :class:`RagStore` in PostgreSQL, shared by every process that opens the same DSN.
 
     - Keyword search: a generated ``tsvector`` column ('english' stemming)
@@ -224,12 +223,9 @@ class PostgresRagStore:
         Embedding failures never raise (the text is stored without vectors);
         database errors raise StreamEngineError.
         """
-        _check_source(source, allow_none=False)
-        texts = _clean_chunks(chunks)
+        texts, vectors, label = self._checked_chunks(source, chunks, embed_model)
         if not texts:
             return 0
-        self._require_open()  # before a possibly slow embedding call
-        vectors, label = self._embedding.for_storage(source, texts, embed_model)
         rows = [(_storable(source), text, None if vector is None else label, vector)
                 for text, vector in zip(texts, vectors)]
         insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector) VALUES (%s, %s, %s, %s)")
@@ -245,12 +241,10 @@ class PostgresRagStore:
         with one, keyword and cosine rankings fused by RRF (``score`` = fused
         score).  If the query cannot be embedded, keywords alone answer.
         """
-        _check_search_args(query, k, source)
-        if not query.strip():
+        searchable, query_vector = self._checked_query(query, k, source)
+        if not searchable:
             return []
-        self._require_open()  # before a possibly slow query embedding
         depth = _candidate_depth(k)
-        query_vector = self._embedding.for_query(query)
         tokens = _query_tokens(query)
         scope = None if source is None else _storable(source)
         with self._connection("search") as conn:
@@ -275,12 +269,6 @@ class PostgresRagStore:
                 return conn.execute(self._sql("SELECT count(*) FROM {table}")).fetchone()[0]
             return conn.execute(self._sql("SELECT count(*) FROM {table} WHERE source = %s"),
                                 [_storable(source)]).fetchone()[0]
-
-    def __enter__(self) -> "PostgresRagStore":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         mode = "pgvector" if self.uses_pgvector else "float8[]"
@@ -314,8 +302,7 @@ class PostgresRagStore:
             return []
         rows = conn.execute(self._sql("SELECT id, source, text FROM {table} WHERE id = ANY(%s)"),
                             [[row_id for row_id, _ in ranked]]).fetchall()
-        by_id = {row_id: (src, text) for row_id, src, text in rows}
-        return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
+        return _hits_in_order(ranked, rows)
 
 
 def _resolve_dsn(dsn: Optional[str]) -> str:

@@ -21,8 +21,7 @@ from ..errors import ConfigError, StreamEngineError
 from ..logs import component_logger
 
 from .base import (
-    Embedder, Hit, _StoreEmbedding, _TOKEN_RE, _candidate_depth, _check_search_args, _check_source, _clean_chunks,
-    _fuse_or_keywords, _query_tokens,
+    Embedder, Hit, _candidate_depth, _check_source, _hits_in_order, _query_tokens, _StoreBase, _StoreEmbedding, _TOKEN_RE,
 )
 
 
@@ -58,7 +57,7 @@ def _fts5_available() -> bool:
         probe.close()
 
 
-class SqliteRagStore:
+class SqliteRagStore(_StoreBase):
     """The embedded :class:`RagStore`: SQLite with FTS5, plus vectors when given an embedder.
 
     - Keyword search is FTS5 with BM25 ranking (porter stemming).  The user's
@@ -161,12 +160,9 @@ class SqliteRagStore:
         Embedding failures never raise: they are logged and the text is
         stored without vectors.  Database errors do raise (StreamEngineError).
         """
-        _check_source(source, allow_none=False)
-        texts = _clean_chunks(chunks)
+        texts, vectors, label = self._checked_chunks(source, chunks, embed_model)
         if not texts:
             return 0
-        self._require_open()  # before a possibly slow embedding call
-        vectors, label = self._embedding.for_storage(source, texts, embed_model)
         blobs = [None if vector is None else _to_blob(vector) for vector in vectors]
         with self._lock:
             conn = self._require_open()
@@ -198,12 +194,10 @@ class SqliteRagStore:
         and BM25 rankings fused by RRF (``score`` = fused score).  If the
         query cannot be embedded, BM25 alone answers.
         """
-        _check_search_args(query, k, source)
-        if not query.strip():
+        searchable, query_vector = self._checked_query(query, k, source)
+        if not searchable:
             return []
-        self._require_open()  # before a possibly slow query embedding
         depth = _candidate_depth(k)
-        query_vector = self._embedding.for_query(query)
         label = self._embedding.label()
         with self._lock:
             conn = self._require_open()
@@ -229,12 +223,6 @@ class SqliteRagStore:
             if source is None:
                 return conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
             return conn.execute("SELECT count(*) FROM chunks WHERE source = ?", (source,)).fetchone()[0]
-
-    def __enter__(self) -> "SqliteRagStore":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         mode = "fts5" if self.uses_fts else "like"
@@ -276,8 +264,7 @@ class SqliteRagStore:
             rows = conn.execute(
                 f"SELECT id, source, text FROM chunks WHERE id IN ({','.join('?' * len(ids))})", ids
             ).fetchall()
-        by_id = {row_id: (src, text) for row_id, src, text in rows}
-        return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
+        return _hits_in_order(ranked, rows)
 
 
 
