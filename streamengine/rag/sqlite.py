@@ -21,7 +21,8 @@ from ..errors import ConfigError, StreamEngineError
 from ..logs import component_logger
 
 from .base import (
-    Embedder, Hit, _candidate_depth, _check_source, _hits_in_order, _query_tokens, _StoreBase, _StoreEmbedding, _TOKEN_RE,
+    Embedder, Hit, _candidate_depth, _check_source, _fuse_or_keywords, _hits_in_order, _query_tokens,
+    _StoreBase, _StoreEmbedding, _TOKEN_RE,
 )
 
 
