@@ -227,7 +227,8 @@ class SqliteRagStore(_StoreBase):
 
     def __repr__(self) -> str:
         mode = "fts5" if self.uses_fts else "like"
-        return f"SqliteRagStore({self.path!r}, {mode}, embedder={type(self._embedding.embedder).__name__ if self._embedding.embedder else None})"
+        embedder = self._embedding.embedder
+        return f"SqliteRagStore({self.path!r}, {mode}, embedder={type(embedder).__name__ if embedder else None})"
 
     # -- ranking --------------------------------------------------------------
 
