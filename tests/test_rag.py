@@ -1,4 +1,6 @@
-"""streamengine.rag: chunking properties, SQLite/FTS5 ranking, vector fusion, threads, fallbacks."""
+"""streamengine.rag: chunking, embedders, and what is SQLite's own (files, FTS5 fallback).
+
+The store contract every store keeps is in test_rag_contract.py."""
 from __future__ import annotations
 
 import random
@@ -8,19 +10,13 @@ import threading
 import time
 
 import pytest
-from loguru import logger
 
+from rag_stores import fill, warnings_log  # noqa: F401 - a fixture
 from streamengine.rag import base as rag_base, sqlite as rag
-from streamengine.errors import ConfigError, LlmProtocolError, StreamEngineError
+from streamengine.errors import ConfigError, LlmProtocolError
 from streamengine.rag import (
-    Embedder, HashingEmbedder, Hit, OpenAIEmbedder, RagStore, SqliteRagStore, chunks_for_ingest,
+    Embedder, HashingEmbedder, OpenAIEmbedder, SqliteRagStore, chunks_for_ingest,
 )
-
-HOSTILE_QUERIES = [
-    '"', '""', '"unterminated', "AND", "alpha AND", "OR OR", "NOT", "*", "alpha*", "text:alpha",
-    "col:", ":", "(", "((alpha", "alpha)", "NEAR(alpha beta)", "-alpha", "^alpha", "+", "{text}: x",
-    "alpha' OR '1'='1", "%", "_", "\\", "\x00", "🙂 émoji", "a" * 5000, " ".join(["w%d" % i for i in range(500)]),
-]
 
 
 @pytest.fixture(autouse=True)
@@ -37,15 +33,6 @@ def no_thread_leaks():
     assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
 
 
-@pytest.fixture
-def warnings_log():
-    """Warning records logged by streamengine during the test."""
-    records = []
-    logger.enable("streamengine")
-    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
-    yield records
-    logger.remove(sink)
-    logger.disable("streamengine")
 
 
 # ---------------------------------------------------------------------------
@@ -179,88 +166,6 @@ def test_chunk_arguments_are_validated(kwargs):
 # SqliteRagStore: keyword search
 # ---------------------------------------------------------------------------
 
-CORPUS = {
-    "doc:cats": "Cats sleep most of the day and the cats purr when they are happy.",
-    "doc:dogs": "Dogs bark at the mail carrier and the dogs love long walks in the park.",
-    "doc:rare": "The quokka is a small marsupial and the quokka lives on Rottnest Island.",
-    "doc:park": "The park opens at dawn and the park closes at dusk for the day.",
-    "doc:mix": "The day the dogs and the cats met in the park was a happy day.",
-}
-
-
-def _store(**kwargs) -> SqliteRagStore:
-    store = SqliteRagStore(**kwargs)
-    for source, text in CORPUS.items():
-        assert store.add_chunks(source, [text]) == 1
-    return store
-
-
-@pytest.mark.parametrize("no_fts", [False, True])
-def test_the_document_with_the_rare_term_ranks_first(no_fts):
-    with _store(_force_no_fts=no_fts) as store:
-        hits = store.search("the day in the park with a quokka", k=3)
-        assert hits[0].source == "doc:rare"
-        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
-        assert all(isinstance(h, Hit) for h in hits) and len(hits) == 3
-        assert store.search("zzzunknownzzz") == []
-
-
-def test_search_filters_by_source_and_validates_k():
-    with _store() as store:
-        hits = store.search("park day dogs", k=5, source="doc:park")
-        assert [h.source for h in hits] == ["doc:park"]
-        assert store.search("park", source="doc:none") == []
-        for bad in (0, -1, 2.0, "5", True, None):
-            with pytest.raises(ConfigError):
-                store.search("park", k=bad)
-        with pytest.raises(ConfigError):
-            store.search(None)  # type: ignore[arg-type]
-        with pytest.raises(ConfigError):
-            store.search("park", source="")
-        assert store.search("   ") == []
-
-
-def test_stemming_matches_word_forms():
-    with _store() as store:
-        assert store.search("barking dog", k=1)[0].source == "doc:dogs"
-
-
-@pytest.mark.parametrize("no_fts", [False, True])
-def test_hostile_queries_never_raise(no_fts):
-    with _store(_force_no_fts=no_fts, embedder=HashingEmbedder()) as store:
-        for query in HOSTILE_QUERIES:
-            hits = store.search(query, k=3)
-            assert isinstance(hits, list)
-        # Operators and column filters are plain words: "text:quokka" finds the quokka.
-        assert store.search("text:quokka", k=1)[0].source == "doc:rare"
-        assert store.search('"quokka AND (', k=1)[0].source == "doc:rare"
-
-
-def test_add_chunks_validates_and_skips_blank_chunks():
-    with SqliteRagStore() as store:
-        assert store.add_chunks("s", ["one", "  ", "", "two"]) == 2
-        assert store.add_chunks("s", []) == 0
-        assert store.count() == 2 and store.count("s") == 2
-        for bad_source in ("", None, 3):
-            with pytest.raises(ConfigError):
-                store.add_chunks(bad_source, ["x"])  # type: ignore[arg-type]
-        with pytest.raises(ConfigError):
-            store.add_chunks("s", "a whole string")
-        with pytest.raises(ConfigError):
-            store.add_chunks("s", ["ok", 3])  # type: ignore[list-item]
-
-
-def test_closed_store_raises_a_clear_error_and_close_is_idempotent():
-    store = _store()
-    assert isinstance(store, RagStore)
-    store.close()
-    store.close()
-    with pytest.raises(StreamEngineError, match="closed"):
-        store.search("park")
-    with pytest.raises(StreamEngineError, match="closed"):
-        store.add_chunks("s", ["x"])
-
-
 # ---------------------------------------------------------------------------
 # Embedders and fusion
 # ---------------------------------------------------------------------------
@@ -279,52 +184,6 @@ def test_hashing_embedder_is_deterministic_and_unit_length():
     assert out.strip() == str(first)
     with pytest.raises(ConfigError):
         HashingEmbedder(0)
-
-
-FUSION_DOCS = {
-    "r1": "alpha report on quarterly staffing",
-    "r2": "alpha release notes mobile app",
-    "r3": "alpha particles stopped by paper",
-    "f1": "beta testers liked the new onboarding screens today",
-    "f2": "beta version shipped to the early customers last week",
-    "f3": "beta blockers lower the resting heart rate a bit",
-    "f4": "beta coefficient of the stock versus the market index",
-    "f5": "beta decay emits an electron from the nucleus quickly",
-    "f6": "beta fish need warm clean water in small tanks",
-    "x": "beta beta beta",
-}
-
-
-def test_cosine_fused_with_bm25_surfaces_a_doc_bm25_ranks_low():
-    # "beta" is in most documents, so BM25 gives it (almost) no weight and x,
-    # which shares only "beta" with the query, falls behind every "alpha"
-    # doc; its vector, though, is the closest to the query's.
-    query = "alpha beta"
-    plain = SqliteRagStore()
-    fused = SqliteRagStore(embedder=HashingEmbedder(256))
-    try:
-        for source, text in FUSION_DOCS.items():
-            plain.add_chunks(source, [text])
-            fused.add_chunks(source, [text])
-        assert "x" not in [h.source for h in plain.search(query, k=2)]
-        hits = fused.search(query, k=2)
-        assert "x" in [h.source for h in hits]
-        assert [h.source for h in hits] == ["r1", "x"]
-        # r1: first by BM25, behind x by cosine; the score is the RRF sum
-        assert 1 / (rag_base.RRF_K + 1) < hits[0].score <= 1 / (rag_base.RRF_K + 1) + 1 / (rag_base.RRF_K + 2)
-    finally:
-        plain.close()
-        fused.close()
-
-
-def test_vectors_of_another_model_are_not_compared():
-    with SqliteRagStore(embedder=HashingEmbedder(64), embed_model="model-a") as store:
-        store.add_chunks("a", ["beta beta beta"])
-        store.add_chunks("b", ["beta beta beta"], embed_model="model-b")
-        hits = store.search("gamma beta", k=5)
-        by_source = {h.source: h.score for h in hits}
-        # both are keyword hits; only "a" also ranks in the vector list
-        assert by_source["a"] > by_source["b"]
 
 
 class _FakeClient:
@@ -355,41 +214,6 @@ def test_openai_embedder_batches_in_order():
             OpenAIEmbedder(**bad)
 
 
-class _BrokenEmbedder:
-    model = "broken"
-
-    def __init__(self, fail_ingest=True, fail_query=True, wrong_count=False):
-        self.fail_ingest, self.fail_query, self.wrong_count = fail_ingest, fail_query, wrong_count
-
-    def embed(self, texts, model):
-        texts = list(texts)
-        is_query = len(texts) == 1 and texts[0].startswith("?")
-        if (self.fail_query if is_query else self.fail_ingest):
-            raise ConnectionError("embedding endpoint answered 500")
-        if self.wrong_count and not is_query:
-            return [[1.0]]
-        return HashingEmbedder(16).embed(texts, None)
-
-
-@pytest.mark.parametrize("embedder", [
-    _BrokenEmbedder(), _BrokenEmbedder(wrong_count=True, fail_ingest=False, fail_query=False),
-])
-def test_failed_embedding_still_stores_the_text(embedder, warnings_log):
-    with SqliteRagStore(embedder=embedder) as store:
-        assert store.add_chunks("tool:fetch:1", ["the unique phrase zanzibar pineapple", "other text"]) == 2
-        assert any("without vectors" in r["message"] for r in warnings_log)
-        hits = store.search("? zanzibar", k=1)
-        assert hits[0].source == "tool:fetch:1" and "zanzibar" in hits[0].text
-
-
-def test_a_failed_query_embedding_falls_back_to_bm25(warnings_log):
-    with SqliteRagStore(embedder=_BrokenEmbedder(fail_ingest=False)) as store:
-        store.add_chunks("s", ["quokka island", "dog park"])
-        hits = store.search("? quokka", k=2)
-        assert [h.source for h in hits] == ["s"] and "quokka" in hits[0].text
-        assert hits[0].score > 0 and any("BM25" in r["message"] for r in warnings_log)
-
-
 # ---------------------------------------------------------------------------
 # Persistence, threads, FTS5 fallback
 # ---------------------------------------------------------------------------
@@ -413,41 +237,9 @@ def test_a_file_store_persists_across_instances_and_processes(tmp_path):
         assert second.search("wombat burrows", k=1)[0].score == pytest.approx(2 / (rag_base.RRF_K + 1))
 
 
-@pytest.mark.parametrize("where", ["memory", "file"])
-def test_concurrent_add_and_search_from_eight_threads(where, tmp_path):
-    path = ":memory:" if where == "memory" else str(tmp_path / "threads.sqlite")
-    store = SqliteRagStore(path, embedder=HashingEmbedder())
-    barrier = threading.Barrier(8)
-    errors = []
-
-    def work(n):
-        try:
-            barrier.wait(timeout=10)
-            for i in range(15):
-                store.add_chunks(f"tool:t{n}:{i}", [f"thread{n} item{i} shared words", f"second{n}x{i} chunk"])
-                store.search(f"thread{(n + 1) % 8} shared", k=3)
-                store.search("shared", k=2, source=f"tool:t{n}:{i}")
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(n,), name=f"rag-{n}") for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    try:
-        assert errors == []
-        assert store.count() == 8 * 15 * 2
-        for n in range(8):
-            hit = store.search(f"thread{n} item7", k=1)[0]
-            assert hit.source == f"tool:t{n}:7"
-    finally:
-        store.close()
-
-
 def test_missing_fts5_falls_back_to_like_with_a_warning(monkeypatch, warnings_log):
     monkeypatch.setattr(rag, "_fts5_available", lambda: False)
-    with _store() as store:
+    with fill(SqliteRagStore()) as store:
         assert store.uses_fts is False
         assert any("FTS5" in r["message"] for r in warnings_log)
         assert store.search("quokka", k=1)[0].source == "doc:rare"

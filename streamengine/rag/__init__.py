@@ -9,6 +9,8 @@ continuation round or a later one -- finds it.
   the query words and rank fusion every store shares;
 - ``embedders``: :class:`OpenAIEmbedder`, :class:`HashingEmbedder`;
 - ``sqlite``: :class:`SqliteRagStore`, the embedded default;
+- ``postgres``: :class:`PostgresRagStore`, one store shared by many processes
+  (psycopg is imported only when one is made);
 - ``search_tool``: the built-in ``rag_search`` tool.
 
 Layering: this package depends only on ``errors``/``logs``/``tools`` and the
@@ -17,9 +19,10 @@ standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
 from .base import Embedder, Hit, RagStore
 from .chunking import chunks_for_ingest
 from .embedders import HashingEmbedder, OpenAIEmbedder
+from .postgres import PostgresRagStore
 from .sqlite import SqliteRagStore
 
 __all__ = [
-    "Embedder", "HashingEmbedder", "Hit", "OpenAIEmbedder", "RagStore", "SqliteRagStore",
+    "Embedder", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore", "SqliteRagStore",
     "chunks_for_ingest",
 ]

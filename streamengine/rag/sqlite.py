@@ -20,7 +20,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigError, StreamEngineError
 from ..logs import component_logger
 
-from .base import Embedder, Hit, _MIN_CANDIDATES, _TOKEN_RE, _check_source, _clean_chunks, _query_tokens, _reciprocal_rank_fusion, _unit_vector
+from .base import (
+    Embedder, Hit, _candidate_depth, _check_source, _fuse_or_keywords, _hits_in_order, _query_tokens,
+    _StoreBase, _StoreEmbedding, _TOKEN_RE,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -55,7 +58,7 @@ def _fts5_available() -> bool:
         probe.close()
 
 
-class SqliteRagStore:
+class SqliteRagStore(_StoreBase):
     """The embedded :class:`RagStore`: SQLite with FTS5, plus vectors when given an embedder.
 
     - Keyword search is FTS5 with BM25 ranking (porter stemming).  The user's
@@ -85,14 +88,8 @@ class SqliteRagStore:
         _force_no_fts: bool = False,
     ) -> None:
         self._log = component_logger("streamengine.rag.SqliteRagStore", logger)
-        if embedder is not None and not callable(getattr(embedder, "embed", None)):
-            raise ConfigError(
-                f"embedder must have embed(texts, model), got {type(embedder).__name__}; "
-                "use OpenAIEmbedder(client, model) or HashingEmbedder()"
-            )
+        self._embedding = _StoreEmbedding(embedder, embed_model, self._log)
         self.path = os.fspath(path)
-        self._embedder = embedder
-        self._embed_model = embed_model
         self._lock = threading.Lock()
         self.uses_fts = not _force_no_fts and _fts5_available()
         self._conn: Optional[sqlite3.Connection] = self._connect()
@@ -164,12 +161,10 @@ class SqliteRagStore:
         Embedding failures never raise: they are logged and the text is
         stored without vectors.  Database errors do raise (StreamEngineError).
         """
-        _check_source(source, allow_none=False)
-        texts = _clean_chunks(chunks)
+        texts, vectors, label = self._checked_chunks(source, chunks, embed_model)
         if not texts:
             return 0
-        self._require_open()  # before a possibly slow embedding call
-        blobs, label = self._embed_for_storage(source, texts, embed_model)
+        blobs = [None if vector is None else _to_blob(vector) for vector in vectors]
         with self._lock:
             conn = self._require_open()
             try:
@@ -200,27 +195,17 @@ class SqliteRagStore:
         and BM25 rankings fused by RRF (``score`` = fused score).  If the
         query cannot be embedded, BM25 alone answers.
         """
-        if not isinstance(query, str):
-            raise ConfigError(f"search query must be a str, got {type(query).__name__}")
-        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-            raise ConfigError(f"k must be a positive int (how many hits), got {k!r}")
-        _check_source(source, allow_none=True)
-        if not query.strip():
+        searchable, query_vector = self._checked_query(query, k, source)
+        if not searchable:
             return []
-        self._require_open()  # before a possibly slow query embedding
-        depth = max(_MIN_CANDIDATES, 4 * k)
-        query_vector = self._embed_query(query)
-        label = self._label(self._embed_model)
+        depth = _candidate_depth(k)
+        label = self._embedding.label()
         with self._lock:
             conn = self._require_open()
             keyword = self._keyword_ranking(conn, query, depth, source)
             vector_rows = self._vector_rows(conn, label, source) if query_vector is not None else []
-        if query_vector is None:
-            best = keyword[:k]
-        else:
-            semantic = _cosine_ranking(query_vector, vector_rows, depth)
-            best = _reciprocal_rank_fusion([[i for i, _ in keyword], [i for i, _ in semantic]])[:k]
-        return self._hits(best)
+        semantic = None if query_vector is None else _cosine_ranking(query_vector, vector_rows, depth)
+        return self._hits(_fuse_or_keywords(keyword, semantic, k))
 
     def close(self) -> None:
         """Close the connection; later calls raise StreamEngineError.  Idempotent."""
@@ -240,54 +225,10 @@ class SqliteRagStore:
                 return conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
             return conn.execute("SELECT count(*) FROM chunks WHERE source = ?", (source,)).fetchone()[0]
 
-    def __enter__(self) -> "SqliteRagStore":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         mode = "fts5" if self.uses_fts else "like"
-        return f"SqliteRagStore({self.path!r}, {mode}, embedder={type(self._embedder).__name__ if self._embedder else None})"
-
-    # -- embedding ------------------------------------------------------------
-
-    def _label(self, model: Optional[str]) -> Optional[str]:
-        """The model name stored with vectors: only same-label vectors are compared."""
-        if self._embedder is None:
-            return None
-        return model or getattr(self._embedder, "model", None) or type(self._embedder).__name__
-
-    def _embed_for_storage(self, source: str, texts: List[str],
-                           embed_model: Optional[str]) -> Tuple[List[Optional[bytes]], Optional[str]]:
-        if self._embedder is None:
-            return [None] * len(texts), None
-        model = embed_model or self._embed_model
-        try:
-            blobs = _pack_vectors(self._embedder.embed(texts, model), len(texts))
-        except Exception as exc:  # ingestion must never fail the request
-            self._log.warning(
-                "embedding {} chunk(s) of {!r} with model {!r} failed ({}: {}); stored the text without "
-                "vectors, so it is found by keywords only",
-                len(texts), source, self._label(model), type(exc).__name__, exc,
-            )
-            return [None] * len(texts), None
-        return blobs, self._label(model)
-
-    def _embed_query(self, query: str) -> Optional[List[float]]:
-        if self._embedder is None:
-            return None
-        try:
-            vectors = list(self._embedder.embed([query], self._embed_model))
-            if len(vectors) != 1:
-                raise ValueError(f"embedder returned {len(vectors)} vectors for 1 query")
-            return _unit_vector(vectors[0])
-        except Exception as exc:
-            self._log.warning(
-                "embedding the search query failed ({}: {}); ranking by keywords (BM25) only",
-                type(exc).__name__, exc,
-            )
-            return None
+        embedder = self._embedding.embedder
+        return f"SqliteRagStore({self.path!r}, {mode}, embedder={type(embedder).__name__ if embedder else None})"
 
     # -- ranking --------------------------------------------------------------
 
@@ -325,8 +266,7 @@ class SqliteRagStore:
             rows = conn.execute(
                 f"SELECT id, source, text FROM chunks WHERE id IN ({','.join('?' * len(ids))})", ids
             ).fetchall()
-        by_id = {row_id: (src, text) for row_id, src, text in rows}
-        return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
+        return _hits_in_order(ranked, rows)
 
 
 
@@ -408,18 +348,6 @@ def _bm25(found: Dict[str, int], length: int, average_length: float, document_fr
 
 def _like_escape(token: str) -> str:
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def _pack_vectors(vectors: Any, expected: int) -> List[Optional[bytes]]:
-    """Unit float32 blobs, little-endian; raises ValueError on a malformed answer."""
-    vectors = list(vectors)
-    if len(vectors) != expected:
-        raise ValueError(f"embedder returned {len(vectors)} vectors for {expected} texts")
-    blobs: List[Optional[bytes]] = []
-    for vector in vectors:
-        unit = _unit_vector(vector)
-        blobs.append(None if unit is None else _to_blob(unit))
-    return blobs
 
 
 def _to_blob(vector: Sequence[float]) -> bytes:

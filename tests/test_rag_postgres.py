@@ -1,0 +1,234 @@
+"""What is PostgresRagStore's own: DSNs and their errors, the schema race, a failing server,
+and two engines in two processes sharing one store.
+
+The contract every store keeps (ranking, scoping, fusion, writers) is in test_rag_contract.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from rag_stores import drop_tables, open_store, postgres_dsn
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
+from streamengine.errors import ConfigError, StreamEngineError
+from streamengine.rag import HashingEmbedder, PostgresRagStore
+from streamengine.rag.postgres import DSN_ENV, redact_dsn
+from streamengine.testing import FakeProvider, steps as s
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+PHRASE = "the heron nests beside quartzite cliffs"
+
+
+@pytest.fixture
+def dsn():
+    return postgres_dsn()
+
+
+@pytest.fixture
+def table(dsn, request):
+    name = "rag_" + request.node.name.lower().replace("[", "_").replace("]", "")[:38]
+    drop_tables(dsn, [name])
+    yield name
+    drop_tables(dsn, [name])
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------
+# DSN and errors
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("secret_dsn,shown", [
+    ("postgresql://app:s3cr3t@db.internal:5432/rag", "postgresql://app:***@db.internal:5432/rag"),
+    ("host=db user=app password=s3cr3t dbname=rag", "host=db user=app password=*** dbname=rag"),
+    ("host=db password='s3 cr\\'3t' user=app", "host=db password=*** user=app"),
+    ("postgresql://db/rag?user=app&password=s3cr3t&sslmode=require",
+     "postgresql://db/rag?user=app&password=***&sslmode=require"),
+    ("postgresql://db/rag", "postgresql://db/rag"),
+])
+def test_the_password_never_shows(secret_dsn, shown):
+    assert redact_dsn(secret_dsn) == shown
+
+
+def test_an_unreachable_server_is_a_config_error_without_the_password():
+    port = _closed_port()
+    with pytest.raises(ConfigError) as caught:
+        PostgresRagStore(f"postgresql://app:s3cr3t@127.0.0.1:{port}/rag", connect_timeout=2)
+    message = str(caught.value)
+    assert f"postgresql://app:***@127.0.0.1:{port}/rag" in message and "s3cr3t" not in message
+    assert "server runs" in message and DSN_ENV in message
+    assert caught.value.__cause__ is not None  # the driver's error is chained
+
+
+def test_the_dsn_comes_from_the_environment_or_is_asked_for(monkeypatch, dsn, table):
+    monkeypatch.delenv(DSN_ENV, raising=False)
+    with pytest.raises(ConfigError, match=DSN_ENV):
+        PostgresRagStore()
+    monkeypatch.setenv(DSN_ENV, dsn)
+    with PostgresRagStore(table=table) as store:
+        assert store.dsn == dsn
+        assert store.add_chunks("s", ["from the environment"]) == 1
+
+
+def test_missing_psycopg_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # makes `import psycopg` raise ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'streamengine\[postgres\]'") as caught:
+        PostgresRagStore("postgresql://app@127.0.0.1/rag")
+    assert isinstance(caught.value.__cause__, ImportError)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"table": "Bad-Name"}, {"table": "x; DROP TABLE y"}, {"table": "t" * 48}, {"table": ""},
+    {"pool_size": 0}, {"pool_size": True}, {"pool_size": 2.5},
+])
+def test_bad_arguments_are_refused_before_connecting(kwargs):
+    with pytest.raises(ConfigError):
+        PostgresRagStore(f"postgresql://app@127.0.0.1:{_closed_port()}/rag", **kwargs)
+
+
+def test_a_server_error_mid_run_names_the_store_and_what_failed(dsn, table):
+    store = PostgresRagStore(dsn, table=table)
+    try:
+        store.add_chunks("s", ["the quokka"])
+        drop_tables(dsn, [table])  # the table vanishes under the running store
+        with pytest.raises(StreamEngineError, match="could not search") as caught:
+            store.search("quokka")
+        assert store.safe_dsn in str(caught.value) and caught.value.__cause__ is not None
+        with pytest.raises(StreamEngineError, match=r"could not store 1 chunk\(s\) of 's'"):
+            store.add_chunks("s", ["again"])
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------------
+# Schema, pool, vector path
+# ---------------------------------------------------------------------------
+
+
+def test_six_stores_opening_a_new_table_at_once_all_succeed(dsn, table):
+    barrier = threading.Barrier(6)
+    stores, errors = [], []
+
+    def open_one():
+        try:
+            barrier.wait(timeout=10)
+            stores.append(PostgresRagStore(dsn, table=table, pool_size=1))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, name=f"open-{n}") for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    try:
+        assert errors == [] and len(stores) == 6
+        for n, store in enumerate(stores):
+            store.add_chunks(f"s{n}", [f"written by store{n}"])
+        assert stores[0].count() == 6 and stores[5].search("store0", k=1)[0].source == "s0"
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_the_pool_is_bounded_and_the_vector_path_is_reported(dsn, table):
+    with PostgresRagStore(dsn, table=table, pool_size=3, embedder=HashingEmbedder(), _force_no_pgvector=True) as store:
+        assert store._pool.max_size == 3
+        assert store.uses_pgvector is False and "float8[]" in repr(store)
+        store.add_chunks("s", ["gamma rays"])
+        assert store.search("gamma", k=1)[0].score == pytest.approx(2 / 61)
+
+
+def test_pgvector_ranks_like_the_array_path_where_the_server_has_it(dsn, table):
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        available = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    if not available:
+        pytest.skip("this server has no pgvector (Debian 12 packages none): the float8[] path ran instead")
+    docs = {f"d{n}": f"word{n} word{n % 3} word{n % 5} common" for n in range(30)}
+    with PostgresRagStore(dsn, table=table, embedder=HashingEmbedder(64)) as with_pgvector, \
+            PostgresRagStore(dsn, table=table, embedder=HashingEmbedder(64), _force_no_pgvector=True) as arrays:
+        assert with_pgvector.uses_pgvector
+        for source, text in docs.items():
+            with_pgvector.add_chunks(source, [text])
+        query = "word1 word2 common"
+        assert [(h.source, round(h.score, 9)) for h in with_pgvector.search(query, k=10)] == \
+            [(h.source, round(h.score, 9)) for h in arrays.search(query, k=10)]
+
+
+# ---------------------------------------------------------------------------
+# Two engines in two processes, one store
+# ---------------------------------------------------------------------------
+
+FILING_PROCESS = """
+import json, sys
+sys.path.insert(0, {tests_dir!r})
+from rag_stores import open_store
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
+from streamengine.testing import FakeProvider, steps as s
+
+@tool
+def fetch_page(url: str) -> str:
+    \"\"\"Fetch a page.\"\"\"
+    filler = " ".join(f"word{{i}}" for i in range(400))
+    return f"{{filler}}. Field notes: {phrase}. {{filler}}"
+
+store = open_store(json.loads(sys.argv[1]))
+with FakeProvider() as fp:
+    fp.add_turn(s.text('Fetching. <tool name="fetch_page">{{"url": "https://x"}}</tool>'))
+    fp.add_turn(s.text("Fetched."))
+    engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch_page], EngineConfig(models=["m"]), rag=store)
+    with engine:
+        result = engine.complete([{{"role": "user", "content": "fetch it"}}])
+store.close()
+print(json.dumps({{"answer": result.answer, "call_id": result.tool_results[0].call_id}}))
+"""
+
+
+def test_a_result_filed_by_an_engine_in_one_process_is_found_by_rag_search_in_another(dsn, table):
+    spec = {"kind": "postgres", "dsn": dsn, "table": table}
+    store = open_store(spec)  # this process's store; also creates the table before the other starts
+    script = FILING_PROCESS.format(tests_dir=os.path.dirname(os.path.abspath(__file__)), phrase=PHRASE)
+    other = subprocess.Popen([sys.executable, "-c", script, json.dumps(spec)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    filed = threading.Event()
+    outcome = {}
+
+    def await_other():
+        outcome["out"], outcome["err"] = other.communicate(timeout=60)
+        filed.set()
+
+    watcher = threading.Thread(target=await_other, name="await-filing-process")
+    watcher.start()
+    try:
+        with FakeProvider() as fp:
+            # This engine is mid-answer while the other process files its tool result.
+            fp.add_turn(s.text("Let me check what was fetched. "), s.wait(filed, timeout=60),
+                        s.text('<tool name="rag_search">{"query": "where do herons nest", "k": 2}</tool>'))
+            fp.add_turn(s.text("Herons nest by quartzite cliffs."))
+            engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [], EngineConfig(models=["m"]), rag=store)
+            with engine:
+                result = engine.complete([{"role": "user", "content": "where do herons nest?"}])
+    finally:
+        watcher.join(timeout=70)
+        store.close()
+    assert other.returncode == 0, outcome.get("err")
+    filing = json.loads(outcome["out"])
+    assert filing["answer"] == "Fetched."
+    search = result.tool_results[0]
+    assert search.name == "rag_search" and search.ok
+    assert PHRASE in search.text and f"tool:fetch_page:{filing['call_id']}" in search.text
