@@ -15,12 +15,13 @@ errors) and ``anthropic_stream.py`` (stream events -> chunks).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import threading
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import requests
 
@@ -196,13 +197,27 @@ class AnthropicClient(StreamingLlmClient):
         self._log.debug("HTTP {} from {}: {}", resp.status_code, url, detail)
         return LlmHttpError(resp.status_code, text, retry_after, message=summary)
 
-    def _post_json(self, data: bytes, cancel: Optional[threading.Event]) -> Any:
-        url = self.base_url + _PATH
+    @contextlib.contextmanager
+    def _response(self, data: bytes, stream: bool,
+                  cancel: Optional[threading.Event]) -> Iterator[Tuple[RequestTracker, requests.Response]]:
+        """Send the request; yield its tracker and response, both released when the block ends."""
         tracker = RequestTracker()
         stop_watch = on_cancel(cancel, tracker.abort)
         resp: Optional[requests.Response] = None
         try:
-            resp = self._send(data, False, tracker, cancel)
+            resp = self._send(data, stream, tracker, cancel)
+            yield tracker, resp
+        finally:
+            # Tracker first: a cancel arriving now must not reach a socket
+            # that is being closed (its descriptor number may be reused).
+            stop_watch()
+            tracker.release()
+            if resp is not None:
+                resp.close()
+
+    def _post_json(self, data: bytes, cancel: Optional[threading.Event]) -> Any:
+        url = self.base_url + _PATH
+        with self._response(data, False, cancel) as (tracker, resp):
             try:
                 raw = _read_limited(resp, JSON_BODY_LIMIT, truncate=False)
             except _STREAM_ERRORS as exc:
@@ -219,22 +234,13 @@ class AnthropicClient(StreamingLlmClient):
                     f"{url} answered HTTP {resp.status_code} with a body that is not JSON (content type "
                     f"{resp.headers.get('Content-Type')!r}): {self._redact(raw[:200].decode('utf-8', 'replace'))!r}; "
                     f"is base_url the Anthropic API root (https://api.anthropic.com)?") from exc
-            if isinstance(payload, dict) and payload.get("type") == "error":
-                raise error_from_payload(payload, f"{url} answered with an error", self._redact)
-            return payload
-        finally:
-            stop_watch()
-            tracker.release()
-            if resp is not None:
-                resp.close()
+        if isinstance(payload, dict) and payload.get("type") == "error":
+            raise error_from_payload(payload, f"{url} answered with an error", self._redact)
+        return payload
 
     def _stream(self, data: bytes, cancel: Optional[threading.Event]) -> Iterator[Chunk]:
         url = self.base_url + _PATH
-        tracker = RequestTracker()
-        stop_watch = on_cancel(cancel, tracker.abort)
-        resp: Optional[requests.Response] = None
-        try:
-            resp = self._send(data, True, tracker, cancel)
+        with self._response(data, True, cancel) as (tracker, resp):
             content_type = resp.headers.get("Content-Type", "")
             if not content_type.lower().startswith("text/event-stream"):
                 raise LlmProtocolError(
@@ -245,13 +251,6 @@ class AnthropicClient(StreamingLlmClient):
             completed = yield from parser.run(resp, cancel, tracker)
             if parser.saw_stop:
                 _drain_after_done(resp, tracker)
-        finally:
-            # Tracker first: a cancel arriving now must not reach a socket
-            # that is being closed (its descriptor number may be reused).
-            stop_watch()
-            tracker.release()
-            if resp is not None:
-                resp.close()
         # Released before the last chunk goes out: a caller that stops at the
         # completed chunk and never closes the iterator holds no connection.
         self._log.debug("stream from {} completed after {} events (finish={})",
