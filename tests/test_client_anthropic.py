@@ -149,6 +149,24 @@ def test_utf8_split_across_writes_and_crlf_endings(fp, client):
     assert (chunks[-1].usage, chunks[-1].finish_reason) == (Usage(2, 3, 5), "stop")
 
 
+def test_usage_counts_cached_prompt_tokens_and_takes_the_last_cumulative_counts(fp, client):
+    def event(kind: str, **payload: Any) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n".encode()
+
+    fp.add_turn(s.raw(
+        event("message_start", message={"model": "m", "usage": {
+            "input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 1000,
+            "output_tokens": 1}})
+        + event("content_block_start", index=0, content_block={"type": "text", "text": "a"})
+        + event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 5})
+        + event("message_delta", delta={}, usage={"output_tokens": 9, "input_tokens": 20,
+                                                  "cache_read_input_tokens": None})
+        + event("message_stop")), auto_finish=False)
+    chunks = collect(client)
+    assert text_of(chunks) == "a"
+    assert chunks[-1].usage == Usage(1120, 9, 1129) and chunks[-1].finish_reason == "stop"
+
+
 # -- completion rules ---------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from ..messages import (
 )
 
 __all__ = ["ERROR_STATUSES", "FINISH_REASONS", "chat_body", "error_from_payload", "finish_reason",
-           "response_from_json", "usage_of"]
+           "merge_usage", "response_from_json", "usage_of"]
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
@@ -160,23 +160,28 @@ def _tokens(value: Any) -> int:
     return 0
 
 
-def usage_of(raw: Any, previous: Optional[Usage] = None) -> Optional[Usage]:
-    """Usage from an Anthropic ``usage`` object; counts it leaves out keep ``previous``'s values.
+_PROMPT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
-    Cached prompt tokens (written or read) are prompt tokens too.  A
-    ``message_delta`` carries cumulative counts, so they replace, never add.
+
+def merge_usage(counts: Dict[str, int], raw: Any) -> Dict[str, int]:
+    """``counts`` updated with the counts an Anthropic ``usage`` object gives.
+
+    A ``message_delta`` carries cumulative counts, so they replace, never
+    add; a count it leaves out (or sends as null) keeps ``message_start``'s.
     """
-    if not isinstance(raw, dict):
-        return previous
-    prompt_keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    if any(key in raw for key in prompt_keys):
-        prompt = sum(_tokens(raw.get(key)) for key in prompt_keys)
-    else:
-        prompt = previous.prompt_tokens if previous is not None else 0
-    if "output_tokens" in raw:
-        completion = _tokens(raw.get("output_tokens"))
-    else:
-        completion = previous.completion_tokens if previous is not None else 0
+    if isinstance(raw, dict):
+        for key in _PROMPT_KEYS + ("output_tokens",):
+            if raw.get(key) is not None:
+                counts[key] = _tokens(raw[key])
+    return counts
+
+
+def usage_of(counts: Dict[str, int]) -> Optional[Usage]:
+    """The usage the counts add up to (cached prompt tokens are prompt tokens too); None without any."""
+    if not counts:
+        return None
+    prompt = sum(counts.get(key, 0) for key in _PROMPT_KEYS)
+    completion = counts.get("output_tokens", 0)
     return Usage(prompt, completion, prompt + completion)
 
 
@@ -198,7 +203,7 @@ def response_from_json(payload: Any, redact: Any) -> Response:
             calls.append(ToolCall(id=_text(block.get("id")) or f"toolu_{position}",
                                   name=_text(block.get("name")) or "",
                                   arguments=json.dumps(arguments if isinstance(arguments, dict) else {})))
-    return Response(content="".join(text), tool_calls=tuple(calls), usage=usage_of(payload.get("usage")),
+    return Response(content="".join(text), tool_calls=tuple(calls), usage=usage_of(merge_usage({}, payload.get("usage"))),
                     model=_text(payload.get("model")), finish_reason=finish_reason(payload.get("stop_reason")))
 
 

@@ -37,7 +37,7 @@ import requests
 from .._sse_read import SseEventTooLarge, SseFramer, iter_event_batches, read1_iter
 from ..errors import LlmCancelledError, LlmProtocolError, LlmStreamError
 from ..messages import Chunk, ToolCallDelta, Usage
-from .anthropic_format import error_from_payload, finish_reason, usage_of
+from .anthropic_format import error_from_payload, finish_reason, merge_usage, usage_of
 from .connection import RequestTracker
 from .openai import READ_SIZE, _STREAM_ERRORS, _cancelled, _read1_of
 
@@ -64,6 +64,7 @@ class AnthropicStreamParser:
         self.saw_stop = False
         self.finish_reason: Optional[str] = None
         self.usage: Optional[Usage] = None
+        self._counts: Dict[str, int] = {}  # token counts so far, by the API's names
         self.model: Optional[str] = None
         self._tools: Dict[int, _ToolBlock] = {}  # content block index -> its tool call
         self._tool_count = 0
@@ -133,11 +134,11 @@ class AnthropicStreamParser:
             message = frame.get("message") if isinstance(frame.get("message"), dict) else {}
             if isinstance(message.get("model"), str) and message["model"]:
                 self.model = message["model"]
-            self.usage = usage_of(message.get("usage"), self.usage)
+            self.usage = usage_of(merge_usage(self._counts, message.get("usage")))
         elif kind == "message_delta":
             delta = frame.get("delta") if isinstance(frame.get("delta"), dict) else {}
             self.finish_reason = finish_reason(delta.get("stop_reason")) or self.finish_reason
-            self.usage = usage_of(frame.get("usage"), self.usage)
+            self.usage = usage_of(merge_usage(self._counts, frame.get("usage")))
         elif kind == "message_stop":
             self.saw_stop = True
         elif kind == "error" or name == "error":
