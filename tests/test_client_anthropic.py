@@ -359,6 +359,7 @@ def test_bad_calls_are_refused_before_any_request(fp, client):
 
 
 @pytest.mark.parametrize("kwargs, says", [
+    ({"api_key": "sk-ant bad"}, "ANTHROPIC_API_KEY.*not shown"), ({"api_key": 42}, "must be a string"),
     ({"base_url": "api.anthropic.com"}, "http"), ({"default_max_tokens": 0}, "default_max_tokens"),
     ({"anthropic_version": "2023 06 01"}, "anthropic_version"), ({"connect_timeout": 0}, "connect_timeout")])
 def test_bad_configuration_is_refused(kwargs, says):

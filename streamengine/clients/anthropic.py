@@ -48,6 +48,19 @@ DEFAULT_MAX_TOKENS = 4096
 _PATH = "/v1/messages"
 
 
+def _anthropic_key(api_key: Optional[str]) -> Optional[str]:
+    """The key, stripped; one that cannot be a header value is refused without being shown."""
+    if api_key is not None and not isinstance(api_key, str):
+        raise ConfigError(f"api_key must be a string, got {type(api_key).__name__}")
+    try:
+        return _check_api_key(api_key)
+    except ConfigError as exc:
+        raise ConfigError(
+            "api_key holds characters that cannot be sent in an HTTP header (control characters, spaces or "
+            "non-latin-1 text); check how the key is read (ANTHROPIC_API_KEY) -- the key is not shown here "
+            "on purpose") from exc
+
+
 class AnthropicClient(StreamingLlmClient):
     """Claude through the Messages API, over one ``requests.Session``.
 
@@ -84,7 +97,7 @@ class AnthropicClient(StreamingLlmClient):
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):  # an OpenAI habit; the path below adds /v1 itself
             self.base_url = self.base_url[:-3]
-        self._api_key = _check_api_key(api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"))
+        self._api_key = _anthropic_key(api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"))
         self._headers = _check_headers(headers)
         self._secrets = _secret_forms(
             [self._api_key] + [v for k, v in self._headers.items() if _SENSITIVE_HEADER.search(k)])
