@@ -252,6 +252,10 @@ def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> L
     for text, field in zip(texts, fields):
         if field is not None:
             out.append(field)
+        elif text[:7] == "event: " and text.count("\n") == 1 and text[7:8] not in ("", "\n") \
+                and text.partition("\n")[2][:6] == "data: ":
+            head, _, body = text.partition("\n")  # Anthropic's "event: X" + "data: {...}", read directly
+            out.append((head[7:], body[6:]))
         elif text:
             out.extend(event_fields([text.encode("utf-8")]))
     return out
