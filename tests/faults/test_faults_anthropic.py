@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from streamengine.calls import BufferedCallStrategy
 from streamengine.clients.anthropic import AnthropicClient
 from streamengine.errors import (
     AllModelsFailedError, LlmCancelledError, LlmError, LlmHttpError, LlmStreamError, LlmTimeoutError,
@@ -245,3 +246,17 @@ def test_only_llm_errors_leave_the_client_for_random_bytes():
                 outcomes.append(type(exc).__name__)
     assert len(outcomes) == len(bodies)
     assert {"answer", "LlmStreamError", "LlmProtocolError"} <= set(outcomes)
+
+
+# --- buffered calls -------------------------------------------------------------------------------
+
+def test_a_buffered_call_answers_and_a_stalled_one_times_out_and_closes_the_connection(fp, client):
+    fp.add_turn(s.text("whole"), s.tool_call(0, id="toolu_1", name="f", arguments='{"a": 1}'))
+    fp.add_turn(s.stall_before_headers())
+    strategy = BufferedCallStrategy(client, completion_timeout=5.0)
+    response = strategy.call(MESSAGES, options=OPTIONS)
+    assert (response.content, [c.args() for c in response.tool_calls]) == ("whole", [{"a": 1}])
+    with pytest.raises(LlmTimeoutError, match="buffered completion timeout"):
+        BufferedCallStrategy(client, completion_timeout=IDLE).call(MESSAGES, options=OPTIONS)
+    assert fp.wait_for_client_disconnects(1, GUARD_S)
+    assert [t for t in threading.enumerate() if t.name.startswith("streamengine-complete")] == []
