@@ -16,7 +16,10 @@ bytes, so this module stands between the socket and it:
   Providers send one ``data:`` line per event, so only garbage trips it.
 * it delivers a trailing event that lacks its empty line when the body
   ends; WHATWG says to drop it, and so does safety (a cut body must never
-  look complete), so it is dropped here (:meth:`SseFramer.finish`).
+  look complete), so it is dropped here (:meth:`SseFramer.discard_tail`);
+* it keeps a leading UTF-8 byte order mark, which then sits in the first
+  field name (``"\ufeffdata"``) and silently loses the first event; WHATWG
+  says to ignore one, so it is stripped here, even when split across reads.
 
 Each complete event is handed to sseclient-py with a ``\\n\\n`` terminator,
 so its own splitter sees exactly one event per item.  No I/O here: the
@@ -40,6 +43,7 @@ MAX_EVENT_WORK = 8 * MAX_EVENT_BYTES
 # alternatives come first because the regex alternation is ordered.
 _EVENT_END = re.compile(rb"\r\n\r\n|\r\n\r|\r\n\n|\r\r\n|\r\r|\n\r\n|\n\r|\n\n")
 _LONGEST_END = 4
+_BOM = codecs.BOM_UTF8
 
 
 class SseEventTooLarge(ValueError):
@@ -56,12 +60,10 @@ class SseFramer:
         self.dropped_bytes = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._has_cr = False  # a CR was seen: take the general (regex) path from now on
+        # The first bytes of the stream, held until they show whether they are a BOM.
+        self._head: Optional[bytes] = b""
         # Events up to this size cannot exceed the work limit (lines <= bytes + 1).
         self._small = max(0, math.isqrt(max_event_work) - 1)
-
-    def feed(self, data: bytes) -> List[bytes]:
-        """Add one read; return the events it completed, in order."""
-        return self._feed_sanitized(self._sanitize(data, final=False))
 
     def _feed_lf(self, data: bytes) -> List[bytes]:
         # Only LF line endings so far (what providers send): the one event end
@@ -86,7 +88,10 @@ class SseFramer:
         return events
 
     def feed_fields(self, data: bytes) -> List[Tuple[str, str]]:
-        """Like ``event_fields(feed(data))``, faster on what providers send.
+        """Add one read; return ``(event name, data)`` of each event it completed, in order.
+
+        The same result as :func:`event_fields` of the events, faster on what
+        providers send.
 
         LF-only input is cut after its last ``"\n\n"``, decoded once (it is
         valid UTF-8 after ``_sanitize``, and ``"\n\n"`` never splits a
@@ -95,6 +100,8 @@ class SseFramer:
         :func:`event_fields`.  Runs of three or more newlines at the cut, CRs,
         and a terminator split across reads take the general path.
         """
+        if self._head is not None:
+            data = self._without_bom(data)
         data = self._sanitize(data, final=False)
         buf = self._buf
         complete, sep, rest = data.rpartition(b"\n\n")
@@ -155,22 +162,31 @@ class SseFramer:
                 f"an empty line); the provider is not sending SSE events one by one"
             )
 
-    def finish(self) -> List[bytes]:
-        """The body ended: an event without its terminating empty line is dropped.
+    def _without_bom(self, data: bytes) -> bytes:
+        """The stream's first bytes without a leading BOM; held back while too few to tell."""
+        head = (self._head or b"") + data
+        if len(head) < len(_BOM) and _BOM.startswith(head):
+            self._head = head
+            return b""
+        self._head = None
+        return head[len(_BOM):] if head.startswith(_BOM) else head
+
+    def discard_tail(self) -> int:
+        """The body ended: drop an event without its terminating empty line; return its size.
 
         This is the WHATWG rule ("if the file ends in the middle of an event,
         before the final empty line, the incomplete event is not dispatched"),
         and here it is a safety rule too: sseclient-py would deliver such a
         trailing event, but a body cut right after ``data: {...finish_reason:
         "stop"}\n`` or ``data: [DONE]\n`` is a cut body, and must not turn a
-        broken stream into a "complete" answer.  ``dropped_bytes`` says how
-        much was dropped, for the caller's error message.  Always returns
-        ``[]``; it is a list so that callers need not special-case it.
+        broken stream into a "complete" answer.  The size (also kept in
+        ``dropped_bytes``) is for the caller's error message.
         """
-        self._buf += self._sanitize(b"", final=True)
+        self._buf += (self._head or b"") + self._sanitize(b"", final=True)
+        self._head = None
         tail, self._buf = bytes(self._buf), bytearray()
         self.dropped_bytes = len(tail.strip())
-        return []
+        return self.dropped_bytes
 
     def _sanitize(self, data: bytes, final: bool) -> bytes:
         if not self._decoder.getstate()[0] and data.isascii():
@@ -187,43 +203,47 @@ class SseFramer:
         return event
 
 
-def iter_events(reads: Iterable[bytes], framer: SseFramer) -> Iterator["sseclient.Event"]:
-    """SSE events (sseclient-py ``Event`` objects) from an iterable of raw reads."""
-    return sseclient.SSEClient(_framed(reads, framer)).events()
-
-
 def iter_event_batches(reads: Iterable[bytes], framer: SseFramer) -> Iterator[List[Tuple[str, str]]]:
     """``(event name, data)`` of the events each read completed, one list per read.
 
     The hot path of a stream: one generator step per read, not per event.
-    Events are exactly what :func:`iter_events` yields, in the same order.
+    When the reads end, an unfinished last event is dropped (see
+    :meth:`SseFramer.discard_tail`; its size is in ``framer.dropped_bytes``).
     """
     for data in reads:
         fields = framer.feed_fields(data)
         if fields:
             yield fields
-    events = framer.finish()
-    if events:
-        yield event_fields(events)
+    framer.discard_tail()
 
 
 def event_fields(events: List[bytes]) -> List[Tuple[str, str]]:
     """``(event name, data)`` per complete event; events without data are dropped.
 
-    A single ``data:`` line (what providers send) is read here directly;
-    anything else (comments, ``event:``, several lines, CRs) goes through
-    sseclient-py, so both give the same result.
+    A single ``data:`` line (what OpenAI-style providers send), or an
+    ``event:`` line followed by one ``data:`` line (what Anthropic sends), is
+    read here directly; anything else (comments, several lines, CRs) goes
+    through sseclient-py, so both give the same result.
     """
     out = []
     append = out.append
     for raw in events:
         if raw[:5] == b"data:" and b"\n" not in raw and b"\r" not in raw:
-            append(("message", (raw[6:] if raw[5:6] == b" " else raw[5:]).decode("utf-8")))
+            append(("message", _value(raw, 5).decode("utf-8")))
+        elif raw[:6] == b"event:" and raw.count(b"\n") == 1 and b"\r" not in raw \
+                and raw.partition(b"\n")[2][:5] == b"data:":
+            head, _, body = raw.partition(b"\n")
+            append((_value(head, 6).decode("utf-8") or "message", _value(body, 5).decode("utf-8")))
         elif raw:
             event = _parsed(raw)
             if event is not None:
                 append((event.event, event.data))
     return out
+
+
+def _value(line: bytes, start: int) -> bytes:
+    """A field's value: what follows ``name:``, less one leading space (as the SSE spec says)."""
+    return line[start + 1:] if line[start:start + 1] == b" " else line[start:]
 
 
 def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> List[Tuple[str, str]]:
@@ -232,6 +252,10 @@ def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> L
     for text, field in zip(texts, fields):
         if field is not None:
             out.append(field)
+        elif text[:7] == "event: " and text.count("\n") == 1 and text[7:8] not in ("", "\n") \
+                and text.partition("\n")[2][:6] == "data: ":
+            head, _, body = text.partition("\n")  # Anthropic's "event: X" + "data: {...}", read directly
+            out.append((head[7:], body[6:]))
         elif text:
             out.extend(event_fields([text.encode("utf-8")]))
     return out
@@ -241,15 +265,6 @@ def _parsed(raw: bytes) -> Optional["sseclient.Event"]:
     for event in sseclient.SSEClient([raw + b"\n\n"]).events():
         return event
     return None
-
-
-def _framed(reads: Iterable[bytes], framer: SseFramer) -> Iterator[bytes]:
-    for data in reads:
-        for event in framer.feed(data):
-            if event:
-                yield event + b"\n\n"
-    for event in framer.finish():
-        yield event + b"\n\n"
 
 
 def read1_iter(read1: Callable[[int], bytes], size: int = 65536) -> Iterator[bytes]:

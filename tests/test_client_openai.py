@@ -15,7 +15,6 @@ from typing import Any, List, Optional
 import pytest
 
 from streamengine import enable_logging
-from streamengine._sse_read import SseEventTooLarge, SseFramer, iter_events
 from streamengine.cancel import CancelToken
 from streamengine.clients.openai import OpenAICompatibleClient, parse_retry_after
 from streamengine.errors import (
@@ -511,62 +510,6 @@ def test_a_given_session_is_used_and_left_open(fp):
     assert isinstance(session.get_adapter(fp.base_url + "/chat/completions"), CancellableAdapter)
     assert not isinstance(session.get_adapter("http://example.com/"), CancellableAdapter)
     session.close()
-
-
-# -- SSE reading, in memory (parsers do no I/O) -------------------------------------------
-
-WIRE = ("data: one\r\n\r\n: comment\n\ndata: t\u00e9\u20ac\ndata: two\n\n"
-        "event: ping\rdata: {}\r\rdata: three\n\r\ndata: \U0001F600\r\n\n").encode("utf-8")
-EXPECTED = [("message", "one"), ("message", "t\u00e9\u20ac\ntwo"), ("ping", "{}"),
-            ("message", "three"), ("message", "\U0001F600")]
-
-
-def parse(reads) -> list:
-    return [(e.event, e.data) for e in iter_events(reads, SseFramer())]
-
-
-def test_sse_split_at_every_offset_gives_the_same_events():
-    assert parse([WIRE]) == EXPECTED
-    assert parse([WIRE[i:i + 1] for i in range(len(WIRE))]) == EXPECTED
-    for cut in range(1, len(WIRE)):
-        assert parse([WIRE[:cut], WIRE[cut:]]) == EXPECTED, cut
-
-
-def test_sse_trailing_event_without_its_empty_line_is_dropped():
-    # WHATWG: an event not ended by an empty line when the body ends is not
-    # dispatched -- also when its lines are complete (a cut body must never
-    # look complete, issue 7).
-    framer = SseFramer()
-    assert [e.data for e in iter_events([b"data: a\n\ndata: [DONE]\n"], framer)] == ["a"]
-    assert framer.dropped_bytes == len(b"data: [DONE]")
-    framer = SseFramer()
-    assert [e.data for e in iter_events([b"data: a\n\ndata: {\"cut"], framer)] == ["a"]
-    assert framer.dropped_bytes == len(b'data: {"cut')
-    framer = SseFramer()
-    assert [e.data for e in iter_events([b"data: a\r\n\r\n"], framer)] == ["a"]
-    assert framer.dropped_bytes == 0
-
-
-def test_sse_invalid_utf8_is_replaced_even_when_split():
-    data = b"data: a\xe2\x82\n\ndata: \xff\n\ndata: \xe2\x82"
-    assert parse([data[i:i + 1] for i in range(len(data))] + [b"\xac\n\n"]) == [
-        ("message", "a\ufffd"), ("message", "\ufffd"), ("message", "\u20ac")]
-
-
-def test_sse_event_over_the_size_cap_is_refused():
-    framer = SseFramer(max_event_bytes=1 << 20)
-    piece = b"data: " + b"x" * 65536
-    with pytest.raises(SseEventTooLarge, match="grew past"):
-        for _ in range(40):
-            framer.feed(piece)
-    assert len(framer._buf) == 0  # the held bytes were released
-
-
-def test_sse_many_line_event_over_the_work_budget_is_refused():
-    framer = SseFramer(max_event_bytes=1 << 20, max_event_work=1 << 20)
-    with pytest.raises(SseEventTooLarge, match="work limit"):
-        framer.feed(b"data: x\n" * 50000 + b"\n")
-    assert framer.feed(b"data: " + b"y" * 500000 + b"\n\n") == [b"data: " + b"y" * 500000]
 
 
 @pytest.mark.parametrize("extra", [{"bad": {1, 2}}, {"temperature": float("nan")}])

@@ -383,3 +383,90 @@ def test_max_recorded_keeps_the_latest_requests_and_counts_all():
             post(fp, {"messages": [{"role": "user", "content": str(i)}], "stream": True})
         assert fp.request_count == 5 and fp.wait_for_requests(5)
         assert [r.json["messages"][0]["content"] for r in fp.requests] == ["3", "4"]
+
+
+# -- the Anthropic wire ---------------------------------------------------------------------
+
+
+def anthropic_events(data: bytes) -> List[Tuple[str, Any]]:
+    """``(event name, data)`` of a named-event stream; comments and raw text kept as ``("", text)``."""
+    out: List[Tuple[str, Any]] = []
+    for block in data.decode("utf-8").split("\n\n"):
+        if block.startswith("event: ") and "\ndata: " in block:
+            name, payload = block[len("event: "):].split("\ndata: ", 1)
+            parsed = json.loads(payload)
+            assert parsed["type"] == name  # the data repeats the event name, as the API's does
+            out.append((name, parsed))
+        elif block:
+            out.append(("", block))
+    return out
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_anthropic_wire_streams_the_steps_as_message_events(framing):
+    with FakeProvider(framing=framing, wire="anthropic") as fp:
+        assert fp.base_url == f"http://127.0.0.1:{fp.port}" and "wire='anthropic'" in repr(fp)
+        fp.add_turn(s.reasoning("r"), s.text("H\u00e9"), s.delay(0.01), s.text("!"),
+                    s.tool_call(0, id="toolu_1", name="f", arguments='{"a":'), s.tool_call(0, arguments=" 1}"),
+                    s.tool_call(1, name="g"), s.usage(prompt=5, completion=6))
+        resp, data = post(fp, STREAM, path="/v1/messages")
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    assert framing != "length" or resp.getheader("Content-Length") == str(len(data))
+    got = anthropic_events(data)
+    assert [name for name, _ in got] == [
+        "message_start",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",  # thinking
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",  # text
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",  # tool 0
+        "content_block_start", "content_block_stop",  # tool 1, no input
+        "message_delta", "message_stop"]
+    start = got[0][1]["message"]
+    assert (start["id"], start["model"], start["usage"]["input_tokens"]) == ("msg_fake_1", "m", 5)
+    assert got[2][1]["delta"] == {"type": "thinking_delta", "thinking": "r"}
+    assert got[3][1]["delta"]["type"] == "signature_delta"
+    assert [got[i][1]["delta"]["text"] for i in (6, 7)] == ["H\u00e9", "!"]
+    assert got[9][1] == {"type": "content_block_start", "index": 2, "content_block": {
+        "type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}}
+    assert [got[i][1]["delta"]["partial_json"] for i in (10, 11)] == ['{"a":', " 1}"]
+    assert got[13][1]["content_block"]["name"] == "g" and got[13][1]["content_block"]["id"].startswith("toolu_")
+    assert got[15][1]["delta"]["stop_reason"] == "tool_use" and got[15][1]["usage"] == {"output_tokens": 6}
+
+
+def test_anthropic_wire_encodes_pings_comments_errors_and_raw_bytes():
+    with FakeProvider(wire="anthropic") as fp:
+        fp.add_turn(s.raw(b"\xef\xbb\xbf"), s.comment(), s.ping_event(), s.empty_delta(),
+                    s.error_frame("Overloaded", type="overloaded_error"), s.end())
+        fp.add_turn(s.error_frame("no type"), s.end())
+        _, data = post(fp, STREAM, path="/v1/messages")
+        _, second = post(fp, STREAM, path="/v1/messages")
+    assert data.startswith(b"\xef\xbb\xbfevent: message_start\n")  # raw bytes go first, verbatim
+    got = anthropic_events(data[3:])
+    assert [name for name, _ in got] == ["message_start", "", "ping", "ping", "error"]
+    assert got[4][1]["error"] == {"type": "overloaded_error", "message": "Overloaded"}
+    assert anthropic_events(second)[-1][1]["error"]["type"] == "api_error"
+
+
+def test_anthropic_wire_whole_answers_errors_and_routes():
+    with FakeProvider(wire="anthropic") as fp:
+        fp.add_turn(s.reasoning("why"), *s.reply("Hello world", pieces=3),
+                    s.tool_call(0, id="a", name="f", arguments='{"x"'), s.tool_call(0, arguments=": 1}"),
+                    s.finish("length"), s.usage(prompt=5, completion=6))
+        fp.add_turn(s.error_frame("bad", type="invalid_request_error"))
+        resp, data = post(fp, WHOLE, path="/v1/messages")
+        _, error = post(fp, WHOLE, path="/v1/messages")
+        empty, none_left = post(fp, WHOLE, path="/v1/messages")
+        wrong, _ = post(fp, STREAM)  # the OpenAI route is not served on this wire
+    assert resp.status == 200 and json.loads(data) == {
+        "id": "msg_fake_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "thinking", "thinking": "why", "signature": "ZmFrZS1zaWduYXR1cmU="},
+                    {"type": "text", "text": "Hello world"},
+                    {"type": "tool_use", "id": "a", "name": "f", "input": {"x": 1}}],
+        "stop_reason": "max_tokens", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 6}}
+    assert json.loads(error) == {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+    assert empty.status == 500 and json.loads(none_left)["error"]["type"] == "api_error"
+    assert wrong.status == 404
+
+
+def test_wire_is_validated():
+    with pytest.raises(ValueError, match="wire must be one of openai, anthropic"):
+        FakeProvider(wire="grpc")

@@ -1,4 +1,4 @@
-"""FakeProvider: a real loopback HTTP server speaking the OpenAI wire format from a script.
+"""FakeProvider: a real loopback HTTP server speaking the OpenAI (or Anthropic) wire format from a script.
 
 Public, for streamengine's own tests, its demo and CLI harness, and your
 tests.  It is a real threaded HTTP/1.1 server on 127.0.0.1 (keep-alive,
@@ -25,6 +25,9 @@ A turn without a terminal step (``done``, ``end``, ``stall``, ``forever``,
 when the turn has tool calls, else ``"stop"``), ``usage`` and ``[DONE]``
 appended, leaving out the ones the turn already has.
 
+``FakeProvider(wire="anthropic")`` serves ``POST /v1/messages`` instead and
+speaks the same steps as the Anthropic Messages API (``anthropic_wire.py``).
+
 Response headers go out at once, like a real provider, unless the first
 step that is not a timing step (``delay``/``wait``/``signal``) is
 ``http_error``, ``stall_before_headers`` or ``drop``: then the timing steps
@@ -50,6 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from requests.structures import CaseInsensitiveDict
+from .anthropic_wire import AnthropicEncoder, error_body, message_body
 from .steps import Step, _flatten, _DROP_PHANTOM_BYTES, _FOREVER_PHANTOM_BYTES, _FRAMES, _POLL_S, _PRE_HEADER, _TERMINAL, _TIMING, delay, done, finish, raw, usage
 
 
@@ -122,8 +126,11 @@ def fake_embedding(text: str, dim: int = 16) -> List[float]:
 # -- the server ------------------------------------------------------------------------
 
 
+WIRES = ("openai", "anthropic")
+
+
 class FakeProvider:
-    """A scripted OpenAI-compatible server on ``127.0.0.1:<free port>``.
+    """A scripted OpenAI-compatible (or ``wire="anthropic"``: Anthropic) server on ``127.0.0.1:<free port>``.
 
     ``framing`` picks how streamed bodies are delimited: ``"chunked"``,
     ``"close"`` (the connection ends the body) or ``"length"``
@@ -133,10 +140,14 @@ class FakeProvider:
     """
 
     def __init__(self, framing: str = "chunked", embedding_dim: int = 16, *,
-                 reverse_embeddings: bool = False, max_recorded: Optional[int] = None) -> None:
+                 reverse_embeddings: bool = False, max_recorded: Optional[int] = None,
+                 wire: str = "openai") -> None:
         if framing not in ("chunked", "close", "length"):
             raise ValueError(f"framing must be 'chunked', 'close' or 'length', got {framing!r}")
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")
         self.framing = framing
+        self.wire = wire
         self.embedding_dim = embedding_dim
         self.reverse_embeddings = reverse_embeddings
         self._lock = threading.Lock()
@@ -169,7 +180,9 @@ class FakeProvider:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        """The API root a client takes: ``.../v1`` for OpenAI, the bare root for Anthropic."""
+        root = f"http://127.0.0.1:{self.port}"
+        return root if self.wire == "anthropic" else root + "/v1"
 
     def add_turn(self, *items: Any, auto_finish: bool = True) -> "FakeProvider":
         """Queue the answer to one chat-completions request; returns self for chaining."""
@@ -272,7 +285,7 @@ class FakeProvider:
         self.close()
 
     def __repr__(self) -> str:
-        return f"FakeProvider(base_url={self.base_url!r}, framing={self.framing!r})"
+        return f"FakeProvider(base_url={self.base_url!r}, framing={self.framing!r}, wire={self.wire!r})"
 
     # -- used by the server and the handler ----------------------------------------------
 
@@ -323,7 +336,7 @@ class FakeProvider:
             return self._embedding_failures.popleft() if self._embedding_failures else None
 
     def _next_id(self) -> str:
-        return f"chatcmpl-fake-{next(self._ids)}"
+        return f"{'msg_fake_' if self.wire == 'anthropic' else 'chatcmpl-fake-'}{next(self._ids)}"
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -394,9 +407,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         payload = self._read_and_record()
         path = self.path.split("?", 1)[0].rstrip("/")
-        if path.endswith("/chat/completions"):
+        if path.endswith("/messages" if self.provider.wire == "anthropic" else "/chat/completions"):
             _Exchange(self, payload).run()
-        elif path.endswith("/embeddings"):
+        elif path.endswith("/embeddings") and self.provider.wire == "openai":
             self._embeddings(payload)
         else:
             self._send_json(404, {"error": {"message": f"FakeProvider: no route for POST {self.path}"}})
@@ -499,13 +512,17 @@ class _Exchange:
         self.created = int(time.time())
         self.framing = self.provider.framing
         self.pending: List[bytes] = []
+        self.anthropic: Optional[AnthropicEncoder] = None
 
     def run(self) -> None:
         turn = self.provider._next_turn(self.payload)
         if turn is None:
-            self.h._send_json(500, {"error": {"message": "FakeProvider: no scripted turn left",
-                                              "type": "server_error"}})
+            message = "FakeProvider: no scripted turn left"
+            self.h._send_json(500, error_body(message) if self.provider.wire == "anthropic"
+                              else {"error": {"message": message, "type": "server_error"}})
             return
+        if self.provider.wire == "anthropic":
+            self.anthropic = AnthropicEncoder(self.id, self.model, turn.steps)
         try:
             if self.payload.get("stream"):
                 self._stream(list(turn.steps))
@@ -557,6 +574,8 @@ class _Exchange:
     # -- streamed answers --------------------------------------------------------------
 
     def _frame(self, step: Step) -> bytes:
+        if self.anthropic is not None:
+            return self.anthropic.frame(step)
         if step.kind in ("raw", "sse"):
             return step.value
         if step.kind == "done":
@@ -640,9 +659,10 @@ class _Exchange:
 
     def _declared_length(self, body: List[Step]) -> int:
         total = 0
+        encoder = self.anthropic.fresh() if self.anthropic is not None else None
         for step in body:
             if step.kind in _FRAMES:
-                total += len(self._frame(step))
+                total += len(encoder.frame(step) if encoder is not None else self._frame(step))
             elif step.kind == "trickle":
                 total += len(step.value)
             elif step.kind in ("stall", "drop"):
@@ -685,11 +705,17 @@ class _Exchange:
                     return self._abandon()
                 agg.add(raw(step.value))
             elif step.kind == "error_frame":
-                return self.h._send_json(200, step.value)
+                error = step.value["error"]
+                return self.h._send_json(200, step.value if self.anthropic is None
+                                         else error_body(error["message"], error.get("type")))
             else:
                 agg.add(step)
         if agg.raw is not None:
             return self.h._send_body(200, agg.raw, "application/json")
+        if self.anthropic is not None:
+            return self.h._send_json(200, message_body(
+                self.id, self.model, "".join(agg.content), "".join(agg.reasoning), agg.calls,
+                agg.finish_reason, agg.usage))
         self.h._send_json(200, agg.completion(self.id, self.created, self.model))
 
 

@@ -1,0 +1,262 @@
+"""The fault cases, on the Anthropic wire: stalls, cut streams, HTTP classes, in-band errors, garbage.
+
+The same guarantees as the OpenAI client, tested the same way: through
+``StreamingCallStrategy`` (idle timer 0.2 s, meaningful chunks only) and
+``ModelFailover``, against ``FakeProvider(wire="anthropic")`` and a
+byte-exact raw server.  ``ping`` events and keep-alive comments are not
+meaningful, so a model that only pings is "unavailable" at the idle timeout.
+Failover's sleeps are recorded (``RecordedWaits``), never waited.
+"""
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from streamengine.calls import BufferedCallStrategy
+from streamengine.clients.anthropic import AnthropicClient
+from streamengine.errors import (
+    AllModelsFailedError, LlmCancelledError, LlmError, LlmHttpError, LlmStreamError, LlmTimeoutError,
+)
+from streamengine.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine.messages import CompletionOptions
+from streamengine.testing import FakeProvider, steps as s
+
+from faultkit import GUARD_S, MESSAGES, RecordedWaits, stream_threads, streaming
+from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+IDLE, CAP = 0.2, 0.8
+OPTIONS = CompletionOptions(model="claude-test")
+NO_RESPONSE = "LLM streaming: no response received within {:g}s (model may be unavailable or overloaded)"
+IDLE_MSG = "LLM streaming idle timeout: no meaningful chunk received for {:g}s (after {:g} chunks)"
+CAP_MSG = "LLM streaming completion timeout: stream exceeded the {:g}s cap (after {:g} chunks)"
+classify = ErrorClassifier().classify
+
+
+def error_body(kind: str, message: str) -> dict:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+@pytest.fixture
+def fp():
+    with FakeProvider(wire="anthropic") as provider:
+        yield provider
+
+
+@pytest.fixture
+def client(fp):
+    with AnthropicClient(fp.base_url, api_key="sk-ant-faults") as c:
+        yield c
+
+
+def failover(client, models=("a", "b"), **kwargs):
+    return ModelFailover(streaming(client, 5.0, 10.0), list(models), **kwargs)
+
+
+# --- stalls ---------------------------------------------------------------------------------------
+
+STALLS = [
+    ("stall-before-headers", [s.stall_before_headers()], NO_RESPONSE.format(IDLE)),
+    ("headers-then-stall", [s.stall()], NO_RESPONSE.format(IDLE)),
+    ("keep-alive-forever", [s.forever(s.comment())], NO_RESPONSE.format(IDLE)),
+    ("ping-forever", [s.forever(s.ping_event())], NO_RESPONSE.format(IDLE)),
+    ("empty-delta-forever", [s.forever(s.empty_delta())], NO_RESPONSE.format(IDLE)),
+    ("trickle", [s.trickle(b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n', 0.5)],
+     NO_RESPONSE.format(IDLE)),
+    ("text-then-pings", [s.text("a"), s.forever(s.ping_event())], IDLE_MSG.format(IDLE, 1)),
+    ("thinking-then-stall", [s.reasoning("hmm"), s.stall()], IDLE_MSG.format(IDLE, 1)),
+]
+STALL_MATRIX = [(framing, *case) for framing in ("chunked", "close") for case in STALLS] + [
+    ("length", *case) for case in STALLS if case[0] in ("headers-then-stall", "ping-forever")]
+
+
+@pytest.mark.parametrize("framing, turn, message", [c[:1] + c[2:] for c in STALL_MATRIX],
+                         ids=[f"{c[1]}-{c[0]}" for c in STALL_MATRIX])
+def test_a_stall_fires_the_idle_timer_and_closes_the_connection(framing, turn, message):
+    with FakeProvider(framing=framing, wire="anthropic") as fp, AnthropicClient(fp.base_url) as client:
+        fp.add_turn(*turn)
+        with pytest.raises(LlmTimeoutError) as info:
+            streaming(client, IDLE, CAP).call(MESSAGES, options=OPTIONS)
+        assert stream_threads() == []
+        assert fp.wait_for_client_disconnects(1, GUARD_S), "the provider never saw the client go away"
+    assert str(info.value) == message
+    assert classify(info.value) is ErrorClass.TRANSIENT_ADVANCE
+
+
+def test_text_that_never_stops_hits_the_cap(fp, client):
+    fp.add_turn(s.forever(s.text("x"), every=0.02))
+    with pytest.raises(LlmTimeoutError) as info:
+        streaming(client, IDLE, CAP).call(MESSAGES, options=OPTIONS)
+    assert stream_threads() == [] and fp.wait_for_client_disconnects(1, GUARD_S)
+    error = info.value
+    assert error.chunks_received > 0 and str(error) == CAP_MSG.format(CAP, error.chunks_received)
+
+
+def test_a_stalled_model_fails_over_to_the_next(fp, client):
+    fp.add_turn(s.forever(s.ping_event()))
+    fp.add_turn(s.text("from b"))
+    result = ModelFailover(streaming(client, IDLE, 10.0), ["a", "b"]).call(MESSAGES)
+    assert (result.model, result.response.content) == ("b", "from b")
+    assert [(m, type(e)) for m, e in result.attempts] == [("a", LlmTimeoutError)]
+
+
+def test_a_caller_cancel_during_a_stall_ends_the_call_and_the_connection(fp, client):
+    fp.add_turn(s.text("a"), s.forever(s.comment()))
+    cancel = threading.Event()
+    timer = threading.Timer(0.1, cancel.set)
+    timer.start()
+    with pytest.raises(LlmCancelledError):
+        streaming(client, 30.0, 60.0).call(MESSAGES, options=OPTIONS, cancel=cancel)
+    timer.join()
+    assert stream_threads() == [] and fp.wait_for_client_disconnects(1, GUARD_S)
+
+
+# --- truncation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_a_dropped_stream_fails_over_and_only_the_next_answer_is_returned(framing):
+    with FakeProvider(framing=framing, wire="anthropic") as fp, AnthropicClient(fp.base_url) as client:
+        fp.add_turn(s.text("partial from a "), s.drop())
+        fp.add_turn(s.text("whole answer from b"))
+        result = failover(client).call(MESSAGES)
+    assert result.model == "b" and result.response.content == "whole answer from b"
+    assert [(model, type(exc)) for model, exc in result.attempts] == [("a", LlmStreamError)]
+
+
+CUTS = [
+    ("clean-end-in-a-block", [s.text("a"), s.end()], "without message_stop or a stop reason after"),
+    ("cut-mid-event", [s.text("a"), s.raw(b'event: content_block_delta\ndata: {"type":"content'), s.end()],
+     "bytes of an unfinished event were dropped"),
+    ("message-stop-without-blank-line", [s.text("a"), s.raw(b'event: message_stop\ndata: {"type":"message_stop"}\n'),
+                                         s.end()], "without message_stop or a stop reason"),
+    ("tool-arguments-cut", [s.tool_call(0, id="toolu_1", name="t", arguments='{"q": "hal'), s.end()],
+     "without message_stop or a stop reason"),
+]
+
+
+@pytest.mark.parametrize("turn, says", [c[1:] for c in CUTS], ids=[c[0] for c in CUTS])
+def test_a_cut_stream_is_a_broken_stream_never_an_answer(turn, says):
+    with FakeProvider(framing="close", wire="anthropic") as fp, AnthropicClient(fp.base_url) as client:
+        fp.add_turn(*turn)
+        with pytest.raises(LlmStreamError, match=says) as info:
+            streaming(client, 5.0, 10.0).call(MESSAGES, options=OPTIONS)
+    assert classify(info.value) is ErrorClass.TRANSIENT_ADVANCE
+
+
+def test_every_model_cut_off_is_all_models_failed(fp, client):
+    fp.add_turn(s.text("a1"), s.end())
+    fp.add_turn(s.text("b1"), s.drop())
+    with pytest.raises(AllModelsFailedError) as info:
+        failover(client).call(MESSAGES)
+    assert [m for m, _ in info.value.attempts] == ["a", "b"]
+    assert all(isinstance(exc, LlmStreamError) for _, exc in info.value.attempts)
+
+
+# --- HTTP classes ---------------------------------------------------------------------------------
+
+def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
+    fp.add_turn(s.http_error(429, error_body("rate_limit_error", "slow down"), headers={"retry-after": "2"}))
+    fp.add_turn(s.text("answer"))
+    waits = RecordedWaits()
+    result = failover(client).call(MESSAGES, cancel=waits)
+    assert waits.waits == [2.0]
+    assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
+    assert [r.json["model"] for r in fp.requests] == ["a", "a"]
+
+
+@pytest.mark.parametrize("status, kind", [(500, "api_error"), (529, "overloaded_error"), (404, "not_found_error"),
+                                          (503, "api_error")])
+def test_server_side_statuses_fail_over_to_the_next_model(fp, client, status, kind):
+    fp.add_turn(s.http_error(status, error_body(kind, "nope")))
+    fp.add_turn(s.text("from b"))
+    result = failover(client).call(MESSAGES)
+    assert (result.model, result.response.content) == ("b", "from b")
+    assert f"{kind}: nope" in str(result.attempts[0][1])
+
+
+@pytest.mark.parametrize("status, kind, hint", [(400, "invalid_request_error", "check the model name"),
+                                                (401, "authentication_error", "ANTHROPIC_API_KEY"),
+                                                (403, "permission_error", "not allowed")])
+def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, kind, hint):
+    fp.add_turn(s.http_error(status, error_body(kind, f"provider says {status}")))
+    fp.add_turn(s.text("must never be asked"))
+    with pytest.raises(LlmHttpError) as info:
+        failover(client).call(MESSAGES)
+    assert classify(info.value) is ErrorClass.FATAL
+    assert f"{kind}: provider says {status}" in str(info.value) and hint in str(info.value)
+    assert fp.request_count == 1
+
+
+# --- in-band errors after a 200 -------------------------------------------------------------------
+
+def test_an_overloaded_error_event_after_200_fails_over(fp, client):
+    fp.add_turn(s.ping_event(), s.error_frame("Overloaded", type="overloaded_error"))
+    fp.add_turn(s.text("from b"))
+    result = failover(client).call(MESSAGES)
+    assert (result.model, result.response.content) == ("b", "from b")
+    error = result.attempts[0][1]
+    assert isinstance(error, LlmStreamError) and error.overloaded and "overloaded_error: Overloaded" in str(error)
+
+
+def test_an_overloaded_error_event_mid_answer_fails_over_with_only_the_next_answer(fp, client):
+    fp.add_turn(s.text("half of a"), s.error_frame("Overloaded", type="overloaded_error"))
+    fp.add_turn(s.text("all of b"))
+    result = failover(client).call(MESSAGES)
+    assert result.response.content == "all of b"
+
+
+def test_an_invalid_request_error_event_is_fatal(fp, client):
+    fp.add_turn(s.error_frame("messages: roles must alternate", type="invalid_request_error"))
+    fp.add_turn(s.text("must never be asked"))
+    with pytest.raises(LlmHttpError, match="invalid_request_error: messages: roles must alternate") as info:
+        failover(client).call(MESSAGES)
+    assert info.value.status_code == 400 and fp.request_count == 1
+
+
+# --- garbage --------------------------------------------------------------------------------------
+
+def test_only_llm_errors_leave_the_client_for_random_bytes():
+    """Random Anthropic-ish bytes after valid headers: an LlmError or an answer, never anything else."""
+    rng = random.Random(15)
+    alphabet = [b"event: ", b"data: ", b"\n", b"\r", b"\n\n", b"{", b"}", b'"', b":", b"\xff", b"\x00",
+                b"message_start", b"content_block_delta", b"message_stop", b"error", b"ping",
+                b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}',
+                b'{"type":"content_block_start","index":[],"content_block":{"type":"tool_use"}}',
+                b'{"type":"content_block_delta","index":"0","delta":{"type":"input_json_delta","partial_json":7}}',
+                b'{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":-1}}',
+                b'{"type":"error","error":{}}', b'{"type":"message_stop"}', b"[1]", b"null"]
+    bodies = [b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(80)]
+    bodies.append(b"event: message_stop\ndata: " + alphabet[-3] + b"\n\n")  # and one well-formed (empty) answer
+    outcomes = []
+
+    def script(conn: RawConn) -> None:
+        conn.read_request()
+        conn.send(STREAM_HEADERS_CLOSE + bodies[len(conn.server.requests) - 1])
+
+    with RawServer(script) as server, AnthropicClient(server.base_url) as client:
+        strategy = streaming(client, 2.0, 5.0)
+        for _ in bodies:
+            try:
+                strategy.call(MESSAGES, options=OPTIONS)
+                outcomes.append("answer")
+            except LlmError as exc:
+                outcomes.append(type(exc).__name__)
+    assert len(outcomes) == len(bodies)
+    assert {"answer", "LlmStreamError", "LlmProtocolError"} <= set(outcomes)
+
+
+# --- buffered calls -------------------------------------------------------------------------------
+
+def test_a_buffered_call_answers_and_a_stalled_one_times_out_and_closes_the_connection(fp, client):
+    fp.add_turn(s.text("whole"), s.tool_call(0, id="toolu_1", name="f", arguments='{"a": 1}'))
+    fp.add_turn(s.stall_before_headers())
+    strategy = BufferedCallStrategy(client, completion_timeout=5.0)
+    response = strategy.call(MESSAGES, options=OPTIONS)
+    assert (response.content, [c.args() for c in response.tool_calls]) == ("whole", [{"a": 1}])
+    with pytest.raises(LlmTimeoutError, match="buffered completion timeout"):
+        BufferedCallStrategy(client, completion_timeout=IDLE).call(MESSAGES, options=OPTIONS)
+    assert fp.wait_for_client_disconnects(1, GUARD_S)
+    assert [t for t in threading.enumerate() if t.name.startswith("streamengine-complete")] == []
