@@ -15,7 +15,9 @@ from typing import Any as _Any
 from loguru import logger as _logger
 
 from .cancel import CancelToken
-from .clients import LlmClient, OpenAICompatibleClient, ScriptedClient, StreamingLlmClient
+from .clients import (
+    AnthropicClient, LlmClient, OpenAICompatibleClient, RoutedClient, ScriptedClient, StreamingLlmClient,
+)
 from .config import EngineConfig
 from .engine import StreamingEngine
 from .errors import (
@@ -23,7 +25,7 @@ from .errors import (
     LlmHttpError, LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
 )
 from .events import (
-    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ModelChunkEvent, Observer, RoundEvent,
+    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ModelChunkEvent, Observer, ResetEvent, RoundEvent,
     TokenEvent, ToolResultEvent, ToolStartEvent,
 )
 from .failover import ErrorClass, ErrorClassifier
@@ -31,7 +33,7 @@ from .logs import enable_logging
 from .messages import (
     Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolSpec, Usage,
 )
-from .rag import Embedder, HashingEmbedder, Hit, OpenAIEmbedder, RagStore, SqliteRagStore
+from .rag import Embedder, HashingEmbedder, Hit, OpenAIEmbedder, PostgresRagStore, RagStore, SqliteRagStore
 from .result import EngineResult, Telemetry
 from .tools import Tool, ToolContext, ToolRegistry, ToolResult, tool
 
@@ -41,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllModelsFailedError",
+    "AnthropicClient",
     "CancelToken",
     "Chunk",
     "CompletionOptions",
@@ -69,9 +72,12 @@ __all__ = [
     "Observer",
     "OpenAICompatibleClient",
     "OpenAIEmbedder",
+    "PostgresRagStore",
     "RagStore",
+    "ResetEvent",
     "Response",
     "RoundEvent",
+    "RoutedClient",
     "ScriptedClient",
     "SqliteRagStore",
     "StreamEngineError",
