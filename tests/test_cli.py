@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import requests
 
-from streamengine import cli
+from streamengine import cli, cli_output
 from streamengine.cli import EventPrinter, main
 from streamengine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.messages import ToolCall
@@ -51,8 +51,10 @@ NOT_A_TOOL = 42
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for name in ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "STREAMENGINE_MODEL",
-                 "NO_COLOR"):
+                 "OPENAI_BASE_URL", "STREAMENGINE_TIMEOUT", "STREAMENGINE_IDLE_TIMEOUT",
+                 "STREAMENGINE_CONNECT_TIMEOUT", "NO_COLOR"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # an empty pipe, not a terminal
 
 
 @pytest.fixture
@@ -99,7 +101,11 @@ def test_chat_streams_the_answer_to_stdout_and_tool_lines_to_stderr(capsys, tool
         rc, out, err = run(capsys, "chat", "weather?", "--base-url", fp.base_url, "--model", "m1",
                            "--tools", f"{tools_module}:TOOLS")
     assert rc == 0, err
-    assert out == f"Checking. {BLOCK} Still talking.\nIt is sunny in Oslo.\n"
+    # stdout is not a terminal: it gets the final answer alone; the draft streamed on stderr, without markup.
+    assert out == "It is sunny in Oslo.\n"
+    assert re.search(r"^Checking\.\n\[tool lookup started .*\]\nStill talking\.$", err, re.M), err
+    assert "<tool" not in err
+    assert err.index("Checking.") < err.index("[round 2") < err.rindex("It is sunny in Oslo.")
     assert "\x1b[" not in out + err  # not a terminal: no colour codes
     assert re.search(r"^\[tool lookup started \+\d+\.\d\ds\]$", err, re.M), err
     assert re.search(r"^\[tool lookup ok \d+\.\d\ds\]$", err, re.M), err
@@ -208,7 +214,12 @@ def test_bad_tools_flag_is_one_line_and_exit_2(capsys, tools_module, spec, needl
     (["chat", "hi", "--model", "m", "--tool-timeout", "-1"], "positive number"),
     (["chat", "hi", "--model", "m", "--max-continuations", "-1"], "max_continuations"),
     (["chat", "hi", "--model", "m", "--base-url", "ftp://x"], "base_url"),
-    (["chat", "--model", "m"], "required: prompt"),
+    (["chat", "--model", "m"], "the prompt is empty"),
+    (["chat", "hi", "-m", "m", "--timeout", "-5"], "positive number of seconds"),
+    (["chat", "hi", "-m", "m", "--max-tokens", "0"], "positive whole number"),
+    (["chat", "hi", "-m", "m", "-o", "novalue"], "expected KEY=VALUE"),
+    (["chat", "hi", "-m", "m", "--header", "X-Nope"], "expected KEY:VALUE"),
+    (["chat", "hi", "-m", "m", "--provider", "anthropic", "--no-stream-options"], "only apply to --provider openai"),
     (["chat", "hi", "--bogus"], "unrecognized arguments"),
     (["serve", "--port", "70000"], "0-65535"),
     (["nope"], "invalid choice"),
@@ -258,12 +269,12 @@ def test_printer_on_a_terminal_dims_tool_lines_inline():
 def test_printer_keeps_model_text_that_only_looks_like_the_engine_warning():
     out, info = io.StringIO(), io.StringIO()
     printer = EventPrinter(out, info)
-    printer.handle(TokenEvent(cli._LLM_WARNING + "just kidding"), 0.0)
+    printer.handle(TokenEvent(cli_output.LLM_WARNING + "just kidding"), 0.0)
     printer.handle(TokenEvent(" more"), 0.1)
     printer.handle(done_event(), 0.2)
-    assert out.getvalue() == cli._LLM_WARNING + "just kidding more\n"
+    assert out.getvalue() == cli_output.LLM_WARNING + "just kidding more\n"
     printer = EventPrinter(out := io.StringIO(), info := io.StringIO())
-    printer.handle(TokenEvent(cli._LLM_WARNING + "boom"), 0.0)
+    printer.handle(TokenEvent(cli_output.LLM_WARNING + "boom"), 0.0)
     printer.handle(ErrorEvent("boom"), 0.0)
     printer.handle(done_event("boom"), 0.0)
     assert out.getvalue() == "" and info.getvalue() == "streamengine: error: boom\n"
