@@ -239,11 +239,17 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
     if not getattr(args, "handler", None):
         parser.print_help(err)
         return 2
-    if args.verbose:
-        from .logs import enable_logging
-        enable_logging("DEBUG" if args.verbose > 1 else "INFO")
+    log_handler = _start_logging(args.verbose)
     try:
-        return args.handler(args, _Hooks(stop, ready))
+        return _run(args, _Hooks(stop, ready), err)
+    finally:
+        if log_handler is not None:
+            _stop_logging(log_handler)
+
+
+def _run(args: argparse.Namespace, hooks: "_Hooks", err: Any) -> int:
+    try:
+        return args.handler(args, hooks)
     except (UsageError, ConfigError) as exc:
         write_error(err, str(exc))
         return 2
@@ -256,6 +262,24 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
     except KeyboardInterrupt:
         write(err, f"\n{PROG}: interrupted\n")
         return 130
+
+
+def _start_logging(verbose: int) -> Optional[int]:
+    if not verbose:
+        return None
+    from .logs import enable_logging
+    return enable_logging("DEBUG" if verbose > 1 else "INFO")
+
+
+def _stop_logging(handler: int) -> None:
+    """``-v`` lasts one command: ``main()`` embedded in a program leaves its logging as it was."""
+    from loguru import logger
+
+    try:
+        logger.remove(handler)
+    except ValueError:
+        pass
+    logger.disable("streamengine")
 
 
 def _report(err: Any, exc: BaseException, args: argparse.Namespace) -> None:
