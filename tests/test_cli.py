@@ -423,3 +423,17 @@ def test_serve_on_a_busy_port_is_one_line_and_exit_1(capsys):
     assert rc == 1
     assert_one_error_line(err)
     assert "cannot listen on 127.0.0.1:" in err
+
+
+def test_serve_system_prompt_leads_every_run(capsys):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("ok"))
+        with Server(["serve", "--port", "0", "-m", "m", "--base-url", fp.base_url, "--threads", "2",
+                     "--system", "Answer in French."]) as srv:
+            with requests.Session() as http:
+                stream = http.post(srv.url + "v1/chat/stream", timeout=10,
+                                   json={"messages": [{"role": "user", "content": "hi"}]})
+            assert "data: [DONE]" in stream.text
+    assert fp.requests[0].json["messages"] == [{"role": "system", "content": "Answer in French."},
+                                               {"role": "user", "content": "hi"}]
+    assert "with a system prompt" in capsys.readouterr().out
