@@ -8,20 +8,20 @@ import os
 import queue
 import re
 import socket
-import sys
 import threading
-import uuid
 import xml.etree.ElementTree as ET
 
 import pytest
 import requests
 
-from streamengine import cli, cli_output
+from streamengine import cli_output
 from streamengine.cli import EventPrinter, main
 from streamengine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.messages import ToolCall
 from streamengine.result import EngineResult, Telemetry
 from streamengine.testing import FakeProvider, steps as s
+
+from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
 from streamengine.tools import ToolResult
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -46,25 +46,6 @@ def plain(x: int) -> int:
 TOOLS = [lookup, plain]
 NOT_A_TOOL = 42
 '''
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "STREAMENGINE_MODEL",
-                 "OPENAI_BASE_URL", "STREAMENGINE_TIMEOUT", "STREAMENGINE_IDLE_TIMEOUT",
-                 "STREAMENGINE_CONNECT_TIMEOUT", "NO_COLOR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # an empty pipe, not a terminal
-
-
-@pytest.fixture
-def tools_module(tmp_path, monkeypatch):
-    """An importable module holding tools; returns its (unique) name."""
-    name = f"se_cli_tools_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(TOOLS_SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
 
 
 def run(capsys, *argv, **hooks):
@@ -260,7 +241,6 @@ def test_printer_on_a_terminal_dims_tool_lines_inline():
     printer.handle(ToolStartEvent(call), 0.42)
     printer.handle(TokenEvent(" more"), 0.5)
     printer.handle(ToolResultEvent(ToolResult("c1", "lookup", True, "x", duration_s=0.51)), 0.6)
-    text = out.getvalue()
     printer.handle(TokenEvent("and"), 0.7)
     assert out.getvalue() == ("Checking \x1b[2m[tool lookup started +0.42s]\x1b[0m more"
                               " \x1b[2m[tool lookup ok 0.51s]\x1b[0m and")
@@ -437,3 +417,15 @@ def test_serve_system_prompt_leads_every_run(capsys):
     assert fp.requests[0].json["messages"] == [{"role": "system", "content": "Answer in French."},
                                                {"role": "user", "content": "hi"}]
     assert "with a system prompt" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tokens, shown", [
+    (["Checking. ", BLOCK, " Still talking."], "Checking. Still talking."),
+    (["Checking. " + BLOCK + " Still", " talking."], "Checking. Still talking."),
+    (["weather ", '<tool name="a"/>', ". Then"], "weather. Then"),
+    (["a <tool> is a word", " here"], "a <tool> is a word here"),  # not a block: kept
+    (["multi\n", '<tool name="lookup">\n{"city": "Oslo"}\n</tool>', "\nline"], "multi\n\nline"),
+])
+def test_markup_filter_removes_blocks_split_across_tokens(tokens, shown):
+    markup = cli_output.MarkupFilter()
+    assert "".join(markup.feed(t) for t in tokens) + markup.flush() == shown

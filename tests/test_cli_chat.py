@@ -5,12 +5,12 @@ replaced by a StringIO (a pipe) or a StringIO that says it is a terminal.
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import re
 import socket
 import sys
-import uuid
 
 import pytest
 
@@ -18,6 +18,8 @@ from streamengine import __version__
 from streamengine.cli import build_parser, main
 from streamengine.cli_build import NO_CAP_S, build_engine, close_engine
 from streamengine.testing import FakeProvider, steps as s
+
+from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -37,24 +39,6 @@ class TtyInput(io.StringIO):
 
     def isatty(self):
         return True
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "STREAMENGINE_MODEL",
-                 "OPENAI_BASE_URL", "STREAMENGINE_TIMEOUT", "STREAMENGINE_IDLE_TIMEOUT",
-                 "STREAMENGINE_CONNECT_TIMEOUT", "NO_COLOR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-
-
-@pytest.fixture
-def tools_module(tmp_path, monkeypatch):
-    name = f"se_chat_tools_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(TOOLS_SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
 
 
 def run(capsys, *argv):
@@ -264,13 +248,11 @@ def test_verbose_shows_what_is_underneath(capsys):
 
 
 def test_anthropic_provider_is_built_lazily_with_a_clear_error_when_missing(capsys):
-    try:
-        import streamengine.clients.anthropic  # noqa: F401
-    except ModuleNotFoundError:
+    if importlib.util.find_spec("streamengine.clients.anthropic") is None:
         rc, _, err = run(capsys, "chat", "hi", "-m", "claude", "--provider", "anthropic")
         assert rc == 2
         assert "--provider anthropic needs streamengine.clients.anthropic" in err
-    else:
+    else:  # the module has landed: the flag builds its client
         args = build_parser().parse_args(["chat", "hi", "-m", "claude", "--provider", "anthropic",
                                           "--api-key", "sk-ant"])
         engine = build_engine(args, {})

@@ -22,12 +22,12 @@ import pytest
 from streamengine.cli import main
 from streamengine.testing import FakeProvider, steps as s
 
+from cli_support import CLI_ENV
+
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 README = (Path(__file__).resolve().parent.parent / "README.rst").read_text(encoding="utf-8")
 PROVIDERS = README.split("Providers\n---------", 1)[1].split("\nIn a web app", 1)[0]
-ENV_NAMES = ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",
-             "STREAMENGINE_MODEL", "STREAMENGINE_TIMEOUT", "STREAMENGINE_IDLE_TIMEOUT", "STREAMENGINE_CONNECT_TIMEOUT")
 
 
 def recipes(title: str) -> List[str]:
@@ -45,7 +45,7 @@ def unindented(block: str) -> str:
 
 def run_recipe(block: str, root: str, monkeypatch, capsys) -> Tuple[int, str, str]:
     """Run a recipe's lines with every URL's scheme and host replaced by ``root``."""
-    for name in ENV_NAMES:
+    for name in CLI_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OPENAI_BASE_URL", root + "/v1")  # where "the default" points in this test
     rc, out, err = None, "", ""
