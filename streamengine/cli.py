@@ -74,7 +74,7 @@ def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
         from .wsgi import make_wsgi_app
         served = _SystemPromptEngine(engine, args.system) if args.system else engine
         app = make_wsgi_app(served, allow_origin=args.allow_origin, heartbeat_s=args.heartbeat)
-        banner = [f"  models {', '.join(engine.config.models)} at {engine.client.base_url}; "
+        banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
                   "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"]

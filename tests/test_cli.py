@@ -405,6 +405,20 @@ def test_serve_on_a_busy_port_is_one_line_and_exit_1(capsys):
     assert "cannot listen on 127.0.0.1:" in err
 
 
+def test_verbose_error_lines_show_the_chain_underneath(capsys):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        rc, _, err = run(capsys, "serve", "--port", str(busy.getsockname()[1]), "--model", "m", "-v")
+    finally:
+        busy.close()
+    assert rc == 1
+    lines = [line for line in err.splitlines() if not re.match(r"\d\d:\d\d:\d\d", line)]  # not log lines
+    assert lines[0].startswith("streamengine: error: cannot listen on 127.0.0.1:")
+    assert re.fullmatch(r"  caused by OSError: \[Errno \d+\] .*", lines[1]), err
+
+
 def test_serve_system_prompt_leads_every_run(capsys):
     with FakeProvider() as fp:
         fp.add_turn(s.text("ok"))

@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import re
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -19,7 +21,7 @@ from streamengine.cli import build_parser, main
 from streamengine.cli_build import NO_CAP_S, build_engine, close_engine
 from streamengine.testing import FakeProvider, steps as s
 
-from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
+from cli_support import CLI_ENV, clean_env, tools_module  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -260,3 +262,32 @@ def test_anthropic_provider_is_built_lazily_with_a_clear_error_when_missing(caps
             assert type(engine.client).__name__ == "AnthropicClient"
         finally:
             close_engine(engine)
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a POSIX pseudo-terminal")
+def test_a_conversation_on_a_real_pseudo_terminal():
+    """The installed command with stdin on a pty: input() reads typed lines, Ctrl-D ends it."""
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("hello back"))
+        fp.add_turn(s.text("still here"))
+        primary, secondary = os.openpty()
+        env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
+        proc = subprocess.Popen([sys.executable, "-m", "streamengine.cli", "chat", "-m", "m", "--base-url",
+                                 fp.base_url], stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env)
+        os.close(secondary)
+        try:
+            os.write(primary, b"hello\n")
+            assert fp.wait_for_requests(1, timeout=20)
+            os.write(primary, b"are you there?\n")
+            assert fp.wait_for_requests(2, timeout=20)
+            os.write(primary, b"\x04")  # Ctrl-D at the start of a line: end of input
+            out, err = proc.communicate(timeout=20)
+        finally:
+            os.close(primary)
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert out.decode() == "hello back\nstill here\n"
+    assert [m["content"] for m in fp.requests[1].json["messages"]] == ["hello", "hello back", "are you there?"]
