@@ -34,7 +34,9 @@ from ..messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
 from .base import StreamingLlmClient
 from .connection import RequestTracker, mount_cancellable, tracking
 from .http_body import STREAM_ERRORS, cancelled, drain_after_done, excerpt, read_limited
-from .openai_errors import connection_error_message, http_error, parse_retry_after, raise_in_band_error
+from .openai_errors import (
+    connection_error_message, http_error, parse_retry_after, raise_in_band_error, short_cause,
+)
 from .openai_parse import StreamParser, response_from_json, vectors_from_json
 from .openai_request import (
     DEFAULT_BASE_URL, SENSITIVE_HEADER, chat_body, check_api_key, check_headers, check_query, encode_body,
@@ -253,8 +255,7 @@ class OpenAICompatibleClient(StreamingLlmClient):
                 if cancelled(cancel, tracker):
                     raise LlmCancelledError(f"call to {url} was cancelled while reading the answer") from exc
                 raise LlmConnectionError(
-                    f"the answer from {url} broke off: {type(exc).__name__}: {exc}; retry or fail over"
-                ) from exc
+                    f"the answer from {url} broke off ({short_cause(exc)}); retry or fail over") from exc
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"call to {url} was cancelled")
             try:

@@ -20,7 +20,7 @@ import requests
 from ..errors import LlmHttpError, LlmStreamError
 
 __all__ = ["connection_error_message", "http_error", "parse_retry_after", "provider_message",
-           "raise_in_band_error"]
+           "raise_in_band_error", "short_cause"]
 
 MAX_RETRY_AFTER_S = 86400.0
 
@@ -86,7 +86,7 @@ def connection_error_message(exc: BaseException, url: str, base_url: str, connec
         return f"{where}: cannot resolve the host name {host!r} \u2014 check the base URL and your network"
     tls = found(ssl.SSLError)
     if tls is not None:
-        return (f"{where}: TLS handshake failed ({_short(tls)}) "
+        return (f"{where}: TLS handshake failed ({short_cause(tls)}) "
                 f"\u2014 check http:// vs https:// and the server's certificate")
     # urllib3's NewConnectionError subclasses ConnectTimeoutError: it only counts with a real timeout.
     timeout = found(requests.ConnectTimeout, socket.timeout)
@@ -95,10 +95,10 @@ def connection_error_message(exc: BaseException, url: str, base_url: str, connec
                 f"\u2014 is the host reachable (firewall, VPN, the port)?")
     dropped = found(ConnectionResetError, BrokenPipeError, names=("RemoteDisconnected",))
     if dropped is not None:
-        return (f"the server at {base_url} closed the connection before answering ({_short(dropped)}) "
+        return (f"the server at {base_url} closed the connection before answering ({short_cause(dropped)}) "
                 f"\u2014 it may have crashed or be overloaded; retry, or check the URL (http vs https, the port)")
     deepest = causes[-1] if causes else exc
-    return f"no answer from {url}: {_short(deepest)} \u2014 check that the provider is running and base_url is right"
+    return f"no answer from {url}: {short_cause(deepest)} \u2014 check that the provider is running and base_url is right"
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -116,9 +116,10 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         todo.extend(e for e in linked if isinstance(e, BaseException))
 
 
-def _short(exc: BaseException, limit: int = 160) -> str:
-    """The innermost readable words of an exception, without urllib3's object reprs."""
-    text = str(exc) or type(exc).__name__
+def short_cause(exc: BaseException, limit: int = 160) -> str:
+    """An exception's own words, without urllib3's object reprs and argument tuples."""
+    first = exc.args[0] if exc.args and isinstance(exc.args[0], str) else None
+    text = first or str(exc) or type(exc).__name__
     text = re.sub(r"<[\w.]+ object at 0x[0-9a-f]+>:?\s*", "", text)
     text = re.sub(r"\s+", " ", text).strip()
     return text if len(text) <= limit else text[:limit - 3] + "..."

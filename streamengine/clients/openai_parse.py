@@ -22,7 +22,7 @@ from ..errors import LlmCancelledError, LlmProtocolError, LlmStreamError
 from ..messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
 from .connection import RequestTracker
 from .http_body import READ_SIZE, STREAM_ERRORS, cancelled, read1_of
-from .openai_errors import raise_in_band_error
+from .openai_errors import raise_in_band_error, short_cause
 
 __all__ = ["StreamParser", "response_from_json", "vectors_from_json"]
 
@@ -79,8 +79,8 @@ class StreamParser:
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"stream from {self.url} was cancelled") from exc
             raise LlmStreamError(
-                f"stream from {self.url} broke after {self.events} events: {type(exc).__name__}: "
-                f"{exc}; the provider dropped the connection mid-answer, retry or fail over"
+                f"stream from {self.url} broke after {self.events} events: the provider dropped the connection "
+                f"mid-answer ({short_cause(exc)}); retry or fail over"
             ) from exc
         if cancelled(cancel, tracker):
             raise LlmCancelledError(f"stream from {self.url} was cancelled")
