@@ -44,7 +44,7 @@ def write_error(stream: TextIO, message: str, models: Sequence[str] = ()) -> Non
     write(stream, f"{PROG}: error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:]))
 
 
-_ALL_FAILED = re.compile(r"^all \d+ model attempt\(s\) failed: ")
+_ALL_FAILED = re.compile(r"(?:^|(?<= ))all \d+ model attempt\(s\) failed: ")
 
 
 def error_lines(message: str, models: Sequence[str] = ()) -> List[str]:
@@ -54,8 +54,13 @@ def error_lines(message: str, models: Sequence[str] = ()) -> List[str]:
     With one model that prefix only hides the cause; with several, each
     model's last cause gets its own line.  Anything else is shown as is.
     """
-    attempts = _split_attempts(message, models)
-    return attempt_lines(attempts) if attempts else [_one_line(message)]
+    prefix = _ALL_FAILED.search(message)
+    attempts = _split_attempts(message[prefix.start():], models) if prefix else []
+    if not attempts:
+        return [_one_line(message)]
+    lines = attempt_lines(attempts)
+    lines[0] = _one_line(message[:prefix.start()]) + (" " if prefix.start() else "") + lines[0]
+    return lines
 
 
 def attempt_lines(attempts: Sequence[Tuple[str, str]]) -> List[str]:

@@ -443,3 +443,17 @@ def test_serve_system_prompt_leads_every_run(capsys):
 def test_markup_filter_removes_blocks_split_across_tokens(tokens, shown):
     markup = cli_output.MarkupFilter()
     assert "".join(markup.feed(t) for t in tokens) + markup.flush() == shown
+
+
+@pytest.mark.parametrize("message, models, lines", [
+    ("all 2 model attempt(s) failed: m: LlmHttpError: provider answered HTTP 503; retry; "
+     "m: LlmConnectionError: could not connect to u: refused", ["m"], ["could not connect to u: refused"]),
+    ("all 2 model attempt(s) failed: a: LlmTimeoutError: idle; b: LlmHttpError: HTTP 500: x; y", ["a", "b"],
+     ["all 2 models failed:", "a: idle", "b: HTTP 500: x; y"]),
+    ("the model's stream failed after a partial answer: all 1 model attempt(s) failed: a: LlmStreamError: cut",
+     ["a"], ["the model's stream failed after a partial answer: cut"]),
+    ("plain message\nwith a newline", ["a"], ["plain message with a newline"]),
+    ("all 1 model attempt(s) failed: unknown: X: y", ["a"], ["all 1 model attempt(s) failed: unknown: X: y"]),
+])
+def test_error_lines_put_the_cause_first(message, models, lines):
+    assert cli_output.error_lines(message, models) == lines
