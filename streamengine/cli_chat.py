@@ -74,9 +74,8 @@ def _conversation(engine: Any, history: List[Dict[str, str]], args: argparse.Nam
     write(err, f"streamengine chat with {', '.join(engine.config.models)}: type a message, "
                f"Ctrl-D or 'exit' to end\n")
     while True:
-        write(err, "> ")
         try:
-            line = input()
+            line = _read_line(out, err)
         except EOFError:
             write(err, "\n")
             return 0
@@ -94,6 +93,15 @@ def _conversation(engine: Any, history: List[Dict[str, str]], args: argparse.Nam
             history.append({"role": "assistant", "content": answer})
         else:
             history.pop()  # a failed turn is not part of the conversation
+
+
+def _read_line(out: TextIO, err: TextIO) -> str:
+    """One typed line.  readline must know the prompt to redraw it, but input() writes it to
+    stdout: so only when stdout is the terminal; otherwise the prompt goes to stderr."""
+    if is_terminal(out):
+        return input("> ")
+    write(err, "> ")
+    return input()
 
 
 def _answer(engine: Any, messages: List[Dict[str, str]], args: argparse.Namespace,
