@@ -8,20 +8,20 @@ import os
 import queue
 import re
 import socket
-import sys
 import threading
-import uuid
 import xml.etree.ElementTree as ET
 
 import pytest
 import requests
 
-from streamengine import cli
+from streamengine import cli_output
 from streamengine.cli import EventPrinter, main
 from streamengine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.messages import ToolCall
 from streamengine.result import EngineResult, Telemetry
 from streamengine.testing import FakeProvider, steps as s
+
+from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
 from streamengine.tools import ToolResult
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -46,23 +46,6 @@ def plain(x: int) -> int:
 TOOLS = [lookup, plain]
 NOT_A_TOOL = 42
 '''
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "STREAMENGINE_MODEL",
-                 "NO_COLOR"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def tools_module(tmp_path, monkeypatch):
-    """An importable module holding tools; returns its (unique) name."""
-    name = f"se_cli_tools_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(TOOLS_SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
 
 
 def run(capsys, *argv, **hooks):
@@ -99,7 +82,11 @@ def test_chat_streams_the_answer_to_stdout_and_tool_lines_to_stderr(capsys, tool
         rc, out, err = run(capsys, "chat", "weather?", "--base-url", fp.base_url, "--model", "m1",
                            "--tools", f"{tools_module}:TOOLS")
     assert rc == 0, err
-    assert out == f"Checking. {BLOCK} Still talking.\nIt is sunny in Oslo.\n"
+    # stdout is not a terminal: it gets the final answer alone; the draft streamed on stderr, without markup.
+    assert out == "It is sunny in Oslo.\n"
+    assert re.search(r"^Checking\.\n\[tool lookup started .*\]\nStill talking\.$", err, re.M), err
+    assert "<tool" not in err
+    assert err.index("Checking.") < err.index("[round 2") < err.rindex("It is sunny in Oslo.")
     assert "\x1b[" not in out + err  # not a terminal: no colour codes
     assert re.search(r"^\[tool lookup started \+\d+\.\d\ds\]$", err, re.M), err
     assert re.search(r"^\[tool lookup ok \d+\.\d\ds\]$", err, re.M), err
@@ -208,7 +195,12 @@ def test_bad_tools_flag_is_one_line_and_exit_2(capsys, tools_module, spec, needl
     (["chat", "hi", "--model", "m", "--tool-timeout", "-1"], "positive number"),
     (["chat", "hi", "--model", "m", "--max-continuations", "-1"], "max_continuations"),
     (["chat", "hi", "--model", "m", "--base-url", "ftp://x"], "base_url"),
-    (["chat", "--model", "m"], "required: prompt"),
+    (["chat", "--model", "m"], "the prompt is empty"),
+    (["chat", "hi", "-m", "m", "--timeout", "-5"], "positive number of seconds"),
+    (["chat", "hi", "-m", "m", "--max-tokens", "0"], "positive whole number"),
+    (["chat", "hi", "-m", "m", "-o", "novalue"], "expected KEY=VALUE"),
+    (["chat", "hi", "-m", "m", "--header", "X-Nope"], "expected KEY:VALUE"),
+    (["chat", "hi", "-m", "m", "--provider", "anthropic", "--no-stream-options"], "only apply to --provider openai"),
     (["chat", "hi", "--bogus"], "unrecognized arguments"),
     (["serve", "--port", "70000"], "0-65535"),
     (["nope"], "invalid choice"),
@@ -249,7 +241,6 @@ def test_printer_on_a_terminal_dims_tool_lines_inline():
     printer.handle(ToolStartEvent(call), 0.42)
     printer.handle(TokenEvent(" more"), 0.5)
     printer.handle(ToolResultEvent(ToolResult("c1", "lookup", True, "x", duration_s=0.51)), 0.6)
-    text = out.getvalue()
     printer.handle(TokenEvent("and"), 0.7)
     assert out.getvalue() == ("Checking \x1b[2m[tool lookup started +0.42s]\x1b[0m more"
                               " \x1b[2m[tool lookup ok 0.51s]\x1b[0m and")
@@ -258,12 +249,12 @@ def test_printer_on_a_terminal_dims_tool_lines_inline():
 def test_printer_keeps_model_text_that_only_looks_like_the_engine_warning():
     out, info = io.StringIO(), io.StringIO()
     printer = EventPrinter(out, info)
-    printer.handle(TokenEvent(cli._LLM_WARNING + "just kidding"), 0.0)
+    printer.handle(TokenEvent(cli_output.LLM_WARNING + "just kidding"), 0.0)
     printer.handle(TokenEvent(" more"), 0.1)
     printer.handle(done_event(), 0.2)
-    assert out.getvalue() == cli._LLM_WARNING + "just kidding more\n"
+    assert out.getvalue() == cli_output.LLM_WARNING + "just kidding more\n"
     printer = EventPrinter(out := io.StringIO(), info := io.StringIO())
-    printer.handle(TokenEvent(cli._LLM_WARNING + "boom"), 0.0)
+    printer.handle(TokenEvent(cli_output.LLM_WARNING + "boom"), 0.0)
     printer.handle(ErrorEvent("boom"), 0.0)
     printer.handle(done_event("boom"), 0.0)
     assert out.getvalue() == "" and info.getvalue() == "streamengine: error: boom\n"
@@ -412,3 +403,57 @@ def test_serve_on_a_busy_port_is_one_line_and_exit_1(capsys):
     assert rc == 1
     assert_one_error_line(err)
     assert "cannot listen on 127.0.0.1:" in err
+
+
+def test_verbose_error_lines_show_the_chain_underneath(capsys):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        rc, _, err = run(capsys, "serve", "--port", str(busy.getsockname()[1]), "--model", "m", "-v")
+    finally:
+        busy.close()
+    assert rc == 1
+    lines = [line for line in err.splitlines() if not re.match(r"\d\d:\d\d:\d\d", line)]  # not log lines
+    assert lines[0].startswith("streamengine: error: cannot listen on 127.0.0.1:")
+    assert re.fullmatch(r"  caused by OSError: \[Errno \d+\] .*", lines[1]), err
+
+
+def test_serve_system_prompt_leads_every_run(capsys):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("ok"))
+        with Server(["serve", "--port", "0", "-m", "m", "--base-url", fp.base_url, "--threads", "2",
+                     "--system", "Answer in French."]) as srv:
+            with requests.Session() as http:
+                stream = http.post(srv.url + "v1/chat/stream", timeout=10,
+                                   json={"messages": [{"role": "user", "content": "hi"}]})
+            assert "data: [DONE]" in stream.text
+    assert fp.requests[0].json["messages"] == [{"role": "system", "content": "Answer in French."},
+                                               {"role": "user", "content": "hi"}]
+    assert "with a system prompt" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tokens, shown", [
+    (["Checking. ", BLOCK, " Still talking."], "Checking. Still talking."),
+    (["Checking. " + BLOCK + " Still", " talking."], "Checking. Still talking."),
+    (["weather ", '<tool name="a"/>', ". Then"], "weather. Then"),
+    (["a <tool> is a word", " here"], "a <tool> is a word here"),  # not a block: kept
+    (["multi\n", '<tool name="lookup">\n{"city": "Oslo"}\n</tool>', "\nline"], "multi\n\nline"),
+])
+def test_markup_filter_removes_blocks_split_across_tokens(tokens, shown):
+    markup = cli_output.MarkupFilter()
+    assert "".join(markup.feed(t) for t in tokens) + markup.flush() == shown
+
+
+@pytest.mark.parametrize("message, models, lines", [
+    ("all 2 model attempt(s) failed: m: LlmHttpError: provider answered HTTP 503; retry; "
+     "m: LlmConnectionError: could not connect to u: refused", ["m"], ["could not connect to u: refused"]),
+    ("all 2 model attempt(s) failed: a: LlmTimeoutError: idle; b: LlmHttpError: HTTP 500: x; y", ["a", "b"],
+     ["all 2 models failed:", "a: idle", "b: HTTP 500: x; y"]),
+    ("the model's stream failed after a partial answer: all 1 model attempt(s) failed: a: LlmStreamError: cut",
+     ["a"], ["the model's stream failed after a partial answer: cut"]),
+    ("plain message\nwith a newline", ["a"], ["plain message with a newline"]),
+    ("all 1 model attempt(s) failed: unknown: X: y", ["a"], ["all 1 model attempt(s) failed: unknown: X: y"]),
+])
+def test_error_lines_put_the_cause_first(message, models, lines):
+    assert cli_output.error_lines(message, models) == lines

@@ -169,8 +169,10 @@ def test_truncated_last_event_is_reported(fp, client):
 
 def test_connection_dropped_before_headers_is_a_connection_error(fp, client):
     fp.add_turn(s.drop())
-    with pytest.raises(LlmConnectionError, match="could not get an answer"):
+    with pytest.raises(LlmConnectionError, match="closed the connection before answering") as caught:
         collect(client)
+    assert str(caught.value).startswith(f"the server at {client.base_url} closed")
+    assert "object at 0x" not in str(caught.value) and len(str(caught.value)) < 250
 
 
 def test_in_band_error_frame_is_a_stream_error_with_the_provider_message(fp, client):
@@ -274,8 +276,12 @@ def test_connection_refused_is_a_connection_error():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with OpenAICompatibleClient(f"http://127.0.0.1:{port}/v1") as client:
-        with pytest.raises(LlmConnectionError, match="check that the provider is running"):
+        with pytest.raises(LlmConnectionError) as caught:
             collect(client)
+        # The cause first, in plain words; urllib3's internals stay in the chain, not the message.
+        assert str(caught.value) == (f"could not connect to http://127.0.0.1:{port}/v1: connection refused "
+                                     f"\u2014 is the server running?")
+        assert caught.value.__cause__ is not None
         with pytest.raises(LlmConnectionError):
             client.complete(MESSAGES)
 

@@ -1,17 +1,37 @@
-"""The README is the front door: its commands exist and its Python examples are real."""
+"""The README is the front door: its commands exist and its Python examples run.
+
+Every ``.. code-block:: python`` runs, in order, against a loopback
+FakeProvider (the base URL in the code and in the environment points at it);
+each block starts from the names the blocks before it defined, as a reader
+would.  A block that starts with ``# NAME.py`` is written to that file instead,
+so the blocks that import it (``from llm import engine``) get it.  Then the
+web examples are exercised: the WSGI app under waitress, the Flask routes
+through Flask's test client, the Django view through Django's request factory.
+"""
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
+import sys
+import threading
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
+import requests
+
+from streamengine.testing import FakeProvider, steps as s
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.rst").read_text(encoding="utf-8")
+OPENAI = '"https://api.openai.com/v1"'
 
 
-def python_blocks():
+def python_blocks() -> List[str]:
     blocks = []
     for match in re.finditer(r"\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", README):
         lines = [line[3:] for line in match.group(1).splitlines()]
@@ -33,15 +53,189 @@ def test_every_python_example_compiles(code):
     compile(code, "README.rst", "exec")
 
 
-def test_the_first_example_runs_against_a_loopback_provider(capsys):
-    from streamengine.testing import FakeProvider, steps as s
+def test_more_documentation_lists_the_docs():
+    section = README.split("More documentation\n------------------", 1)[1]
+    assert re.findall(r"``(docs/[\w.]+)``", section) == [
+        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/scaling.md", "docs/anthropic.md"]
 
-    example = python_blocks()[0]
+
+# --- running the examples -------------------------------------------------------------------------
+
+def weather_turns(payload: Dict[str, Any]) -> List[Any]:
+    """Round 1 calls the weather tool inline; the round after it answers."""
+    if any(m["role"] == "assistant" for m in payload["messages"]):
+        return [s.text("It is sunny in Oslo.")]
+    return [s.text('Let me check. <tool name="weather">{"city": "Oslo"}</tool>')]
+
+
+@pytest.fixture
+def loopback(tmp_path, monkeypatch):
+    """A FakeProvider in the environment, a scratch working directory, and clean-up of what blocks open."""
+    from loguru import logger
+
+    from streamengine import logs
+
     with FakeProvider() as fp:
-        fp.add_turn(s.text('Let me check. <tool name="weather">{"city": "Oslo"}</tool>'))
-        fp.add_turn(s.text("It is sunny in Oslo."))
-        code = example.replace('"https://api.openai.com/v1"', repr(fp.base_url))
-        exec(compile(code, "README.rst", "exec"), {"__name__": "readme_example"})
+        fp.respond_with(weather_turns)
+        for name, value in (("STREAMENGINE_BASE_URL", fp.base_url), ("OPENAI_API_KEY", "sk-readme"),
+                            ("STREAMENGINE_MODEL", "gpt-4o-mini")):
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        opened: List[Dict[str, Any]] = []
+        try:
+            yield fp, opened
+        finally:
+            for namespace in opened:
+                _close_all(namespace)
+            llm = sys.modules.pop("llm", None)
+            if llm is not None:
+                _close_all(vars(llm))
+            if logs._sink_id is not None:  # the logging example turned logs on
+                logger.remove(logs._sink_id)
+                logs._sink_id = None
+                logger.disable("streamengine")
+
+
+def _close_all(namespace: Dict[str, Any]) -> None:
+    from streamengine import OpenAICompatibleClient, SqliteRagStore, StreamingEngine
+
+    for value in list(namespace.values()):
+        if isinstance(value, StreamingEngine):
+            value.close()
+            value.client.close()
+        elif isinstance(value, (OpenAICompatibleClient, SqliteRagStore)):
+            value.close()
+        elif isinstance(value, io.IOBase) and not value.closed and value not in (sys.stdout, sys.stderr):
+            value.close()
+
+
+def run_blocks(fp: FakeProvider, opened: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each block's namespace after it ran (a file block's is empty)."""
+    names: Dict[str, Any] = {"__name__": "readme_example"}
+    results = []
+    for code in python_blocks():
+        file_name = re.match(r"# ([\w.]+\.py)\n", code)
+        if file_name:
+            Path(file_name.group(1)).write_text(code, encoding="utf-8")
+            results.append({})
+            continue
+        namespace = dict(names)
+        opened.append(namespace)
+        exec(compile(code.replace(OPENAI, repr(fp.base_url)), "README.rst", "exec"), namespace)
+        names.update(namespace)
+        results.append(namespace)
+    return results
+
+
+def block_defining(results: List[Dict[str, Any]], needle: str) -> Dict[str, Any]:
+    (index,) = [i for i, code in enumerate(python_blocks()) if needle in code]
+    return results[index]
+
+
+def configure_django() -> None:
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(DEBUG=False, SECRET_KEY="readme-test", ALLOWED_HOSTS=["*"], ROOT_URLCONF=__name__,
+                           INSTALLED_APPS=[], MIDDLEWARE=[])
+
+
+urlpatterns: List[Any] = []  # Django's ROOT_URLCONF for the mounted example
+
+
+def test_every_python_example_runs_against_a_loopback_provider(loopback, capsys):
+    fp, opened = loopback
+    configure_django()
+    results = run_blocks(fp, opened)
     out = capsys.readouterr().out
-    assert "tool_start" in out and "tool_result" in out and "It is sunny in Oslo." in out
-    assert out.strip().splitlines()[-1].startswith("done")
+    assert out.splitlines() == ['Let me check. <tool name="weather">{"city": "Oslo"}</tool>', "[weather started]", "[weather: sunny in Oslo]", "",
+                                "[revised answer]", "It is sunny in Oslo.", "[done: 2 rounds]"]
+    check_wsgi_app(block_defining(results, "waitress.serve(app")["app"])
+    check_flask(block_defining(results, "from flask import")["app"])
+    check_django_view(block_defining(results, "def ask(request)")["ask"])
+    check_django_mount(block_defining(results, "get_wsgi_application()")["application"])
+
+
+def test_the_first_example_prints_the_error_message(loopback, capsys):
+    fp, _ = loopback
+    fp.respond_with(lambda payload: [s.http_error(400, {"error": {"message": "model not found"}})])
+    code = python_blocks()[0].replace(OPENAI, repr(fp.base_url))
+    exec(compile(code, "README.rst", "exec"), {"__name__": "readme_example"})
+    out = capsys.readouterr().out
+    assert "[error: " in out and "model not found" in out
+
+
+def check_wsgi_app(app: Any) -> None:
+    from streamengine.serve import serve_app
+
+    stop, ready = threading.Event(), []
+    thread = threading.Thread(target=serve_app, args=(app,), name="readme-waitress", kwargs=dict(
+        host="127.0.0.1", port=0, threads=2, out=io.StringIO(), stop=stop, ready=ready.append))
+    thread.start()
+    try:
+        assert _wait(lambda: ready), "the README's WSGI app did not start under waitress"
+        answer = requests.post(ready[0] + "v1/chat/stream", timeout=10,
+                               json={"messages": [{"role": "user", "content": "Weather in Oslo?"}]})
+        assert answer.headers["Content-Type"].startswith("text/event-stream")
+        assert "event: tool_start" in answer.text and answer.text.rstrip().endswith("data: [DONE]")
+    finally:
+        stop.set()
+        thread.join(15)
+
+
+def _wait(predicate: Any, timeout: float = 10.0) -> bool:
+    event = threading.Event()
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return True
+        event.wait(0.02)
+    return bool(predicate())
+
+
+BAD_BODIES = [
+    ("no messages", json.dumps({"prompt": "hi"}), "application/json", "expected a JSON body"),
+    ("not JSON", "hello", "text/plain", "expected a JSON body"),
+    ("messages not a list", json.dumps({"messages": "hi"}), "application/json", "expected a JSON body"),
+    ("a message without a role", json.dumps({"messages": [{"content": "hi"}]}), "application/json", "no 'role'"),
+    ("no message at all", json.dumps({"messages": []}), "application/json", "messages is empty"),
+]
+
+
+def check_flask(app: Any) -> None:
+    client = app.test_client()
+    assert client.get("/chat/healthz").get_json() == {"status": "ok"}
+    for label, body, content_type, needle in BAD_BODIES:
+        answer = client.post("/ask", data=body, content_type=content_type)
+        assert answer.status_code == 400, label
+        assert needle in answer.get_json()["error"], (label, answer.get_data(as_text=True))
+    answer = client.post("/ask", json={"messages": [{"role": "user", "content": "Weather in Oslo?"}]})
+    text = answer.get_data(as_text=True)
+    assert answer.status_code == 200 and "event: tool_start" in text and "data: [DONE]" in text
+
+
+def check_django_view(ask: Any) -> None:
+    from django.test import RequestFactory
+
+    factory = RequestFactory()
+    for label, body, content_type, needle in BAD_BODIES:
+        answer = ask(factory.post("/ask", data=body, content_type=content_type))
+        assert answer.status_code == 400, label
+        assert needle in json.loads(answer.content)["error"], label
+    answer = ask(factory.post("/ask", data=json.dumps({"messages": [{"role": "user", "content": "Weather?"}]}),
+                              content_type="application/json"))
+    try:
+        text = b"".join(answer.streaming_content).decode()
+    finally:
+        answer.close()
+    assert answer.status_code == 200 and "event: tool_start" in text and "data: [DONE]" in text
+
+
+def check_django_mount(application: Any) -> None:
+    from wsgiref.util import setup_testing_defaults
+
+    environ: Dict[str, Any] = {"PATH_INFO": "/chat/healthz", "REQUEST_METHOD": "GET"}
+    setup_testing_defaults(environ)
+    status = []
+    body = b"".join(application(environ, lambda s, h, exc_info=None: status.append(s)))
+    assert status == ["200 OK"] and json.loads(body) == {"status": "ok"}

@@ -34,10 +34,17 @@ from .anthropic_format import chat_body, error_details, error_from_payload, hint
 from .anthropic_stream import AnthropicStreamParser
 from .base import StreamingLlmClient
 from .connection import RequestTracker, mount_cancellable, tracking
-from .openai import (
-    _SENSITIVE_HEADER, _STREAM_ERRORS, ERROR_BODY_LIMIT, JSON_BODY_LIMIT, _cancelled, _check_api_key,
-    _check_headers, _drain_after_done, _encode, _excerpt, _read_limited, _secret_forms, parse_retry_after,
-)
+from .http_body import STREAM_ERRORS as _STREAM_ERRORS
+from .http_body import cancelled as _cancelled
+from .http_body import drain_after_done as _drain_after_done
+from .http_body import excerpt as _excerpt
+from .http_body import read_limited as _read_limited
+from .openai import ERROR_BODY_LIMIT, JSON_BODY_LIMIT, parse_retry_after
+from .openai_request import SENSITIVE_HEADER as _SENSITIVE_HEADER
+from .openai_request import check_api_key as _check_api_key
+from .openai_request import check_headers as _check_headers
+from .openai_request import encode_body as _encode
+from .openai_request import secret_forms as _secret_forms
 
 __all__ = ["AnthropicClient"]
 

@@ -39,7 +39,10 @@ from ..errors import LlmCancelledError, LlmProtocolError, LlmStreamError
 from ..messages import Chunk, ToolCallDelta, Usage
 from .anthropic_format import error_from_payload, finish_reason, merge_usage, usage_of
 from .connection import RequestTracker
-from .openai import READ_SIZE, _STREAM_ERRORS, _cancelled, _read1_of
+from .http_body import READ_SIZE
+from .http_body import STREAM_ERRORS as _STREAM_ERRORS
+from .http_body import cancelled as _cancelled
+from .http_body import read1_of as _read1_of
 
 __all__ = ["AnthropicStreamParser"]
 

@@ -1,0 +1,35 @@
+"""Fixtures the CLI test modules share: a clean environment and an importable tools module.
+
+Import them into a test module (``from cli_support import clean_env, tools_module``);
+``clean_env`` is autouse there.  ``tools_module`` writes the module's own
+``TOOLS_SOURCE``.
+"""
+from __future__ import annotations
+
+import io
+import sys
+import uuid
+
+import pytest
+
+#: Every variable the CLI reads: a developer's own settings must not leak into a test.
+CLI_ENV = ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+           "STREAMENGINE_MODEL", "STREAMENGINE_TIMEOUT", "STREAMENGINE_IDLE_TIMEOUT",
+           "STREAMENGINE_CONNECT_TIMEOUT", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "NO_COLOR")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in CLI_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # an empty pipe, not a terminal
+
+
+@pytest.fixture
+def tools_module(request, tmp_path, monkeypatch):
+    """An importable module holding the test module's ``TOOLS_SOURCE``; returns its (unique) name."""
+    name = f"se_cli_tools_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(request.module.TOOLS_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)

@@ -1,0 +1,293 @@
+"""``streamengine chat`` as people use it: pipes, flags after the command, a conversation, clean stdout.
+
+In-process ``main(argv)`` against FakeProvider over real HTTP; stdin is
+replaced by a StringIO (a pipe) or a StringIO that says it is a terminal.
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from streamengine import __version__
+from streamengine.cli import build_parser, main
+from streamengine.cli_build import NO_CAP_S, build_engine, close_engine
+from streamengine.testing import FakeProvider, steps as s
+
+from cli_support import CLI_ENV, clean_env, tools_module  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+BLOCK = '<tool name="lookup">{"city": "Oslo"}</tool>'
+TOOLS_SOURCE = '''
+from streamengine.tools import tool
+
+@tool
+def lookup(city: str) -> str:
+    """Weather for a city."""
+    return "sunny in " + city
+'''
+
+
+class TtyInput(io.StringIO):
+    """Keyboard input: a terminal, with these lines typed."""
+
+    def isatty(self):
+        return True
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def user_messages(request):
+    return [m["content"] for m in request.json["messages"] if m["role"] == "user"]
+
+
+# --- the prompt -------------------------------------------------------------------------------
+
+def test_the_prompt_comes_from_a_pipe(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("summarize this\nplease\n"))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("done"))
+        rc, out, err = run(capsys, "chat", "-m", "m", "--base-url", fp.base_url)
+    assert rc == 0, err
+    assert out == "done\n"
+    assert user_messages(fp.requests[0]) == ["summarize this\nplease\n"]
+
+
+def test_a_dash_reads_stdin_instead_of_sending_a_dash(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("from stdin"))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("ok"))
+        rc, _, err = run(capsys, "chat", "-", "-m", "m", "--base-url", fp.base_url)
+    assert rc == 0, err
+    assert user_messages(fp.requests[0]) == ["from stdin"]
+
+
+def test_options_after_the_command_and_short_flags(capsys):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("ok"))
+        rc, out, err = run(capsys, "chat", "hi", "-vv", "-m", "primary", "-m", "backup", "-s", "Be brief.",
+                           "--base-url", fp.base_url)
+    assert rc == 0, err
+    body = fp.requests[0].json
+    assert body["model"] == "primary"
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert "DEBUG" in err and "POST " in err  # -vv after the command turned logging on
+    assert build_parser().parse_args(["chat", "hi", "-v"]).verbose == 1
+
+
+def test_version(capsys):
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and out.strip() == f"streamengine {__version__}"
+
+
+def test_sampling_flags_and_free_options_reach_the_request(capsys):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("ok"))
+        rc, _, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", fp.base_url, "--temperature", "0.2",
+                         "--max-tokens", "64", "-o", "top_p=0.9", "--option", 'stop=["END"]', "-o", "user=alice",
+                         "--no-stream-options")
+    assert rc == 0, err
+    body = fp.requests[0].json
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 64
+    assert body["top_p"] == 0.9 and body["stop"] == ["END"] and body["user"] == "alice"
+    assert "stream_options" not in body
+
+
+# --- stdout is the answer -------------------------------------------------------------------------
+
+def tool_turns(fp):
+    fp.add_turn(s.text("Checking. "), s.text(BLOCK), s.text(" one moment."))
+    fp.add_turn(s.text("It is sunny in Oslo."))
+
+
+def test_redirected_stdout_gets_only_the_final_answer(capsys, tools_module):
+    with FakeProvider() as fp:
+        tool_turns(fp)
+        rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
+                           "--tools", f"{tools_module}:lookup")
+    assert rc == 0, err
+    assert out == "It is sunny in Oslo.\n"
+    assert "Checking." in err and "one moment." in err and "[tool lookup ok" in err and "<tool" not in err + out
+
+
+def test_a_terminal_watches_every_round_live_without_markup(capsys, tools_module, monkeypatch):
+    monkeypatch.setattr("streamengine.cli_chat.is_terminal", lambda stream: stream is sys.stdout)
+    with FakeProvider() as fp:
+        tool_turns(fp)
+        rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
+                           "--tools", f"{tools_module}:lookup")
+    assert rc == 0, err
+    assert out == "Checking. one moment.\nIt is sunny in Oslo.\n"
+    assert "[round 2: revised answer" in err
+
+
+def test_json_output_is_unchanged_by_the_answer_rule(capsys, tools_module):
+    with FakeProvider() as fp:
+        tool_turns(fp)
+        rc, out, _ = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
+                         "--tools", f"{tools_module}:lookup", "--json")
+    assert rc == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert any(r["event"] == "token" and BLOCK in r["text"] for r in records)
+    assert records[-1]["answer"] == "It is sunny in Oslo."
+
+
+# --- a conversation at the terminal ------------------------------------------------------------
+
+def test_a_conversation_keeps_its_history_until_ctrl_d(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", TtyInput("first question\n\nsecond question\n"))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("first answer"))
+        fp.add_turn(s.text("second answer"))
+        rc, out, err = run(capsys, "chat", "-m", "m", "-s", "Be brief.", "--base-url", fp.base_url)
+    assert rc == 0, err
+    assert out == "first answer\nsecond answer\n"
+    assert "Ctrl-D" in err and err.count("> ") == 4  # three lines typed (one blank), then end of input
+    assert fp.requests[1].json["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "second question"},
+    ]
+
+
+def test_a_failed_turn_is_left_out_of_the_conversation(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", TtyInput("one\ntwo\nexit\nnever sent\n"))
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(500, {"error": {"message": "boom"}}))
+        fp.add_turn(s.text("fine"))
+        rc, out, err = run(capsys, "chat", "-m", "m", "--base-url", fp.base_url)
+    assert rc == 0
+    assert "boom" in err and out == "fine\n"
+    assert user_messages(fp.requests[1]) == ["two"]
+    assert len(fp.requests) == 2
+
+
+# --- timeouts ---------------------------------------------------------------------------------------
+
+def engine_for(*argv, environ=None):
+    args = build_parser().parse_args(["chat", "hi", "-m", "m", "--base-url", "http://127.0.0.1:9/v1", *argv])
+    return build_engine(args, environ or {})
+
+
+@pytest.mark.parametrize("argv, environ, idle, cap, connect", [
+    ((), {}, 30.0, 600.0, 10.0),
+    (("--timeout", "0"), {}, 30.0, NO_CAP_S, 10.0),
+    (("--idle-timeout", "90", "--timeout", "1200", "--connect-timeout", "3"), {}, 90.0, 1200.0, 3.0),
+    ((), {"STREAMENGINE_IDLE_TIMEOUT": "45", "STREAMENGINE_TIMEOUT": "0", "STREAMENGINE_CONNECT_TIMEOUT": "2.5"},
+     45.0, NO_CAP_S, 2.5),
+    (("--timeout", "100"), {"STREAMENGINE_TIMEOUT": "0"}, 30.0, 100.0, 10.0),
+])
+def test_timeouts_from_flags_and_environment(argv, environ, idle, cap, connect):
+    engine = engine_for(*argv, environ=environ)
+    try:
+        assert engine.config.idle_timeout == idle
+        assert engine.config.completion_timeout == cap
+        assert engine.client.connect_timeout == connect
+    finally:
+        close_engine(engine)
+
+
+def test_a_bad_timeout_variable_is_a_usage_error_naming_it(capsys, monkeypatch):
+    monkeypatch.setenv("STREAMENGINE_IDLE_TIMEOUT", "soon")
+    rc, _, err = run(capsys, "chat", "hi", "-m", "m")
+    assert rc == 2 and "STREAMENGINE_IDLE_TIMEOUT" in err and "'soon'" in err
+
+
+def test_the_idle_timeout_flag_governs_a_stalled_stream(capsys):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("partial"), s.stall())
+        rc, out, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", fp.base_url, "--idle-timeout", "0.3")
+    assert rc == 1
+    assert out == "partial\n"
+    assert "idle timeout" in err and "0.3s" in err
+
+
+# --- errors: the cause first ------------------------------------------------------------------------
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_connection_refused_is_one_short_line_with_the_cause_first(capsys):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    rc, out, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", url)
+    assert rc == 1 and out == ""
+    assert err == f"streamengine: error: could not connect to {url}: connection refused \u2014 is the server running?\n"
+
+
+def test_several_failed_models_get_a_line_each(capsys):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    rc, _, err = run(capsys, "chat", "hi", "-m", "alpha", "-m", "beta", "--base-url", url)
+    assert rc == 1
+    lines = err.splitlines()
+    assert lines[0] == "streamengine: error: all 2 models failed:"
+    assert re.fullmatch(r"  alpha: could not connect to .*: connection refused .*", lines[1])
+    assert re.fullmatch(r"  beta: could not connect to .*: connection refused .*", lines[2])
+    assert len(lines) == 3
+
+
+def test_verbose_shows_what_is_underneath(capsys):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    rc, _, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", url, "-v")
+    assert rc == 1
+    assert "streamengine: error: could not connect" in err
+    assert "MaxRetryError" in err and "ECONNREFUSED" in err  # what urllib3 said, from the log
+
+
+def test_anthropic_provider_is_built_lazily_with_a_clear_error_when_missing(capsys):
+    if importlib.util.find_spec("streamengine.clients.anthropic") is None:
+        rc, _, err = run(capsys, "chat", "hi", "-m", "claude", "--provider", "anthropic")
+        assert rc == 2
+        assert "--provider anthropic needs streamengine.clients.anthropic" in err
+    else:  # the module has landed: the flag builds its client
+        args = build_parser().parse_args(["chat", "hi", "-m", "claude", "--provider", "anthropic",
+                                          "--api-key", "sk-ant"])
+        engine = build_engine(args, {})
+        try:
+            assert type(engine.client).__name__ == "AnthropicClient"
+        finally:
+            close_engine(engine)
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a POSIX pseudo-terminal")
+def test_a_conversation_on_a_real_pseudo_terminal():
+    """The installed command with stdin on a pty: input() reads typed lines, Ctrl-D ends it."""
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("hello back"))
+        fp.add_turn(s.text("still here"))
+        primary, secondary = os.openpty()
+        env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
+        proc = subprocess.Popen([sys.executable, "-m", "streamengine.cli", "chat", "-m", "m", "--base-url",
+                                 fp.base_url], stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env)
+        os.close(secondary)
+        try:
+            os.write(primary, b"hello\n")
+            assert fp.wait_for_requests(1, timeout=20)
+            os.write(primary, b"are you there?\n")
+            assert fp.wait_for_requests(2, timeout=20)
+            os.write(primary, b"\x04")  # Ctrl-D at the start of a line: end of input
+            out, err = proc.communicate(timeout=20)
+        finally:
+            os.close(primary)
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert out.decode() == "hello back\nstill here\n"
+    assert [m["content"] for m in fp.requests[1].json["messages"]] == ["hello", "hello back", "are you there?"]

@@ -1,0 +1,192 @@
+"""The README's provider recipes, run as written against a FakeProvider set up like each server.
+
+Each recipe's console block is read from README.rst: ``export`` lines become
+the environment, ``streamengine ...`` lines run through ``main()``, and every
+URL in them is pointed at the FakeProvider (same path, same query).  The
+test then checks what that server would check: the path, the key header, the
+model name, ``stream_options``.
+"""
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+from streamengine.cli import main
+from streamengine.testing import FakeProvider, steps as s
+
+from cli_support import CLI_ENV
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+README = (Path(__file__).resolve().parent.parent / "README.rst").read_text(encoding="utf-8")
+PROVIDERS = README.split("Providers\n---------", 1)[1].split("\nIn a web app", 1)[0]
+
+
+def recipes(title: str) -> List[str]:
+    """The console blocks that follow ``**title**`` (up to the next bold title)."""
+    section = PROVIDERS.split(f"**{title}**", 1)[1].split("\n**", 1)[0]
+    blocks = re.findall(r"\.\. code-block:: console\n\n((?:(?:   .*)?\n)+)", section)
+    assert blocks, f"no console block for {title}"
+    return [unindented(b) for b in blocks]
+
+
+def unindented(block: str) -> str:
+    """The block's text as typed: indentation removed, continued lines joined."""
+    return "\n".join(line[3:] for line in block.splitlines()).replace("\\\n", " ")
+
+
+def run_recipe(block: str, root: str, monkeypatch, capsys) -> Tuple[int, str, str]:
+    """Run a recipe's lines with every URL's scheme and host replaced by ``root``."""
+    for name in CLI_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", root + "/v1")  # where "the default" points in this test
+    rc, out, err = None, "", ""
+    for line in block.splitlines():
+        command = re.sub(r"https?://[^/\s]+", root, line.strip().lstrip("$ ").strip())
+        if command.startswith("export "):
+            name, _, value = command[len("export "):].partition("=")
+            monkeypatch.setenv(name, value)
+        elif command.startswith("streamengine "):
+            rc = main(shlex.split(command)[1:])
+            out, err = capsys.readouterr()
+    assert rc is not None, f"the recipe runs no streamengine command:\n{block}"
+    return rc, out, err
+
+
+@pytest.fixture
+def fp(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with FakeProvider() as provider:
+        provider.add_turn(s.text("Hello there."))
+        yield provider
+
+
+def root_of(provider: FakeProvider) -> str:
+    return provider.base_url[: -len("/v1")]
+
+
+def only_request(provider: FakeProvider):
+    (request,) = provider.requests
+    return request
+
+
+def test_openai(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("OpenAI")[0], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    request = only_request(fp)
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["Authorization"] == "Bearer sk-..."
+    assert request.json["model"] == "gpt-4o-mini" and request.json["stream_options"] == {"include_usage": True}
+
+
+def test_azure_v1(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("Azure OpenAI")[0], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    request = only_request(fp)
+    assert request.path == "/openai/v1/chat/completions"
+    assert request.headers["api-key"] == "azure-key" and "Authorization" not in request.headers
+    assert request.json["model"] == "my-deployment"
+
+
+def test_azure_deployment_api(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("Azure OpenAI")[1], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    request = only_request(fp)
+    assert request.path == "/openai/deployments/my-deployment/chat/completions?api-version=2024-06-01"
+    assert request.headers["api-key"] == "azure-key"
+    assert "stream_options" not in request.json
+
+
+def test_ollama(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("Ollama")[0], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    request = only_request(fp)
+    assert request.path == "/v1/chat/completions" and request.json["model"] == "llama3.2"
+    assert "Authorization" not in request.headers  # no key configured, none sent
+
+
+class _OllamaRoot(BaseHTTPRequestHandler):
+    """Ollama's answer to a path outside /v1: a plain-text 404."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"404 page not found"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_ollama_without_v1_is_told_the_url(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OllamaRoot)
+    thread = threading.Thread(target=server.serve_forever, name="ollama-root")
+    thread.start()
+    try:
+        root = f"http://127.0.0.1:{server.server_address[1]}"
+        recipe = recipes("Ollama")[0].replace("/v1", "")
+        rc, out, err = run_recipe(recipe, root, monkeypatch, capsys)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert rc == 1 and out == ""
+    assert err.startswith("streamengine: error: provider answered HTTP 404")
+    assert f"did you mean {root}/v1?" in err and len(err.splitlines()) == 1
+
+
+def test_llama_cpp(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("llama.cpp")[0], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    request = only_request(fp)
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["Authorization"] == "Bearer my-llama-key" and request.json["model"] == "local"
+
+
+def test_vllm(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("vLLM")[0], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    request = only_request(fp)
+    assert request.headers["Authorization"] == "Bearer my-vllm-key"
+    assert request.json["model"] == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_lm_studio(fp, monkeypatch, capsys):
+    rc, out, err = run_recipe(recipes("LM Studio")[0], root_of(fp), monkeypatch, capsys)
+    assert (rc, out) == (0, "Hello there.\n"), err
+    assert only_request(fp).json["model"] == "qwen2.5-7b-instruct"
+
+
+def test_a_server_refusing_stream_options_points_at_the_flag(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+    def strict(payload: Dict) -> List:
+        if "stream_options" in payload:
+            return [s.http_error(400, {"error": {"message": "Unrecognized request argument supplied: stream_options"}})]
+        return [s.text("fine")]
+
+    with FakeProvider() as provider:
+        provider.respond_with(strict)
+        recipe = recipes("LM Studio")[0]
+        rc, out, err = run_recipe(recipe, root_of(provider), monkeypatch, capsys)
+        assert rc == 1 and "--no-stream-options" in err and len(err.splitlines()) == 1
+        rc, out, err = run_recipe(recipe.rstrip() + " --no-stream-options", root_of(provider), monkeypatch, capsys)
+        assert (rc, out) == (0, "fine\n"), err
+
+
+def test_every_provider_in_the_list_has_a_recipe():
+    titles = re.findall(r"^\*\*([^*]+)\*\* \u2014", PROVIDERS, re.M)
+    # Each of these has a test above (Anthropic: tests/test_cli_chat.py, the client is another module's).
+    assert titles == ["OpenAI", "Azure OpenAI", "Ollama", "llama.cpp", "vLLM", "LM Studio", "Anthropic"]
