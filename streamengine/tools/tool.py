@@ -15,7 +15,9 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Map
 
 from ..errors import ToolError
 from ..messages import ToolContext, ToolSpec
-from .schema import _NAME_RE, _Invalid, _Signature, _conform, _describe, _describe_value, _parse_docstring
+from .docstrings import parse_docstring
+from .jsonschema import describe_value
+from .schema import _NAME_RE, _Signature
 
 
 def result_to_text(value: Any) -> str:
@@ -58,7 +60,7 @@ class Tool:
         name = name if name is not None else getattr(fn, "__name__", "")
         _check_name(name)
         timeout = _check_timeout(timeout, f"tool {name!r}")
-        summary, param_docs = _parse_docstring(inspect.getdoc(fn))
+        summary, param_docs = parse_docstring(inspect.getdoc(fn))
         signature = _Signature(fn, name, param_docs)
         # The attributes, declared here rather than in the class body: any annotation there
         # gives Tool a class ``__annotations__`` that instances would show in place of the
@@ -69,8 +71,7 @@ class Tool:
         self.timeout: Optional[float]
         self.side_effects: bool
         self._schema: Dict[str, Any]
-        self._required: Tuple[str, ...]
-        self._optional: FrozenSet[str]
+        self._signature: _Signature
         self._context_param: Optional[str]
         self._spec: ToolSpec
         set_ = object.__setattr__  # __setattr__ refuses assignment: Tool is immutable
@@ -79,9 +80,8 @@ class Tool:
         set_(self, "description", description if description is not None else summary)
         set_(self, "timeout", timeout)
         set_(self, "side_effects", bool(side_effects))
-        set_(self, "_schema", signature.schema())
-        set_(self, "_required", tuple(signature.required))
-        set_(self, "_optional", frozenset(signature.optional))
+        set_(self, "_schema", signature.schema)
+        set_(self, "_signature", signature)
         set_(self, "_context_param", signature.context_param)
         set_(self, "_spec", ToolSpec(name, self.description, json.loads(json.dumps(self._schema))))
         set_(self, "__wrapped__", fn)
@@ -138,17 +138,8 @@ class Tool:
         (models often send it for options they do not want to set).
         """
         if not isinstance(args, Mapping):
-            raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {_describe_value(args)}")
-        properties = self._schema["properties"]
-        problems = _unknown_and_missing(self.name, args, properties, self._required)
-        checked: Dict[str, Any] = {}
-        for key, value in args.items():
-            if key not in properties or (value is None and key in self._optional):
-                continue
-            try:
-                checked[key] = _conform(value, properties[key], key)
-            except _Invalid as exc:
-                problems.append(str(exc))
+            raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {describe_value(args)}")
+        checked, problems = self._signature.check(args)
         if problems:
             raise ToolError(f"invalid arguments for tool {self.name!r}: " + "; ".join(problems))
         return checked
@@ -162,20 +153,6 @@ class Tool:
         if self._context_param is not None:
             kwargs[self._context_param] = context if context is not None else ToolContext()
         return result_to_text(self.fn(**kwargs))
-
-
-def _unknown_and_missing(name: str, args: Mapping[str, Any], properties: Mapping[str, Any],
-                         required: Iterable[str]) -> List[str]:
-    problems = []
-    unknown = [key for key in args if key not in properties]
-    if unknown:
-        allowed = ", ".join(repr(p) for p in properties) or "none (this tool takes no arguments)"
-        noun = "argument" if len(unknown) == 1 else "arguments"
-        problems.append(f"unknown {noun} {', '.join(repr(str(k)) for k in unknown)}; allowed arguments: {allowed}")
-    for key in required:
-        if key not in args:
-            problems.append(f"missing required argument {key!r} ({_describe(properties[key])})")
-    return problems
 
 
 def _check_name(name: Any) -> None:
