@@ -8,9 +8,10 @@ plain data in :mod:`streamengine.messages`, re-exported here.
 """
 from ..messages import ToolContext, ToolResult
 from .executor import ToolExecutor, ToolHandle
-from .tool import Tool, ToolRegistry, result_to_text, tool
+from .results import ToolReturnError, result_to_text
+from .tool import Tool, ToolRegistry, tool
 
 __all__ = [
-    "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult",
+    "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult", "ToolReturnError",
     "result_to_text", "tool",
 ]

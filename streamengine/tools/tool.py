@@ -6,7 +6,6 @@ did not declare.
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import math
@@ -17,26 +16,8 @@ from ..errors import ToolError
 from ..messages import ToolContext, ToolSpec
 from .docstrings import parse_docstring
 from .jsonschema import describe_value
+from .results import ToolReturnError, result_to_text
 from .schema import _NAME_RE, _Signature
-
-
-def result_to_text(value: Any) -> str:
-    """What the model reads: str as is, None as "", containers and numbers as JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if isinstance(value, (dict, list, tuple, int, float, bool)):
-        try:
-            return json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):  # non-string keys of odd types, cycles
-            return str(value)
-    return str(value)
-
 
 
 class Tool:
@@ -152,7 +133,7 @@ class Tool:
         kwargs = dict(checked)
         if self._context_param is not None:
             kwargs[self._context_param] = context if context is not None else ToolContext()
-        return result_to_text(self.fn(**kwargs))
+        return result_to_text(self.fn(**kwargs), self.name)
 
 
 def _check_name(name: Any) -> None:
