@@ -10,13 +10,14 @@ import inspect
 import json
 import math
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ..errors import ToolError
 from ..messages import ToolContext, ToolSpec
 from .docstrings import parse_docstring
 from .jsonschema import describe_value
-from .results import ToolReturnError, result_to_text
+from .remote import remote_reference
+from .results import result_to_text
 from .schema import _NAME_RE, _Signature
 
 
@@ -35,12 +36,14 @@ class Tool:
         description: Optional[str] = None,
         timeout: Optional[float] = None,
         side_effects: bool = False,
+        executor: str = "local",
     ) -> None:
         if not callable(fn):
             raise ToolError(f"a tool must wrap a function, got {type(fn).__name__}")
         name = name if name is not None else getattr(fn, "__name__", "")
         _check_name(name)
         timeout = _check_timeout(timeout, f"tool {name!r}")
+        remote_ref = _check_placement(fn, name, executor)
         summary, param_docs = parse_docstring(inspect.getdoc(fn))
         signature = _Signature(fn, name, param_docs)
         # The attributes, declared here rather than in the class body: any annotation there
@@ -51,6 +54,8 @@ class Tool:
         self.description: str
         self.timeout: Optional[float]
         self.side_effects: bool
+        self.executor: str
+        self.remote_ref: Optional[Tuple[str, str]]
         self._schema: Dict[str, Any]
         self._signature: _Signature
         self._context_param: Optional[str]
@@ -61,6 +66,8 @@ class Tool:
         set_(self, "description", description if description is not None else summary)
         set_(self, "timeout", timeout)
         set_(self, "side_effects", bool(side_effects))
+        set_(self, "executor", executor)
+        set_(self, "remote_ref", remote_ref)
         set_(self, "_schema", signature.schema)
         set_(self, "_signature", signature)
         set_(self, "_context_param", signature.context_param)
@@ -80,13 +87,16 @@ class Tool:
         description: Optional[str] = None,
         timeout: Optional[float] = None,
         side_effects: bool = False,
+        executor: str = "local",
     ) -> "Tool":
         """Wrap ``fn``; a ``Tool`` given without options is returned as is."""
         if isinstance(fn, Tool):
-            if name is None and description is None and timeout is None and not side_effects:
+            if name is None and description is None and timeout is None and not side_effects \
+                    and executor == "local":
                 return fn
             fn = fn.fn
-        return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects)
+        return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects,
+                   executor=executor)
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"Tool {self.name!r} is immutable; build a new one with tool(fn, {key}=...)")
@@ -95,7 +105,8 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Tool(name={self.name!r}, timeout={self.timeout!r}, side_effects={self.side_effects!r})"
+        return (f"Tool(name={self.name!r}, timeout={self.timeout!r}, side_effects={self.side_effects!r}, "
+                f"executor={self.executor!r})")
 
     @property
     def spec(self) -> ToolSpec:
@@ -144,6 +155,14 @@ def _check_name(name: Any) -> None:
         )
 
 
+def _check_placement(fn: Callable[..., Any], name: str, executor: Any) -> Optional[Tuple[str, str]]:
+    if executor == "local":
+        return None
+    if executor != "remote":
+        raise ToolError(f"executor of tool {name!r} must be 'local' or 'remote', got {executor!r}")
+    return remote_reference(fn, name)
+
+
 def _check_timeout(timeout: Any, label: str) -> Optional[float]:
     if timeout is None:
         return None
@@ -160,11 +179,15 @@ def tool(
     description: Optional[str] = None,
     timeout: Optional[float] = None,
     side_effects: bool = False,
+    executor: str = "local",
 ) -> Any:
     """Make a :class:`Tool`: ``@tool``, ``@tool()``, ``@tool("name")`` or ``@tool(name=..., ...)``.
 
     ``side_effects=True`` tells the engine not to start the tool before the
     model's stream finished normally (no half-confirmed writes).
+    ``executor="remote"`` runs it on the remote executor given to
+    :class:`ToolExecutor` (a process pool, a Dask cluster); it must then be a
+    top-level function another process can import.
     """
     if isinstance(fn, str):
         if name is not None:
@@ -173,7 +196,7 @@ def tool(
 
     def make(f: Any) -> Tool:
         return Tool.from_function(f, name=name, description=description, timeout=timeout,
-                                  side_effects=side_effects)
+                                  side_effects=side_effects, executor=executor)
 
     if fn is None:
         return make
