@@ -166,10 +166,9 @@ def test_cancel_of_a_running_remote_call(executor, remote, release):
                              on_start=lambda h: entered.set())
     assert entered.wait(GUARD_S)
     handle.cancel()
+    assert handle.done()  # abandoned at once, whether or not the remote side can stop
     result = handle.result()
-    assert not result.ok and result.error in ("tool 'hold' cancelled", "tool 'hold' timed out after 20s")
-    if not isinstance(remote, concurrent.futures.ProcessPoolExecutor):
-        assert result.error == "tool 'hold' cancelled"  # the Dask future was cancelled at once
+    assert not result.ok and not result.timed_out and result.error == "tool 'hold' cancelled"
 
 
 def test_same_process_remote_tools_see_the_real_cancel_flag(dask_executor, release, tmp_path):
@@ -190,7 +189,7 @@ def test_other_process_tools_stop_at_their_wall_clock_deadline(process_pool, rel
         handle = executor.submit(hold, call("hold", arguments), timeout=1.0)
         assert _read_when(note, "running") == "running"
         handle.cancel()  # cannot cross the process boundary: the remote call runs to its deadline
-        assert handle.result().timed_out
+        assert handle.result().error == "tool 'hold' cancelled"
         assert _read_when(note, "outcome") == "stopped: deadline"
 
 

@@ -388,7 +388,11 @@ class ToolExecutor:
         except Exception as exc:  # shut down, cannot pickle the arguments, cluster gone
             handle.set_result(self._failure(handle, exc, started, time.monotonic()))
             return
-        handle.on_abandon(future.cancel)
+        def give_up() -> None:  # deadline or cancel: the remote call is abandoned, its result fixed now
+            future.cancel()
+            handle.abandon(f"tool '{tool.name}' cancelled")
+
+        handle.on_abandon(give_up)
 
         def settle(done: "concurrent.futures.Future[str]") -> None:
             ended = time.monotonic()

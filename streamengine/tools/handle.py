@@ -200,6 +200,13 @@ class ToolHandle:
             self._state = CANCELLED
         return self._settle(ToolResult.error_result(self.call, message))
 
+    def abandon(self, message: str) -> bool:
+        """Fix an error result for a running call nobody will wait for (a remote call given up)."""
+        now = time.monotonic()
+        started = self.started_at or now
+        return self._settle(ToolResult.error_result(self.call, message, duration_s=now - started, started_at=started,
+                                                    ended_at=now, queue_wait_s=self.queue_wait_s))
+
     def is_given_up(self, now: float, grace: float, flagged_before: Optional[float] = None) -> bool:
         """Running past its deadline, or flagged ``grace`` seconds ago (before ``flagged_before``) and still running."""
         if self._state == RUNNING and (now >= self.deadline or self._done.is_set()):
