@@ -72,11 +72,12 @@ def test_on_start_fires_when_the_function_is_entered_and_the_deadline_counts_fro
                              on_start=lambda handle: hooked.append(handle.started_at))
     assert not queued.wait(0.3)  # queued longer than its own timeout: not timed out, it has not started
     assert hooked == [] and queued.state == "pending" and queued.started_at is None
+    assert queued.next_limit == queued.queue_limit < queued.deadline  # before the start: wake at the queue limit
     gate.set()
     result = queued.result()
     assert result.ok and result.text == "quick" and busy.result().ok
     assert hooked == [queued.started_at] and queued.started_at <= entered[0]
-    assert queued.deadline == queued.started_at + 0.2
+    assert queued.deadline == queued.started_at + 0.2 == queued.next_limit
     assert result.queue_wait_s == queued.started_at - queued.submitted_at >= 0.3
 
 

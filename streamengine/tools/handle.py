@@ -85,6 +85,15 @@ class ToolHandle:
         started = self.started_at
         return (started if started is not None else self.queue_limit) + self.timeout
 
+    @property
+    def next_limit(self) -> float:
+        """When :meth:`done` may turn true by itself (monotonic): the queue limit while pending, else the deadline.
+
+        A caller that polls for lapsed calls should wake at this, not at
+        :attr:`deadline` (which, before the start, is only an upper bound).
+        """
+        return self.queue_limit if self._state == PENDING else self.deadline
+
     def result(self, timeout: Optional[float] = None) -> ToolResult:
         """Wait for the result, at most until the deadline (or ``timeout`` seconds, if sooner).
 
@@ -226,7 +235,7 @@ class ToolHandle:
     def _wait_step(self, until: Optional[float]) -> bool:
         """Wait until the next limit (queue limit, deadline or ``until``), enforce it; True when done."""
         now = time.monotonic()
-        limit = self.queue_limit if self._state == PENDING else self.deadline
+        limit = self.next_limit
         if until is not None:
             limit = min(limit, until)
         if self._done.wait(min(max(0.0, limit - now), threading.TIMEOUT_MAX)):
