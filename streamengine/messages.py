@@ -279,6 +279,22 @@ class ToolContext:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     deadline: Optional[float] = None  # time.monotonic() value; None = no deadline
 
+    def __reduce__(self) -> Tuple[Any, Tuple[Optional[float]]]:
+        """Pickle for a tool in another process: the deadline as wall-clock time, no cancel event.
+
+        Monotonic clocks of two processes (or machines) share no origin; the
+        epoch does.  An Event cannot cross processes: the remote side gets a
+        fresh one, so there ``cancelled`` turns true at the deadline only.
+        """
+        return _context_at_wall_clock, (self.deadline_epoch,)
+
+    @property
+    def deadline_epoch(self) -> Optional[float]:
+        """The deadline as ``time.time()`` seconds (None without one)."""
+        if self.deadline is None:
+            return None
+        return time.time() + (self.deadline - time.monotonic())
+
     @property
     def cancelled(self) -> bool:
         return self.cancel_event.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline)
@@ -323,6 +339,7 @@ class ToolResult:
     started_at: float = 0.0
     ended_at: float = 0.0
     timed_out: bool = False
+    queue_wait_s: float = 0.0
 
     @classmethod
     def error_result(
@@ -334,7 +351,15 @@ class ToolResult:
         started_at: float = 0.0,
         ended_at: float = 0.0,
         timed_out: bool = False,
+        queue_wait_s: float = 0.0,
     ) -> "ToolResult":
         """An error result for ``call`` (skips, refusals, failures) carrying ``message``."""
-        return cls(call.id, call.name, False, "", message, duration_s, started_at, ended_at, timed_out)
+        return cls(call.id, call.name, False, "", message, duration_s, started_at, ended_at, timed_out, queue_wait_s)
+
+
+def _context_at_wall_clock(deadline_epoch: Optional[float]) -> ToolContext:
+    """Unpickle a :class:`ToolContext`: the wall-clock deadline back on this process's monotonic clock."""
+    if deadline_epoch is None:
+        return ToolContext()
+    return ToolContext(threading.Event(), time.monotonic() + (deadline_epoch - time.time()))
 

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import enum
 import json
 import threading
 import time
-from typing import Any, Dict, List, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 import pytest
+from pydantic import BaseModel
 
 from streamengine.errors import ToolError
 from streamengine.messages import ToolCall, ToolSpec
-from streamengine.tools import Tool, ToolContext, ToolRegistry, ToolResult, result_to_text, tool
+from streamengine.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool
 
 try:  # Annotated is in typing from 3.9
     from typing import Annotated
@@ -164,12 +167,12 @@ def test_unsupported_types_fail_at_definition_with_the_supported_list():
     def t(x: Thing) -> str:
         return ""
 
-    def u(x: Dict[int, str]) -> str:
+    def u(n: int, callback: Callable[[int], int]) -> str:
         return ""
 
-    with pytest.raises(ToolError, match=r"parameter 'x' of tool 't' has type Thing.*use str, int"):
+    with pytest.raises(ToolError, match=r"parameter 'x' of tool 't' has type Thing.*use str, int.*pydantic model"):
         tool(t, name="t")
-    with pytest.raises(ToolError, match=r"Dict\[str, X\]"):
+    with pytest.raises(ToolError, match=r"parameter 'callback' of tool 'u' has type .*Callable"):
         tool(u)
 
 
@@ -364,6 +367,15 @@ class _Point:
     y: int
 
 
+class _Color(enum.Enum):
+    RED = "red"
+
+
+class _Reading(BaseModel):
+    at: datetime.datetime
+    value: float
+
+
 @pytest.mark.parametrize("value, text", [
     ("plain", "plain"),
     (None, ""),
@@ -373,16 +385,27 @@ class _Point:
     (42, "42"),
     (2.5, "2.5"),
     (True, "true"),
-    (b"bytes \xff", "bytes \ufffd"),
+    ("bytes \u00e9".encode(), "bytes \u00e9"),
     (_Point(1, 2), '{"x": 1, "y": 2}'),
-    ({"when": dataclasses}, None),  # default=str for odd values inside containers
+    ([_Point(1, 2)], '[{"x": 1, "y": 2}]'),
+    (_Reading(at=datetime.datetime(2024, 1, 2, 3, 4), value=1.5), '{"at": "2024-01-02T03:04:00", "value": 1.5}'),
+    ({"day": datetime.date(2024, 1, 2), "color": _Color.RED}, '{"day": "2024-01-02", "color": "red"}'),
 ])
 def test_return_values_become_text(value, text):
-    converted = result_to_text(value)
-    if text is None:
-        assert json.loads(converted)["when"].startswith("<module")
-    else:
-        assert converted == text
+    assert result_to_text(value) == text
+
+
+@pytest.mark.parametrize("value, pattern", [
+    ({1, 2}, r"^tool 'x' returned a set; return str, a JSON value \(dict/list/number/bool/None\), a dataclass "
+             r"or a pydantic model$"),
+    (Thing(), r"^tool 'x' returned a Thing; return str"),
+    ({"when": dataclasses}, r"^tool 'x' returned a dict containing a module; return str"),
+    (b"bytes \xff", r"^tool 'x' returned bytes that are not UTF-8 text \(invalid start byte at byte 6\); decode"),
+    (float("nan"), r"^tool 'x' returned a float that is not valid JSON \(Out of range float values"),
+])
+def test_values_without_a_json_form_are_refused_with_what_to_return(value, pattern):
+    with pytest.raises(ToolReturnError, match=pattern):
+        result_to_text(value, "x")
 
 
 def test_run_converts_the_return_value():

@@ -2,15 +2,18 @@
 
 ``schema`` turns a signature into a JSON schema and checks arguments against
 it; ``tool`` holds :class:`Tool`, ``@tool`` and :class:`ToolRegistry`;
-``executor`` runs calls on owned threads with deadlines.  What a call returns
+``executor`` runs calls on owned threads (or a remote executor) with deadlines, and
+``handle`` is the per-call state machine it drives.  What a call returns
 (:class:`ToolResult`) and what a running tool sees (:class:`ToolContext`) are
 plain data in :mod:`streamengine.messages`, re-exported here.
 """
 from ..messages import ToolContext, ToolResult
-from .executor import ToolExecutor, ToolHandle
-from .tool import Tool, ToolRegistry, result_to_text, tool
+from .executor import ToolExecutor
+from .handle import ToolHandle
+from .results import ToolReturnError, result_to_text
+from .tool import Tool, ToolRegistry, tool
 
 __all__ = [
-    "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult",
+    "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult", "ToolReturnError",
     "result_to_text", "tool",
 ]

@@ -1,267 +1,46 @@
-"""Tool signatures -> JSON schema, and argument validation against that schema.
+"""A tool's signature as a pydantic model: the JSON schema the model reads, and its validator.
 
 What the model is told and what is checked come from one place, the
-function's signature, so the two can never drift apart.
+function's signature, so the two can never drift apart.  Any type pydantic
+can validate from JSON and describe as JSON schema is accepted (Enum,
+Literal, dataclasses, TypedDict, datetime/date, pydantic models,
+``Annotated[..., Field(...)]``).  pydantic is imported when the first tool is
+built, so ``import streamengine`` stays cheap for code that defines none.
+
+Arguments are validated in pydantic's *strict* JSON mode, as the model's
+JSON: ``"3"`` is not an integer and ``true`` is not a number (a model that
+sends them misread the schema and is told so), while strings still become
+``datetime``/``Enum`` values and objects become dataclasses and models.  An
+integral float (``2.0``) counts as the integer it equals.
 """
 from __future__ import annotations
 
-import collections.abc
 import inspect
 import json
 import math
 import re
 import types
 import typing
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..errors import ToolError
 from ..messages import ToolContext
-from ..text import json_type as _json_type
+from .arguments import problems_from_errors
+from .jsonschema import tidy
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _NONE_TYPE = type(None)
 _UNION_TYPE = getattr(types, "UnionType", None)  # ``int | None`` on Python 3.10+
 _SUPPORTED_TYPES = (
-    "str, int, float, bool, list / List[X], dict / Dict[str, X], Optional[X], "
-    "Union[...], Literal[...] or Any"
+    "str, int, float, bool, list / List[X], dict / Dict[str, X], Optional[X], Union[...], Literal[...], "
+    "Enum, datetime / date / time, a dataclass, a TypedDict, a pydantic model or Any"
 )
-_SIMPLE_TYPES = ((str, "string"), (bool, "boolean"), (int, "integer"), (float, "number"))
-_SEQUENCE_ORIGINS = (list, collections.abc.Sequence, collections.abc.MutableSequence)
-_MAPPING_ORIGINS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
-
-
-# --------------------------------------------------------------------------- schema from hints
-
-
-def _schema_for(hint: Any, where: str) -> Dict[str, Any]:
-    """JSON schema for one type hint; unsupported hints fail at definition time."""
-    if hint is Any or hint is inspect.Parameter.empty:
-        return {}
-    for py_type, json_type in _SIMPLE_TYPES:
-        if hint is py_type:
-            return {"type": json_type}
-    if hint is _NONE_TYPE or hint is None:
-        return {"type": "null"}
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is list or origin in _SEQUENCE_ORIGINS and origin is not None:
-        return _array_schema(args, where)
-    if hint is dict or origin in _MAPPING_ORIGINS and origin is not None:
-        return _object_schema(args, where)
-    if origin is typing.Literal:
-        return _literal_schema(args, where)
-    if origin is typing.Union or (_UNION_TYPE is not None and origin is _UNION_TYPE):
-        return _union_schema(args, where)
-    raise ToolError(
-        f"{where} has type {_type_name(hint)}, which cannot be described to the model as JSON; "
-        f"use {_SUPPORTED_TYPES}"
-    )
-
-
-def _array_schema(args: Tuple[Any, ...], where: str) -> Dict[str, Any]:
-    schema: Dict[str, Any] = {"type": "array"}
-    if args and args[0] is not Any:
-        schema["items"] = _schema_for(args[0], f"{where} (list items)")
-    return schema
-
-
-def _object_schema(args: Tuple[Any, ...], where: str) -> Dict[str, Any]:
-    schema: Dict[str, Any] = {"type": "object"}
-    if args:
-        if args[0] is not str and args[0] is not Any:
-            raise ToolError(f"{where} is a dict with {_type_name(args[0])} keys; JSON object keys are strings, "
-                            "use Dict[str, X]")
-        if args[1] is not Any:
-            schema["additionalProperties"] = _schema_for(args[1], f"{where} (dict values)")
-    return schema
-
-
-def _literal_schema(args: Tuple[Any, ...], where: str) -> Dict[str, Any]:
-    for value in args:
-        if value is not None and not isinstance(value, (str, int, float, bool)):
-            raise ToolError(f"{where} is a Literal with the value {value!r}; only str, int, float, bool "
-                            "and None literals can be sent as JSON")
-    schema: Dict[str, Any] = {"enum": list(args)}
-    kinds = {_json_type(v) for v in args}
-    if len(kinds) == 1:
-        schema["type"] = kinds.pop()
-    return schema
-
-
-def _union_schema(args: Tuple[Any, ...], where: str) -> Dict[str, Any]:
-    members = [a for a in args if a is not _NONE_TYPE]
-    schemas = [_schema_for(a, where) for a in members]
-    base = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return _nullable(base) if len(members) < len(args) else base
-
-
-def _nullable(schema: Dict[str, Any]) -> Dict[str, Any]:
-    if not schema:
-        return {}
-    if "enum" in schema:
-        out = dict(schema, enum=list(schema["enum"]) + [None])
-        out.pop("type", None)
-        return out
-    if isinstance(schema.get("type"), str):
-        return dict(schema, type=[schema["type"], "null"])
-    if "anyOf" in schema:
-        return {"anyOf": list(schema["anyOf"]) + [{"type": "null"}]}
-    return {"anyOf": [schema, {"type": "null"}]}
+_SIMPLE_TYPES = (str, bool, int, float)
 
 
 def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else repr(hint)
-
-
-
-# --------------------------------------------------------------------------- docstrings
-
-_SECTION_RE = re.compile(r"^(\s*)(?:Args|Arguments|Parameters|Params)\s*:\s*$")
-_ENTRY_RE = re.compile(r"^(\s*)\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-_SPHINX_RE = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
-
-
-def _parse_docstring(doc: Optional[str]) -> Tuple[str, Dict[str, str]]:
-    """First paragraph as the description, plus ``Args:`` / ``:param x:`` entries."""
-    lines = inspect.cleandoc(doc).splitlines() if doc else []
-    summary: List[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION_RE.match(line) or _SPHINX_RE.match(line):
-            break
-        summary.append(line.strip())
-    return " ".join(summary), _parse_param_docs(lines)
-
-
-def _parse_param_docs(lines: List[str]) -> Dict[str, str]:
-    params: Dict[str, str] = {}
-    section_indent: Optional[int] = None
-    entry_indent: Optional[int] = None
-    current: Optional[str] = None
-    for line in lines:
-        indent = len(line) - len(line.lstrip())
-        sphinx = _SPHINX_RE.match(line)
-        if sphinx:
-            current, section_indent = sphinx.group(1), None
-            params[current] = sphinx.group(2).strip()
-            entry_indent = indent
-            continue
-        header = _SECTION_RE.match(line)
-        if header:
-            section_indent, entry_indent, current = len(header.group(1)), None, None
-            continue
-        if not line.strip():
-            continue
-        if section_indent is None and current is None:
-            continue
-        if section_indent is not None and indent <= section_indent:
-            section_indent, current = None, None  # the next section began
-            continue
-        entry = _ENTRY_RE.match(line) if section_indent is not None else None
-        if entry and (entry_indent is None or indent <= entry_indent):
-            entry_indent, current = indent, entry.group(2)
-            params[current] = entry.group(3).strip()
-        elif current is not None and entry_indent is not None and indent > entry_indent:
-            params[current] = (params[current] + " " + line.strip()).strip()
-        else:
-            current = None
-    return params
-
-
-# --------------------------------------------------------------------------- validation
-
-
-class _Invalid(Exception):
-    """One argument problem; ``str()`` is the sentence the model reads."""
-
-
-def _conform(value: Any, schema: Mapping[str, Any], path: str) -> Any:
-    """Check ``value`` against our schema subset; returns it (ints coerced from 3.0)."""
-    if not schema:
-        return value
-    if "anyOf" in schema:
-        for option in schema["anyOf"]:
-            try:
-                return _conform(value, option, path)
-            except _Invalid:
-                continue
-        raise _Invalid(f"argument {path!r} must be {_describe(schema)}, got {_describe_value(value)}")
-    if "type" in schema:
-        value = _conform_type(value, schema, path)
-    if "enum" in schema and not any(_same(value, choice) for choice in schema["enum"]):
-        raise _Invalid(f"argument {path!r} must be {_describe(schema)}, got {_describe_value(value)}")
-    if isinstance(value, list) and "items" in schema:
-        value = [_conform(item, schema["items"], f"{path}[{i}]") for i, item in enumerate(value)]
-    extra = schema.get("additionalProperties")
-    if isinstance(value, dict) and isinstance(extra, Mapping):
-        value = {key: _conform(item, extra, f"{path}[{key!r}]") for key, item in value.items()}
-    return value
-
-
-def _conform_type(value: Any, schema: Mapping[str, Any], path: str) -> Any:
-    wanted = schema["type"]
-    for json_type in ([wanted] if isinstance(wanted, str) else wanted):
-        ok, converted = _matches(value, json_type)
-        if ok:
-            return converted
-    raise _Invalid(f"argument {path!r} must be {_describe(schema)}, got {_describe_value(value)}")
-
-
-def _matches(value: Any, json_type: str) -> Tuple[bool, Any]:
-    # bool is an int in Python but not in JSON; an integral float (3.0) is an integer in JSON.
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if json_type == "string":
-        return isinstance(value, str), value
-    if json_type == "boolean":
-        return isinstance(value, bool), value
-    if json_type == "integer":
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return True, int(value)
-        return is_number and isinstance(value, int), value
-    if json_type == "number":
-        return is_number and math.isfinite(value), value
-    if json_type == "array":
-        return isinstance(value, (list, tuple)), list(value) if isinstance(value, (list, tuple)) else value
-    if json_type == "object":
-        return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else value
-    if json_type == "null":
-        return value is None, value
-    return False, value
-
-
-def _same(value: Any, choice: Any) -> bool:
-    # 1 == True in Python; a JSON enum keeps them apart.
-    return isinstance(value, bool) == isinstance(choice, bool) and value == choice
-
-
-def _describe(schema: Mapping[str, Any]) -> str:
-    if "enum" in schema:
-        return "one of " + ", ".join(json.dumps(c, ensure_ascii=False) for c in schema["enum"])
-    if "anyOf" in schema:
-        return " or ".join(_describe(option) for option in schema["anyOf"])
-    wanted = schema.get("type")
-    names = [wanted] if isinstance(wanted, str) else list(wanted or ["any value"])
-    described = []
-    for name in names:
-        if name == "array" and isinstance(schema.get("items"), Mapping) and schema["items"]:
-            described.append(f"array of {_describe(schema['items'])}")
-        else:
-            described.append(name)
-    return " or ".join(described)
-
-
-def _describe_value(value: Any) -> str:
-    kind = _json_type(value)
-    if value is None:
-        return kind
-    try:
-        shown = json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return f"{kind} {shown}"
-
-
-# --------------------------------------------------------------------------- Tool
 
 
 def _is_context_hint(hint: Any) -> bool:
@@ -285,33 +64,38 @@ def _resolve_hints(fn: Callable[..., Any], label: str) -> Dict[str, Any]:
         ) from exc
 
 
-def _split_annotated(hint: Any) -> Tuple[Any, Optional[str]]:
-    """``Annotated[int, "how many"]`` -> (int, "how many")."""
-    if typing.get_origin(hint) is typing.Annotated:
-        base, *extras = typing.get_args(hint)
-        notes = [e for e in extras if isinstance(e, str)]
-        return base, (notes[0] if notes else None)
-    return hint, None
+def _annotation_notes(hint: Any) -> Tuple[Any, Optional[str], bool]:
+    """``Annotated[int, "how many"]`` -> (hint, "how many", has a Field with a description)."""
+    if typing.get_origin(hint) is not typing.Annotated:
+        return hint, None, False
+    _, *extras = typing.get_args(hint)
+    notes = [e for e in extras if isinstance(e, str)]
+    described = any(getattr(e, "description", None) for e in extras if not isinstance(e, str))
+    return hint, (notes[0] if notes else None), described
 
 
-def _json_default(value: Any) -> Tuple[bool, Any]:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False, None
-    return True, value
+def _integral(value: Any) -> Any:
+    """``2.0`` -> ``2`` throughout: JSON has one number type, pydantic's strict int wants no float."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 class _Signature:
-    """What ``Tool`` learns from a function: schema, required names, context parameter."""
+    """What ``Tool`` learns from a function: schema, validator, required names, context parameter."""
 
     def __init__(self, fn: Callable[..., Any], name: str, param_docs: Dict[str, str]) -> None:
         label = f"tool {name!r}"
         hints = _resolve_hints(fn, label)
-        self.properties: Dict[str, Dict[str, Any]] = {}
         self.required: List[str] = []
         self.optional: Set[str] = set()
         self.context_param: Optional[str] = None
+        self._fields: Dict[str, Tuple[Any, Any]] = {}  # model field name -> (hint, FieldInfo)
+        self._names: Dict[str, str] = {}  # model field name -> parameter name
         params = list(inspect.signature(fn).parameters.values())
         if params and params[0].name in ("self", "cls"):
             raise ToolError(
@@ -320,8 +104,16 @@ class _Signature:
             )
         for param in params:
             self._add(param, hints, label, param_docs)
+        self._model, raw_schema = self._build_model(name, label)
+        self.schema = tidy(raw_schema)
+        self.schema.setdefault("properties", {})
+        self.schema["additionalProperties"] = False
+        if self.required:
+            self.schema["required"] = list(self.required)
 
     def _add(self, param: inspect.Parameter, hints: Dict[str, Any], label: str, docs: Dict[str, str]) -> None:
+        from pydantic import Field
+
         where = f"parameter {param.name!r} of {label}"
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             star = "*" if param.kind is param.VAR_POSITIONAL else "**"
@@ -330,35 +122,88 @@ class _Signature:
         if param.kind is param.POSITIONAL_ONLY:
             raise ToolError(f"{where} is positional-only; tools are called with keyword arguments, "
                             "remove the '/' from the signature")
-        hint, note = _split_annotated(hints.get(param.name, inspect.Parameter.empty))
+        hint, note, described = _annotation_notes(hints.get(param.name, inspect.Parameter.empty))
         if _is_context_hint(hint):
             if self.context_param is not None:
                 raise ToolError(f"{label} declares two ToolContext parameters ({self.context_param!r} and "
                                 f"{param.name!r}); keep one")
             self.context_param = param.name
             return
-        if hint is inspect.Parameter.empty and param.default is not inspect.Parameter.empty \
-                and param.default is not None:
-            hint = type(param.default)  # ``limit=5`` says "integer" even without a hint
-            if not any(hint is t for t, _ in _SIMPLE_TYPES):
-                hint = Any
-        schema = _schema_for(hint, where)
+        if hint is inspect.Parameter.empty:
+            default = param.default
+            # ``limit=5`` says "integer" even without a hint
+            inferred = type(default) if default is not param.empty and default is not None else None
+            hint = inferred if any(inferred is t for t in _SIMPLE_TYPES) else Any
+        options: Dict[str, Any] = {"alias": param.name}
         description = note or docs.get(param.name)
-        if description:
-            schema = dict(schema, description=description)
+        if description and not described:
+            options["description"] = description
         if param.default is inspect.Parameter.empty:
             self.required.append(param.name)
         else:
             self.optional.add(param.name)
-            ok, default = _json_default(param.default)
-            if ok:
-                schema = dict(schema, default=default)
-        self.properties[param.name] = schema
+            options["default"] = param.default
+        field_name = f"p{len(self._fields)}"  # any parameter name works, even 'model_config' or '_x'
+        self._fields[field_name] = (hint, Field(**options))
+        self._names[field_name] = param.name
 
-    def schema(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"type": "object", "properties": self.properties, "additionalProperties": False}
-        if self.required:
-            out["required"] = list(self.required)
-        return out
+    def _build_model(self, name: str, label: str) -> Tuple[Any, Dict[str, Any]]:
+        from pydantic import ConfigDict, create_model
 
+        config = ConfigDict(extra="forbid", allow_inf_nan=False)
+        try:
+            model = create_model(f"{name}_arguments", __config__=config, **self._fields)  # type: ignore[call-overload]
+            with warnings.catch_warnings():  # a default that is not JSON is left out of the schema, on purpose
+                warnings.simplefilter("ignore")
+                return model, model.model_json_schema(by_alias=True)
+        except Exception as exc:  # PydanticSchemaGenerationError, PydanticUserError, TypeError
+            raise self._unsupported(exc, label) from exc
+
+    def _unsupported(self, exc: Exception, label: str) -> ToolError:
+        """Name the parameter whose type pydantic cannot handle, and say what works."""
+        from pydantic import TypeAdapter
+
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        for field_name, (hint, _) in self._fields.items():
+            try:
+                TypeAdapter(hint).json_schema()
+            except Exception:  # the culprit
+                where = f"parameter {self._names[field_name]!r} of {label}"
+                return ToolError(f"{where} has type {_type_name(hint)}, which cannot be described to the model "
+                                 f"as JSON ({reason}); use {_SUPPORTED_TYPES}")
+        return ToolError(f"{label}: its parameters cannot be described as JSON ({reason}); use {_SUPPORTED_TYPES}")
+
+    def check(self, args: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+        """The validated keyword arguments and a list of problems (empty when valid).
+
+        A null for an argument that has a default means "use the default"
+        (models often send it for options they do not want to set).
+        """
+        from pydantic import ValidationError
+
+        properties = self.schema["properties"]
+        problems = _unknown(args, properties)
+        known = {k: v for k, v in args.items() if k in properties and not (v is None and k in self.optional)}
+        try:
+            try:
+                data = json.dumps(_integral(known), ensure_ascii=False)
+            except (TypeError, ValueError):  # Python objects from a Python caller: pydantic's lax mode
+                model = self._model.model_validate(known)
+            else:
+                model = self._model.model_validate_json(data, strict=True)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False)
+            return {}, problems + problems_from_errors(errors, self.schema, known)
+        if problems:
+            return {}, problems
+        return {self._names[f]: getattr(model, f) for f in model.model_fields_set}, []
+
+
+def _unknown(args: Mapping[str, Any], properties: Mapping[str, Any]) -> List[str]:
+    unknown = [key for key in args if key not in properties]
+    if not unknown:
+        return []
+    allowed = ", ".join(repr(p) for p in properties) or "none (this tool takes no arguments)"
+    noun = "argument" if len(unknown) == 1 else "arguments"
+    return [f"unknown {noun} {', '.join(repr(str(k)) for k in unknown)}; allowed arguments: {allowed}"]
 

@@ -6,35 +6,19 @@ did not declare.
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import math
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ..errors import ToolError
 from ..messages import ToolContext, ToolSpec
-from .schema import _NAME_RE, _Invalid, _Signature, _conform, _describe, _describe_value, _parse_docstring
-
-
-def result_to_text(value: Any) -> str:
-    """What the model reads: str as is, None as "", containers and numbers as JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if isinstance(value, (dict, list, tuple, int, float, bool)):
-        try:
-            return json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):  # non-string keys of odd types, cycles
-            return str(value)
-    return str(value)
-
+from .docstrings import parse_docstring
+from .jsonschema import describe_value
+from .remote import remote_reference
+from .results import result_to_text
+from .schema import _NAME_RE, _Signature
 
 
 class Tool:
@@ -52,13 +36,15 @@ class Tool:
         description: Optional[str] = None,
         timeout: Optional[float] = None,
         side_effects: bool = False,
+        executor: str = "local",
     ) -> None:
         if not callable(fn):
             raise ToolError(f"a tool must wrap a function, got {type(fn).__name__}")
         name = name if name is not None else getattr(fn, "__name__", "")
         _check_name(name)
         timeout = _check_timeout(timeout, f"tool {name!r}")
-        summary, param_docs = _parse_docstring(inspect.getdoc(fn))
+        remote_ref = _check_placement(fn, name, executor)
+        summary, param_docs = parse_docstring(inspect.getdoc(fn))
         signature = _Signature(fn, name, param_docs)
         # The attributes, declared here rather than in the class body: any annotation there
         # gives Tool a class ``__annotations__`` that instances would show in place of the
@@ -68,9 +54,10 @@ class Tool:
         self.description: str
         self.timeout: Optional[float]
         self.side_effects: bool
+        self.executor: str
+        self.remote_ref: Optional[Tuple[str, str]]
         self._schema: Dict[str, Any]
-        self._required: Tuple[str, ...]
-        self._optional: FrozenSet[str]
+        self._signature: _Signature
         self._context_param: Optional[str]
         self._spec: ToolSpec
         set_ = object.__setattr__  # __setattr__ refuses assignment: Tool is immutable
@@ -79,9 +66,10 @@ class Tool:
         set_(self, "description", description if description is not None else summary)
         set_(self, "timeout", timeout)
         set_(self, "side_effects", bool(side_effects))
-        set_(self, "_schema", signature.schema())
-        set_(self, "_required", tuple(signature.required))
-        set_(self, "_optional", frozenset(signature.optional))
+        set_(self, "executor", executor)
+        set_(self, "remote_ref", remote_ref)
+        set_(self, "_schema", signature.schema)
+        set_(self, "_signature", signature)
         set_(self, "_context_param", signature.context_param)
         set_(self, "_spec", ToolSpec(name, self.description, json.loads(json.dumps(self._schema))))
         set_(self, "__wrapped__", fn)
@@ -99,13 +87,16 @@ class Tool:
         description: Optional[str] = None,
         timeout: Optional[float] = None,
         side_effects: bool = False,
+        executor: str = "local",
     ) -> "Tool":
         """Wrap ``fn``; a ``Tool`` given without options is returned as is."""
         if isinstance(fn, Tool):
-            if name is None and description is None and timeout is None and not side_effects:
+            if name is None and description is None and timeout is None and not side_effects \
+                    and executor == "local":
                 return fn
             fn = fn.fn
-        return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects)
+        return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects,
+                   executor=executor)
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"Tool {self.name!r} is immutable; build a new one with tool(fn, {key}=...)")
@@ -114,7 +105,8 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Tool(name={self.name!r}, timeout={self.timeout!r}, side_effects={self.side_effects!r})"
+        return (f"Tool(name={self.name!r}, timeout={self.timeout!r}, side_effects={self.side_effects!r}, "
+                f"executor={self.executor!r})")
 
     @property
     def spec(self) -> ToolSpec:
@@ -138,17 +130,8 @@ class Tool:
         (models often send it for options they do not want to set).
         """
         if not isinstance(args, Mapping):
-            raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {_describe_value(args)}")
-        properties = self._schema["properties"]
-        problems = _unknown_and_missing(self.name, args, properties, self._required)
-        checked: Dict[str, Any] = {}
-        for key, value in args.items():
-            if key not in properties or (value is None and key in self._optional):
-                continue
-            try:
-                checked[key] = _conform(value, properties[key], key)
-            except _Invalid as exc:
-                problems.append(str(exc))
+            raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {describe_value(args)}")
+        checked, problems = self._signature.check(args)
         if problems:
             raise ToolError(f"invalid arguments for tool {self.name!r}: " + "; ".join(problems))
         return checked
@@ -161,21 +144,7 @@ class Tool:
         kwargs = dict(checked)
         if self._context_param is not None:
             kwargs[self._context_param] = context if context is not None else ToolContext()
-        return result_to_text(self.fn(**kwargs))
-
-
-def _unknown_and_missing(name: str, args: Mapping[str, Any], properties: Mapping[str, Any],
-                         required: Iterable[str]) -> List[str]:
-    problems = []
-    unknown = [key for key in args if key not in properties]
-    if unknown:
-        allowed = ", ".join(repr(p) for p in properties) or "none (this tool takes no arguments)"
-        noun = "argument" if len(unknown) == 1 else "arguments"
-        problems.append(f"unknown {noun} {', '.join(repr(str(k)) for k in unknown)}; allowed arguments: {allowed}")
-    for key in required:
-        if key not in args:
-            problems.append(f"missing required argument {key!r} ({_describe(properties[key])})")
-    return problems
+        return result_to_text(self.fn(**kwargs), self.name)
 
 
 def _check_name(name: Any) -> None:
@@ -184,6 +153,14 @@ def _check_name(name: Any) -> None:
             f"tool name {name!r} is invalid: use 1-64 characters from A-Z, a-z, 0-9, '_', '.', '-' "
             "(pass name='...' to @tool for lambdas and callables without a usable __name__)"
         )
+
+
+def _check_placement(fn: Callable[..., Any], name: str, executor: Any) -> Optional[Tuple[str, str]]:
+    if executor == "local":
+        return None
+    if executor != "remote":
+        raise ToolError(f"executor of tool {name!r} must be 'local' or 'remote', got {executor!r}")
+    return remote_reference(fn, name)
 
 
 def _check_timeout(timeout: Any, label: str) -> Optional[float]:
@@ -202,11 +179,15 @@ def tool(
     description: Optional[str] = None,
     timeout: Optional[float] = None,
     side_effects: bool = False,
+    executor: str = "local",
 ) -> Any:
     """Make a :class:`Tool`: ``@tool``, ``@tool()``, ``@tool("name")`` or ``@tool(name=..., ...)``.
 
     ``side_effects=True`` tells the engine not to start the tool before the
     model's stream finished normally (no half-confirmed writes).
+    ``executor="remote"`` runs it on the remote executor given to
+    :class:`ToolExecutor` (a process pool, a Dask cluster); it must then be a
+    top-level function another process can import.
     """
     if isinstance(fn, str):
         if name is not None:
@@ -215,7 +196,7 @@ def tool(
 
     def make(f: Any) -> Tool:
         return Tool.from_function(f, name=name, description=description, timeout=timeout,
-                                  side_effects=side_effects)
+                                  side_effects=side_effects, executor=executor)
 
     if fn is None:
         return make
