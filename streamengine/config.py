@@ -46,7 +46,8 @@ class EngineConfig:
     tool_mode: str = "auto"
     options: Union[CompletionOptions, Mapping[str, Any], None] = None
     max_block_chars: int = 16384
-    pool_size: int = 8
+    pool_size: int = 32
+    tool_queue_timeout: float = 10.0
     max_retries: int = 2
     chunk_size: int = 800
     chunk_overlap: int = 100
@@ -69,7 +70,8 @@ class EngineConfig:
         if not isinstance(self.failover_after_tokens, bool):
             raise ConfigError(f"EngineConfig.failover_after_tokens must be True or False, "
                               f"got {self.failover_after_tokens!r}")
-        for field_name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout"):
+        for field_name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout",
+                           "tool_queue_timeout"):
             validation.seconds(getattr(self, field_name), f"EngineConfig.{field_name}")
         mode = _TOOL_MODE_ALIASES.get(self.tool_mode, self.tool_mode)
         if mode not in TOOL_MODES:

@@ -105,6 +105,7 @@ class ToolDispatcher:
         self._on_start = on_start
         self._on_result = on_result
         self._approve = approve
+        self._owner = object()  # this request, for the pool's fair share
         self._reported: List[threading.Event] = []
         self._started: Dict[Key, ToolHandle] = {}
         self._replayable: Dict[Key, ToolHandle] = {}
@@ -208,12 +209,13 @@ class ToolDispatcher:
             on_start(call)
 
         # The tool's own timeout wins over the engine default: that rule lives in ToolExecutor.submit.
-        handle = self._executor.submit(tool, call, self._limits.tool_timeout, cancel=self._cancel, on_start=entered)
+        handle = self._executor.submit(tool, call, self._limits.tool_timeout, cancel=self._cancel, on_start=entered,
+                                       owner=self._owner)
         self._never_started[handle] = deliver
         self.settle_unstarted(handle)  # refused at submit (invalid arguments): reported at once
         self._started[key] = self._round_started[key] = handle
         self._pending.append(handle)
-        self._next_deadline = min(self._next_deadline, handle.deadline)
+        self._next_deadline = min(self._next_deadline, handle.next_limit)
         return handle
 
     def settle_unstarted(self, handle: ToolHandle) -> None:
@@ -236,7 +238,7 @@ class ToolDispatcher:
             else:
                 still.append(handle)
         self._pending = still
-        self._next_deadline = min((h.deadline for h in still), default=float("inf"))
+        self._next_deadline = min((h.next_limit for h in still), default=float("inf"))
 
     def wait_until_reported(self, timeout: float) -> bool:
         """Block until every started call's ``on_result`` has returned (or ``timeout``)."""

@@ -14,6 +14,7 @@ The run thread, not the caller, parses and dispatches, so a slow consumer
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
@@ -49,6 +50,11 @@ class StreamingEngine:
     last one with ``is_final`` and the whole response; ``observers`` hear
     ``on_llm_responded(response)`` once per successful model call.
 
+    ``executor`` (any ``concurrent.futures.Executor``: a
+    ``ProcessPoolExecutor``, ``distributed.Client(...).get_executor()``)
+    runs the tools declared ``@tool(executor="remote")``; the others run on
+    the engine's own threads.  The engine never shuts it down.
+
     ``approve(call) -> bool`` (optional) is asked, on the run thread, before
     each tool marked ``side_effects=True`` runs; a refusal becomes an error
     result the model reads.
@@ -57,7 +63,8 @@ class StreamingEngine:
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
                  *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None,
                  classifier: Optional[ErrorClassifier] = None, emitter: Optional[EventEmitter] = None,
-                 approve: Optional[Callable[[ToolCall], object]] = None) -> None:
+                 approve: Optional[Callable[[ToolCall], object]] = None,
+                 executor: Optional[concurrent.futures.Executor] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(f"StreamingEngine needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
                               f"got {type(client).__name__}")
@@ -80,7 +87,11 @@ class StreamingEngine:
         failover = ModelFailover(strategy, list(self.config.models), classifier=classifier,
                                  max_retries=self.config.max_retries, logger=logger)
         # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
-        self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger)
+        # One pool for every run of this engine, shared fairly: a run never holds more
+        # workers than its per-round cap, and waiting calls are served run by run.
+        self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger,
+                                     queue_timeout=self.config.tool_queue_timeout,
+                                     max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
         self._deps = RunDeps(config=self.config, registry=self.registry, executor=self.executor,
                              failover=failover, log=self._log,
                              ingest=self.ingest if rag is not None else None, approve=approve)

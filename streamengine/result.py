@@ -22,6 +22,7 @@ class Telemetry:
     refused: int = 0
     parse_errors: int = 0
     filing_errors: int = 0
+    max_queue_wait_s: float = 0.0  # the longest any call of the run waited for a free worker
     failovers: int = 0
     model_used: Optional[str] = None
     time_to_first_token_s: Optional[float] = None

@@ -330,6 +330,7 @@ class RoundRunner:
     def _count_tool_outcome(self, result: ToolResult) -> None:
         telemetry = self.state.telemetry
         with self._lock:
+            telemetry.max_queue_wait_s = max(telemetry.max_queue_wait_s, result.queue_wait_s)
             if result.ok:
                 telemetry.tools_ok += 1
             elif result.timed_out:
