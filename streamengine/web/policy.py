@@ -52,7 +52,8 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
     except RecursionError:
         raise RequestRejected(f"messages are nested too deeply; {SEND}") from None
     if not trusted and parsed[-1].role != "user":
-        raise RequestRejected(f"the last message must be the user's question, got role {parsed[-1].role!r}; "
+        raise RequestRejected(f"messages[{len(raw) - 1}].role: the last message must be the user's question, "
+                              f"got {parsed[-1].role!r}; "
                               f"end with {{\"role\": \"user\", \"content\": \"...\"}}", f"messages[{len(raw) - 1}].role")
     return with_system_prompt(parsed, system_prompt)
 
@@ -88,7 +89,7 @@ def _public_message(i: int, message: Any) -> Message:
     extra = sorted(set(message) - _PUBLIC_KEYS)
     if extra:
         raise RequestRejected(
-            f"{where}.{extra[0]} is not accepted from a request; a message is only "
+            f"{where}.{extra[0]} is not accepted from a request; send only "
             "{\"role\": \"user\"|\"assistant\", \"content\": \"text\"} (tool calls and their results "
             "are made by the server)", f"{where}.{extra[0]}")
     content = message.get("content")
