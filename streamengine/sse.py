@@ -27,6 +27,7 @@ Frames::
     event: tool_start   data: {"id","name","arguments"}
     event: tool_result  data: {"call_id","name","ok","text","error","duration_s"}
     event: round        data: {"round": n}
+    event: reset        data: {"round": n, "reason": "..."}   (clear round n's text)
     event: error        data: {"message": "...", "request_id": "..."}   (request_id with PublicErrors)
     event: done         data: {"answer", "telemetry", "usage"}
     : ping                                           heartbeat
@@ -143,6 +144,12 @@ def _round(event: Any) -> bytes:
     return _named_frame(b"event: round\ndata: ", {"round": getattr(event, "round", None)})
 
 
+def _reset(event: Any) -> bytes:
+    """The engine takes back a round's visible text (it will be written again); clients clear it."""
+    return _named_frame(b"event: reset\ndata: ", {"round": getattr(event, "round", None),
+                                                   "reason": getattr(event, "reason", None)})
+
+
 def _error(event: Any) -> bytes:
     return _named_frame(b"event: error\ndata: ", {"message": getattr(event, "message", None)})
 
@@ -167,6 +174,7 @@ _ENCODERS: Dict[str, Callable[[Any], bytes]] = {
     "tool_start": _tool_start,
     "tool_result": _tool_result,
     "round": _round,
+    "reset": _reset,
     "error": _error,
     "done": _done,
     "heartbeat": _heartbeat,
