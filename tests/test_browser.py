@@ -203,3 +203,136 @@ def test_hostile_text_reaches_the_browser_as_identical_token_events(browser):
     assert MARKUP in browser.js("document.getElementById('conversation').textContent")
     assert requests_seen[0].json["messages"][-1] == {"role": "user", "content": "weather in Oslo?"}
     assert len(requests_seen) == 2  # one run, two rounds: nothing was replayed
+
+
+# --- errors, reset, chips, Markdown, conversation ------------------------------------------------------
+
+def test_a_model_error_is_shown_once_and_no_first_token_time_is_claimed(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(400, {"error": {"message": "secret upstream detail sk-123"}}))
+        with make_engine(fp, max_retries=0) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=hi")
+            log = logged(browser)
+    assert log["state"] == "failed" and "error" in log["events"]
+    assert browser.js("document.querySelectorAll('.error').length") == 1
+    notice = browser.js("document.querySelector('.error').textContent")
+    assert "request id" in notice and "sk-123" not in notice
+    assert browser.js("Array.from(document.querySelectorAll('.text')).map(e => e.textContent).join('')") == ""
+    status = browser.js("document.getElementById('status').textContent")
+    assert status.startswith("failed") and "first token" not in status, status
+    assert browser.js("document.getElementById('status').getAttribute('data-state')") == "error"
+
+
+@dataclass(frozen=True)
+class ResetEvent:
+    """The engine's coming ``reset`` event (issue 12): the round's text so far is void."""
+
+    name: ClassVar[str] = "reset"
+    round: int
+    reason: str
+
+
+class ResettingEngine:
+    """A real engine whose run takes back round 1's text after the token ``WRONG``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def run(self, messages: Any, cancel: Any = None, *, heartbeat_s: Optional[float] = None) -> Iterator[Any]:
+        inner = self.engine.run(messages, cancel, heartbeat_s=heartbeat_s)
+
+        def events() -> Iterator[Any]:
+            try:
+                for event in inner:
+                    yield event
+                    if getattr(event, "text", None) == "WRONG":
+                        yield ResetEvent(1, "the model started over")
+            finally:
+                inner.close()
+
+        return events()
+
+
+def test_a_reset_clears_its_rounds_text(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("draft "), s.text("WRONG"), s.text("right"), s.text(" answer"))
+        with make_engine(fp) as engine, serving(make_wsgi_app(ResettingEngine(engine))) as url:
+            browser.open(f"{url}/?autorun=hi")
+            log = logged(browser)
+    assert log["events"] == ["round", "token", "token", "reset", "token", "token", "done", "[DONE]"]
+    assert browser.js("document.querySelector('.text').textContent") == "right answer"
+
+
+def test_tool_chips_turn_green_markup_stays_off_screen_and_markdown_is_built_as_nodes(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    call = block("lookup", {"city": "Oslo"})
+    answer = ("Result:\n\n- *sunny*\n- `20C` and **dry**\n\n```\ncode <b>x</b>\n```\n"
+              "See [docs](https://example.com/a) or [bad](javascript:alert(1)) <i>raw</i>")
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Let me check **Oslo**.\n\n"), s.text(call[:9]), s.text(call[9:]), s.text("\n"))
+        fp.add_turn(s.text(answer))
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            log = logged(browser)
+    assert log["state"] == "done" and call in "".join(log["tokens"])  # programs still get the block
+    chip = "document.querySelector('.tool')"
+    assert browser.js(f"{chip}.className") == "tool ok"
+    assert browser.js(f"getComputedStyle({chip}).backgroundColor") == "rgb(220, 252, 231)"  # green
+    assert browser.js(f"{chip}.textContent").startswith("\u2713 lookup")
+    shown = browser.js("document.getElementById('conversation').innerText")
+    assert "<tool" not in shown and "Oslo\"}" not in shown and "</tool>" not in shown
+    first = browser.js("document.querySelector('.text').textContent")
+    assert first == "Let me check Oslo."
+    q = "document.querySelectorAll('section')[1].querySelector('.text')"
+    assert browser.js(f"{q}.querySelector('strong').textContent") == "dry"
+    assert browser.js(f"Array.from({q}.querySelectorAll('ul > li')).map(e => e.textContent)") == \
+        ["sunny", "20C and dry"]
+    assert browser.js(f"{q}.querySelector('li em').textContent") == "sunny"
+    assert browser.js(f"{q}.querySelector('li code').textContent") == "20C"
+    assert browser.js(f"{q}.querySelector('pre code').textContent") == "code <b>x</b>"
+    links = browser.js(f"Array.from({q}.querySelectorAll('a')).map(a => [a.textContent, a.href])")
+    assert links == [["docs", "https://example.com/a"]]
+    assert "[bad](javascript:alert(1)) <i>raw</i>" in browser.js(f"{q}.textContent")
+    assert browser.js("document.querySelectorAll('#conversation b, #conversation i, #conversation script')"
+                      ".length") == 0
+
+
+def test_a_follow_up_question_carries_the_earlier_turns(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Paris."))
+        fp.add_turn(s.text("About 2 million."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun={quote('Capital of France?')}&then={quote('Population?')}")
+            browser.wait_for("(document.getElementById('log') || document.createElement('pre'))"
+                             ".getAttribute('data-turns') === '2'")
+            sent = [r.json["messages"] for r in fp.requests]
+    assert sent == [
+        [{"role": "user", "content": "Capital of France?"}],
+        [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."},
+         {"role": "user", "content": "Population?"}],
+    ]
+    assert browser.js("document.querySelectorAll('.turn').length") == 2
+
+
+# --- other sites ------------------------------------------------------------------------------------
+
+def test_another_sites_img_cannot_start_a_run_even_with_allow_origin_star(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("spent"))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, allow_origin="*")) as target:
+            evil_page = (f'<!doctype html><title>evil</title><img src="{target}/v1/chat/stream?q=spend" '
+                         "onerror=\"document.title='img-failed'\" onload=\"document.title='img-loaded'\">")
+
+            def evil(environ, start_response):
+                start_response("200 OK", [("Content-Type", "text/html")])
+                return [evil_page.encode()]
+
+            with serving(evil) as attacker:
+                # localhost vs 127.0.0.1: a different site, as an attacker's domain would be
+                browser.open(attacker.replace("127.0.0.1", "localhost") + "/")
+                assert browser.wait_for("document.title.startsWith('img-') && document.title") == "img-failed"
+            assert fp.request_count == 0
