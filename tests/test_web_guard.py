@@ -96,12 +96,17 @@ def open_stream(url: str, client: str = "") -> requests.Response:
     return resp
 
 
+def held_turns(fp: FakeProvider, count: int, release: threading.Event, text: str) -> None:
+    """``count`` model answers that wait for ``release``: their streams stay open until then."""
+    for _ in range(count):
+        fp.add_turn(s.wait(release, timeout=10), s.text(text))
+
+
 def test_streams_over_the_cap_get_429_and_health_still_answers():
     """threads=4, max_streams=3: three held streams leave a thread for /healthz; a fourth stream is a 429."""
     release = threading.Event()
     with FakeProvider() as fp:
-        for _ in range(3):
-            fp.add_turn(s.wait(release, timeout=10), s.text("late"))
+        held_turns(fp, 3, release, "late")
         with make_engine(fp) as engine:
             app = make_wsgi_app(engine, max_streams=3, max_streams_per_client=3, retry_after_s=7)
             with serving(app, threads=4) as url:
@@ -132,8 +137,7 @@ def test_streams_over_the_cap_get_429_and_health_still_answers():
 def test_one_client_cannot_take_every_stream():
     release = threading.Event()
     with FakeProvider() as fp:
-        for _ in range(3):
-            fp.add_turn(s.wait(release, timeout=10), s.text("ok"))
+        held_turns(fp, 3, release, "ok")
         with make_engine(fp) as engine:
             app = make_wsgi_app(engine, max_streams=5, max_streams_per_client=2,
                                 client_key=lambda environ: environ.get("HTTP_X_CLIENT", "anon"))
