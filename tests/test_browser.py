@@ -32,6 +32,7 @@ from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
 
+from conftest import wait_for
 from test_wsgi import HOSTILE, LONE_SURROGATE, LONE_SURROGATE_FRAME, block, make_engine, serving
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -336,3 +337,19 @@ def test_another_sites_img_cannot_start_a_run_even_with_allow_origin_star(browse
                 browser.open(attacker.replace("127.0.0.1", "localhost") + "/")
                 assert browser.wait_for("document.title.startsWith('img-') && document.title") == "img-failed"
             assert fp.request_count == 0
+
+
+def test_the_stop_button_closes_the_stream_and_the_run_is_cancelled(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Thinking very hard "), s.stall())
+        with make_engine(fp, idle_timeout=30.0, completion_timeout=60.0) as engine:
+            app = make_wsgi_app(engine, heartbeat_s=0.2)
+            with serving(app, channel_request_lookahead=1) as url:
+                browser.open(f"{url}/?autorun=hi")
+                browser.wait_for("(document.querySelector('.text') || {}).textContent === 'Thinking very hard '")
+                assert app.active_streams == 1
+                browser.js("document.getElementById('stop').click()")
+                assert browser.js("document.getElementById('status').textContent").startswith("stopped")
+                conn = f"FakeProvider-{fp.port}-conn"
+                assert wait_for(lambda: not [t for t in threading.enumerate() if t.name == conn], timeout=10)
+                assert wait_for(lambda: app.active_streams == 0)
