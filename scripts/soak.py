@@ -386,7 +386,8 @@ def run_soak(sequential: int = 1000, concurrent: int = 100, seed: int = 1, *, id
                           tool_timeout=tool_timeout, max_retries=1, max_continuations=1, pool_size=width + 8)
     engine = StreamingEngine(client, make_tools(stubborn_s=tool_timeout * 2), config)
     engine.executor.idle_exit_s = 0.5  # idle tool threads leave quickly, so "back to warm" is quick to see
-    app = make_wsgi_app(engine, heartbeat_s=0.2)
+    # All soak clients share one address: the per-client cap must admit every concurrent run.
+    app = make_wsgi_app(engine, heartbeat_s=0.2, max_streams=width, max_streams_per_client=width)
     try:
         with serving(app, threads=width + 8, connection_limit=2 * width + 50) as url:
             # Warm-up of the same shape as the soak: pools and caches are allowed to fill once.

@@ -141,6 +141,11 @@ class _Signal:
         self.error = error
 
 
+#: Chunks read from the socket and not yet taken by the reader; past this the producer waits, so a
+#: slow consumer of the run (a browser reading nothing) holds the provider back instead of memory.
+MAX_QUEUED_CHUNKS = 1024
+
+
 class _Channel:
     """Producer -> reader hand-off: a deque plus a wake-up Event.
 
@@ -152,11 +157,21 @@ class _Channel:
     and re-checks the deque before sleeping, so no wake-up is lost.
     """
 
-    __slots__ = ("items", "ready")
+    __slots__ = ("items", "ready", "room")
 
     def __init__(self) -> None:
         self.items: Deque[Any] = collections.deque()
         self.ready = threading.Event()
+        self.room = threading.Event()  # set by the reader after a drain: a full producer may go on
+
+    def wait_for_room(self, token: threading.Event) -> None:
+        """Backpressure: while MAX_QUEUED_CHUNKS wait, stop reading the socket (TCP pushes back)."""
+        items = self.items
+        while len(items) >= MAX_QUEUED_CHUNKS and not token.is_set():
+            self.room.clear()
+            if len(items) < MAX_QUEUED_CHUNKS:
+                return
+            self.room.wait(0.5)
 
     def failure(self) -> Optional[BaseException]:
         """The producer's exception, if it has sent one."""
@@ -194,6 +209,7 @@ class StreamingCallStrategy(CallStrategy):
         channel = _Channel()
         token = CancelToken()
         token.add_callback(channel.ready.set)  # a cancel wakes the reader at once
+        token.add_callback(channel.room.set)  # and a producer waiting for room
         stop_following = on_cancel(cancel, token.set)
         producer = threading.Thread(target=self._produce, args=(channel, token, messages, tools, options),
                                     name=f"streamengine-stream[{_model_of(options)}]", daemon=True)
@@ -220,13 +236,16 @@ class StreamingCallStrategy(CallStrategy):
 
     def _produce(self, channel: _Channel, token: CancelToken, messages: Sequence[MessageLike],
                  tools: Optional[Sequence[ToolSpec]], options: Optional[CompletionOptions]) -> None:
-        append = channel.items.append
+        items = channel.items
+        append = items.append
         ready = channel.ready
         try:
             for chunk in self.client.stream(messages, tools, options, cancel=token):  # type: ignore[attr-defined]
                 append(chunk)
                 if not ready.is_set():
                     ready.set()
+                if len(items) >= MAX_QUEUED_CHUNKS:
+                    channel.wait_for_room(token)
         except BaseException as exc:  # forwarded to the reader, which re-raises it
             append(_Signal(exc))
         else:
@@ -285,6 +304,8 @@ class StreamingCallStrategy(CallStrategy):
                     return response
                 if emitting:
                     emitter.emit(ModelChunkEvent(chunk))
+            if not channel.room.is_set():
+                channel.room.set()
             if now >= cap_deadline:
                 raise _Stopped(_Stopped.CAP, meaningful, aggregator.chunks)
 

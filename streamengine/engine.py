@@ -146,7 +146,7 @@ class StreamingEngine:
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
-        channel = EventChannel()
+        channel = EventChannel(cancel=token)
         state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic())
         runner = RoundRunner(self._deps, state)
         worker = threading.Thread(target=self._drive, args=(runner, channel), name="streamengine-run",

@@ -27,7 +27,8 @@ Frames::
     event: tool_start   data: {"id","name","arguments"}
     event: tool_result  data: {"call_id","name","ok","text","error","duration_s"}
     event: round        data: {"round": n}
-    event: error        data: {"message": "..."}
+    event: reset        data: {"round": n, "reason": "..."}   (clear round n's text)
+    event: error        data: {"message": "...", "request_id": "..."}   (request_id with PublicErrors)
     event: done         data: {"answer", "telemetry", "usage"}
     : ping                                           heartbeat
     data: [DONE]                                     DONE_FRAME (always last)
@@ -39,15 +40,18 @@ import enum
 import json
 import math
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, Mapping
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from .errors import StreamEngineError
 from .logs import component_logger
 
 __all__ = [
-    "DONE_FRAME", "EVENT_NAMES", "OK_FRAME", "PING_FRAME",
+    "DONE_FRAME", "EVENT_NAMES", "LLM_WARNING", "OK_FRAME", "PING_FRAME", "PublicErrors",
     "encode_event", "encode_stream", "encode_token",
 ]
+
+#: How the engine starts the visible warning token it puts into an answer when the model fails.
+LLM_WARNING = "\u26a0\ufe0f LLM error: "
 
 #: Always the last frame of a stream; OpenAI-style clients stop on it.
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -140,6 +144,12 @@ def _round(event: Any) -> bytes:
     return _named_frame(b"event: round\ndata: ", {"round": getattr(event, "round", None)})
 
 
+def _reset(event: Any) -> bytes:
+    """The engine takes back a round's visible text (it will be written again); clients clear it."""
+    return _named_frame(b"event: reset\ndata: ", {"round": getattr(event, "round", None),
+                                                   "reason": getattr(event, "reason", None)})
+
+
 def _error(event: Any) -> bytes:
     return _named_frame(b"event: error\ndata: ", {"message": getattr(event, "message", None)})
 
@@ -164,6 +174,7 @@ _ENCODERS: Dict[str, Callable[[Any], bytes]] = {
     "tool_start": _tool_start,
     "tool_result": _tool_result,
     "round": _round,
+    "reset": _reset,
     "error": _error,
     "done": _done,
     "heartbeat": _heartbeat,
@@ -192,7 +203,8 @@ def encode_event(event: Any) -> bytes:
     return encoder(event)
 
 
-def encode_stream(events: Iterable[Any], *, ok_first: bool = True) -> Iterator[bytes]:
+def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
+                  errors: "Optional[PublicErrors]" = None) -> Iterator[bytes]:
     """``OK_FRAME``, one frame per event in order, and ``DONE_FRAME`` last — always.
 
     If ``events`` (or encoding one of them) raises an ``Exception``, the error is
@@ -208,20 +220,23 @@ def encode_stream(events: Iterable[Any], *, ok_first: bool = True) -> Iterator[b
     Closing the returned generator (a WSGI server calls ``close()`` when the
     client goes away) closes ``events`` too, so the engine's run is cancelled;
     nothing more is yielded then.
+
+    With ``errors`` (a :class:`PublicErrors`), error details stay in the
+    server log and the client gets a short message and a request id.
     """
-    return _stream(iter(events), ok_first)
+    return _stream(iter(events), ok_first, errors)
 
 
-def _stream(iterator: Iterator[Any], ok_first: bool) -> Iterator[bytes]:
+def _stream(iterator: Iterator[Any], ok_first: bool, errors: "Optional[PublicErrors]") -> Iterator[bytes]:
+    encode = encode_event if errors is None else errors.encode
     try:
         if ok_first:
             yield OK_FRAME
         try:
             for event in iterator:
-                yield encode_event(event)
+                yield encode(event)
         except Exception as exc:  # noqa: BLE001 - see encode_stream: end the stream cleanly
-            _log.opt(exception=exc).error("event stream failed; ending it with an error frame: {}", exc)
-            yield _named_frame(b"event: error\ndata: ", {"message": _public_message(exc)})
+            yield failure_frame(exc, errors)
         yield DONE_FRAME
     finally:
         close = getattr(iterator, "close", None)
@@ -229,7 +244,97 @@ def _stream(iterator: Iterator[Any], ok_first: bool) -> Iterator[bytes]:
             close()
 
 
+def failure_frame(exc: BaseException, errors: "Optional[PublicErrors]") -> bytes:
+    """The ``event: error`` frame ending a stream whose events raised (the traceback goes to the log)."""
+    if errors is not None:
+        return errors.failure(exc)
+    _log.opt(exception=exc).error("event stream failed; ending it with an error frame: {}", exc)
+    return _named_frame(b"event: error\ndata: ", {"message": _public_message(exc)})
+
+
 def _public_message(exc: BaseException) -> str:
     if isinstance(exc, StreamEngineError):
         return str(exc) or type(exc).__name__
     return f"internal error ({type(exc).__name__}); see the server log"
+
+
+class PublicErrors:
+    """What a client may learn about failures: a short message and a request id, details to the log.
+
+    Error texts carry provider URLs, status bodies, exception reprs and tool
+    tracebacks; none of that belongs in a stranger's browser.  Each detail is
+    logged (loguru, ``streamengine`` logger) under ``request_id``, which the
+    client sees, so an operator can find it.  ``expose=True`` (development)
+    sends the details as well.  Covers ``event: error``, a failed tool's
+    ``error``, the engine's visible ``LLM error`` token and the answer in
+    ``event: done`` that repeats it.
+    """
+
+    def __init__(self, request_id: str, *, expose: bool = False, logger: Any = None) -> None:
+        self.request_id = request_id
+        self.expose = expose
+        self._log = logger if logger is not None else _log
+        self._warnings: List[Tuple[str, str]] = []  # (warning token as sent by the engine, what the client got)
+
+    def public(self, what: str, detail: Any) -> str:
+        """Log ``detail`` under the request id; the text the client gets instead."""
+        self._log.warning("request {}: {}: {}", self.request_id, what, detail)
+        if self.expose:
+            return f"{detail} (request id {self.request_id})"
+        return f"{what} (request id {self.request_id}; details are in the server log)"
+
+    def encode(self, event: Any) -> bytes:
+        name = getattr(event, "name", None)
+        if name == "token":
+            text = getattr(event, "text", None)
+            if isinstance(text, str) and text.startswith(LLM_WARNING):
+                return encode_token(self._warning(text))
+            return encode_token(text)
+        special = self._SPECIAL.get(name) if isinstance(name, str) else None
+        return special(self, event) if special is not None else encode_event(event)
+
+    def _warning(self, text: str) -> str:
+        shown = LLM_WARNING + self.public("the model request failed", text[len(LLM_WARNING):])
+        self._warnings.append((text, shown))
+        return shown
+
+    def _error(self, event: Any) -> bytes:
+        message = self.public("the answer failed", getattr(event, "message", None))
+        return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
+
+    def _tool_result(self, event: Any) -> bytes:
+        result = getattr(event, "result", None)
+        error = getattr(result, "error", None)
+        if error:
+            what = "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed"
+            error = self.public(f"{what}: {getattr(result, 'name', '?')}", error)
+        return _named_frame(b"event: tool_result\ndata: ", {
+            "call_id": getattr(result, "call_id", None),
+            "name": getattr(result, "name", None),
+            "ok": getattr(result, "ok", None),
+            "text": getattr(result, "text", None),
+            "error": error,
+            "duration_s": getattr(result, "duration_s", None),
+        })
+
+    def _done(self, event: Any) -> bytes:
+        result = getattr(event, "result", None)
+        answer = getattr(result, "answer", None)
+        if isinstance(answer, str):
+            for warning, shown in self._warnings:  # the answer repeats the warning token
+                answer = answer.replace(warning, shown)
+        return _named_frame(b"event: done\ndata: ", {
+            "answer": answer,
+            "telemetry": getattr(result, "telemetry", None),
+            "usage": getattr(result, "usage", None),
+        })
+
+    def failure(self, exc: BaseException) -> bytes:
+        self._log.opt(exception=exc).error("request {}: event stream failed: {}", self.request_id, exc)
+        message = f"{_public_message(exc)} (request id {self.request_id})" if self.expose else \
+            f"the answer failed (request id {self.request_id}; details are in the server log)"
+        return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
+
+    _SPECIAL: Dict[str, Callable[["PublicErrors", Any], bytes]] = {
+        "error": _error, "tool_result": _tool_result, "done": _done,
+    }

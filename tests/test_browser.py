@@ -1,11 +1,11 @@
-"""SSE injection, checked by a real browser: headless Chromium reads the stream through EventSource.
+"""The page in a real browser: headless Chromium driven over the DevTools protocol (a pipe).
 
-The page served at ``/`` has a test hook: ``?autorun=PROMPT`` starts a stream on
-load and, when ``[DONE]`` arrives, writes the token texts it received (JSON,
-non-ASCII escaped) into ``<pre id="log">`` and the event types into
-``<pre id="events">``.  Chromium's ``--dump-dom`` prints the DOM after the
-stream, so the test sees exactly what the browser dispatched — through the
-page's Content-Security-Policy, which would also block a broken inline script.
+What a browser really does is asserted in a browser: hostile text stays text,
+an error shows once, a ``reset`` clears its round, a tool chip turns green,
+tool markup stays off screen, Markdown is rendered without HTML parsing, a
+follow-up carries the earlier turns, and another site's ``<img>`` cannot
+start a run.  The page runs under its own Content-Security-Policy, which
+would also block a broken inline script.
 
 Chromium is looked up on PATH; when it is missing the test installs it only
 if running as root with ``STREAMENGINE_INSTALL_BROWSER=1`` (CI), and skips
@@ -13,14 +13,17 @@ otherwise.
 """
 from __future__ import annotations
 
-import html
+import fcntl
 import json
 import os
-import re
+import select
 import shutil
 import subprocess
 import tempfile
-from typing import List, Optional
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, Iterator, Optional
 from urllib.parse import quote
 
 import pytest
@@ -29,6 +32,7 @@ from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
 
+from conftest import wait_for
 from test_wsgi import HOSTILE, LONE_SURROGATE, LONE_SURROGATE_FRAME, block, make_engine, serving
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -36,6 +40,7 @@ pytestmark = pytest.mark.usefixtures("no_thread_leak")
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER_TIMEOUT_S = 90
 MARKUP = "</pre><script>document.title='pwned'</script><img src=x onerror=alert(1)>"
+FINISHED = "(document.getElementById('log') || document.createElement('pre')).getAttribute('data-state')"
 
 
 def find_chromium() -> Optional[str]:
@@ -61,29 +66,119 @@ def chromium() -> str:
     return path
 
 
-def dump_dom(chromium: str, url: str) -> str:
-    """The page's DOM after its scripts ran (the stream closes on [DONE], then the budget ends)."""
-    with tempfile.TemporaryDirectory(prefix="se-chromium-") as profile:
-        proc = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--disable-quic", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--disable-extensions",
-             f"--user-data-dir={profile}", "--virtual-time-budget=10000", "--dump-dom", url],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=BROWSER_TIMEOUT_S, check=False)
-    dom = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode != 0 or "<html" not in dom:
-        pytest.fail(f"chromium exited {proc.returncode}; stderr tail:\n"
-                    f"{proc.stderr.decode('utf-8', 'replace')[-2000:]}")
-    return dom
+@pytest.fixture
+def browser(chromium) -> Iterator["Browser"]:
+    b = Browser(chromium)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
-def pre(dom: str, element_id: str) -> re.Match:
-    match = re.search(rf'<pre id="{element_id}"([^>]*)>(.*?)</pre>', dom, re.S)
-    assert match, f"no <pre id={element_id!r}> in the DOM:\n{dom[-3000:]}"
-    return match
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``).
+
+    No websocket library needed: Chromium reads NUL-terminated JSON commands
+    on fd 3 and writes replies and events on fd 4.  Tests wait for page state
+    (``wait_for(js)``), never for a fixed time, so a slow machine only makes
+    them slower.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._profile = tempfile.TemporaryDirectory(prefix="se-chromium-")
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+
+        def child_fds() -> None:  # in the child between fork and exec: the pipes go to fds 3 and 4
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_chrome_r, from_chrome_w)]
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self._proc = subprocess.Popen(
+            [path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-extensions", f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe",
+             "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=child_fds, close_fds=False)  # close_fds would also close fds 3 and 4
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buffer = b""
+        self._next_id = 0
+        self._session = ""
+
+    def command(self, method: str, session: bool = True, **params: Any) -> Dict[str, Any]:
+        self._next_id += 1
+        message: Dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if session and self._session:
+            message["sessionId"] = self._session
+        os.write(self._to_chrome, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._read()
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise AssertionError(f"{method} failed: {reply['error']}")
+                return reply.get("result", {})
+
+    def _read(self) -> Dict[str, Any]:
+        deadline = time.monotonic() + BROWSER_TIMEOUT_S
+        while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._from_chrome], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError("chromium did not answer within the deadline")
+            data = os.read(self._from_chrome, 1 << 20)
+            if not data:
+                raise AssertionError(f"chromium exited: {self._proc.stderr.read().decode('utf-8', 'replace')[-2000:]}")
+            self._buffer += data
+        message, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def open(self, url: str) -> None:
+        target = self.command("Target.createTarget", session=False, url="about:blank")["targetId"]
+        self._session = self.command("Target.attachToTarget", session=False, targetId=target,
+                                     flatten=True)["sessionId"]
+        self.command("Page.navigate", url=url)
+
+    def js(self, expression: str) -> Any:
+        result = self.command("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise AssertionError(f"{expression!r} raised in the page: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 30.0) -> Any:
+        """Evaluate ``expression`` until it is truthy (a failure guard, not a speed assertion)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.js(expression)
+            if value or time.monotonic() > deadline:
+                assert value, f"{expression!r} never became true; page:\n{self.js('document.body.innerText')[-2000:]}"
+                return value
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        try:
+            os.write(self._to_chrome, json.dumps({"id": 0, "method": "Browser.close"}).encode() + b"\0")
+            self._proc.wait(15)
+        except (OSError, subprocess.TimeoutExpired):
+            self._proc.kill()
+            self._proc.wait(5)
+        finally:
+            os.close(self._to_chrome)
+            os.close(self._from_chrome)
+            self._proc.stderr.close()
+            self._profile.cleanup()
 
 
-def test_hostile_text_reaches_the_browser_as_identical_token_events(chromium):
+def logged(browser: "Browser") -> Dict[str, Any]:
+    """What the page's test hook recorded for its last run: state, token texts, event types."""
+    state = browser.wait_for(FINISHED)
+    return {"state": state, "tokens": json.loads(browser.js("document.getElementById('log').textContent")),
+            "events": json.loads(browser.js("document.getElementById('events').textContent"))}
+
+
+# --- hostile text ----------------------------------------------------------------------------------
+
+def test_hostile_text_reaches_the_browser_as_identical_token_events(browser):
     @tool
     def lookup(city: str) -> str:
         """Weather for a city."""
@@ -97,15 +192,164 @@ def test_hostile_text_reaches_the_browser_as_identical_token_events(chromium):
         fp.add_turn(s.text(MARKUP), LONE_SURROGATE_FRAME, s.text("done."))
         with make_engine(fp, [lookup]) as engine, \
                 serving(make_wsgi_app(engine, heartbeat_s=0.2), channel_request_lookahead=1) as url:
-            dom = dump_dom(chromium, f"{url}/?autorun={quote('weather in Oslo?')}")
+            browser.open(f"{url}/?autorun={quote('weather in Oslo?')}")
+            log = logged(browser)
             requests_seen = fp.requests
-    log = pre(dom, "log")
-    assert 'data-state="done"' in log.group(1), log.group(1)
-    tokens: List[str] = json.loads(html.unescape(log.group(2)))
-    assert tokens == HOSTILE + [call, MARKUP, LONE_SURROGATE, "done."]
-    kinds = json.loads(html.unescape(pre(dom, "events").group(2)))
-    assert kinds == (["round"] + ["token"] * (len(HOSTILE) + 1) + ["tool_start", "tool_result", "round"]
-                     + ["token"] * 3 + ["done", "[DONE]"])
-    assert "<title>streamengine</title>" in dom  # the model's markup stayed text
+    assert log["state"] == "done"
+    assert log["tokens"] == HOSTILE + [call, MARKUP, LONE_SURROGATE, "done."]
+    assert log["events"] == (["round"] + ["token"] * (len(HOSTILE) + 1) + ["tool_start", "tool_result", "round"]
+                             + ["token"] * 3 + ["done", "[DONE]"])
+    assert browser.js("document.title") == "streamengine"  # the model's markup stayed text
+    assert browser.js("document.querySelectorAll('#conversation script, #conversation img').length") == 0
+    assert MARKUP in browser.js("document.getElementById('conversation').textContent")
     assert requests_seen[0].json["messages"][-1] == {"role": "user", "content": "weather in Oslo?"}
-    assert len(requests_seen) == 2  # the EventSource was closed on [DONE]: no reconnect replayed the question
+    assert len(requests_seen) == 2  # one run, two rounds: nothing was replayed
+
+
+# --- errors, reset, chips, Markdown, conversation ------------------------------------------------------
+
+def test_a_model_error_is_shown_once_and_no_first_token_time_is_claimed(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(400, {"error": {"message": "secret upstream detail sk-123"}}))
+        with make_engine(fp, max_retries=0) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=hi")
+            log = logged(browser)
+    assert log["state"] == "failed" and "error" in log["events"]
+    assert browser.js("document.querySelectorAll('.error').length") == 1
+    notice = browser.js("document.querySelector('.error').textContent")
+    assert "request id" in notice and "sk-123" not in notice
+    assert browser.js("Array.from(document.querySelectorAll('.text')).map(e => e.textContent).join('')") == ""
+    status = browser.js("document.getElementById('status').textContent")
+    assert status.startswith("failed") and "first token" not in status, status
+    assert browser.js("document.getElementById('status').getAttribute('data-state')") == "error"
+
+
+@dataclass(frozen=True)
+class ResetEvent:
+    """The engine's coming ``reset`` event (issue 12): the round's text so far is void."""
+
+    name: ClassVar[str] = "reset"
+    round: int
+    reason: str
+
+
+class ResettingEngine:
+    """A real engine whose run takes back round 1's text after the token ``WRONG``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def run(self, messages: Any, cancel: Any = None, *, heartbeat_s: Optional[float] = None) -> Iterator[Any]:
+        inner = self.engine.run(messages, cancel, heartbeat_s=heartbeat_s)
+
+        def events() -> Iterator[Any]:
+            try:
+                for event in inner:
+                    yield event
+                    if getattr(event, "text", None) == "WRONG":
+                        yield ResetEvent(1, "the model started over")
+            finally:
+                inner.close()
+
+        return events()
+
+
+def test_a_reset_clears_its_rounds_text(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("draft "), s.text("WRONG"), s.text("right"), s.text(" answer"))
+        with make_engine(fp) as engine, serving(make_wsgi_app(ResettingEngine(engine))) as url:
+            browser.open(f"{url}/?autorun=hi")
+            log = logged(browser)
+    assert log["events"] == ["round", "token", "token", "reset", "token", "token", "done", "[DONE]"]
+    assert browser.js("document.querySelector('.text').textContent") == "right answer"
+
+
+def test_tool_chips_turn_green_markup_stays_off_screen_and_markdown_is_built_as_nodes(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    call = block("lookup", {"city": "Oslo"})
+    answer = ("Result:\n\n- *sunny*\n- `20C` and **dry**\n\n```\ncode <b>x</b>\n```\n"
+              "See [docs](https://example.com/a) or [bad](javascript:alert(1)) <i>raw</i>")
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Let me check **Oslo**.\n\n"), s.text(call[:9]), s.text(call[9:]), s.text("\n"))
+        fp.add_turn(s.text(answer))
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            log = logged(browser)
+    assert log["state"] == "done" and call in "".join(log["tokens"])  # programs still get the block
+    chip = "document.querySelector('.tool')"
+    assert browser.js(f"{chip}.className") == "tool ok"
+    assert browser.js(f"getComputedStyle({chip}).backgroundColor") == "rgb(220, 252, 231)"  # green
+    assert browser.js(f"{chip}.textContent").startswith("\u2713 lookup")
+    shown = browser.js("document.getElementById('conversation').innerText")
+    assert "<tool" not in shown and "Oslo\"}" not in shown and "</tool>" not in shown
+    first = browser.js("document.querySelector('.text').textContent")
+    assert first == "Let me check Oslo."
+    q = "document.querySelectorAll('section')[1].querySelector('.text')"
+    assert browser.js(f"{q}.querySelector('strong').textContent") == "dry"
+    assert browser.js(f"Array.from({q}.querySelectorAll('ul > li')).map(e => e.textContent)") == \
+        ["sunny", "20C and dry"]
+    assert browser.js(f"{q}.querySelector('li em').textContent") == "sunny"
+    assert browser.js(f"{q}.querySelector('li code').textContent") == "20C"
+    assert browser.js(f"{q}.querySelector('pre code').textContent") == "code <b>x</b>"
+    links = browser.js(f"Array.from({q}.querySelectorAll('a')).map(a => [a.textContent, a.href])")
+    assert links == [["docs", "https://example.com/a"]]
+    assert "[bad](javascript:alert(1)) <i>raw</i>" in browser.js(f"{q}.textContent")
+    assert browser.js("document.querySelectorAll('#conversation b, #conversation i, #conversation script')"
+                      ".length") == 0
+
+
+def test_a_follow_up_question_carries_the_earlier_turns(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Paris."))
+        fp.add_turn(s.text("About 2 million."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun={quote('Capital of France?')}&then={quote('Population?')}")
+            browser.wait_for("(document.getElementById('log') || document.createElement('pre'))"
+                             ".getAttribute('data-turns') === '2'")
+            sent = [r.json["messages"] for r in fp.requests]
+    assert sent == [
+        [{"role": "user", "content": "Capital of France?"}],
+        [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."},
+         {"role": "user", "content": "Population?"}],
+    ]
+    assert browser.js("document.querySelectorAll('.turn').length") == 2
+
+
+# --- other sites ------------------------------------------------------------------------------------
+
+def test_another_sites_img_cannot_start_a_run_even_with_allow_origin_star(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("spent"))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, allow_origin="*")) as target:
+            evil_page = (f'<!doctype html><title>evil</title><img src="{target}/v1/chat/stream?q=spend" '
+                         "onerror=\"document.title='img-failed'\" onload=\"document.title='img-loaded'\">")
+
+            def evil(environ, start_response):
+                start_response("200 OK", [("Content-Type", "text/html")])
+                return [evil_page.encode()]
+
+            with serving(evil) as attacker:
+                # localhost vs 127.0.0.1: a different site, as an attacker's domain would be
+                browser.open(attacker.replace("127.0.0.1", "localhost") + "/")
+                assert browser.wait_for("document.title.startsWith('img-') && document.title") == "img-failed"
+            assert fp.request_count == 0
+
+
+def test_the_stop_button_closes_the_stream_and_the_run_is_cancelled(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Thinking very hard "), s.stall())
+        with make_engine(fp, idle_timeout=30.0, completion_timeout=60.0) as engine:
+            app = make_wsgi_app(engine, heartbeat_s=0.2)
+            with serving(app, channel_request_lookahead=1) as url:
+                browser.open(f"{url}/?autorun=hi")
+                browser.wait_for("(document.querySelector('.text') || {}).textContent === 'Thinking very hard '")
+                assert app.active_streams == 1
+                browser.js("document.getElementById('stop').click()")
+                assert browser.js("document.getElementById('status').textContent").startswith("stopped")
+                conn = f"FakeProvider-{fp.port}-conn"
+                assert wait_for(lambda: not [t for t in threading.enumerate() if t.name == conn], timeout=10)
+                assert wait_for(lambda: app.active_streams == 0)

@@ -365,7 +365,7 @@ def test_object_without_name_is_rejected():
 
 
 def test_event_names_are_the_fixed_allowlist():
-    assert sse.EVENT_NAMES == {"token", "tool_start", "tool_result", "round", "error", "done",
+    assert sse.EVENT_NAMES == {"token", "tool_start", "tool_result", "round", "reset", "error", "done",
                                "heartbeat"}
 
 
@@ -588,3 +588,35 @@ def test_real_result_types_encode():
     assert payload["answer"] == "a\n\nb"
     assert payload["telemetry"] == json.loads(json.dumps(dataclasses.asdict(telemetry)))
     assert payload["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+
+
+def test_reset_frames_name_the_round_and_reason():
+    @dataclass(frozen=True)
+    class ResetEvent:
+        name = "reset"
+        round: int
+        reason: str
+
+    events = parse(encode_event(ResetEvent(2, "line\nbreak"))).events
+    assert [(e.type, json.loads(e.data)) for e in events] == [("reset", {"round": 2, "reason": "line\nbreak"})]
+
+
+def test_public_errors_keep_details_out_of_every_frame_that_carries_them():
+    from streamengine.sse import LLM_WARNING, PublicErrors
+
+    seen: List[str] = []
+
+    class Log:
+        def warning(self, template, *args):
+            seen.append(template.format(*args))
+
+    errors = PublicErrors("rid42", logger=Log())
+    warning = LLM_WARNING + "HTTP 500 from http://10.0.0.1 body=secret"
+    frames = [errors.encode(TokenEvent(warning)), errors.encode(ErrorEvent("secret failure")),
+              errors.encode(ToolResultEvent(ToolResult("c1", "db", False, "", error="secret dsn"))),
+              errors.encode(DoneEvent(EngineResult("before " + warning, (), (), Telemetry())))]
+    wire = b"".join(frames).decode()
+    assert "secret" not in wire and wire.count("rid42") == 5
+    assert len(seen) == 3 and all("rid42" in line and "secret" in line for line in seen)
+    answer = json.loads(parse(frames[-1]).events[0].data)["answer"]
+    assert answer.startswith("before " + LLM_WARNING + "the model request failed (request id rid42")

@@ -1,0 +1,74 @@
+"""EventChannel: bounded (the producer waits), released by a drain or a cancel, flush hint for batching."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from streamengine.cancel import CancelToken
+from streamengine.channel import EventChannel, request_flush
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+
+def producer(channel: EventChannel, count: int, done: threading.Event, progress: list) -> threading.Thread:
+    def run():
+        for i in range(count):
+            channel.put(i)
+            progress.append(i)
+        done.set()
+
+    thread = threading.Thread(target=run, name="test-producer")
+    thread.start()
+    return thread
+
+
+def test_a_full_channel_blocks_the_producer_until_the_consumer_drains():
+    channel = EventChannel(max_items=4)
+    done, progress = threading.Event(), []
+    thread = producer(channel, 10, done, progress)
+    assert not done.wait(0.3)  # a failure guard: the producer must be stuck, not slow
+    assert channel.backlog == 4 and len(progress) == 3  # the 4th put is queued and waits for room
+    got = []
+    while len(got) < 10:
+        got += channel.drain(5)
+    thread.join(5)
+    assert got == list(range(10)) and done.is_set()
+
+
+def test_a_cancel_releases_a_blocked_producer_and_later_puts_never_block():
+    token = CancelToken()
+    channel = EventChannel(max_items=2, cancel=token)
+    done, progress = threading.Event(), []
+    thread = producer(channel, 50, done, progress)
+    assert not done.wait(0.2)
+    token.set()
+    assert done.wait(5)
+    thread.join(5)
+    assert channel.backlog == 50
+
+
+def test_close_marks_the_end_and_drain_returns_everything_once():
+    channel = EventChannel()
+    for i in range(3):
+        channel.put(i)
+    channel.close()
+    assert channel.drain(1) == [0, 1, 2] and channel.closed and channel.drain(1) == []
+
+
+def test_a_flush_request_makes_one_waiting_drain_return_at_once():
+    channel = EventChannel()
+    request_flush()
+    assert channel.drain(None) == []  # would wait forever without the flush request
+    channel.put("a")
+    request_flush()
+    assert channel.drain(None) == ["a"]  # items queued: the flag is left for the next wait
+    assert channel.drain(None) == []
+    request_flush(False)
+    assert channel.drain(0.05) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_max_items_is_checked(bad):
+    with pytest.raises(ValueError, match="max_items"):
+        EventChannel(max_items=bad)
