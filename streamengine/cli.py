@@ -48,23 +48,6 @@ class _Parser(argparse.ArgumentParser):
 
 # --------------------------------------------------------------------------- serve
 
-class _SystemPromptEngine:
-    """An engine whose every run starts with the operator's system message (``serve --system``)."""
-
-    def __init__(self, engine: Any, system: str) -> None:
-        self._engine = engine
-        self._system = {"role": "system", "content": system}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def run(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.run([self._system] + list(messages), *args, **kwargs)
-
-    def complete(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.complete([self._system] + list(messages), *args, **kwargs)
-
-
 def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
     if args.threads < 1:
         raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
@@ -72,8 +55,10 @@ def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
     try:
         from .serve import serve_app
         from .wsgi import make_wsgi_app
-        served = _SystemPromptEngine(engine, args.system) if args.system else engine
-        app = make_wsgi_app(served, allow_origin=args.allow_origin, heartbeat_s=args.heartbeat)
+        # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
+        app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
+                            heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
+                            max_streams=max(1, args.threads - 4))
         banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
@@ -187,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=32,
                        help="waitress threads; must exceed the concurrent streams (default 32)")
     serve.add_argument("--allow-origin", metavar="ORIGIN", help="CORS: '*' or https://app.example")
+    serve.add_argument("--allowed-host", metavar="HOST", action="append",
+                       help="a Host name the server answers to (repeatable; default: loopback names and the "
+                            "bound address); needed behind a proxy or with --host 0.0.0.0")
     serve.add_argument("--heartbeat", metavar="S", type=positive_seconds, default=15.0,
                        help="seconds of silence before a ': ping' frame (default 15)")
     serve.set_defaults(handler=_cmd_serve)

@@ -125,6 +125,9 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
                         "(repeatable; the current directory is importable)")
     m.add_argument("--max-continuations", metavar="N", type=int,
                    help="revised-answer rounds after tool calls (default 3)")
+    m.add_argument("--failover-after-tokens", action="store_true",
+                   help="when a model fails mid-answer and another -m model is left, restart the round on it "
+                        "(a marker on stderr says to discard the text shown)")
 
 
 # --------------------------------------------------------------------------- engine from flags
@@ -189,6 +192,8 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
         config["max_continuations"] = args.max_continuations
     if args.tool_timeout is not None:
         config["tool_timeout"] = args.tool_timeout
+    if getattr(args, "failover_after_tokens", False):
+        config["failover_after_tokens"] = True
     options = _completion_options(args)
     if options is not None:
         config["options"] = options

@@ -109,7 +109,10 @@ def _answer(engine: Any, messages: List[Dict[str, str]], args: argparse.Namespac
     """Run once and print it; returns the exit status and the final answer (None on failure)."""
     t0 = time.monotonic()
     models = engine.config.models
-    revisable = bool(engine.registry.names) and engine.config.max_continuations > 0
+    # Text shown live may be revised (a later round) or taken back (failover after tokens):
+    # then a pipe or file gets the final answer once it is known, and drafts go to stderr.
+    revisable = (bool(engine.registry.names) and engine.config.max_continuations > 0) \
+        or (engine.config.failover_after_tokens and len(models) > 1)
     live = args.json or is_terminal(out) or not revisable
     if args.json:
         printer: Any = JsonEventPrinter(out, t0=t0)

@@ -15,7 +15,9 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from .events import DoneEvent, ErrorEvent, Event, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from .events import (
+    DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+)
 from .text import one_line as _one_line
 
 __all__ = ["EventPrinter", "JsonEventPrinter", "MarkupFilter", "attempt_lines", "error_lines", "strip_markup", "write",
@@ -167,6 +169,13 @@ class EventPrinter:
         elif isinstance(event, RoundEvent) and event.round > 1:
             self._newline()
             self._info(f"round {event.round}: revised answer +{t:.2f}s")
+        elif isinstance(event, ResetEvent):
+            # Text already printed cannot be taken back: say plainly that it is void.
+            self._newline()
+            self._info(f"[round {event.round} restarted: {event.reason}; discard the text above] +{t:.2f}s")
+        elif isinstance(event, ErrorEvent) and not event.fatal:
+            self._newline()
+            write(self.info_stream, f"{PROG}: warning: {_one_line(event.message)}\n")
         elif isinstance(event, ErrorEvent):
             self.errors.append(event.message)
             self._newline()
@@ -259,9 +268,12 @@ class JsonEventPrinter:
                     "started_s": self._offset(r.started_at), "ended_s": self._offset(r.ended_at)}
         if isinstance(event, RoundEvent):
             return {"round": event.round}
+        if isinstance(event, ResetEvent):
+            return {"round": event.round, "reason": event.reason}
         if isinstance(event, ErrorEvent):
-            self.errors.append(event.message)
-            return {"message": event.message}
+            if event.fatal:
+                self.errors.append(event.message)
+            return {"message": event.message, "fatal": event.fatal}
         if isinstance(event, DoneEvent):
             self.result = done = event.result
             return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,

@@ -151,7 +151,8 @@ def _reset(event: Any) -> bytes:
 
 
 def _error(event: Any) -> bytes:
-    return _named_frame(b"event: error\ndata: ", {"message": getattr(event, "message", None)})
+    return _named_frame(b"event: error\ndata: ", {"message": getattr(event, "message", None),
+                                                   "fatal": getattr(event, "fatal", True)})
 
 
 def _done(event: Any) -> bytes:
@@ -299,8 +300,11 @@ class PublicErrors:
         return shown
 
     def _error(self, event: Any) -> bytes:
-        message = self.public("the answer failed", getattr(event, "message", None))
-        return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
+        fatal = getattr(event, "fatal", True)
+        what = "the answer failed" if fatal else "a problem the answer went on past"
+        message = self.public(what, getattr(event, "message", None))
+        return _named_frame(b"event: error\ndata: ", {"message": message, "fatal": fatal,
+                                                       "request_id": self.request_id})
 
     def _tool_result(self, event: Any) -> bytes:
         result = getattr(event, "result", None)

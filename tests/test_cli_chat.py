@@ -291,3 +291,32 @@ def test_a_conversation_on_a_real_pseudo_terminal():
     assert proc.returncode == 0, err
     assert out.decode() == "hello back\nstill here\n"
     assert [m["content"] for m in fp.requests[1].json["messages"]] == ["hello", "hello back", "are you there?"]
+
+
+# --- engine events the CLI must show plainly -------------------------------------------------
+
+def test_failover_after_tokens_prints_a_marker_and_succeeds(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with FakeProvider() as fp:
+        fp.respond_with(lambda request: [s.text("half an ans"), s.drop()] if request["model"] == "flaky"
+                        else [s.text("a whole answer")])
+        rc, out, err = run(capsys, "chat", "q", "--base-url", fp.base_url, "-m", "flaky", "-m", "steady",
+                           "--failover-after-tokens")
+    assert rc == 0
+    assert "[round 1 restarted: model flaky failed mid-answer" in err and "discard the text above" in err
+    assert out == "a whole answer\n"  # the void draft went to stderr, not into the answer
+    assert [r.json["model"] for r in fp.requests] == ["flaky", "steady"]
+
+
+def test_a_problem_the_run_went_on_past_is_a_warning_not_a_failure(capsys, monkeypatch, tools_module):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text('Checking <tool name="lookup">{"city": </tool> now.'))
+        fp.add_turn(s.text("Sorry, I wrote that call badly."))
+        rc, out, err = run(capsys, "chat", "q", "--base-url", fp.base_url, "-m", "m",
+                           "--tools", f"{tools_module}:lookup")
+    assert rc == 0, err
+    assert out.strip() == "Sorry, I wrote that call badly."
+    assert "error:" not in err
+    told = fp.requests[1].json["messages"][-1]["content"]
+    assert "was not run" in told and "not valid JSON" in told

@@ -302,7 +302,9 @@ def test_round_and_error_frames():
     assert encode_event(RoundEvent(2)) == b'event: round\ndata: {"round":2}\n\n'
     event = only_event(encode_event(ErrorEvent("model said \n\nevent: done\ndata: x")))
     assert event.type == "error"
-    assert json.loads(event.data) == {"message": "model said \n\nevent: done\ndata: x"}
+    assert json.loads(event.data) == {"message": "model said \n\nevent: done\ndata: x", "fatal": True}
+    notice = only_event(encode_event(ErrorEvent("a tool block could not be read", fatal=False)))
+    assert json.loads(notice.data) == {"message": "a tool block could not be read", "fatal": False}
 
 
 def test_done_frame_carries_answer_telemetry_and_usage():
@@ -527,7 +529,7 @@ def expected(event: Any) -> Optional[tuple]:
     if isinstance(event, ToolResultEvent):
         return ("tool_result", dataclasses.asdict(event.result))
     if isinstance(event, ErrorEvent):
-        return ("error", {"message": event.message})
+        return ("error", {"message": event.message, "fatal": event.fatal})
     return None
 
 
