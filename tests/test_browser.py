@@ -22,8 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 from urllib.parse import quote
 
 import pytest
@@ -224,44 +223,35 @@ def test_a_model_error_is_shown_once_and_no_first_token_time_is_claimed(browser)
     assert browser.js("document.getElementById('status').getAttribute('data-state')") == "error"
 
 
-@dataclass(frozen=True)
-class ResetEvent:
-    """The engine's coming ``reset`` event (issue 12): the round's text so far is void."""
-
-    name: ClassVar[str] = "reset"
-    round: int
-    reason: str
-
-
-class ResettingEngine:
-    """A real engine whose run takes back round 1's text after the token ``WRONG``."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    def run(self, messages: Any, cancel: Any = None, *, heartbeat_s: Optional[float] = None) -> Iterator[Any]:
-        inner = self.engine.run(messages, cancel, heartbeat_s=heartbeat_s)
-
-        def events() -> Iterator[Any]:
-            try:
-                for event in inner:
-                    yield event
-                    if getattr(event, "text", None) == "WRONG":
-                        yield ResetEvent(1, "the model started over")
-            finally:
-                inner.close()
-
-        return events()
-
-
 def test_a_reset_clears_its_rounds_text(browser):
     with FakeProvider() as fp:
-        fp.add_turn(s.text("draft "), s.text("WRONG"), s.text("right"), s.text(" answer"))
-        with make_engine(fp) as engine, serving(make_wsgi_app(ResettingEngine(engine))) as url:
+        fp.respond_with(lambda request: [s.text("draft "), s.text("WRONG"), s.delay(0.05), s.drop()]
+                        if request["model"] == "flaky" else [s.text("right"), s.text(" answer")])
+        with make_engine(fp, models=["flaky", "steady"], max_retries=0, failover_after_tokens=True) as engine, \
+                serving(make_wsgi_app(engine)) as url:
             browser.open(f"{url}/?autorun=hi")
             log = logged(browser)
+    assert log["state"] == "done"
     assert log["events"] == ["round", "token", "token", "reset", "token", "token", "done", "[DONE]"]
     assert browser.js("document.querySelector('.text').textContent") == "right answer"
+
+
+def test_a_problem_the_run_went_on_past_is_a_notice_not_a_failure(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    with FakeProvider() as fp:
+        # The answer ends normally but inside a tool block the model never closed.
+        fp.add_turn(s.text("Let me see "), s.text('<tool name="lookup">{"city": "Oslo"'))
+        with make_engine(fp, [lookup], max_retries=0) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=hi")
+            log = logged(browser)
+    assert log["state"] == "done" and "error" in log["events"]
+    assert browser.js("document.querySelectorAll('.error').length") == 0
+    notices = browser.js("Array.from(document.querySelectorAll('.notice')).map(e => e.textContent)")
+    assert len(notices) == 1 and "request id" in notices[0]
 
 
 def test_tool_chips_turn_green_markup_stays_off_screen_and_markdown_is_built_as_nodes(browser):
