@@ -32,6 +32,7 @@ from streamengine.engine import EngineConfig, StreamingEngine
 from streamengine.errors import ConfigError
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
+from streamengine.serve import _close_all
 from streamengine.wsgi import SseResponse, make_wsgi_app, mount
 
 from conftest import wait_for
@@ -82,9 +83,12 @@ def serving(app, threads: int = 8, **options) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.effective_port}"
     finally:
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
-        loop.join(5)
+        # The order streamengine.serve uses: channels first (the trigger stays, since a
+        # finishing task pulls it), then the task threads, then the trigger and the loop.
+        server.trigger.pull_trigger(lambda: _close_all(server._map, wasyncore, keep_trigger=True))
         server.task_dispatcher.shutdown(timeout=5)
+        server.trigger.pull_trigger(lambda: _close_all(server._map, wasyncore))
+        loop.join(5)
 
 
 def read1_pieces(resp: requests.Response) -> Iterator[bytes]:
