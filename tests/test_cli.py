@@ -36,7 +36,7 @@ from streamengine.tools import ToolContext, tool
 @tool
 def lookup(city: str, ctx: ToolContext) -> str:
     """Weather for a city."""
-    ctx.sleep(0.05)
+    ctx.sleep(1.0)  # longer than the rest of the stream: its result line comes after "Still talking."
     return "sunny in " + city
 
 def plain(x: int) -> int:

@@ -275,9 +275,11 @@ class ToolHandle:
         return True
 
     def _busy_result(self, now: float) -> ToolResult:
+        # The limit, not the measured wait, in the message: the model reads the rule, not scheduler jitter.
         waited = now - self.submitted_at
+        limit = self.queue_limit - self.submitted_at
         return ToolResult.error_result(
-            self.call, f"tool '{self.call.name}' not started: the tool pool was busy for {seconds(waited)}s "
+            self.call, f"tool '{self.call.name}' not started: the tool pool was busy for {seconds(limit)}s "
                        f"({self.busy_reason}); try again later", queue_wait_s=waited)
 
     def _cancelled_result(self) -> ToolResult:
