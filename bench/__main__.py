@@ -105,9 +105,10 @@ def main(argv: List[str]) -> int:
                 "overlap": lambda: overlap.run(server, repeats=1 if q else 3),
                 "scaling": lambda: scaling.run(server, quick=q),
                 "concurrency": lambda: concurrency.run(server, sessions=40 if q else 200),
-                "paced": lambda: paced.run(upstream.port, tokens=200 if q else 1500, repeats=2 if q else 3),
-                "served": lambda: served.run(upstream, quick=q, levels=(20,) if q else served.LEVELS),
-                "slowconsumer": lambda: slowconsumer.run(upstream.port, tokens=20_000 if q else 200_000),
+                "paced": lambda: paced.run(upstream.port, tokens=200 if q else 1500, repeats=1 if q else 3),
+                "served": lambda: (served.run(upstream, quick=True, levels=(20,), servers=("waitress",), tokens=30)
+                                   if q else served.run(upstream)),
+                "slowconsumer": lambda: slowconsumer.run(upstream.port, tokens=40_000 if q else 200_000),
             }
             for number in sorted(wanted):
                 name = SECTIONS[number]

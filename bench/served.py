@@ -245,8 +245,9 @@ class LoadRun:
                 session.done = True
 
 
-def _level(app: ServedApp, upstream: Server, c: int, sessions: int, idle: Dict[str, int]) -> Dict[str, Any]:
-    duration = TOKENS / RATE
+def _level(app: ServedApp, upstream: Server, c: int, sessions: int, idle: Dict[str, int],
+           tokens: int) -> Dict[str, Any]:
+    duration = tokens / RATE
     gap = duration / c
     window = (duration + 0.2, (sessions - 1) * gap)
     _upstream_stats(upstream, clear=True)
@@ -256,7 +257,7 @@ def _level(app: ServedApp, upstream: Server, c: int, sessions: int, idle: Dict[s
     a, b = load.snapshots[0], load.snapshots[-1]
     wall = b["t"] - a["t"]
     ttft = [s.first - s.t0 for s in load.finished if s.in_window and s.first is not None]
-    complete = sum(1 for s in load.finished if s.done and s.tokens == TOKENS)
+    complete = sum(1 for s in load.finished if s.done and s.tokens == tokens)
     per_session = [((p["threads"] - idle["threads"]) / p["open"], (p["rss"] - idle["rss"]) / p["open"])
                    for p in load.samples if p["open"]]
     other = max(0.0, (b["machine"] - a["machine"]) - (b["ours"] - a["ours"]) - (b["app_cpu"] - a["app_cpu"]))
@@ -283,30 +284,29 @@ def _upstream_stats(upstream: Server, clear: bool) -> Dict[str, Any]:
         return json.loads(resp.read())
 
 
-def _sessions_for(c: int, quick: bool) -> int:
+def _sessions_for(c: int, quick: bool, tokens: int) -> int:
     """The ramp's arrivals, then enough in the steady window: 1,000 (a real p99) at 200 sessions."""
-    duration = TOKENS / RATE
+    duration = tokens / RATE
     ramp = int(c * (duration + 0.2) / duration) + 1
     in_window = c if quick else (MIN_P99_SAMPLES if c >= 200 else c * 3)
     return ramp + in_window
 
 
 def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS,
-        servers: tuple = ("waitress", "gunicorn")) -> Dict[str, Any]:
-    model = f"paced:{TOKENS}:{RATE}:served:1"
-    out: Dict[str, Any] = {"tokens": TOKENS, "rate": RATE, "levels": list(levels), "rows": {}}
+        servers: tuple = ("waitress", "gunicorn"), tokens: int = TOKENS) -> Dict[str, Any]:
+    model = f"paced:{tokens}:{RATE}:served:1"
+    out: Dict[str, Any] = {"tokens": tokens, "rate": RATE, "levels": list(levels), "rows": {}}
     threads = max(levels) + 40
     for server in servers:
         for kind in ("relay", "engine"):
             app = ServedApp(server, kind, upstream.base_url, model, threads)
             try:
-                for _ in range(2):  # imports, connections, code paths warm
-                    LoadRun(app, 1, 0.0, (0.0, 0.0)).go(upstream.proc.pid)
+                LoadRun(app, 2, 0.0, (0.0, 0.0)).go(upstream.proc.pid)  # imports, connections, code paths
                 time.sleep(0.3)
                 idle = app.status()
                 rows = {}
                 for c in levels:
-                    rows[str(c)] = _level(app, upstream, c, _sessions_for(c, quick), idle)
+                    rows[str(c)] = _level(app, upstream, c, _sessions_for(c, quick, tokens), idle, tokens)
                 out["rows"][f"{server}/{kind}"] = dict(levels=rows, idle_threads=idle["threads"],
                                                       idle_rss=idle["rss"])
             finally:
