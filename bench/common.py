@@ -185,6 +185,34 @@ def chunked_lines(sock: Any) -> Any:
         yield [pending]
 
 
+def answer_of(datas: Any) -> str:
+    """The answer text from a stream's SSE ``data`` strings (what a peer's SSE parser yields)."""
+    parts: List[str] = []
+    for data in datas:
+        if data == "[DONE]":
+            break
+        choices = json.loads(data)["choices"]
+        if choices:
+            content = choices[0]["delta"].get("content")
+            if content:
+                parts.append(content)
+    return "".join(parts)
+
+
+def announce_and_serve(port: int, serve: Any) -> None:
+    """Print ``PORT <n>`` for the parent, exit when its stdin closes (never outlive the bench), serve."""
+    import threading
+    sys.stdout.write(f"PORT {port}\n")
+    sys.stdout.flush()
+
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    serve()
+
+
 def raw_read(port: int, model: str, messages: Any, decoder: str = "scan_once") -> Tuple[str, int]:
     """The fastest pure-Python reader we can write: (answer text, number of reads).
 

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List
 
-from .common import ROOT, raw_read, spread
+from .common import ROOT, answer_of, raw_read, spread
 
 RATE = 500.0  # tokens per second: a fast model
 MESSAGES = [{"role": "user", "content": "paced"}]
@@ -82,17 +82,8 @@ def _httpx_sse(base_url: str, port: int) -> Callable[[str], str]:
     url = base_url + "/chat/completions"
 
     def run(model: str) -> str:
-        parts = []
         with connect_sse(client, "POST", url, json={"model": model, "messages": MESSAGES, "stream": True}) as src:
-            for sse in src.iter_sse():
-                if sse.data == "[DONE]":
-                    break
-                choices = json.loads(sse.data)["choices"]
-                if choices:
-                    content = choices[0]["delta"].get("content")
-                    if content:
-                        parts.append(content)
-        return "".join(parts)
+            return answer_of(sse.data for sse in src.iter_sse())
 
     return run
 

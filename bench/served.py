@@ -54,8 +54,8 @@ class ServedApp:
         env = dict(os.environ, BENCH_UPSTREAM=upstream, BENCH_MODEL=model, BENCH_APP=kind,
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if server == "waitress":
-            self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "served_app.py"), str(threads)],
-                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "bench.served_app", str(threads)],
+                                         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             line = self.proc.stdout.readline()
             if not line.startswith("PORT "):
                 raise RuntimeError(f"served app (waitress) did not start: {line!r}")

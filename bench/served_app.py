@@ -11,7 +11,7 @@ session per server thread, one read per upstream chunk, ``scan_once`` per
 frame, and the token re-encoded as the engine app encodes it (``data: "<json
 string>"``).  What the engine app spends beyond it is the engine.
 
-``python bench/served_app.py THREADS`` runs it under waitress, prints ``PORT <n>``
+``python -m bench.served_app THREADS`` runs it under waitress, prints ``PORT <n>``
 and serves until stdin closes.
 """
 from __future__ import annotations
@@ -103,18 +103,12 @@ app = _make() if "BENCH_UPSTREAM" in os.environ else None
 
 def main() -> None:
     from waitress.server import create_server
+
+    from bench.common import announce_and_serve
     threads = int(sys.argv[1])
     server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=threads + 100,
                            backlog=2048, channel_request_lookahead=1, ident="streamengine-bench")
-    sys.stdout.write(f"PORT {server.effective_port}\n")
-    sys.stdout.flush()
-
-    def stop_when_stdin_closes() -> None:
-        sys.stdin.read()
-        os._exit(0)
-
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    server.run()
+    announce_and_serve(server.effective_port, server.run)
 
 
 if __name__ == "__main__":

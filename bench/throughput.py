@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from .common import Server, content_frame, finish_frames, raw_read, seg
+from .common import Server, answer_of, content_frame, finish_frames, raw_read, seg
 
 TOKEN = " word"
 MESSAGES = [{"role": "user", "content": "benchmark"}]
@@ -33,21 +33,12 @@ def make_requests_sseclient(server: Server) -> Callable[[str], str]:
     url = server.base_url + "/chat/completions"
 
     def run(model: str) -> str:
-        parts = []
         resp = session.post(url, json={"model": model, "messages": MESSAGES, "stream": True}, stream=True,
                             headers={"Accept": "text/event-stream"})
         try:
-            for event in sseclient.SSEClient(resp).events():
-                if event.data == "[DONE]":
-                    break
-                choices = json.loads(event.data)["choices"]
-                if choices:
-                    content = choices[0]["delta"].get("content")
-                    if content:
-                        parts.append(content)
+            return answer_of(event.data for event in sseclient.SSEClient(resp).events())
         finally:
             resp.close()
-        return "".join(parts)
 
     return run
 

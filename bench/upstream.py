@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import selectors
 import socket
-import sys
-import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -262,16 +259,9 @@ class Upstream:
 
 
 def main() -> None:
+    from .common import announce_and_serve
     upstream = Upstream()
-    sys.stdout.write(f"PORT {upstream.port}\n")
-    sys.stdout.flush()
-
-    def stop_when_stdin_closes() -> None:
-        sys.stdin.read()
-        os._exit(0)
-
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    upstream.serve_forever()
+    announce_and_serve(upstream.port, upstream.serve_forever)
 
 
 if __name__ == "__main__":
