@@ -108,7 +108,7 @@ def main(argv: List[str]) -> int:
                 "paced": lambda: paced.run(upstream.port, tokens=200 if q else 1500, repeats=1 if q else 3),
                 "served": lambda: (served.run(upstream, quick=True, levels=(20,), servers=("waitress",), tokens=30)
                                    if q else served.run(upstream)),
-                "slowconsumer": lambda: slowconsumer.run(upstream.port, tokens=40_000 if q else 200_000),
+                "slowconsumer": lambda: slowconsumer.run(upstream, tokens=40_000 if q else 200_000),
             }
             for number in sorted(wanted):
                 name = SECTIONS[number]

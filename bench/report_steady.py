@@ -48,7 +48,7 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
     out = [f"7. Served, steady state - sessions arrive one every {t['tokens'] / t['rate']:.0f} s / C, so C are open "
            f"at once; each {t['tokens']} tokens at {t['rate']:.0f} tokens/s, one frame per read; figures from the "
            f"steady window only (after the ramp, before the drain); relay = requests -> WSGI generator, no engine",
-           f"   {'server / app':<18}{'C':>5}{'done':>10}{'CPU us/tok':>11}{'x relay':>8}{'cores':>7}"
+           f"   {'server / app':<18}{'C':>5}{'open':>6}{'done':>10}{'CPU us/tok':>11}{'x relay':>8}{'cores':>7}"
            f"{'TTFT p50':>9}{'p99 ms (n)':>15}{'late p99':>9}{'thr/sess':>9}{'KB/sess':>8}{'other':>7}"]
     ratios: Dict[str, List[float]] = {}
     busy = 0.0
@@ -63,11 +63,12 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
             p99 = _ms(lv["ttft_p99_ms"]) + ("*" if lv["ttft_n"] < MIN_P99_SAMPLES else "") + f" ({lv['ttft_n']})"
             done = f"{lv['complete']}/{lv['sessions']}"
             vs_relay = f"{x:.2f}" if x else "-"
-            out.append(f"   {server + ' ' + kind:<18}{c:>5}{done:>10}"
+            out.append(f"   {server + ' ' + kind:<18}{c:>5}{lv['open_mean']:>6.0f}{done:>10}"
                        f"{lv['cpu_per_token_us']:>11.0f}{vs_relay:>8}{lv['cpu_cores']:>7.2f}"
                        f"{_ms(lv['ttft_p50_ms']):>9}{p99:>15}{_ms(lv['lateness_p99_ms']):>9}"
                        f"{lv['threads_per_session']:>9.2f}{lv['rss_per_session'] / 1e3:>8.0f}{lv['other_cores']:>7.2f}")
     out.append(f"   * fewer than {MIN_P99_SAMPLES:,} sessions: that p99 is near the maximum, not a 1-in-100 figure. "
+               "open = sessions open on average (above C: the server fell behind and sessions piled up); "
                "late = token read by the client - written by the upstream; other = cores other processes used")
     lag = max((lv.get("upstream_lag_p99_ms") or 0) for row in t["rows"].values() for lv in row["levels"].values())
     if lag > 5:
@@ -87,14 +88,14 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
 
 
 def slow_consumer(t: Dict[str, Any], verdict: Verdict) -> List[str]:
-    from .slowconsumer import CONSUMERS
+    from .slowconsumer import CONSUMERS, SERVED
     floor = t["floor"]
     first = t[CONSUMERS[0][0]]
     out = [f"8. Slow consumer - a {first['tokens']:,}-token burst through StreamingEngine; in flight = frames the "
            f"upstream wrote - token events consumed; the kernel's socket buffers alone hold {floor:,}",
            f"   {'consumer':<58}{'tokens/s':>9}{'in flight':>11}{'RSS start':>11}{'peak':>9}{'growth':>9}"]
     grew = []
-    for key, label in CONSUMERS:
+    for key, label in CONSUMERS + ([SERVED] if SERVED[0] in t else []):
         r = t[key]
         growth = r["rss_peak"] - r["rss_start"]
         out.append(f"   {label.format(work=r['work_us']):<58}{r['tokens_per_s']:>9,.0f}{r['in_flight_peak']:>11,}"
@@ -102,10 +103,11 @@ def slow_consumer(t: Dict[str, Any], verdict: Verdict) -> List[str]:
         if key != "fast" and (r["in_flight_peak"] > 2 * floor or growth > 5e6):
             grew.append(f"{key}: {r['in_flight_peak'] - floor:,} events queued beyond the kernel's, "
                         f"+{growth / 1e6:.1f} MB")
-    slowest = t[CONSUMERS[-1][0]]
-    steps = slowest["samples"][:: max(1, len(slowest["samples"]) // 8)]
-    out.append("   over time (" + CONSUMERS[-1][0] + "): " + ", ".join(
-        f"{s['t']:.1f} s {s['in_flight'] / 1e3:.0f}k/{s['rss'] / 1e6:.0f} MB" for s in steps))
+    for key in ("sleep", SERVED[0]):
+        steps = t[key]["samples"][:: max(1, len(t[key]["samples"]) // 8)] if key in t else []
+        if steps:
+            out.append(f"   over time ({key}; in flight/RSS): " + ", ".join(
+                f"{s['t']:.1f} s {s['in_flight'] / 1e3:.0f}k/{s['rss'] / 1e6:.0f} MB" for s in steps))
     out.append(f"   target flat (in flight <= 2x the kernel's, RSS +5 MB at most) for a slow consumer: "
                f"{verdict(not grew)}" + (f" - no backpressure yet: {'; '.join(grew)}" if grew else ""))
     return out

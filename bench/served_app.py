@@ -91,8 +91,12 @@ def make_engine_app(upstream: str, model: str) -> Any:
 
 
 def _make() -> Any:
+    import logging
+
     from loguru import logger
     logger.disable("streamengine")
+    # "Task queue depth is N" on every request once all threads are busy: the table shows that state
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     upstream, model = os.environ["BENCH_UPSTREAM"], os.environ["BENCH_MODEL"]
     kind = os.environ.get("BENCH_APP", "engine")
     return make_relay(upstream, model) if kind == "relay" else make_engine_app(upstream, model)

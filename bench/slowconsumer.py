@@ -71,6 +71,7 @@ CONSUMERS = [
     ("cpu", "run(), {work:.0f} us of CPU per token (holds the GIL)"),
     ("sleep", "run(), sleeps {work:.0f} us per token (like a blocked socket write)"),
 ]
+SERVED = ("served", "served (waitress): client reads 4 KiB every 10 ms")
 
 
 def _consume(port: int, tokens: int, mode: str, work_us: float) -> Dict[str, Any]:
@@ -132,11 +133,52 @@ def _worker() -> None:
     print(json.dumps(out))
 
 
-def run(upstream_port: int, tokens: int = 200_000, work_us: float = WORK_US) -> Dict[str, Any]:
+def served_slow(upstream: Any, tokens: int, read_bytes: int = 4096, every_s: float = 0.01) -> Dict[str, Any]:
+    """The engine's WSGI app under waitress, and a browser on a slow link: ``read_bytes`` every ``every_s``."""
+    from .served import ServedApp
+    tag = "slow-served"
+    app = ServedApp("waitress", "engine", upstream.base_url, f"paced:{tokens}:0:{tag}:0", threads=8)
+    try:
+        time.sleep(0.2)
+        rss0 = app.status()["rss"]
+        sock = post_raw(app.port, "/v1/chat/stream", {"messages": MESSAGES})
+        consumed, carry, samples = 0, b"", []
+        t0 = next_sample = time.monotonic()
+        try:
+            while True:
+                data = sock.recv(read_bytes)
+                if not data:
+                    break
+                seen = carry + data
+                consumed += seen.count(b'data: "')  # one per token frame
+                carry = seen[-6:]
+                now = time.monotonic()
+                if now >= next_sample:
+                    written = _progress(upstream.port, tag)
+                    samples.append({"t": now - t0, "rss": app.status()["rss"], "consumed": consumed,
+                                    "written": written, "in_flight": written - consumed})
+                    next_sample += 0.1
+                time.sleep(every_s)
+        finally:
+            sock.close()
+        if consumed != tokens:
+            raise RuntimeError(f"served slow consumer: read {consumed} of {tokens} tokens")
+        seconds = time.monotonic() - t0
+        return {"work_us": every_s * 1e6, "read_bytes": read_bytes, "tokens": tokens, "seconds": seconds,
+                "tokens_per_s": tokens / seconds, "rss_start": rss0,
+                "rss_peak": max(s["rss"] for s in samples), "in_flight_peak": max(s["in_flight"] for s in samples),
+                "samples": samples[:: max(1, len(samples) // 40)]}
+    finally:
+        app.close()
+
+
+def run(upstream: Any, tokens: int = 200_000, work_us: float = WORK_US) -> Dict[str, Any]:
     code = f"import sys; sys.path.append({ROOT!r}); from bench.slowconsumer import _worker; _worker()"
-    spec = {"port": upstream_port, "tokens": tokens, "work_us": work_us}
+    spec = {"port": upstream.port, "tokens": tokens, "work_us": work_us}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=os.path.join(ROOT, "bench"),
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"slow consumer worker failed: {out.stderr.strip()[-1500:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["served"] = served_slow(upstream, tokens)
+    return result
