@@ -102,13 +102,13 @@ def main(argv: List[str]) -> int:
                 "throughput": lambda: throughput.run(server, n=20_000 if q else 100_000, repeats=2 if q else 3,
                                                      sdk_repeats=1 if q else 3, processes=1 if q else 3),
                 "latency": lambda: latency.run(server, streams=3 if q else 50, calls=10 if q else 20),
-                "overlap": lambda: overlap.run(server, repeats=1 if q else 3),
+                "overlap": lambda: overlap.run(server, repeats=1 if q else 3, first_only=q),
                 "scaling": lambda: scaling.run(server, quick=q),
                 "concurrency": lambda: concurrency.run(server, sessions=40 if q else 200),
-                "paced": lambda: paced.run(upstream.port, tokens=200 if q else 1500, repeats=1 if q else 3),
+                "paced": lambda: paced.run(upstream.port, tokens=100 if q else 1500, repeats=1 if q else 3),
                 "served": lambda: (served.run(upstream, quick=True, levels=(20,), servers=("waitress",), tokens=30)
                                    if q else served.run(upstream)),
-                "slowconsumer": lambda: slowconsumer.run(upstream, tokens=40_000 if q else 200_000),
+                "slowconsumer": lambda: slowconsumer.run(upstream, tokens=30_000 if q else 200_000),
             }
             for number in sorted(wanted):
                 name = SECTIONS[number]
