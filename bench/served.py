@@ -203,8 +203,10 @@ class LoadRun:
                 started += 1
             if w0 <= now and next_sample <= now and (now <= w1 or len(self.snapshots) < 2):
                 self._sample(now, upstream_pid, last=now > w1)
-                next_sample += 0.1
+                next_sample = max(next_sample + 0.1, now)  # a late loop samples less, not in a burst
             if time.monotonic() > t_start + self.n * self.gap + 60:
+                for session in self.open:
+                    session.sock.close()
                 raise RuntimeError(f"served: {len(self.open)} sessions still open 60 s after the last arrival")
 
     def _sample(self, now: float, upstream_pid: int, last: bool) -> None:
