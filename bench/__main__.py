@@ -2,7 +2,8 @@
 
 ``scripts/bench`` sets up ``.venv-bench`` and runs this.  Options:
 
-  --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency)
+  --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
+                 6 paced, 7 served steady state, 8 slow consumer)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -18,15 +19,17 @@ import time
 import traceback
 from typing import Any, Dict, List
 
-from . import common, concurrency, latency, overlap, report, scaling, throughput
+from . import common, concurrency, latency, overlap, paced, report, scaling, served, slowconsumer, throughput
 
-SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency"}
+SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
+            "6": "paced", "7": "served", "8": "slowconsumer"}
+NEEDS_UPSTREAM = {"paced", "served", "slowconsumer"}
 
 
 def _environment() -> Dict[str, Any]:
     import streamengine
     versions = {}
-    for name in ("requests", "urllib3", "sseclient", "openai", "waitress"):
+    for name in ("requests", "urllib3", "sseclient", "openai", "waitress", "gunicorn", "httpx", "httpx_sse"):
         try:
             module = __import__(name)
             versions[name] = getattr(module, "__version__", "?")
@@ -68,52 +71,63 @@ def _freeze_harness_heap() -> None:
     gc.freeze()
 
 
-def _our_cpu_s(server: common.Server) -> float:
-    """CPU seconds of this process, its finished children (workers) and the bench server."""
+def _our_cpu_s(*servers: Any) -> float:
+    """CPU seconds of this process, its finished children (workers, apps) and the upstream servers."""
     t = os.times()
-    return time.process_time() + t.children_user + t.children_system + common.process_cpu_s(server.proc.pid)
+    return (time.process_time() + t.children_user + t.children_system
+            + sum(common.process_cpu_s(s.proc.pid) for s in servers if s is not None))
 
 
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated section numbers (default: all)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated section numbers (default: all)")
     parser.add_argument("--quick", action="store_true", help="small inputs, few repeats (smoke test)")
     parser.add_argument("--out", default=os.path.join(common.ROOT, "bench", "results.json"))
     args = parser.parse_args(argv)
     wanted = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-5")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-{len(SECTIONS)}")
     common.quiet_logs()
     _freeze_harness_heap()
     q = args.quick
     results: Dict[str, Any] = {"environment": _environment(), "quick": q, "seconds": {}}
     failed = False
     started = time.monotonic()
-    with common.Server() as server:
-        plan = {
-            "throughput": lambda: throughput.run(server, n=20_000 if q else 100_000, repeats=2 if q else 3,
-                                                 sdk_repeats=1 if q else 3, processes=1 if q else 3),
-            "latency": lambda: latency.run(server, streams=3 if q else 10, calls=10 if q else 20),
-            "overlap": lambda: overlap.run(server, repeats=1 if q else 3),
-            "scaling": lambda: scaling.run(server, quick=q),
-            "concurrency": lambda: concurrency.run(server, sessions=40 if q else 200),
-        }
-        for number in sorted(wanted):
-            name = SECTIONS[number]
-            print(f"[bench] {number}. {name} ...", file=sys.stderr, flush=True)
-            t0, machine0, ours0 = time.monotonic(), common.machine_cpu_s(), _our_cpu_s(server)
-            try:
-                results[name] = plan[name]()
-            except Exception as exc:  # one broken section must not hide the others
-                failed = True
-                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                traceback.print_exc()
-            wall = time.monotonic() - t0
-            results["seconds"][name] = round(wall, 1)
-            if name != "concurrency":  # there the app process is ours too, and gone by now
-                foreign = (common.machine_cpu_s() - machine0) - (_our_cpu_s(server) - ours0)
-                results.setdefault("other_load", {})[name] = round(max(0.0, foreign) / wall, 2)
+    names = {SECTIONS[n] for n in wanted}
+    upstream = common.Server("bench.upstream") if names & NEEDS_UPSTREAM else None
+    try:
+        with common.Server() as server:
+            plan = {
+                "throughput": lambda: throughput.run(server, n=20_000 if q else 100_000, repeats=2 if q else 3,
+                                                     sdk_repeats=1 if q else 3, processes=1 if q else 3),
+                "latency": lambda: latency.run(server, streams=3 if q else 50, calls=10 if q else 20),
+                "overlap": lambda: overlap.run(server, repeats=1 if q else 3, first_only=q),
+                "scaling": lambda: scaling.run(server, quick=q),
+                "concurrency": lambda: concurrency.run(server, sessions=40 if q else 200),
+                "paced": lambda: paced.run(upstream.port, tokens=100 if q else 1500, repeats=1 if q else 3),
+                "served": lambda: (served.run(upstream, quick=True, levels=(20,), servers=("waitress",), tokens=30)
+                                   if q else served.run(upstream)),
+                "slowconsumer": lambda: slowconsumer.run(upstream, tokens=30_000 if q else 200_000),
+            }
+            for number in sorted(wanted):
+                name = SECTIONS[number]
+                print(f"[bench] {number}. {name} ...", file=sys.stderr, flush=True)
+                t0, machine0, ours0 = time.monotonic(), common.machine_cpu_s(), _our_cpu_s(server, upstream)
+                try:
+                    results[name] = plan[name]()
+                except Exception as exc:  # one broken section must not hide the others
+                    failed = True
+                    results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                    traceback.print_exc()
+                wall = time.monotonic() - t0
+                results["seconds"][name] = round(wall, 1)
+                # the app processes of sections 5 and 7 have ended and been waited for: in children's time
+                results.setdefault("other_load", {})[name] = round(common.other_cores(
+                    machine0, ours0, common.machine_cpu_s(), _our_cpu_s(server, upstream), wall), 2)
+    finally:
+        if upstream is not None:
+            upstream.close()
     results["seconds"]["total"] = round(time.monotonic() - started, 1)
     text = report.render(results)
     print(text)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
 
@@ -30,15 +29,9 @@ def main() -> None:
     app = make_wsgi_app(engine, heartbeat_s=15.0)
     server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=threads + 100,
                            backlog=2048, channel_request_lookahead=1, ident="streamengine-bench")
-    sys.stdout.write(f"PORT {server.effective_port}\n")
-    sys.stdout.flush()
-
-    def stop_when_stdin_closes() -> None:
-        sys.stdin.read()
-        os._exit(0)
-
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    server.run()
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # after the installed packages
+    from bench.common import announce_and_serve
+    announce_and_serve(server.effective_port, server.run)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,11 +44,11 @@ def seg(data: str, repeat: int = 1, delay: float = 0.0, mark: Optional[str] = No
 
 
 class Server:
-    """The pre-rendered server (bench/server.py) in a child process."""
+    """The pre-rendered server (bench/server.py), or another upstream module, in a child process."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str = "bench.server") -> None:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.server"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
@@ -126,11 +126,11 @@ def post_raw(port: int, path: str, payload: Any, accept: str = "text/event-strea
     return sock
 
 
-def chunked_lines(sock: Any) -> Any:
-    """Yield, per ``recv``, the list of complete lines of a chunked (or close-delimited) body.
+def chunked_payloads(sock: Any) -> Any:
+    """Yield, per ``recv``, the body bytes it brought (HTTP/1.1 chunked or close-delimited).
 
-    A minimal HTTP/1.1 chunked decoder: one generator step per read, not per
-    line, so the reader adds next to nothing to what it measures.
+    A minimal decoder: one generator step per read, so the reader adds next to
+    nothing to what it measures.
     """
     recv = sock.recv
     buf = b""
@@ -140,20 +140,14 @@ def chunked_lines(sock: Any) -> Any:
             return
         buf += data
     head, buf = buf.split(b"\r\n\r\n", 1)
-    chunked = b"transfer-encoding: chunked" in head.lower()
-    pending = b""
-    remaining = 0
-    while True:
-        if not chunked:
+    if b"transfer-encoding: chunked" not in head.lower():
+        while True:
             data, buf = (buf or recv(65536)), b""
             if not data:
-                if pending:
-                    yield [pending]
                 return
-            lines = (pending + data).split(b"\n")
-            pending = lines.pop()
-            yield lines
-            continue
+            yield data
+    remaining = 0
+    while True:
         if remaining == 0:
             while b"\r\n" not in buf:
                 data = recv(65536)
@@ -163,8 +157,6 @@ def chunked_lines(sock: Any) -> Any:
             line, buf = buf.split(b"\r\n", 1)
             remaining = int(line.split(b";", 1)[0], 16)
             if remaining == 0:
-                if pending:
-                    yield [pending]
                 return
         while not buf:
             buf = recv(65536)
@@ -179,9 +171,83 @@ def chunked_lines(sock: Any) -> Any:
                     break
                 buf += data
             buf = buf[2:]
-        lines = (pending + take).split(b"\n")
+        yield take
+
+
+def chunked_lines(sock: Any) -> Any:
+    """Yield, per ``recv``, the list of complete lines (bytes) the body has so far."""
+    pending = b""
+    for data in chunked_payloads(sock):
+        lines = (pending + data).split(b"\n")
         pending = lines.pop()
         yield lines
+    if pending:
+        yield [pending]
+
+
+def answer_of(datas: Any) -> str:
+    """The answer text from a stream's SSE ``data`` strings (what a peer's SSE parser yields)."""
+    parts: List[str] = []
+    for data in datas:
+        if data == "[DONE]":
+            break
+        choices = json.loads(data)["choices"]
+        if choices:
+            content = choices[0]["delta"].get("content")
+            if content:
+                parts.append(content)
+    return "".join(parts)
+
+
+def announce_and_serve(port: int, serve: Any) -> None:
+    """Print ``PORT <n>`` for the parent, exit when its stdin closes (never outlive the bench), serve."""
+    import threading
+    sys.stdout.write(f"PORT {port}\n")
+    sys.stdout.flush()
+
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    serve()
+
+
+def raw_read(port: int, model: str, messages: Any, decoder: str = "scan_once") -> Tuple[str, int]:
+    """The fastest pure-Python reader we can write: (answer text, number of reads).
+
+    A socket, the chunked decoder above, one ``decode`` and one ``split`` per
+    read, and ``JSONDecoder.scan_once`` per frame (the C scanner without
+    ``json.loads``' Python frames, as our client does).  ``decoder="loads"``
+    is the same reader with ``json.loads``, the figure earlier runs used.
+    """
+    sock = post_raw(port, "/v1/chat/completions", {"model": model, "messages": messages, "stream": True})
+    scan = json.JSONDecoder().scan_once
+    loads = json.loads
+    use_scan = decoder == "scan_once"
+    parts: List[str] = []
+    pending = b""
+    reads = 0
+    try:
+        for data in chunked_payloads(sock):
+            reads += 1
+            complete, _, pending = (pending + data).rpartition(b"\n")
+            if not complete:
+                continue
+            for line in complete.decode("utf-8").split("\n"):
+                if line[:6] != "data: ":
+                    continue
+                if line == "data: [DONE]":
+                    return "".join(parts), reads
+                frame = scan(line, 6)[0] if use_scan else loads(line[6:])
+                choices = frame["choices"]
+                if choices:
+                    content = choices[0]["delta"].get("content")
+                    if content:
+                        parts.append(content)
+        return "".join(parts), reads
+    finally:
+        sock.close()
 
 
 def machine_cpu_s() -> float:
@@ -208,3 +274,45 @@ def process_cpu_s(pid: int) -> float:
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- is the machine quiet enough to compare? ---------------------------------------------
+
+BUSY_CORES = 0.2  # other processes' CPU (cores) above which a figure is not comparable
+
+
+def other_cores(machine0: float, ours0: float, machine1: float, ours1: float, wall_s: float) -> float:
+    """Cores other processes used over an interval: machine CPU minus our processes' CPU."""
+    return max(0.0, (machine1 - machine0) - (ours1 - ours0)) / max(wall_s, 1e-9)
+
+
+def spread(values: Sequence[float]) -> Dict[str, float]:
+    """min / median / max of repeats, and how many."""
+    return {"min": min(values), "median": median(values), "max": max(values), "n": len(values)}
+
+
+def pid_status(pid: int) -> Dict[str, int]:
+    """Threads and RSS (bytes) of one process, from /proc."""
+    out = {"threads": 0, "rss": 0}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    out["threads"] = int(line.split()[1])
+                elif line.startswith("VmRSS:"):
+                    out["rss"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def child_pids(pid: int) -> List[int]:
+    """Direct children of a process (e.g. gunicorn's workers)."""
+    out: List[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out

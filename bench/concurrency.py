@@ -21,7 +21,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from .common import ROOT, Server, chunked_lines, content_frame, finish_frames, median, percentile, post_raw, seg
+from .common import (ROOT, Server, chunked_lines, content_frame, finish_frames, median, percentile, pid_status,
+                     post_raw, process_cpu_s, seg)
 
 FIRST = [f" w{i}" for i in range(100)]
 FIRST[30] = '<tool name="lookup">{"query": "x"}</tool>'
@@ -51,20 +52,11 @@ class App:
         self.port = int(line.split()[1])
 
     def status(self) -> Dict[str, int]:
-        out = {}
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    out["threads"] = int(line.split()[1])
-                elif line.startswith("VmRSS:"):
-                    out["rss"] = int(line.split()[1]) * 1024
-        return out
+        return pid_status(self.proc.pid)
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the app process has used."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
     def close(self) -> None:
         try:

@@ -164,8 +164,8 @@ def memory(server: Server, big: int = 1_000_000) -> Dict[str, Any]:
 
 
 def run(server: Server, repeats: int = 5, quick: bool = False) -> Dict[str, Any]:
-    return {"parser_s": parser_times(1 if quick else repeats, base=1_000 if quick else 5_000),
-            "parser_base_tokens": 1_000 if quick else 5_000,
-            "engine_s": engine_times(server, 1 if quick else 9, base=500 if quick else 2_000),
-            "engine_base_chunks": 500 if quick else 2_000,
-            "memory": memory(server, big=100_000 if quick else 1_000_000)}
+    return {"parser_s": parser_times(1 if quick else repeats, base=500 if quick else 5_000),
+            "parser_base_tokens": 500 if quick else 5_000,
+            "engine_s": engine_times(server, 1 if quick else 9, base=200 if quick else 2_000),
+            "engine_base_chunks": 200 if quick else 2_000,
+            "memory": memory(server, big=50_000 if quick else 1_000_000)}

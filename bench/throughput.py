@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from .common import Server, chunked_lines, content_frame, finish_frames, post_raw, seg
+from .common import Server, answer_of, content_frame, finish_frames, raw_read, seg
 
 TOKEN = " word"
 MESSAGES = [{"role": "user", "content": "benchmark"}]
@@ -21,26 +21,9 @@ def register(server: Server, name: str, n: int, token: str = TOKEN) -> str:
 
 # --- the readers --------------------------------------------------------------------------
 
-def raw_socket(server: Server, model: str) -> str:
-    """The Python limit: a socket, a chunked-body decoder, a line split and json.loads."""
-    sock = post_raw(server.port, "/v1/chat/completions", {"model": model, "messages": MESSAGES, "stream": True})
-    loads = json.loads
-    parts: List[str] = []
-    try:
-        for lines in chunked_lines(sock):
-            for line in lines:
-                if line[:6] == b"data: ":
-                    data = line[6:]
-                    if data == b"[DONE]":
-                        return "".join(parts)
-                    choices = loads(data)["choices"]
-                    if choices:
-                        content = choices[0]["delta"].get("content")
-                        if content:
-                            parts.append(content)
-        return "".join(parts)
-    finally:
-        sock.close()
+def raw_socket(server: Server, model: str, decoder: str = "scan_once") -> str:
+    """The Python limit: see :func:`bench.common.raw_read`."""
+    return raw_read(server.port, model, MESSAGES, decoder)[0]
 
 
 def make_requests_sseclient(server: Server) -> Callable[[str], str]:
@@ -50,21 +33,12 @@ def make_requests_sseclient(server: Server) -> Callable[[str], str]:
     url = server.base_url + "/chat/completions"
 
     def run(model: str) -> str:
-        parts = []
         resp = session.post(url, json={"model": model, "messages": MESSAGES, "stream": True}, stream=True,
                             headers={"Accept": "text/event-stream"})
         try:
-            for event in sseclient.SSEClient(resp).events():
-                if event.data == "[DONE]":
-                    break
-                choices = json.loads(event.data)["choices"]
-                if choices:
-                    content = choices[0]["delta"].get("content")
-                    if content:
-                        parts.append(content)
+            return answer_of(event.data for event in sseclient.SSEClient(resp).events())
         finally:
             resp.close()
-        return "".join(parts)
 
     return run
 
@@ -140,7 +114,8 @@ def make_engine(server: Server) -> Tuple[Callable[[str], str], Callable[[], None
 # --- the benchmark ---------------------------------------------------------------------------
 
 READERS = [
-    ("raw", "raw socket + line split + json.loads"),
+    ("raw", "raw socket + split + scan_once (the limit)"),
+    ("raw_loads", "the same reader with json.loads"),
     ("requests_sseclient", "requests + sseclient-py"),
     ("openai_sdk", "openai SDK stream=True"),
     ("client", "OpenAICompatibleClient.stream"),
@@ -179,6 +154,7 @@ def measure(server: Any, model: str, warm: str, n: int, repeats: int, sdk_repeat
     engine_run, close_engines = make_engine(server)
     runners: Dict[str, Callable[[str], str]] = {
         "raw": lambda m: raw_socket(server, m),
+        "raw_loads": lambda m: raw_socket(server, m, "loads"),
         "requests_sseclient": make_requests_sseclient(server),
         "client": make_client_stream(server),
         "strategy": make_strategy(server),

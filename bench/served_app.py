@@ -1,0 +1,119 @@
+"""The served apps of section 7: the engine's WSGI app, or a minimal relay, for waitress or gunicorn.
+
+Configured from the environment, so gunicorn can load it as ``bench.served_app:app``:
+
+* ``BENCH_UPSTREAM``: the upstream's base URL (bench/upstream.py), ``BENCH_MODEL``: what it streams;
+* ``BENCH_APP``: ``engine`` (``make_wsgi_app`` over ``StreamingEngine``, as ``streamengine serve``
+  runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine).
+
+The relay is the least a served stream can cost in this stack: one requests
+session per server thread, one read per upstream chunk, ``scan_once`` per
+frame, and the token re-encoded as the engine app encodes it (``data: "<json
+string>"``).  What the engine app spends beyond it is the engine.
+
+``python -m bench.served_app THREADS`` runs it under waitress, prints ``PORT <n>``
+and serves until stdin closes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterable, Iterator
+
+_local = threading.local()
+
+
+def _session() -> Any:
+    session = getattr(_local, "session", None)
+    if session is None:
+        import requests
+        session = _local.session = requests.Session()
+    return session
+
+
+def _relay_frames(resp: Any) -> Iterator[bytes]:
+    scan = json.JSONDecoder().scan_once
+    dumps = json.dumps
+    pending = b""
+    try:
+        yield b": ok\n\n"
+        for data in resp.iter_content(chunk_size=None):
+            complete, _, pending = (pending + data).rpartition(b"\n")
+            if not complete:
+                continue
+            out = []
+            for line in complete.decode("utf-8").split("\n"):
+                if line[:6] != "data: " or line == "data: [DONE]":
+                    continue
+                choices = scan(line, 6)[0]["choices"]
+                if choices:
+                    content = choices[0]["delta"].get("content")
+                    if content:
+                        out.append("data: " + dumps(content) + "\n\n")
+            if out:
+                yield "".join(out).encode("utf-8")
+        yield b"event: done\ndata: {}\n\ndata: [DONE]\n\n"
+    finally:
+        resp.close()
+
+
+def make_relay(upstream: str, model: str) -> Callable[..., Iterable[bytes]]:
+    url = upstream + "/chat/completions"
+
+    def relay(environ: Any, start_response: Any) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [b'{"status": "ok"}']
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        messages = json.loads(body)["messages"]
+        resp = _session().post(url, json={"model": model, "messages": messages, "stream": True},
+                               stream=True, timeout=60)
+        start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")])
+        return _relay_frames(resp)
+
+    return relay
+
+
+def make_engine_app(upstream: str, model: str) -> Any:
+    from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
+    from streamengine.wsgi import make_wsgi_app
+
+    @tool(name="lookup")
+    def lookup(query: str) -> str:
+        """Never called here: registered so the inline parser is on, as in a real deployment."""
+        return f"found {query}"
+
+    engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
+                             EngineConfig(models=[model], tool_mode="xml", pool_size=16))
+    return make_wsgi_app(engine, heartbeat_s=15.0)
+
+
+def _make() -> Any:
+    import logging
+
+    from loguru import logger
+    logger.disable("streamengine")
+    # "Task queue depth is N" on every request once all threads are busy: the table shows that state
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    upstream, model = os.environ["BENCH_UPSTREAM"], os.environ["BENCH_MODEL"]
+    kind = os.environ.get("BENCH_APP", "engine")
+    return make_relay(upstream, model) if kind == "relay" else make_engine_app(upstream, model)
+
+
+app = _make() if "BENCH_UPSTREAM" in os.environ else None
+
+
+def main() -> None:
+    from waitress.server import create_server
+
+    from bench.common import announce_and_serve
+    threads = int(sys.argv[1])
+    server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=threads + 100,
+                           backlog=2048, channel_request_lookahead=1, ident="streamengine-bench")
+    announce_and_serve(server.effective_port, server.run)
+
+
+if __name__ == "__main__":
+    main()
