@@ -28,11 +28,15 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Generator, Iterable, Optional, Tuple
+import threading
+from typing import Any, Dict, Generator, Optional
+
+import requests
 
 from ..errors import LlmProtocolError
 from ..messages import Chunk, ToolCallDelta
 from .anthropic_format import error_from_payload, finish_reason, merge_usage, usage_of
+from .connection import RequestTracker
 from .transport import SseStreamParser
 
 __all__ = ["AnthropicStreamParser"]
@@ -58,17 +62,20 @@ class AnthropicStreamParser(SseStreamParser):
         self._tools: Dict[int, _ToolBlock] = {}  # content block index -> its tool call
         self._tool_count = 0
 
-    def _parse(self, events: Iterable[Tuple[str, str]], is_cancelled: Any) -> Generator[Chunk, None, Optional[Chunk]]:
-        for name, data in events:
-            if is_cancelled():
-                return None
-            self.events += 1
-            chunk = self._chunk(name, self._frame(name, data))
-            if chunk is not None:
-                yield chunk
-            if self.ended:
-                return self.completed()
-        return None
+    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
+            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+        is_set = cancel.is_set if cancel is not None else bool
+        with self.reading(resp, cancel, tracker) as events:
+            for name, data in events:
+                if is_set():
+                    break
+                self.events += 1
+                chunk = self._chunk(name, self._frame(name, data))
+                if chunk is not None:
+                    yield chunk
+                if self.ended:
+                    return self.completed()
+        return self.unfinished(cancel, tracker)
 
     # -- one event ---------------------------------------------------------------------
 

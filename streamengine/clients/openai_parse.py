@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Generator, Iterable, List, Optional, Tuple
+import threading
+from typing import Any, Dict, Generator, List, Optional, Tuple
+
+import requests
 
 from ..errors import LlmProtocolError
 from ..messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
+from .connection import RequestTracker
 from .openai_errors import raise_in_band_error
 from .transport import SseStreamParser
 
@@ -28,29 +32,32 @@ class StreamParser(SseStreamParser):
 
     end_marker = "a finish reason or [DONE]"
 
-    def _parse(self, events: Iterable[Tuple[str, str]], is_cancelled: Any) -> Generator[Chunk, None, Optional[Chunk]]:
+    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
+            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
         # The per-event loop is the hot path (100k+ events/s): names are bound
         # to locals, and a plain ``data:`` JSON object without "error" goes
         # straight to _chunk_from_frame.
         chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
-        for name, data in events:
-            if is_cancelled():
-                return None
-            self.events += 1
-            if data == "[DONE]":
-                self.ended = True
-                return self.completed()
-            try:
-                frame, end = scan(data, 0)
-            except (StopIteration, ValueError):
-                end = -1
-            if end == len(data) and name == "message" and type(frame) is dict and "error" not in frame:
-                yield from_frame(frame)
-                continue
-            chunk = chunk_of(name, data)
-            if chunk is not None:
-                yield chunk
-        return None
+        is_set = cancel.is_set if cancel is not None else bool
+        with self.reading(resp, cancel, tracker) as events:
+            for name, data in events:
+                if is_set():
+                    break
+                self.events += 1
+                if data == "[DONE]":
+                    self.ended = True
+                    return self.completed()
+                try:
+                    frame, end = scan(data, 0)
+                except (StopIteration, ValueError):
+                    end = -1
+                if end == len(data) and name == "message" and type(frame) is dict and "error" not in frame:
+                    yield from_frame(frame)
+                    continue
+                chunk = chunk_of(name, data)
+                if chunk is not None:
+                    yield chunk
+        return self.unfinished(cancel, tracker)
 
     def _chunk(self, event_name: str, data: str) -> Optional[Chunk]:
         if event_name == "ping":

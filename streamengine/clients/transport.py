@@ -25,7 +25,7 @@ import itertools
 import json
 import re
 import threading
-from typing import Any, Dict, Generator, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl
 
 import requests
@@ -74,14 +74,14 @@ def content_headers(stream: bool) -> Dict[str, str]:
 
 
 class SseStreamParser:
-    """The SSE events of one streamed response -> chunks; a provider writes :meth:`_parse`.
+    """The SSE events of one streamed response -> chunks; a provider writes :meth:`run`.
 
-    :meth:`run` reads the body with ``read1`` through the SSE framer and
-    turns what breaks into streamengine errors; ``_parse`` turns events into
-    chunks and returns the completing chunk when the stream's end marker
-    arrives (setting :attr:`ended`).  A body that ends without that marker is
-    complete only if a finish reason came: a close-delimited body cut
-    mid-stream looks like a clean end.
+    ``run`` reads the events inside :meth:`reading` (the body through the SSE
+    framer; what breaks becomes a streamengine error), returns the
+    completing chunk when the stream's end marker arrives (setting
+    :attr:`ended`), and otherwise ends with :meth:`unfinished`.  The loop
+    itself is the provider's: it is the hot path, where one more generator
+    or call per event would show.
     """
 
     #: How the end of a complete stream is named in the error for an incomplete one.
@@ -96,18 +96,25 @@ class SseStreamParser:
         self.finish_reason: Optional[str] = None
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
+        self._framer = SseFramer(max_event_bytes, 8 * max_event_bytes)
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
         """Yield the chunks of the stream; return the completed chunk (not yielded)."""
-        framer = SseFramer(self.max_event_bytes, 8 * self.max_event_bytes)
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def reading(self, resp: requests.Response, cancel: Optional[threading.Event],
+                tracker: RequestTracker) -> Iterator[Iterator[Tuple[str, str]]]:
+        """``(event name, data)`` pairs as they arrive; a broken body leaves as a streamengine error.
+
+        The tracker is only ever aborted by ``cancel`` (on_cancel), so inside
+        the loop the event's flag alone says "cancelled".
+        """
         reads = read1_iter(read1_of(resp), READ_SIZE)
-        # Events come in one list per read, flattened in C.  The tracker is
-        # only ever aborted by ``cancel`` (on_cancel), so the event's flag
-        # alone says "cancelled" inside the loop.
-        events = itertools.chain.from_iterable(iter_event_batches(reads, framer))
         try:
-            completed = yield from self._parse(events, cancel.is_set if cancel is not None else bool)
+            # One list of events per read, flattened in C.
+            yield itertools.chain.from_iterable(iter_event_batches(reads, self._framer))
         except SseEventTooLarge as exc:
             raise LlmProtocolError(f"{self.url}: {exc}") from exc
         except STREAM_ERRORS as exc:
@@ -117,25 +124,23 @@ class SseStreamParser:
                 f"stream from {self.url} broke after {self.events} events: the provider dropped the connection "
                 f"mid-answer ({short_cause(exc)}); retry or fail over"
             ) from exc
-        if completed is not None:
-            return completed
+
+    def unfinished(self, cancel: Optional[threading.Event], tracker: RequestTracker) -> Chunk:
+        """The events stopped before the end marker: cancelled, complete (a finish reason came) or broken.
+
+        A close-delimited body cut mid-stream looks like a clean end, so
+        without a finish reason the answer is incomplete.
+        """
         if cancelled(cancel, tracker):
             raise LlmCancelledError(f"stream from {self.url} was cancelled")
         if self.finish_reason is not None:
             return self.completed()
-        cut = (f" ({framer.dropped_bytes} bytes of an unfinished event were dropped)"
-               if framer.dropped_bytes else "")
+        dropped = self._framer.dropped_bytes
+        cut = f" ({dropped} bytes of an unfinished event were dropped)" if dropped else ""
         raise LlmStreamError(
             f"stream from {self.url} ended without {self.end_marker} after "
             f"{self.events} events{cut}; the answer is incomplete, retry or fail over"
         )
-
-    def _parse(self, events: Iterable[Tuple[str, str]], is_cancelled: Any) -> Generator[Chunk, None, Optional[Chunk]]:
-        """Yield chunks for ``(event name, data)`` pairs; return the completing chunk at the end marker.
-
-        Return None when ``is_cancelled()`` or when the events run out.
-        """
-        raise NotImplementedError
 
     def completed(self) -> Chunk:
         return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model)
