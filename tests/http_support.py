@@ -45,6 +45,22 @@ def text_of(chunks: List[Chunk]) -> str:
     return "".join(c.content or "" for c in chunks)
 
 
+def busy_connection_threads(fp: FakeProvider, wait_s: float = 5.0) -> List[str]:
+    """The provider's connection threads and our cancel watchers still alive after waiting up to ``wait_s``.
+
+    Empty once the client gave its connection back (the server's handler
+    ends when the client closes the socket).
+    """
+    def busy() -> List[str]:
+        return [t.name for t in threading.enumerate()
+                if t.name in (f"FakeProvider-{fp.port}-conn", "streamengine-cancel-watch")]
+
+    deadline = time.monotonic() + wait_s
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return busy()
+
+
 def cancel_while_blocked(fp: FakeProvider, cancel: Any, call: Callable[[], Any],
                          ready: Optional[threading.Event] = None) -> Tuple[Optional[BaseException], float]:
     """Run ``call`` in a thread, cancel once it is blocked; return (error, seconds to unblock).

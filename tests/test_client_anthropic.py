@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any, List
 
 import pytest
@@ -25,7 +24,7 @@ from streamengine.failover import ErrorClass, ErrorClassifier
 from streamengine.messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
 from streamengine.testing import FakeProvider, steps as s
 
-from http_support import FRAMINGS, MESSAGES, cancel_while_blocked, provider_fixtures, text_of
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
 OPTIONS = CompletionOptions(model="claude-test")
 BOM = b"\xef\xbb\xbf"
@@ -441,9 +440,4 @@ def test_the_connection_is_released_before_the_completed_chunk_is_handed_out(fp,
         chunks.append(chunk)
         if chunk.is_completed:
             break
-    busy = lambda: [t.name for t in threading.enumerate()
-                    if t.name in (f"FakeProvider-{fp.port}-conn", "streamengine-cancel-watch")]
-    deadline = time.monotonic() + 5
-    while busy() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert busy() == [] and chunks[-1].is_completed
+    assert busy_connection_threads(fp) == [] and chunks[-1].is_completed

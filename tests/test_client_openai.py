@@ -10,7 +10,6 @@ import email.utils
 import re
 import socket
 import threading
-import time
 from typing import Any, List
 
 import pytest
@@ -26,7 +25,7 @@ from streamengine.errors import (
 from streamengine.messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
 from streamengine.testing import FakeProvider, fake_embedding, steps as s
 
-from http_support import FRAMINGS, MESSAGES, cancel_while_blocked, provider_fixtures, text_of
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 fp, client = provider_fixtures("openai", api_key="sk-test-key")
@@ -338,12 +337,7 @@ def test_connection_is_released_before_the_completed_chunk_is_handed_out(fp, cli
         chunks.append(chunk)
         if chunk.is_completed:
             break
-    busy = lambda: [t.name for t in threading.enumerate()
-                    if t.name in (f"FakeProvider-{fp.port}-conn", "streamengine-cancel-watch")]
-    deadline = time.monotonic() + 5
-    while busy() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert busy() == [] and chunks[-1].is_completed  # while ``stream`` is still referenced
+    assert busy_connection_threads(fp) == [] and chunks[-1].is_completed  # while ``stream`` is still referenced
 
 
 def test_closing_the_iterator_early_releases_the_connection(fp, client):

@@ -75,6 +75,14 @@ def provider_sdk_and_client(wire: str, sdk_class: Any, api_key: str) -> Iterator
             sdk.close()
 
 
+def played_twice(pair: Tuple[FakeProvider, Any, Any], name: str) -> Tuple[Any, Any]:
+    """Script ``name`` twice on the provider: once for the SDK, once for our client."""
+    fp, sdk, client = pair
+    fp.add_turn(*SCRIPTS[name])
+    fp.add_turn(*SCRIPTS[name])
+    return sdk, client
+
+
 @pytest.fixture
 def anthropic_pair():
     yield from provider_sdk_and_client("anthropic", anthropic.Anthropic, "sk-ant-oracle")
@@ -82,9 +90,7 @@ def anthropic_pair():
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_anthropic_sdk_reads_the_fake_stream_as_our_client_does(anthropic_pair, name):
-    fp, sdk, client = anthropic_pair
-    fp.add_turn(*SCRIPTS[name])
-    fp.add_turn(*SCRIPTS[name])
+    sdk, client = played_twice(anthropic_pair, name)
     with sdk.messages.stream(model=MODEL, max_tokens=100, messages=MESSAGES) as stream:
         events = [event.type for event in stream]
         expected = anthropic_answer(stream.get_final_message())
@@ -168,9 +174,7 @@ def openai_pair():
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_openai_sdk_reads_the_fake_stream_as_our_client_does(openai_pair, name):
-    fp, sdk, client = openai_pair
-    fp.add_turn(*SCRIPTS[name])
-    fp.add_turn(*SCRIPTS[name])
+    sdk, client = played_twice(openai_pair, name)
     stream = sdk.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
                                          stream_options={"include_usage": True})
     expected = openai_stream_answer(list(stream))

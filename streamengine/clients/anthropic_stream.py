@@ -64,10 +64,9 @@ class AnthropicStreamParser(SseStreamParser):
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        is_set = cancel.is_set if cancel is not None else bool
-        with self.reading(resp, cancel, tracker) as events:
+        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
             for name, data in events:
-                if is_set():
+                if is_cancelled():
                     break
                 self.events += 1
                 chunk = self._chunk(name, self._frame(name, data))

@@ -38,10 +38,9 @@ class StreamParser(SseStreamParser):
         # to locals, and a plain ``data:`` JSON object without "error" goes
         # straight to _chunk_from_frame.
         chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
-        is_set = cancel.is_set if cancel is not None else bool
-        with self.reading(resp, cancel, tracker) as events:
+        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
             for name, data in events:
-                if is_set():
+                if is_cancelled():
                     break
                 self.events += 1
                 if data == "[DONE]":

@@ -25,7 +25,7 @@ import itertools
 import json
 import re
 import threading
-from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl
 
 import requests
@@ -105,16 +105,18 @@ class SseStreamParser:
 
     @contextlib.contextmanager
     def reading(self, resp: requests.Response, cancel: Optional[threading.Event],
-                tracker: RequestTracker) -> Iterator[Iterator[Tuple[str, str]]]:
-        """``(event name, data)`` pairs as they arrive; a broken body leaves as a streamengine error.
+                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, str]], Callable[[], bool]]]:
+        """``(event name, data)`` pairs as they arrive, and the cancel check for the loop over them.
 
-        The tracker is only ever aborted by ``cancel`` (on_cancel), so inside
-        the loop the event's flag alone says "cancelled".
+        A broken body leaves as a streamengine error.  The tracker is only
+        ever aborted by ``cancel`` (on_cancel), so inside the loop the
+        event's flag alone says "cancelled": one C call per event.
         """
         reads = read1_iter(read1_of(resp), READ_SIZE)
+        is_cancelled = cancel.is_set if cancel is not None else bool
         try:
             # One list of events per read, flattened in C.
-            yield itertools.chain.from_iterable(iter_event_batches(reads, self._framer))
+            yield itertools.chain.from_iterable(iter_event_batches(reads, self._framer)), is_cancelled
         except SseEventTooLarge as exc:
             raise LlmProtocolError(f"{self.url}: {exc}") from exc
         except STREAM_ERRORS as exc:
