@@ -75,17 +75,22 @@ def provider_sdk_and_client(wire: str, sdk_class: Any, api_key: str) -> Iterator
             sdk.close()
 
 
+@pytest.fixture
+def anthropic_pair():
+    yield from provider_sdk_and_client("anthropic", anthropic.Anthropic, "sk-ant-oracle")
+
+
+@pytest.fixture
+def openai_pair():
+    yield from provider_sdk_and_client("openai", openai.OpenAI, "sk-oracle")
+
+
 def played_twice(pair: Tuple[FakeProvider, Any, Any], name: str) -> Tuple[Any, Any]:
     """Script ``name`` twice on the provider: once for the SDK, once for our client."""
     fp, sdk, client = pair
     fp.add_turn(*SCRIPTS[name])
     fp.add_turn(*SCRIPTS[name])
     return sdk, client
-
-
-@pytest.fixture
-def anthropic_pair():
-    yield from provider_sdk_and_client("anthropic", anthropic.Anthropic, "sk-ant-oracle")
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -165,11 +170,6 @@ def openai_stream_answer(chunks: List[Any]) -> Answer:
     tool_calls = [(c["id"], c["name"], json.loads(c["arguments"] or "{}")) for _, c in sorted(calls.items())]
     assert usage is not None
     return "".join(text), tool_calls, usage, finish
-
-
-@pytest.fixture
-def openai_pair():
-    yield from provider_sdk_and_client("openai", openai.OpenAI, "sk-oracle")
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
