@@ -25,24 +25,14 @@ from streamengine.failover import ModelFailover
 from streamengine.messages import CompletionOptions, ToolCall, Usage
 from streamengine.testing import FakeProvider, steps as s
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+from http_support import MESSAGES, provider_fixtures
+
 GUARD = 5.0  # failure guard only
 
 
 # The shared guard from conftest.py: no thread a test starts may outlive it.
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
-
-
-@pytest.fixture
-def fp():
-    with FakeProvider() as provider:
-        yield provider
-
-
-@pytest.fixture
-def client(fp):
-    with OpenAICompatibleClient(fp.base_url, api_key="sk-test") as c:
-        yield c
+fp, client = provider_fixtures("openai", api_key="sk-test")
 
 
 @pytest.fixture

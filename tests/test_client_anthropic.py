@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from typing import Any, List, Optional
+from typing import Any, List
 
 import pytest
 
@@ -25,37 +24,20 @@ from streamengine.failover import ErrorClass, ErrorClassifier
 from streamengine.messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
 from streamengine.testing import FakeProvider, steps as s
 
-FRAMINGS = ["chunked", "close", "length"]
-MESSAGES = [{"role": "user", "content": "hi"}]
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
+
 OPTIONS = CompletionOptions(model="claude-test")
 BOM = b"\xef\xbb\xbf"
 classify = ErrorClassifier().classify
 
 
-@pytest.fixture(autouse=True)
-def _threads(no_thread_leak):
-    yield
-
-
-@pytest.fixture
-def fp():
-    with FakeProvider(wire="anthropic") as provider:
-        yield provider
-
-
-@pytest.fixture
-def client(fp):
-    with AnthropicClient(fp.base_url, api_key="sk-ant-test-key") as c:
-        yield c
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+fp, client = provider_fixtures("anthropic", api_key="sk-ant-test-key")
 
 
 def collect(client: AnthropicClient, messages: Any = MESSAGES, **kwargs: Any) -> List[Chunk]:
     kwargs.setdefault("options", OPTIONS)
     return list(client.stream(messages, **kwargs))
-
-
-def text_of(chunks: List[Chunk]) -> str:
-    return "".join(c.content or "" for c in chunks)
 
 
 def failing(client: AnthropicClient, fp: FakeProvider, *steps: Any) -> BaseException:
@@ -411,33 +393,12 @@ def test_complete_errors(fp, client):
 # -- cancel -------------------------------------------------------------------------------
 
 
-def _cancel_while_blocked(fp, cancel, call, ready: Optional[threading.Event] = None):
-    """Run ``call`` in a thread, cancel once it is blocked; return (error, seconds to unblock)."""
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:  # noqa: B902 - inspected below
-            outcome["error"], outcome["at"] = exc, time.monotonic()
-
-    thread = threading.Thread(target=run, name="test-reader")
-    thread.start()
-    assert (ready.wait(5) if ready is not None else fp.wait_for_requests(1, 5))
-    time.sleep(0.05)  # let the reader settle into its blocking read
-    cancelled_at = time.monotonic()
-    cancel.set()
-    thread.join(2.0)
-    assert not thread.is_alive(), "cancel did not unblock the read"
-    return outcome.get("error"), outcome["at"] - cancelled_at
-
-
 @pytest.mark.parametrize("token", [threading.Event, CancelToken])
 def test_cancel_before_headers_unblocks_at_once_and_the_client_goes_on(fp, client, token):
     fp.add_turn(s.stall_before_headers())
     fp.add_turn(s.text("after"))
     cancel = token()
-    error, elapsed = _cancel_while_blocked(fp, cancel, lambda: collect(client, cancel=cancel))
+    error, elapsed = cancel_while_blocked(fp, cancel, lambda: collect(client, cancel=cancel))
     assert isinstance(error, LlmCancelledError) and error.__cause__ is not None
     assert elapsed < 1.0, f"cancel took {elapsed * 1000:.1f} ms"
     assert text_of(collect(client)) == "after"
@@ -454,7 +415,7 @@ def test_cancel_mid_stream_unblocks_at_once(framing):
                 if chunk.content:
                     got_first.set()
 
-        error, elapsed = _cancel_while_blocked(fp, cancel, read, ready=got_first)
+        error, elapsed = cancel_while_blocked(fp, cancel, read, ready=got_first)
         assert isinstance(error, LlmCancelledError)
         assert elapsed < 1.0, f"cancel took {elapsed * 1000:.1f} ms"
         assert fp.wait_for_client_disconnects(1, 5)
@@ -468,7 +429,7 @@ def test_cancel_complete_before_headers_and_an_already_cancelled_call_sends_noth
     assert fp.request_count == 0
     fp.add_turn(s.stall_before_headers())
     cancel = CancelToken()
-    error, _ = _cancel_while_blocked(fp, cancel, lambda: client.complete(MESSAGES, options=OPTIONS, cancel=cancel))
+    error, _ = cancel_while_blocked(fp, cancel, lambda: client.complete(MESSAGES, options=OPTIONS, cancel=cancel))
     assert isinstance(error, LlmCancelledError)
 
 
@@ -479,9 +440,4 @@ def test_the_connection_is_released_before_the_completed_chunk_is_handed_out(fp,
         chunks.append(chunk)
         if chunk.is_completed:
             break
-    busy = lambda: [t.name for t in threading.enumerate()
-                    if t.name in (f"FakeProvider-{fp.port}-conn", "streamengine-cancel-watch")]
-    deadline = time.monotonic() + 5
-    while busy() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert busy() == [] and chunks[-1].is_completed
+    assert busy_connection_threads(fp) == [] and chunks[-1].is_completed

@@ -7,15 +7,16 @@ events, and the cancel latency is measured but guarded generously.
 from __future__ import annotations
 
 import email.utils
+import re
 import socket
 import threading
-import time
-from typing import Any, List, Optional
+from typing import Any, List
 
 import pytest
 
 from streamengine import enable_logging
 from streamengine.cancel import CancelToken
+from streamengine.clients.anthropic import AnthropicClient
 from streamengine.clients.openai import OpenAICompatibleClient, parse_retry_after
 from streamengine.errors import (
     ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError,
@@ -24,33 +25,14 @@ from streamengine.errors import (
 from streamengine.messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
 from streamengine.testing import FakeProvider, fake_embedding, steps as s
 
-FRAMINGS = ["chunked", "close", "length"]
-MESSAGES = [{"role": "user", "content": "hi"}]
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
-
-@pytest.fixture(autouse=True)
-def _threads(no_thread_leak):
-    yield
-
-
-@pytest.fixture
-def fp():
-    with FakeProvider() as provider:
-        yield provider
-
-
-@pytest.fixture
-def client(fp):
-    with OpenAICompatibleClient(fp.base_url, api_key="sk-test-key") as c:
-        yield c
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+fp, client = provider_fixtures("openai", api_key="sk-test-key")
 
 
 def collect(client: OpenAICompatibleClient, **kwargs: Any) -> List[Chunk]:
     return list(client.stream(MESSAGES, **kwargs))
-
-
-def text_of(chunks: List[Chunk]) -> str:
-    return "".join(c.content or "" for c in chunks)
 
 
 # -- parsing --------------------------------------------------------------------------
@@ -289,30 +271,6 @@ def test_connection_refused_is_a_connection_error():
 # -- cancel ---------------------------------------------------------------------------
 
 
-def _cancel_while_blocked(client, fp, cancel, call, ready: Optional[threading.Event] = None):
-    """Run ``call`` in a thread, cancel once it is blocked; return (error, seconds to unblock)."""
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:  # noqa: B902 - we inspect it below
-            outcome["error"], outcome["at"] = exc, time.monotonic()
-
-    thread = threading.Thread(target=run, name="test-reader")
-    thread.start()
-    if ready is not None:
-        assert ready.wait(5)
-    else:
-        assert fp.wait_for_requests(1, 5)
-    time.sleep(0.05)  # let the reader settle into its blocking read
-    cancelled_at = time.monotonic()
-    cancel.set()
-    thread.join(2.0)
-    assert not thread.is_alive(), "cancel did not unblock the read"
-    return outcome.get("error"), outcome["at"] - cancelled_at
-
-
 @pytest.mark.parametrize("token", [threading.Event, CancelToken])
 @pytest.mark.parametrize("framing", FRAMINGS)
 def test_cancel_before_headers_unblocks_at_once(token, framing):
@@ -320,7 +278,7 @@ def test_cancel_before_headers_unblocks_at_once(token, framing):
         fp.add_turn(s.stall_before_headers())
         fp.add_turn(*s.reply("after"))
         cancel = token()
-        error, elapsed = _cancel_while_blocked(client, fp, cancel, lambda: collect(client, cancel=cancel))
+        error, elapsed = cancel_while_blocked(fp, cancel, lambda: collect(client, cancel=cancel))
         assert isinstance(error, LlmCancelledError) and error.__cause__ is not None
         assert elapsed < 0.1, f"cancel took {elapsed * 1000:.1f} ms"
         assert text_of(collect(client)) == "after"  # the client is still usable
@@ -338,7 +296,7 @@ def test_cancel_mid_stream_unblocks_at_once(token, framing):
                 if chunk.content:
                     got_first.set()
 
-        error, elapsed = _cancel_while_blocked(client, fp, cancel, read, ready=got_first)
+        error, elapsed = cancel_while_blocked(fp, cancel, read, ready=got_first)
         assert isinstance(error, LlmCancelledError)
         assert elapsed < 0.1, f"cancel took {elapsed * 1000:.1f} ms"
 
@@ -346,7 +304,7 @@ def test_cancel_mid_stream_unblocks_at_once(token, framing):
 def test_cancel_complete_before_headers(fp, client):
     fp.add_turn(s.stall_before_headers())
     cancel = CancelToken()
-    error, elapsed = _cancel_while_blocked(client, fp, cancel, lambda: client.complete(MESSAGES, cancel=cancel))
+    error, elapsed = cancel_while_blocked(fp, cancel, lambda: client.complete(MESSAGES, cancel=cancel))
     assert isinstance(error, LlmCancelledError) and elapsed < 0.1
 
 
@@ -379,12 +337,7 @@ def test_connection_is_released_before_the_completed_chunk_is_handed_out(fp, cli
         chunks.append(chunk)
         if chunk.is_completed:
             break
-    busy = lambda: [t.name for t in threading.enumerate()
-                    if t.name in (f"FakeProvider-{fp.port}-conn", "streamengine-cancel-watch")]
-    deadline = time.monotonic() + 5
-    while busy() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert busy() == [] and chunks[-1].is_completed  # while ``stream`` is still referenced
+    assert busy_connection_threads(fp) == [] and chunks[-1].is_completed  # while ``stream`` is still referenced
 
 
 def test_closing_the_iterator_early_releases_the_connection(fp, client):
@@ -496,6 +449,16 @@ def test_bad_configuration_is_refused(kwargs):
         OpenAICompatibleClient(**kwargs)
 
 
+@pytest.mark.parametrize("client_class", [OpenAICompatibleClient, AnthropicClient])
+@pytest.mark.parametrize("value, says", [
+    (True, "got True"), (float("nan"), "finite"), (float("inf"), "finite"), (-1, "> 0"), ("10", "number of seconds"),
+])
+def test_connect_timeout_is_refused_unless_a_finite_positive_number(client_class, value, says):
+    # True is an int in Python: accepted, it would silently mean a one-second connect timeout.
+    with pytest.raises(ConfigError, match=f"connect_timeout must be a .*{re.escape(says)}"):
+        client_class("http://127.0.0.1:8000/v1", connect_timeout=value)
+
+
 def test_bad_messages_are_refused_before_any_request(fp, client):
     with pytest.raises(ConfigError):
         client.stream({"role": "user", "content": "not a list"})  # type: ignore[arg-type]
@@ -511,7 +474,7 @@ def test_a_given_session_is_used_and_left_open(fp):
     with OpenAICompatibleClient(fp.base_url, session=session) as client:
         fp.add_turn(s.stall_before_headers())
         cancel = CancelToken()
-        error, _ = _cancel_while_blocked(client, fp, cancel, lambda: collect(client, cancel=cancel))
+        error, _ = cancel_while_blocked(fp, cancel, lambda: collect(client, cancel=cancel))
         assert isinstance(error, LlmCancelledError)
     assert isinstance(session.get_adapter(fp.base_url + "/chat/completions"), CancellableAdapter)
     assert not isinstance(session.get_adapter("http://example.com/"), CancellableAdapter)

@@ -8,21 +8,20 @@ real format, the SDK -- written against the real API -- would disagree or fail.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import anthropic
 import openai
 import pytest
 
 from streamengine.accumulate import ResponseAggregator
-from streamengine.clients.anthropic import AnthropicClient
-from streamengine.clients.openai import OpenAICompatibleClient
 from streamengine.messages import CompletionOptions, Response, ToolSpec
 from streamengine.testing import FakeProvider, steps as s
 
+from http_support import CLIENTS, MESSAGES
+
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
-MESSAGES = [{"role": "user", "content": "hi"}]
 MODEL = "oracle-model"
 
 SCRIPTS = {
@@ -66,21 +65,37 @@ def anthropic_answer(message: Any) -> Answer:
     return text, calls, usage, ANTHROPIC_FINISH[message.stop_reason]
 
 
-@pytest.fixture
-def anthropic_pair():
-    with FakeProvider(wire="anthropic") as fp, AnthropicClient(fp.base_url, api_key="sk-ant-oracle") as client:
-        sdk = anthropic.Anthropic(base_url=fp.base_url, api_key="sk-ant-oracle", max_retries=0)
+def provider_sdk_and_client(wire: str, sdk_class: Any, api_key: str) -> Iterator[Tuple[FakeProvider, Any, Any]]:
+    """A FakeProvider speaking ``wire``, the vendor's SDK and our client, both pointed at it."""
+    with FakeProvider(wire=wire) as fp, CLIENTS[wire](fp.base_url, api_key=api_key) as client:
+        sdk = sdk_class(base_url=fp.base_url, api_key=api_key, max_retries=0)
         try:
             yield fp, sdk, client
         finally:
             sdk.close()
 
 
+@pytest.fixture
+def anthropic_pair():
+    yield from provider_sdk_and_client("anthropic", anthropic.Anthropic, "sk-ant-oracle")
+
+
+@pytest.fixture
+def openai_pair():
+    yield from provider_sdk_and_client("openai", openai.OpenAI, "sk-oracle")
+
+
+def played_twice(pair: Tuple[FakeProvider, Any, Any], name: str) -> Tuple[Any, Any]:
+    """Script ``name`` twice on the provider: once for the SDK, once for our client."""
+    fp, sdk, client = pair
+    fp.add_turn(*SCRIPTS[name])
+    fp.add_turn(*SCRIPTS[name])
+    return sdk, client
+
+
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_anthropic_sdk_reads_the_fake_stream_as_our_client_does(anthropic_pair, name):
-    fp, sdk, client = anthropic_pair
-    fp.add_turn(*SCRIPTS[name])
-    fp.add_turn(*SCRIPTS[name])
+    sdk, client = played_twice(anthropic_pair, name)
     with sdk.messages.stream(model=MODEL, max_tokens=100, messages=MESSAGES) as stream:
         events = [event.type for event in stream]
         expected = anthropic_answer(stream.get_final_message())
@@ -157,21 +172,9 @@ def openai_stream_answer(chunks: List[Any]) -> Answer:
     return "".join(text), tool_calls, usage, finish
 
 
-@pytest.fixture
-def openai_pair():
-    with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, api_key="sk-oracle") as client:
-        sdk = openai.OpenAI(base_url=fp.base_url, api_key="sk-oracle", max_retries=0)
-        try:
-            yield fp, sdk, client
-        finally:
-            sdk.close()
-
-
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_openai_sdk_reads_the_fake_stream_as_our_client_does(openai_pair, name):
-    fp, sdk, client = openai_pair
-    fp.add_turn(*SCRIPTS[name])
-    fp.add_turn(*SCRIPTS[name])
+    sdk, client = played_twice(openai_pair, name)
     stream = sdk.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
                                          stream_options={"include_usage": True})
     expected = openai_stream_answer(list(stream))

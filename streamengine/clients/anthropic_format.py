@@ -24,9 +24,10 @@ from ..errors import ConfigError, LlmHttpError, LlmProtocolError, LlmStreamError
 from ..messages import (
     CompletionOptions, Message, MessageLike, Response, ToolCall, ToolSpec, Usage, as_messages,
 )
+from .http_errors import status_error
 
 __all__ = ["ERROR_STATUSES", "FINISH_REASONS", "chat_body", "error_from_payload", "finish_reason",
-           "merge_usage", "response_from_json", "usage_of"]
+           "http_error", "merge_usage", "response_from_json", "usage_of"]
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
@@ -224,6 +225,16 @@ def error_details(payload: Any) -> Tuple[Optional[str], Optional[str]]:
         return None, None
     kind, message = error.get("type"), error.get("message")
     return (kind if isinstance(kind, str) else None), (message if isinstance(message, str) else None)
+
+
+def http_error(status: int, reason: str, url: str, text: str, headers: Mapping[str, str]) -> LlmHttpError:
+    """The LlmHttpError for an error status: status, the API's error type and message, then what to do."""
+    try:
+        kind, message = error_details(json.loads(text))
+    except ValueError:
+        kind, message = None, None
+    detail = (f"{kind}: " if kind else "") + (message or text[:300].strip() or "(empty body)")
+    return status_error(status, reason, url, text, headers, detail=detail, hint=hint(status))
 
 
 def error_from_payload(payload: Any, where: str, redact: Any) -> Exception:

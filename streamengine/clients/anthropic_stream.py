@@ -27,22 +27,17 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
 """
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from typing import Any, Dict, Generator, Optional
 
 import requests
 
-from .._sse_read import SseEventTooLarge, SseFramer, iter_event_batches, read1_iter
-from ..errors import LlmCancelledError, LlmProtocolError, LlmStreamError
-from ..messages import Chunk, ToolCallDelta, Usage
+from ..errors import LlmProtocolError
+from ..messages import Chunk, ToolCallDelta
 from .anthropic_format import error_from_payload, finish_reason, merge_usage, usage_of
 from .connection import RequestTracker
-from .http_body import READ_SIZE
-from .http_body import STREAM_ERRORS as _STREAM_ERRORS
-from .http_body import cancelled as _cancelled
-from .http_body import read1_of as _read1_of
+from .transport import SseStreamParser
 
 __all__ = ["AnthropicStreamParser"]
 
@@ -56,57 +51,30 @@ class _ToolBlock:
         self.start_input = start_input
 
 
-class AnthropicStreamParser:
+class AnthropicStreamParser(SseStreamParser):
     """The events of one streamed response -> chunks; ``run`` returns the completing chunk."""
 
+    end_marker = "message_stop or a stop reason"
+
     def __init__(self, url: str, redact: Any, max_event_bytes: int) -> None:
-        self.url = url
-        self.redact = redact
-        self.max_event_bytes = max_event_bytes
-        self.events = 0
-        self.saw_stop = False
-        self.finish_reason: Optional[str] = None
-        self.usage: Optional[Usage] = None
+        super().__init__(url, redact, max_event_bytes)
         self._counts: Dict[str, int] = {}  # token counts so far, by the API's names
-        self.model: Optional[str] = None
         self._tools: Dict[int, _ToolBlock] = {}  # content block index -> its tool call
         self._tool_count = 0
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        framer = SseFramer(self.max_event_bytes, 8 * self.max_event_bytes)
-        reads = read1_iter(_read1_of(resp), READ_SIZE)
-        is_set = cancel.is_set if cancel is not None else bool
-        try:
-            for name, data in itertools.chain.from_iterable(iter_event_batches(reads, framer)):
-                if is_set():
+        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
+            for name, data in events:
+                if is_cancelled():
                     break
                 self.events += 1
                 chunk = self._chunk(name, self._frame(name, data))
                 if chunk is not None:
                     yield chunk
-                if self.saw_stop:
+                if self.ended:
                     return self.completed()
-        except SseEventTooLarge as exc:
-            raise LlmProtocolError(f"{self.url}: {exc}") from exc
-        except _STREAM_ERRORS as exc:
-            if _cancelled(cancel, tracker):
-                raise LlmCancelledError(f"stream from {self.url} was cancelled") from exc
-            raise LlmStreamError(
-                f"stream from {self.url} broke after {self.events} events: {type(exc).__name__}: "
-                f"{exc}; the provider dropped the connection mid-answer, retry or fail over") from exc
-        if _cancelled(cancel, tracker):
-            raise LlmCancelledError(f"stream from {self.url} was cancelled")
-        if self.finish_reason is not None:
-            return self.completed()
-        cut = (f" ({framer.dropped_bytes} bytes of an unfinished event were dropped)"
-               if framer.dropped_bytes else "")
-        raise LlmStreamError(
-            f"stream from {self.url} ended without message_stop or a stop reason after {self.events} "
-            f"events{cut}; the answer is incomplete, retry or fail over")
-
-    def completed(self) -> Chunk:
-        return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model)
+        return self.unfinished(cancel, tracker)
 
     # -- one event ---------------------------------------------------------------------
 
@@ -143,7 +111,7 @@ class AnthropicStreamParser:
             self.finish_reason = finish_reason(delta.get("stop_reason")) or self.finish_reason
             self.usage = usage_of(merge_usage(self._counts, frame.get("usage")))
         elif kind == "message_stop":
-            self.saw_stop = True
+            self.ended = True
         elif kind == "error" or name == "error":
             raise error_from_payload(frame, f"{self.url} sent an error in the stream after {self.events - 1} "
                                             f"events", self.redact)

@@ -16,13 +16,8 @@ class LlmClient(abc.ABC):
     """A provider that answers a conversation in one piece."""
 
     @abc.abstractmethod
-    def complete(
-        self,
-        messages: Sequence[MessageLike],
-        tools: Optional[Sequence[ToolSpec]] = None,
-        options: Optional[CompletionOptions] = None,
-        cancel: Optional[threading.Event] = None,
-    ) -> Response:
+    def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                 options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None) -> Response:
         """Return the whole answer; setting ``cancel`` aborts the request at once."""
 
     def close(self) -> None:
@@ -33,13 +28,9 @@ class StreamingLlmClient(LlmClient):
     """A provider that can also stream its answer chunk by chunk."""
 
     @abc.abstractmethod
-    def stream(
-        self,
-        messages: Sequence[MessageLike],
-        tools: Optional[Sequence[ToolSpec]] = None,
-        options: Optional[CompletionOptions] = None,
-        cancel: Optional[threading.Event] = None,
-    ) -> Iterator[Chunk]:
+    def stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+               options: Optional[CompletionOptions] = None,
+               cancel: Optional[threading.Event] = None) -> Iterator[Chunk]:
         """Yield chunks as they arrive; the last one has ``is_completed=True``.
 
         Setting ``cancel`` (from any thread) must unblock a read in progress at

@@ -6,23 +6,19 @@ chained for ``-v`` and tracebacks.
 """
 from __future__ import annotations
 
-import email.utils
 import json
 import re
 import socket
 import ssl
-import time
 from typing import Any, Iterator, Mapping, Optional
 from urllib.parse import urlsplit
 
 import requests
 
 from ..errors import LlmHttpError, LlmStreamError
+from .http_errors import short_cause, status_error
 
-__all__ = ["connection_error_message", "http_error", "parse_retry_after", "provider_message",
-           "raise_in_band_error", "short_cause"]
-
-MAX_RETRY_AFTER_S = 86400.0
+__all__ = ["connection_error_message", "http_error", "provider_message", "raise_in_band_error"]
 
 # "rate" alone would match "generate"; these are the words providers use.
 _OVERLOAD = re.compile(r"overload|rate[ _-]?limit|too many requests|capacity|\b(?:429|503|529)\b", re.I)
@@ -40,13 +36,9 @@ NO_STREAM_OPTIONS_HINT = ("the server does not accept 'stream_options': turn it 
 def http_error(status: int, reason: str, url: str, text: str, headers: Mapping[str, str], *,
                base_url: str, sent_stream_options: bool) -> LlmHttpError:
     """The LlmHttpError for an error status: status, provider's message, then what to do."""
-    retry_after = parse_retry_after(headers)
     detail = provider_message(text) or text[:300].strip() or "(empty body)"
-    hint = _hint(status, text, base_url, sent_stream_options)
-    when = f"; retry after {retry_after:g}s" if retry_after is not None else ""
-    message = (f"provider answered HTTP {status} {reason or ''}".rstrip()
-               + f" for {url}: {detail} ({hint}{when})")
-    return LlmHttpError(status, text, retry_after, message=message)
+    return status_error(status, reason, url, text, headers, detail=detail,
+                        hint=_hint(status, text, base_url, sent_stream_options))
 
 
 def _hint(status: int, text: str, base_url: str, sent_stream_options: bool) -> str:
@@ -116,15 +108,6 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         todo.extend(e for e in linked if isinstance(e, BaseException))
 
 
-def short_cause(exc: BaseException, limit: int = 160) -> str:
-    """An exception's own words, without urllib3's object reprs and argument tuples."""
-    first = exc.args[0] if exc.args and isinstance(exc.args[0], str) else None
-    text = first or str(exc) or type(exc).__name__
-    text = re.sub(r"<[\w.]+ object at 0x[0-9a-f]+>:?\s*", "", text)
-    text = re.sub(r"\s+", " ", text).strip()
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def provider_message(text: str) -> Optional[str]:
     """The provider's own error message from a JSON error body, if there is one."""
     try:
@@ -163,47 +146,3 @@ def raise_in_band_error(payload: Any, url: str, redact: Any, after: Optional[int
                + ("; it is overloaded, retry later or fail over" if overloaded else "; retry or fail over")),
         overloaded=overloaded,
     )
-
-
-
-def parse_retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Optional[float]:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date).
-
-    A number must be plain digits with an optional fraction (RFC 9110
-    ``delay-seconds``, fractions tolerated): ``nan``, ``inf``, ``-1``,
-    ``1e3``, ``0x10``, ``1_0`` are not numbers here.  Anything invalid,
-    negative or over a day is ignored (``None``): a broken header must not
-    park a caller for a year.  A date in the past means "now" (0).
-    """
-    lowered = {k.lower(): v for k, v in headers.items()}
-    ms = _finite(lowered.get("retry-after-ms"))
-    if ms is not None:
-        return _sane(ms / 1000.0)
-    value = lowered.get("retry-after")
-    if value is None:
-        return None
-    seconds = _finite(value)
-    if seconds is not None:
-        return _sane(seconds)
-    try:
-        when = email.utils.parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    now = time.time() if now is None else now
-    return _sane(max(0.0, when.timestamp() - now))
-
-
-_DELAY = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
-
-
-def _finite(value: Optional[str]) -> Optional[float]:
-    # float() would take "nan", "inf", "1e9", " 1_0" and "+5"; a header is digits.
-    if not isinstance(value, str) or not _DELAY.fullmatch(value.strip()):
-        return None
-    return float(value.strip())
-
-
-def _sane(seconds: float) -> Optional[float]:
-    return seconds if 0.0 <= seconds <= MAX_RETRY_AFTER_S else None

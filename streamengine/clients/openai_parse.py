@@ -9,7 +9,6 @@ is not a JSON object is a protocol error.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import threading
@@ -17,52 +16,36 @@ from typing import Any, Dict, Generator, List, Optional, Tuple
 
 import requests
 
-from .._sse_read import SseEventTooLarge, SseFramer, iter_event_batches, read1_iter
-from ..errors import LlmCancelledError, LlmProtocolError, LlmStreamError
+from ..errors import LlmProtocolError
 from ..messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
 from .connection import RequestTracker
-from .http_body import READ_SIZE, STREAM_ERRORS, cancelled, read1_of
-from .openai_errors import raise_in_band_error, short_cause
+from .openai_errors import raise_in_band_error
+from .transport import SseStreamParser
 
 __all__ = ["StreamParser", "response_from_json", "vectors_from_json"]
 
-_chain = itertools.chain.from_iterable
 _scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
 
 
-class StreamParser:
+class StreamParser(SseStreamParser):
     """SSE events of one response -> Chunks, with the completion rule and error mapping."""
 
-    def __init__(self, url: str, redact: Any, max_event_bytes: int) -> None:
-        self.url = url
-        self.max_event_bytes = max_event_bytes
-        self.redact = redact
-        self.events = 0
-        self.saw_done = False
-        self.finish_reason: Optional[str] = None
-        self.usage: Optional[Usage] = None
-        self.model: Optional[str] = None
+    end_marker = "a finish reason or [DONE]"
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        """Yield the chunks of the stream; return the completed chunk (not yielded)."""
-        framer = SseFramer(self.max_event_bytes, 8 * self.max_event_bytes)
-        reads = read1_iter(read1_of(resp), READ_SIZE)
-        # The per-event loop is the hot path (100k+ events/s): events come in
-        # one list per read (flattened in C), names are bound to locals.
-        # The tracker is only ever aborted by ``cancel`` (on_cancel), so the
-        # event's flag alone says "cancelled" here; a plain ``data:`` JSON
-        # object without "error" goes straight to _chunk_from_frame.
+        # The per-event loop is the hot path (100k+ events/s): names are bound
+        # to locals, and a plain ``data:`` JSON object without "error" goes
+        # straight to _chunk_from_frame.
         chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
-        is_set = cancel.is_set if cancel is not None else bool
-        try:
-            for name, data in _chain(iter_event_batches(reads, framer)):
-                if is_set():
+        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
+            for name, data in events:
+                if is_cancelled():
                     break
                 self.events += 1
                 if data == "[DONE]":
-                    self.saw_done = True
-                    return self._completed()
+                    self.ended = True
+                    return self.completed()
                 try:
                     frame, end = scan(data, 0)
                 except (StopIteration, ValueError):
@@ -73,28 +56,7 @@ class StreamParser:
                 chunk = chunk_of(name, data)
                 if chunk is not None:
                     yield chunk
-        except SseEventTooLarge as exc:
-            raise LlmProtocolError(f"{self.url}: {exc}") from exc
-        except STREAM_ERRORS as exc:
-            if cancelled(cancel, tracker):
-                raise LlmCancelledError(f"stream from {self.url} was cancelled") from exc
-            raise LlmStreamError(
-                f"stream from {self.url} broke after {self.events} events: the provider dropped the connection "
-                f"mid-answer ({short_cause(exc)}); retry or fail over"
-            ) from exc
-        if cancelled(cancel, tracker):
-            raise LlmCancelledError(f"stream from {self.url} was cancelled")
-        if self.finish_reason is not None:
-            return self._completed()
-        cut = (f" ({framer.dropped_bytes} bytes of an unfinished event were dropped)"
-               if framer.dropped_bytes else "")
-        raise LlmStreamError(
-            f"stream from {self.url} ended without a finish reason or [DONE] after "
-            f"{self.events} events{cut}; the answer is incomplete, retry or fail over"
-        )
-
-    def _completed(self) -> Chunk:
-        return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model)
+        return self.unfinished(cancel, tracker)
 
     def _chunk(self, event_name: str, data: str) -> Optional[Chunk]:
         if event_name == "ping":

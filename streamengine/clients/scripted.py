@@ -77,8 +77,10 @@ class ScriptedClient(StreamingLlmClient):
         """Turns not consumed yet."""
         return len(self._turns)
 
-    def _next_turn(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], streamed: bool) -> Tuple[TurnItem, ...]:
+    def _call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+              options: Optional[CompletionOptions], cancel: Optional[threading.Event],
+              streamed: bool) -> Iterator[Chunk]:
+        """Record the call and take its turn now; the returned iterator plays it."""
         call = ScriptedCall(tuple(as_messages(messages)), tuple(tools) if tools is not None else None,
                             options, streamed)
         with self._lock:
@@ -88,32 +90,21 @@ class ScriptedClient(StreamingLlmClient):
                     500, '{"error":{"message":"ScriptedClient: no scripted turn left"}}',
                     message="ScriptedClient: no scripted turn left; add one with add_turn() "
                             f"(this was call {len(self.calls)})")
-            return self._turns.pop(0)
-
-    def stream(
-        self,
-        messages: Sequence[MessageLike],
-        tools: Optional[Sequence[ToolSpec]] = None,
-        options: Optional[CompletionOptions] = None,
-        cancel: Optional[threading.Event] = None,
-    ) -> Iterator[Chunk]:
-        # Not a generator function itself: the call is recorded and the turn
-        # consumed when stream() is called, not on the first next().
-        turn = self._next_turn(messages, tools, options, streamed=True)
+            turn = self._turns.pop(0)
         model = (options.model if options is not None and options.model else None) or self.model
         return self._play(turn, model, cancel)
 
-    def complete(
-        self,
-        messages: Sequence[MessageLike],
-        tools: Optional[Sequence[ToolSpec]] = None,
-        options: Optional[CompletionOptions] = None,
-        cancel: Optional[threading.Event] = None,
-    ) -> Response:
-        turn = self._next_turn(messages, tools, options, streamed=False)
-        model = (options.model if options is not None and options.model else None) or self.model
+    def stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+               options: Optional[CompletionOptions] = None,
+               cancel: Optional[threading.Event] = None) -> Iterator[Chunk]:
+        # Not a generator function itself: the call is recorded and the turn
+        # consumed when stream() is called, not on the first next().
+        return self._call(messages, tools, options, cancel, streamed=True)
+
+    def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                 options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None) -> Response:
         aggregator = ResponseAggregator()
-        for chunk in self._play(turn, model, cancel):
+        for chunk in self._call(messages, tools, options, cancel, streamed=False):
             aggregator.add(chunk)
         return aggregator.response()
 

@@ -9,7 +9,6 @@ Failover's sleeps are recorded (``RecordedWaits``), never waited.
 """
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
@@ -17,14 +16,15 @@ import pytest
 from streamengine.calls import BufferedCallStrategy
 from streamengine.clients.anthropic import AnthropicClient
 from streamengine.errors import (
-    AllModelsFailedError, LlmCancelledError, LlmError, LlmHttpError, LlmStreamError, LlmTimeoutError,
+    AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,
 )
 from streamengine.failover import ErrorClass, ErrorClassifier, ModelFailover
 from streamengine.messages import CompletionOptions
 from streamengine.testing import FakeProvider, steps as s
 
 from faultkit import GUARD_S, MESSAGES, RecordedWaits, stream_threads, streaming
-from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
+from http_support import provider_fixtures
+from rawwire import outcomes_of, random_bodies
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -40,16 +40,7 @@ def error_body(kind: str, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-@pytest.fixture
-def fp():
-    with FakeProvider(wire="anthropic") as provider:
-        yield provider
-
-
-@pytest.fixture
-def client(fp):
-    with AnthropicClient(fp.base_url, api_key="sk-ant-faults") as c:
-        yield c
+fp, client = provider_fixtures("anthropic", api_key="sk-ant-faults")
 
 
 def failover(client, models=("a", "b"), **kwargs):
@@ -220,7 +211,6 @@ def test_an_invalid_request_error_event_is_fatal(fp, client):
 
 def test_only_llm_errors_leave_the_client_for_random_bytes():
     """Random Anthropic-ish bytes after valid headers: an LlmError or an answer, never anything else."""
-    rng = random.Random(15)
     alphabet = [b"event: ", b"data: ", b"\n", b"\r", b"\n\n", b"{", b"}", b'"', b":", b"\xff", b"\x00",
                 b"message_start", b"content_block_delta", b"message_stop", b"error", b"ping",
                 b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}',
@@ -228,22 +218,9 @@ def test_only_llm_errors_leave_the_client_for_random_bytes():
                 b'{"type":"content_block_delta","index":"0","delta":{"type":"input_json_delta","partial_json":7}}',
                 b'{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":-1}}',
                 b'{"type":"error","error":{}}', b'{"type":"message_stop"}', b"[1]", b"null"]
-    bodies = [b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(80)]
+    bodies = random_bodies(15, alphabet, 80)
     bodies.append(b"event: message_stop\ndata: " + alphabet[-3] + b"\n\n")  # and one well-formed (empty) answer
-    outcomes = []
-
-    def script(conn: RawConn) -> None:
-        conn.read_request()
-        conn.send(STREAM_HEADERS_CLOSE + bodies[len(conn.server.requests) - 1])
-
-    with RawServer(script) as server, AnthropicClient(server.base_url) as client:
-        strategy = streaming(client, 2.0, 5.0)
-        for _ in bodies:
-            try:
-                strategy.call(MESSAGES, options=OPTIONS)
-                outcomes.append("answer")
-            except LlmError as exc:
-                outcomes.append(type(exc).__name__)
+    outcomes = outcomes_of(AnthropicClient, bodies, options=OPTIONS)
     assert len(outcomes) == len(bodies)
     assert {"answer", "LlmStreamError", "LlmProtocolError"} <= set(outcomes)
 

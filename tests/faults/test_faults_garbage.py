@@ -10,34 +10,24 @@ cannot make the client read (or hold) the rest.
 from __future__ import annotations
 
 import json
-import tracemalloc
 
 import pytest
 
 from streamengine._sse_read import MAX_EVENT_BYTES
 from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.errors import LlmError, LlmHttpError, LlmProtocolError
+from streamengine.errors import LlmHttpError, LlmProtocolError
 from streamengine.failover import ErrorClass, ErrorClassifier
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import steps as s
 
 from faultkit import DONE, GUARD_S, MESSAGES, finish_frame, frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
+from http_support import provider_fixtures
+from rawwire import outcomes_of, peak_while_refused, random_bodies
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 MB = 1 << 20
-
-
-@pytest.fixture
-def fp():
-    with FakeProvider() as provider:
-        yield provider
-
-
-@pytest.fixture
-def client(fp):
-    with OpenAICompatibleClient(fp.base_url) as c:
-        yield c
+fp, client = provider_fixtures("openai")
 
 
 # --- invalid UTF-8 --------------------------------------------------------------------------------
@@ -159,13 +149,7 @@ def _endless_line(total: int, sent: list):
 def test_a_50mb_line_without_newline_is_refused_with_bounded_memory():
     sent = [0]
     with RawServer(_endless_line(50 * MB, sent)) as server, OpenAICompatibleClient(server.base_url) as client:
-        tracemalloc.start()
-        try:
-            with pytest.raises(LlmProtocolError) as info:
-                streaming(client, GUARD_S, GUARD_S).call(MESSAGES)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        info, peak = peak_while_refused(lambda: streaming(client, GUARD_S, GUARD_S).call(MESSAGES), LlmProtocolError)
         assert stream_threads() == []
         assert server.peer_closed.wait(GUARD_S)  # the client hung up instead of reading on
     assert f"an SSE event grew past {MAX_EVENT_BYTES} bytes" in str(info.value)
@@ -188,13 +172,7 @@ def test_a_huge_error_body_is_cut_and_memory_stays_bounded():
             sent[0] += len(piece)
 
     with RawServer(script) as server, OpenAICompatibleClient(server.base_url) as client:
-        tracemalloc.start()
-        try:
-            with pytest.raises(LlmHttpError) as info:
-                streaming(client, GUARD_S, GUARD_S).call(MESSAGES)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        info, peak = peak_while_refused(lambda: streaming(client, GUARD_S, GUARD_S).call(MESSAGES), LlmHttpError)
         assert server.peer_closed.wait(GUARD_S)
     assert info.value.status_code == 503 and len(info.value.body) <= 1024
     assert info.value.body.startswith("overloaded overloaded")
@@ -204,26 +182,10 @@ def test_a_huge_error_body_is_cut_and_memory_stays_bounded():
 
 def test_only_llm_errors_leave_the_client_for_random_bytes():
     """Random bytes after valid headers: whatever happens, it is an LlmError or an answer."""
-    import random
-
-    rng = random.Random(7)
     alphabet = [b"data: ", b"\n", b"\r", b"\n\n", b"{", b"}", b"[DONE]", b'"', b":", b"event: error",
                 b"\xff", b"\x00", b'{"choices":[{"delta":{"content":"x"}}]}', b'{"error":{}}', b"0"]
-    bodies = [b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(60)]
-    outcomes = []
-
-    def script(conn: RawConn) -> None:
-        conn.read_request()
-        conn.send(STREAM_HEADERS_CLOSE + bodies[len(conn.server.requests) - 1])
-
-    with RawServer(script) as server, OpenAICompatibleClient(server.base_url) as client:
-        strategy = streaming(client, 2.0, 5.0)
-        for _ in bodies:
-            try:
-                strategy.call(MESSAGES)
-                outcomes.append("answer")
-            except LlmError as exc:
-                outcomes.append(type(exc).__name__)
+    bodies = random_bodies(7, alphabet, 60)
+    outcomes = outcomes_of(OpenAICompatibleClient, bodies)
     assert len(outcomes) == len(bodies)
 
 

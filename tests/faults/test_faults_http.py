@@ -1,6 +1,6 @@
 """HTTP faults: status codes, Retry-After in every form, in-band errors, and the API key.
 
-Classification is issue 2's: 429 retries the same model (``Retry-After`` /
+Classification (failover.ErrorClassifier): 429 retries the same model (``Retry-After`` /
 ``retry-after-ms`` honoured, capped, invalid values ignored); 5xx, 529 and
 404 advance to the next model; 400/401/403 are fatal; a 200 that is not an
 event stream is a protocol error.  The provider's own message is kept in the
@@ -26,22 +26,12 @@ from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolExecutor, tool
 
 from faultkit import MESSAGES, RecordedWaits, captured_logs, streaming
+from http_support import provider_fixtures
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 classify = ErrorClassifier().classify
-
-
-@pytest.fixture
-def fp():
-    with FakeProvider() as provider:
-        yield provider
-
-
-@pytest.fixture
-def client(fp):
-    with OpenAICompatibleClient(fp.base_url, api_key="sk-test-http") as c:
-        yield c
+fp, client = provider_fixtures("openai", api_key="sk-test-http")
 
 
 def http_date(seconds_from_now: float) -> str:
