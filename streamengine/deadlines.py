@@ -107,7 +107,7 @@ class DeadlineWatcher:
             item.done = True
             self._active -= 1
             if self._active == 0 or len(self._heap) > 64 + 4 * self._active:
-                self._heap = [entry for entry in self._heap if not entry[3].done]
+                self._heap[:] = [entry for entry in self._heap if not entry[3].done]  # in place: the thread holds it
                 heapq.heapify(self._heap)
                 self._wake.notify()  # nothing left: the thread may end now
 
