@@ -172,7 +172,7 @@ class StreamingCallStrategy(CallStrategy):
         try:
             with deadlines.watch(token, self.idle_timeout, self.completion_timeout, started) as watched:
                 try:
-                    response = self._read(watched, self.client.stream(  # type: ignore[attr-defined]
+                    response = self._read(watched, lambda: self.client.stream(  # type: ignore[attr-defined]
                         messages, tools, options, cancel=token), options, on_chunk, started)
                 finally:
                     self._warn_if_deaf(watched)
@@ -192,8 +192,8 @@ class StreamingCallStrategy(CallStrategy):
             self._log.warning("the client ignores cancel: its stream returned {:.3f}s after the {} timeout fired "
                               "(a client must unblock its read when cancel is set)", late, watched.fired)
 
-    def _read(self, watched: deadlines.Watch, stream: Iterator[Chunk], options: Optional[CompletionOptions],
-              on_chunk: Optional[OnChunk], started: float) -> Response:
+    def _read(self, watched: deadlines.Watch, open_stream: Callable[[], Iterator[Chunk]],
+              options: Optional[CompletionOptions], on_chunk: Optional[OnChunk], started: float) -> Response:
         """The hot loop, in the calling thread: read a chunk, feed it on, move the idle deadline."""
         monotonic = time.monotonic
         aggregator = ResponseAggregator()
@@ -203,7 +203,9 @@ class StreamingCallStrategy(CallStrategy):
         stopped = watched.token.is_set
         meaningful = 0
         completed = False
+        stream: Iterator[Chunk] = iter(())
         try:
+            stream = open_stream()  # a client may connect here already: inside, so a timeout is told as one
             for chunk in stream:
                 if stopped():  # timed out or cancelled while this chunk was read: feed no more on
                     raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
