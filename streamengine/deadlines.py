@@ -90,7 +90,13 @@ class DeadlineWatcher:
             self._push(item)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
-                self._thread.start()
+                try:
+                    self._thread.start()
+                except BaseException:  # e.g. no thread left: the call fails now instead of never timing out
+                    self._thread = None
+                    self._active -= 1
+                    item.done = True
+                    raise
 
     def rearm(self, item: Watch) -> None:
         """The deadline may have moved earlier (only after a hold): schedule it again."""
