@@ -8,11 +8,15 @@ meaningful chunk (content, reasoning, a tool-call delta, the completion)
 resets it:
 
 ``StreamingCallStrategy``
-    A producer thread iterates ``client.stream()`` into a channel; the calling
-    thread waits on the channel with ``min(idle deadline, cap deadline)``.
-    On a timeout, a caller's cancel, or an error in ``on_chunk``, the call's
-    :class:`CancelToken` is set (the client shuts the socket down at once)
-    and the producer thread is joined.
+    The calling thread iterates ``client.stream()`` itself: a token crosses
+    no thread boundary here (a producer thread and its hand-off cost a
+    wake-up per token).  The two deadlines are kept by the process's one
+    watcher thread (``deadlines.py``): when one passes, it sets the call's
+    :class:`CancelToken`, the client shuts its socket down, and the blocked
+    read raises at once; the strategy turns that into the timeout below.  A
+    caller's cancel or an error in ``on_chunk`` sets the same token.  A
+    client that ignores cancel holds the calling thread until it returns
+    (the timeout is still raised then, with a warning).
 ``BufferedCallStrategy``
     For clients that cannot stream: ``client.complete()`` runs in a worker
     thread and the caller waits up to ``completion_timeout``.
@@ -23,7 +27,7 @@ chunks; what to do with them is the engine's business).
 
 Timeout messages (``N``/``M`` formatted with ``:g``; ``M`` counts meaningful
 chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
-``chunks_received`` and ``verb``, chained from what the producer saw:
+``chunks_received`` and ``verb``, chained from what the read raised:
 
 * no meaningful chunk yet (idle timer or cap):
   ``LLM streaming: no response received within Ns (model may be unavailable or overloaded)`` — ``unavailable``
@@ -37,12 +41,11 @@ chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
 from __future__ import annotations
 
 import abc
-import collections
 import threading
 import time
-from typing import Any, Callable, Deque, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-from . import validation
+from . import deadlines, validation
 from .accumulate import ResponseAggregator
 from .cancel import CancelToken, on_cancel
 from .clients.base import LlmClient, StreamingLlmClient
@@ -67,9 +70,10 @@ class CallStrategy(abc.ABC):
     in the calling thread, so a slow one slows the stream.
     """
 
-    #: How long to wait for a worker thread to end once cancelled.  A client
-    #: that honours ``cancel`` ends at once; one that does not is abandoned
-    #: (the thread is a daemon) with a warning.
+    #: How long to wait for a worker thread to end once cancelled (buffered): a
+    #: client that honours ``cancel`` ends at once; one that does not is abandoned
+    #: (the thread is a daemon) with a warning.  Streaming: a stream that returns
+    #: later than this after its timeout fired is warned about.
     join_timeout: float = 2.0
 
     def __init__(self, client: LlmClient, *, completion_timeout: float = 60.0, observers: Iterable[Any] = (),
@@ -122,7 +126,7 @@ def _model_of(options: Optional[CompletionOptions]) -> str:
 def _describe_exception(exc: Optional[BaseException]) -> str:
     """``Type: message`` plus the inner exception, for a log line."""
     if exc is None:
-        return "nothing (the producer had not ended)"
+        return "nothing (the read had not failed)"
     text = f"{type(exc).__name__}: {exc}"
     inner = exc.__cause__ or exc.__context__
     if inner is not None:
@@ -130,58 +134,14 @@ def _describe_exception(exc: Optional[BaseException]) -> str:
     return text
 
 
+def _close(stream: Iterator[Chunk]) -> None:
+    """End a client's generator now, so its ``finally`` releases the connection in this thread."""
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
 # ----------------------------------------------------------------------------- streaming
-
-class _Signal:
-    """A control item in the channel: the end of the stream, or the producer's exception."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: Optional[BaseException] = None) -> None:
-        self.error = error
-
-
-#: Chunks read from the socket and not yet taken by the reader; past this the producer waits, so a
-#: slow consumer of the run (a browser reading nothing) holds the provider back instead of memory.
-MAX_QUEUED_CHUNKS = 1024
-
-
-class _Channel:
-    """Producer -> reader hand-off: a deque plus a wake-up Event.
-
-    ``queue.Queue`` costs a lock round-trip per item on both sides (~300k
-    items/s measured here, about the speed of parsing the HTTP stream
-    itself).  Here the producer appends (atomic in CPython) and only sets the
-    Event when the reader may be asleep; the reader drains everything that
-    arrived together in one go (~9M items/s).  The reader clears the Event
-    and re-checks the deque before sleeping, so no wake-up is lost.
-    """
-
-    __slots__ = ("items", "ready", "room")
-
-    def __init__(self) -> None:
-        self.items: Deque[Any] = collections.deque()
-        self.ready = threading.Event()
-        self.room = threading.Event()  # set by the reader after a drain: a full producer may go on
-
-    def wait_for_room(self, token: threading.Event) -> None:
-        """Backpressure: while MAX_QUEUED_CHUNKS wait, stop reading the socket (TCP pushes back)."""
-        items = self.items
-        while len(items) >= MAX_QUEUED_CHUNKS and not token.is_set():
-            self.room.clear()
-            if len(items) < MAX_QUEUED_CHUNKS:
-                return
-            self.room.wait(0.5)
-
-    def failure(self) -> Optional[BaseException]:
-        """The producer's exception, if it has sent one."""
-        # tuple() copies in one C call, so an abandoned producer appending
-        # concurrently cannot break the iteration.
-        for item in tuple(self.items):
-            if type(item) is _Signal and item.error is not None:
-                return item.error
-        return None
-
 
 class StreamingCallStrategy(CallStrategy):
     """Streams a call, with an idle timer (meaningful chunks only) and an absolute cap.
@@ -206,117 +166,82 @@ class StreamingCallStrategy(CallStrategy):
              on_chunk: Optional[OnChunk] = None) -> Response:
         if cancel is not None and cancel.is_set():
             raise LlmCancelledError("LLM call cancelled by the caller before it started")
-        channel = _Channel()
         token = CancelToken()
-        token.add_callback(channel.ready.set)  # a cancel wakes the reader at once
-        token.add_callback(channel.room.set)  # and a producer waiting for room
         stop_following = on_cancel(cancel, token.set)
-        producer = threading.Thread(target=self._produce, args=(channel, token, messages, tools, options),
-                                    name=f"streamengine-stream[{_model_of(options)}]", daemon=True)
         started = time.monotonic()
         try:
-            producer.start()
-            response = self._read(channel, token, options, on_chunk, started)
+            with deadlines.watch(token, self.idle_timeout, self.completion_timeout, started) as watched:
+                try:
+                    response = self._read(watched, lambda: self.client.stream(  # type: ignore[attr-defined]
+                        messages, tools, options, cancel=token), options, on_chunk, started)
+                finally:
+                    self._warn_if_deaf(watched)
         except _Stopped as stopped:
-            stop_following()
-            self._stop_worker(producer, token)
-            inner = channel.failure()
+            inner = stopped.__cause__
             raise self._stop_error(stopped, options, started, inner) from inner
-        except BaseException:
+        finally:
             stop_following()
-            self._stop_worker(producer, token)
-            raise
-        stop_following()
-        if producer.is_alive():  # it ends by itself after the completing chunk
-            producer.join(self.join_timeout)
-            self._stop_worker(producer, token)
         if self.observers:
             notify_observers(self.observers, response, self._log)
         return response
 
-    def _produce(self, channel: _Channel, token: CancelToken, messages: Sequence[MessageLike],
-                 tools: Optional[Sequence[ToolSpec]], options: Optional[CompletionOptions]) -> None:
-        items = channel.items
-        append = items.append
-        ready = channel.ready
-        try:
-            for chunk in self.client.stream(messages, tools, options, cancel=token):  # type: ignore[attr-defined]
-                append(chunk)
-                if not ready.is_set():
-                    ready.set()
-                if len(items) >= MAX_QUEUED_CHUNKS:
-                    channel.wait_for_room(token)
-        except BaseException as exc:  # forwarded to the reader, which re-raises it
-            append(_Signal(exc))
-        else:
-            append(_Signal())
-        ready.set()
+    def _warn_if_deaf(self, watched: deadlines.Watch) -> None:
+        """A timeout the client took long to honour held the run thread that long: say so."""
+        late = time.monotonic() - watched.fired_at if watched.fired else 0.0
+        if late > self.join_timeout:
+            self._log.warning("the client ignores cancel: its stream returned {:.3f}s after the {} timeout fired "
+                              "(a client must unblock its read when cancel is set)", late, watched.fired)
 
-    def _read(self, channel: _Channel, token: CancelToken, options: Optional[CompletionOptions],
-              on_chunk: Optional[OnChunk], started: float) -> Response:
-        """The hot loop: drain what arrived, feed it on, keep the two deadlines."""
-        items = channel.items
-        popleft = items.popleft
-        ready = channel.ready
+    def _read(self, watched: deadlines.Watch, open_stream: Callable[[], Iterator[Chunk]],
+              options: Optional[CompletionOptions], on_chunk: Optional[OnChunk], started: float) -> Response:
+        """The hot loop, in the calling thread: read a chunk, feed it on, move the idle deadline."""
         monotonic = time.monotonic
         aggregator = ResponseAggregator()
         add = aggregator.add
         emitter = self.emitter
         idle = self.idle_timeout
-        cap_deadline = started + self.completion_timeout
-        idle_deadline = started + idle
+        stopped = watched.token.is_set
         meaningful = 0
-        while True:
-            if not items:
-                ready.clear()
-                if not items:
-                    if token.is_set():
-                        raise _Stopped(_Stopped.CANCELLED, meaningful, aggregator.chunks)
-                    now = monotonic()
-                    deadline = idle_deadline if idle_deadline < cap_deadline else cap_deadline
-                    if now >= deadline:
-                        kind = _Stopped.CAP if now >= cap_deadline else _Stopped.IDLE
-                        raise _Stopped(kind, meaningful, aggregator.chunks)
-                    ready.wait(deadline - now)
-                    continue
-            now = monotonic()
-            emitting = emitter is not None and bool(emitter)
-            is_cancelled = token.is_set
-            while items:
-                if is_cancelled():  # cancelled with chunks still queued: feed no more of them on
-                    raise _Stopped(_Stopped.CANCELLED, meaningful, aggregator.chunks)
-                chunk = popleft()
-                if type(chunk) is _Signal:
-                    self._ended(chunk, meaningful)
+        completed = False
+        stream: Iterator[Chunk] = iter(())
+        try:
+            stream = open_stream()  # a client may connect here already: inside, so a timeout is told as one
+            for chunk in stream:
+                if stopped():  # timed out or cancelled while this chunk was read: feed no more on
+                    raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                 if chunk.is_meaningful:
                     meaningful += 1
-                    idle_deadline = now + idle
+                    watched.idle_deadline = monotonic() + idle  # the watcher reads it when it wakes
                 add(chunk)
                 if on_chunk is not None:
                     on_chunk(chunk)
                 if chunk.is_completed:
+                    completed = True
                     response = aggregator.response()
-                    if emitting:
+                    if emitter is not None and emitter:
                         emitter.emit(ModelChunkEvent(chunk, True, response))
                     self._log.debug("stream of model {} completed in {:.3f}s: {} chunks, {} meaningful",
                                     response.model or _model_of(options), monotonic() - started,
                                     aggregator.chunks, meaningful)
                     return response
-                if emitting:
+                if emitter is not None and emitter:
                     emitter.emit(ModelChunkEvent(chunk))
-            if not channel.room.is_set():
-                channel.room.set()
-            if now >= cap_deadline:
-                raise _Stopped(_Stopped.CAP, meaningful, aggregator.chunks)
+            if stopped():  # a client that ends quietly when cancelled
+                raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+            raise LlmStreamError(
+                f"LLM stream ended without a completed chunk after {meaningful} meaningful chunks "
+                "(no finish reason or [DONE]); the answer is incomplete and was discarded")
+        except _Stopped:
+            raise
+        except BaseException as exc:
+            if stopped():  # the read failed because the token was set: say why it was set
+                raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks) from exc
+            raise
+        finally:
+            if not completed:
+                watched.token.set()  # a client still holding its connection shuts it down
+            _close(stream)
 
-    @staticmethod
-    def _ended(signal: _Signal, meaningful: int) -> None:
-        """The producer stopped before a completing chunk: its error, or a cut stream."""
-        if signal.error is not None:
-            raise signal.error
-        raise LlmStreamError(
-            f"LLM stream ended without a completed chunk after {meaningful} meaningful chunks "
-            "(no finish reason or [DONE]); the answer is incomplete and was discarded")
 
     def _stop_error(self, stopped: "_Stopped", options: Optional[CompletionOptions], started: float,
                     inner: Optional[BaseException]) -> Exception:
@@ -351,7 +276,7 @@ class StreamingCallStrategy(CallStrategy):
 class _Stopped(Exception):
     """Internal: the reader stopped the call (never escapes ``call()``)."""
 
-    CANCELLED, IDLE, CAP = "cancelled", "idle", "cap"
+    CANCELLED, IDLE, CAP = "cancelled", deadlines.IDLE, deadlines.CAP
 
     def __init__(self, kind: str, meaningful: int, total: int) -> None:
         super().__init__(kind)

@@ -14,6 +14,8 @@ producer (the run thread), the run stops reading the provider's socket, and
 TCP pushes back on the provider.  The producer is woken by the consumer's
 next drain (one ``Event.set`` per drain, not per item) or by ``cancel``;
 once cancelled, ``put`` never blocks, so a cancelled run can always finish.
+While it waits, the idle timer of the model call it streams stands still
+(``deadlines.held``): the silence is the consumer's, not the model's.
 
 **Flush hint**: a consumer that batches what it reads (the WSGI stream
 joins frames into one socket write) must not sit on a half-built batch
@@ -27,6 +29,8 @@ from __future__ import annotations
 import queue
 import threading
 from typing import Any, List, Optional
+
+from .deadlines import held
 
 __all__ = ["DEFAULT_MAX_ITEMS", "EventChannel", "request_flush"]
 
@@ -65,6 +69,11 @@ class EventChannel:
             self._wait_for_room()
 
     def _wait_for_room(self) -> None:
+        # Held by the consumer, not by the model: a call the producer streams stops its idle clock.
+        with held():
+            self._wait_while_full()
+
+    def _wait_while_full(self) -> None:
         q = self._queue
         cancel = self._cancel
         while q.qsize() >= self._max and not (cancel is not None and cancel.is_set()):
