@@ -16,6 +16,10 @@ a worker process can import them); a tool that must wait for the test waits
 for a file, and the ``release`` fixture creates it at teardown so that no
 call outlives its test by more than a poll.
 
+The last test runs the examples of "Heavy tools on processes or Dask" in
+docs/scaling.md, copied out of the page, so the page cannot drift from what
+works.
+
 Thread-leak guard: ``no_leak`` is the suite's ``no_thread_leak`` check,
 taken *after* the executor exists and ignoring threads whose name holds
 "Dask-": Dask's worker threads (which run the tools under ``processes=False``)
@@ -30,9 +34,11 @@ import importlib
 import json
 import multiprocessing
 import os
+import re
+import sys
 import threading
 from pathlib import Path
-from typing import Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -45,8 +51,6 @@ from streamengine.engine import EngineConfig, StreamingEngine
 from streamengine.events import DoneEvent, ToolStartEvent
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
-
-pytestmark = pytest.mark.usefixtures("no_leak")
 
 TOOL_TIMEOUT_S = 10.0  # the deadline of calls expected to finish: a guard, never reached
 
@@ -67,16 +71,20 @@ def process_pool() -> Iterator[concurrent.futures.Executor]:
 
 
 @pytest.fixture(scope="module")
-def dask() -> Iterator[concurrent.futures.Executor]:
+def dask_client() -> Iterator[Any]:
     distributed = pytest.importorskip("distributed")
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=False, host="127.0.0.1",
                                        protocol="tcp://", dashboard_address=None)
     client = distributed.Client(cluster)
-    executor = client.get_executor()
-    assert executor.submit(os.getpid).result() == os.getpid()
-    yield executor
+    assert client.get_executor().submit(os.getpid).result() == os.getpid()
+    yield client
     client.close()
     cluster.close()
+
+
+@pytest.fixture(scope="module")
+def dask(dask_client) -> concurrent.futures.Executor:
+    return dask_client.get_executor()
 
 
 @pytest.fixture(params=["process_pool", "dask"])
@@ -84,9 +92,13 @@ def remote(request) -> concurrent.futures.Executor:
     return request.getfixturevalue(request.param)
 
 
-@pytest.fixture
-def no_leak(remote) -> Iterator[None]:
+@pytest.fixture(autouse=True)
+def no_leak(request) -> Iterator[None]:
     """The suite's thread-leak guard, minus the module-wide Dask cluster's own threads (see the docstring)."""
+    for executor in ("remote", "dask_client"):
+        if executor in request.fixturenames:
+            request.getfixturevalue(executor)  # the executor and its threads exist before the snapshot
+
     def alive() -> set:
         return {t for t in threading.enumerate() if t.is_alive() and "Dask-" not in t.name}
 
@@ -269,3 +281,44 @@ def test_remote_results_are_filed_and_found_by_rag_search_next_round(provider, r
         assert store.count(source=f"tool:fetch_notes:{fetched.call_id}") > 1
     assert search.ok and PHRASE in search.text
     assert PHRASE in continuation(provider, round_no=3)
+
+
+# --------------------------------------------------------------------------- the examples in docs/scaling.md
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "scaling.md"
+
+
+def doc_examples() -> dict:
+    """The section's python blocks, by the file name each one opens with (``# name.py``)."""
+    text = DOCS.read_text()
+    section = text[text.index("## Heavy tools on processes or Dask"):]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n# (\w+\.py)[^\n]*\n(.*?)```", section, re.S)
+    return {name: f"# {name}\n{body}" for name, body in blocks}
+
+
+@pytest.fixture
+def examples_dir(tmp_path, monkeypatch) -> Iterator[Path]:
+    """The examples as files; importable here too, as they would be on every Dask worker."""
+    for name, code in doc_examples().items():
+        (tmp_path / name).write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("heavy_tools", "pool_app", "dask_app"):
+        sys.modules.pop(name, None)
+
+
+def test_the_docs_examples_run_their_tool_remotely_and_answer(examples_dir, dask_client, monkeypatch, capsys):
+    """Each example's main(), run here, against a FakeProvider and (for Dask) this module's cluster."""
+    assert sorted(p.name for p in examples_dir.iterdir()) == ["dask_app.py", "heavy_tools.py", "pool_app.py"]
+    monkeypatch.setenv("DASK_SCHEDULER", dask_client.scheduler.address)
+    words = "the cat and the dog and the end"
+    for script in ("pool_app", "dask_app"):
+        with FakeProvider() as llm:
+            llm.add_turn(s.text("Counting. " + block("word_stats", {"text": words})))
+            llm.add_turn(s.text(f"'the' it is ({script})."))
+            monkeypatch.setenv("LLM_BASE_URL", llm.base_url)
+            importlib.import_module(script).main()
+        assert capsys.readouterr().out == f"'the' it is ({script}).\n"
+        told = continuation(llm)
+        assert '"words": 8' in told and '["the", 3]' in told and '["and", 2]' in told, told
