@@ -116,12 +116,6 @@ def release(tmp_path) -> Iterator[Path]:
     path.touch()
 
 
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with FakeProvider() as fp:
-        yield fp
-
-
 # --------------------------------------------------------------------------- helpers
 
 
