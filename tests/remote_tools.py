@@ -34,6 +34,19 @@ def crash(reason: str) -> str:
     raise ValueError(reason)
 
 
+class StoreError(Exception):
+    """An exception whose ``__init__`` does not take its ``args``: it cannot be unpickled as itself."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"code {code}: {detail}")
+
+
+@tool(executor="remote")
+def crash_oddly(reason: str) -> str:
+    """Fail with an exception that does not survive a pickle round trip."""
+    raise StoreError(7, reason)
+
+
 @tool(executor="remote")
 def linger(release: str, ctx: ToolContext, note: str = "") -> str:
     """A well-behaved slow tool: returns when ``release`` exists, or stops at its cancel or deadline."""

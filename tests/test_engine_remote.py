@@ -43,6 +43,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from conftest import wait_for
+import remote_tools
 from remote_tools import (PHRASE, after_file, crash, fetch_notes, linger, lookup, read_note_when, stuck,
                           write_note)
 from streamengine import SqliteRagStore
@@ -193,6 +194,17 @@ def test_a_tool_that_raises_is_an_error_result_naming_the_exception(provider, re
     assert "ValueError: the disk is full" in continuation(provider)
 
 
+def test_an_exception_that_cannot_travel_back_is_named_and_the_pool_survives(provider, remote):
+    provider.add_turn(s.text(block("crash_oddly", {"reason": "disk full"})))
+    provider.add_turn(s.text(block("lookup", {"city": "Oslo"})))
+    provider.add_turn(s.text("done"))
+    with make_engine(provider, [remote_tools.crash_oddly, remote_tools.lookup], remote) as engine:
+        result = done(ask(engine))
+    failed, looked_up = result.tool_results
+    assert not failed.ok and "StoreError: code 7: disk full" in failed.error
+    assert looked_up.ok and "sunny in Oslo" in looked_up.text  # the pool still works
+
+
 def test_a_tool_that_never_returns_is_abandoned_at_its_deadline(provider, remote, release, tmp_path):
     note = tmp_path / "note"
     provider.add_turn(s.text(block("stuck", {"release": str(release), "note": str(note)})))
@@ -268,11 +280,21 @@ def test_remote_results_are_filed_and_found_by_rag_search_next_round(provider, r
     provider.add_turn(s.text("Let me look closer. " + block("rag_search", {"query": "heron quartzite", "k": 2})))
     provider.add_turn(s.text("Herons nest by quartzite cliffs."))
     with SqliteRagStore() as store:
+        filed_on = []
+        add_chunks = store.add_chunks
+
+        def recording_add_chunks(*args, **kwargs):
+            filed_on.append(threading.current_thread().name)
+            return add_chunks(*args, **kwargs)
+
+        store.add_chunks = recording_add_chunks
         with make_engine(provider, [fetch_notes], remote, rag=store) as engine:
             result = done(ask(engine))
         fetched, search = result.tool_results
         assert [fetched.name, search.name] == ["fetch_notes", "rag_search"]
         assert store.count(source=f"tool:fetch_notes:{fetched.call_id}") > 1
+        # Filed on our own short-lived thread, never on the pool's manager or Dask's event loop.
+        assert filed_on == ["streamengine-remote-result"]
     assert search.ok and PHRASE in search.text
     assert PHRASE in continuation(provider, round_no=3)
 

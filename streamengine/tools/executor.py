@@ -404,7 +404,10 @@ class ToolExecutor:
             else:
                 result = ToolResult(handle.call.id, tool.name, True, done.result(), None, ended - started,
                                     started, ended)
-            handle.set_result(result)
+            # Not on the caller's callback thread (the pool's manager, Dask's event loop): what the
+            # result triggers (its event, filing it in the RAG store) must not hold up other results.
+            threading.Thread(target=handle.set_result, args=(result,), name="streamengine-remote-result",
+                             daemon=True).start()
 
         future.add_done_callback(settle)
 

@@ -21,6 +21,7 @@ import importlib
 import inspect
 import itertools
 import os
+import pickle
 import threading
 import weakref
 from dataclasses import dataclass
@@ -81,7 +82,28 @@ class RemoteCall:
         event = _events.get(self.token) if pid == str(os.getpid()) else None
         if event is not None:  # same process: the tool can see the cancel flag
             context = ToolContext(event, context.deadline)
-        return tool._invoke(dict(self.args), context)
+        try:
+            return tool._invoke(dict(self.args), context)
+        except Exception as exc:
+            raise _sendable(exc) from None
+
+
+class RemoteToolError(Exception):
+    """A remote tool's exception that could not travel back as itself; its text says what it was."""
+
+
+def _sendable(exc: Exception) -> Exception:
+    """``exc`` if it survives a pickle round trip, else a stand-in carrying ``Type: message``.
+
+    An exception whose ``__init__`` takes other arguments than its ``args``
+    fails to unpickle in the caller, and a ``ProcessPoolExecutor`` that meets
+    one is broken for every later call of every run.
+    """
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RemoteToolError(f"{type(exc).__name__}: {exc}")
 
 
 def _resolve(module: str, qualname: str, tool_name: str) -> Any:
