@@ -2,8 +2,8 @@
 
 Thread layout of one run (docs/ARCHITECTURE.md has the whole picture)::
 
-    producer thread   client.stream() -> chunks            (calls.StreamingCallStrategy)
-    run thread        idle timer + cap, parse, dispatch  -> EventChannel
+    run thread        client.stream() -> chunks, parse, dispatch -> EventChannel
+                      (idle timer + cap kept by the process's deadline watcher, deadlines.py)
                       after the stream: join tools, continue with the next round
     caller's thread   the ``run()`` generator: yields events, heartbeats when idle
     tool threads      one daemon thread per running tool  (tools.ToolExecutor)

@@ -46,8 +46,16 @@ def streaming(client: Any, idle: float, cap: float) -> StreamingCallStrategy:
 
 
 def stream_threads() -> List[threading.Thread]:
-    """Producer threads of StreamingCallStrategy that are still alive."""
-    return [t for t in threading.enumerate() if t.name.startswith("streamengine-stream") and t.is_alive()]
+    """Threads a finished call left behind: a call reads in its caller's thread, so none may
+    remain but the shared deadline watcher, which ends once no call is watched."""
+    from conftest import wait_for
+
+    def left() -> List[threading.Thread]:
+        return [t for t in threading.enumerate() if t.is_alive()
+                and (t.name.startswith("streamengine-stream") or t.name == "streamengine-deadlines")]
+
+    wait_for(lambda: not left(), timeout=5.0)
+    return left()
 
 
 @contextmanager
