@@ -89,9 +89,16 @@ def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
     bold = (lambda s: f"{BOLD}{s}{RESET}") if color else (lambda s: s)
     write(out, bold(f"{PROG} demo: a scripted model on a loopback FakeProvider (no key, no network)") + "\n")
     write(out, f"Q: {demo.DEMO_QUESTION}\n\n")
-    t0 = time.monotonic()
-    printer = EventPrinter(out, out, color=color, spans=True, t0=t0, hide_llm_warning=False)
-    report = demo.run_demo(fast=args.fast, on_event=lambda event, t: printer.handle(event, t))
+    printer = EventPrinter(out, out, color=color, spans=True, hide_llm_warning=False)
+    clock_set = []
+
+    def show(event: Any, t: float) -> None:
+        if not clock_set:  # the tools' "ran +a .. +b" on the demo's clock: from the request, not from here
+            printer.t0 = time.monotonic() - t
+            clock_set.append(True)
+        printer.handle(event, t)
+
+    report = demo.run_demo(fast=args.fast, on_event=show)
     write(out, "\n" + demo.format_summary(report) + "\n")
     return 0 if report.ok else 1
 
