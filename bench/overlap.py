@@ -96,9 +96,9 @@ def _run_engine(server: Server, model: str, k: int) -> Tuple[float, float]:
 def _run_after(server: Server, model: str, k: int, parallel: bool) -> Tuple[float, float]:
     """The usual way: stream the answer, find the calls, run them once the stream is over."""
     from streamengine import CompletionOptions, OpenAICompatibleClient
-    from streamengine.inline import XmlParseState
+    from streamengine.inline import InlineToolScanner
     client = OpenAICompatibleClient(server.base_url)
-    parser = XmlParseState()
+    parser = InlineToolScanner()
     calls = []
     t0 = time.monotonic()
     for chunk in client.stream(MESSAGES, options=CompletionOptions(model=model)):
