@@ -113,7 +113,7 @@ def main(argv: List[str]) -> int:
                                    if q else served.run(upstream)),
                 "slowconsumer": lambda: slowconsumer.run(upstream, tokens=30_000 if q else 200_000),
                 "multirun": lambda: multirun.run(server, min_calls=120 if q else 1000, fair_calls=60 if q else 120),
-                "executor": lambda: executor.run(server, repeats=1 if q else 3),
+                "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
             }
             for number in sorted(wanted, key=int):
                 name = SECTIONS[number]

@@ -1,6 +1,6 @@
 """10. Where a CPU-bound tool runs: the engine's threads, a process pool, a Dask cluster.
 
-``K`` streams of ``TOKENS`` tokens at 100 tokens/s (bench/server.py, its own
+``K`` streams of ``tokens`` (150) tokens at 100 tokens/s (bench/server.py, its own
 process) run at once on one ``StreamingEngine``; each stream calls
 ``bench.cpu_tool.spin`` once (~200 ms of pure-Python arithmetic, declared
 ``executor="remote"``), the calls spread over the streams' first half.  The
@@ -23,12 +23,13 @@ streams' process: the OS, not the GIL, shares it then.
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .common import Server, content_frame, finish_frames, median, percentile, seg
+from .common import Server, content_frame, finish_frames, median, percentile, run_together, seg
 
 TOKENS = 150
 GAP_S = 0.010
@@ -37,11 +38,11 @@ PLACEMENTS = [("baseline", "no tool (baseline)"), ("threads", "engine threads (n
               ("process_pool", "ProcessPoolExecutor(2, spawn)"), ("dask", "Dask LocalCluster(2 processes)")]
 
 
-def _script(stream: int, streams: int, n: Optional[int]) -> List[Dict[str, Any]]:
+def _script(stream: int, streams: int, tokens: int, n: Optional[int]) -> List[Dict[str, Any]]:
     """Paced tokens; the tool block rides on one token (same frames and pace with or without it)."""
-    at = TOKENS // 8 + stream * (TOKENS // 2) // max(1, streams)
+    at = tokens // 8 + stream * (tokens // 2) // max(1, streams)
     segments = []
-    for k in range(TOKENS):
+    for k in range(tokens):
         text = " w"
         if k == at and n is not None:
             text += f'<tool name="spin">{json.dumps({"n": n})}</tool>'
@@ -74,14 +75,7 @@ def _gaps(engine: Any, prompt: str, out: List[float], problems: List[str], lock:
 def _measure(engine: Any, prompts: List[str], problems: List[str]) -> List[float]:
     gaps: List[float] = []
     lock = threading.Lock()
-    threads = [threading.Thread(target=_gaps, args=(engine, p, gaps, problems, lock), name=f"bench-{p}")
-               for p in prompts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        if t.is_alive():
-            raise RuntimeError(f"executor: {t.name} did not finish in 120 s; the engine is stuck")
+    run_together([functools.partial(_gaps, engine, p, gaps, problems, lock) for p in prompts], "executor")
     return gaps
 
 
@@ -112,17 +106,17 @@ def _dask() -> Any:
     return client.get_executor(), close
 
 
-def run(server: Server, streams: int = 8, repeats: int = 3) -> Dict[str, Any]:
+def run(server: Server, streams: int = 8, tokens: int = TOKENS, repeats: int = 3) -> Dict[str, Any]:
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 
     from . import cpu_tool
     n = cpu_tool.iterations_for(TOOL_S)
-    prompts = {"tool": [server.script(f"executor-tool-{s}", _script(s, streams, n)) for s in range(streams)],
-               "baseline": [server.script(f"executor-none-{s}", _script(s, streams, None)) for s in range(streams)]}
+    prompts = {kind: [server.script(f"executor-{kind}-{s}", _script(s, streams, tokens, arg)) for s in range(streams)]
+               for kind, arg in (("tool", n), ("baseline", None))}
     config = EngineConfig(models=["bench-executor"], tool_mode="xml", max_continuations=1, pool_size=16)
     executors: Dict[str, Any] = {"baseline": None, "threads": None}
     closers: List[Callable[[], None]] = []
-    result: Dict[str, Any] = {"streams": streams, "tokens": TOKENS, "gap_ms": GAP_S * 1e3, "tool_iterations": n,
+    result: Dict[str, Any] = {"streams": streams, "tokens": tokens, "gap_ms": GAP_S * 1e3, "tool_iterations": n,
                               "tool_s_here": TOOL_S, "placements": {}}
     try:
         for key, start in (("process_pool", _process_pool), ("dask", _dask)):

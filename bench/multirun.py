@@ -24,12 +24,13 @@ another (max / min of the per-run median queue wait).
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 from typing import Any, Dict, List, Tuple
 
-from .common import Server, content_frame, finish_frames, median, percentile, seg
+from .common import Server, content_frame, finish_frames, median, percentile, run_together, seg
 
 TOKENS = 100
 GAP_S = 0.010
@@ -69,14 +70,7 @@ class Burst:
         self.lock = threading.Lock()
 
     def run(self) -> None:
-        threads = [threading.Thread(target=self._consume, args=(r,), name=f"bench-run-{r}")
-                   for r in range(len(self.prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-            if t.is_alive():
-                raise RuntimeError(f"multirun: {t.name} did not finish in 120 s; the engine is stuck")
+        run_together([functools.partial(self._consume, r) for r in range(len(self.prompts))], "multirun")
 
     def _consume(self, run: int) -> None:
         from streamengine import DoneEvent, ToolResultEvent, ToolStartEvent
@@ -158,7 +152,8 @@ def _variant(server: Server, runs: int, pool_size: int, min_calls: int) -> Dict[
     return {
         "runs": runs, "pool_size": pool_size, "bursts": bursts, "calls": calls, "wall_s": time.monotonic() - t0,
         "queue_wait_ms": _pcts(waits), "delivery_ms": _pcts(delivery),
-        "run_queue_p50_ms": {"min": min(run_p50) * 1e3, "max": max(run_p50) * 1e3} if run_p50 else None,
+        "run_queue_p50_ms": {"min": min(run_p50) * 1e3, "max": max(run_p50) * 1e3,
+                             "by_run": [round(w * 1e3, 1) for w in run_p50]} if run_p50 else None,
         "problems": problems[:10], "problem_count": len(problems),
     }
 

@@ -32,6 +32,9 @@ def multirun(t: Dict[str, Any], verdict: Verdict) -> List[str]:
         ratio = f"{hi / lo:.2f}x" if lo > 0 else "inf (a run never waited)"
         out.append(f"   fair sharing on pool_size={f['pool_size']}: per-run median queue wait {lo:.0f}-{hi:.0f} ms, "
                    f"max/min {ratio} (1.00x: every run waits alike)")
+        if spread.get("by_run"):
+            out.append("     per-run median queue wait, runs in the order they were started (ms): "
+                       + " ".join(f"{w:.0f}" for w in spread["by_run"]))
     return out
 
 
