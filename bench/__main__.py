@@ -3,7 +3,8 @@
 ``scripts/bench`` sets up ``.venv-bench`` and runs this.  Options:
 
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
-                 6 paced, 7 served steady state, 8 slow consumer)
+                 6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
+                 10 where a CPU-bound tool runs)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -19,10 +20,12 @@ import time
 import traceback
 from typing import Any, Dict, List
 
-from . import common, concurrency, latency, overlap, paced, report, scaling, served, slowconsumer, throughput
+from . import (
+    common, concurrency, executor, latency, multirun, overlap, paced, report, scaling, served, slowconsumer, throughput,
+)
 
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
-            "6": "paced", "7": "served", "8": "slowconsumer"}
+            "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor"}
 NEEDS_UPSTREAM = {"paced", "served", "slowconsumer"}
 
 
@@ -109,8 +112,10 @@ def main(argv: List[str]) -> int:
                 "served": lambda: (served.run(upstream, quick=True, levels=(20,), servers=("waitress",), tokens=30)
                                    if q else served.run(upstream)),
                 "slowconsumer": lambda: slowconsumer.run(upstream, tokens=30_000 if q else 200_000),
+                "multirun": lambda: multirun.run(server, min_calls=120 if q else 1000, fair_calls=60 if q else 120),
+                "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
             }
-            for number in sorted(wanted):
+            for number in sorted(wanted, key=int):
                 name = SECTIONS[number]
                 print(f"[bench] {number}. {name} ...", file=sys.stderr, flush=True)
                 t0, machine0, ours0 = time.monotonic(), common.machine_cpu_s(), _our_cpu_s(server, upstream)

@@ -26,7 +26,8 @@ def main() -> None:
 
     engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
                              EngineConfig(models=[model], tool_mode="xml", pool_size=64))
-    app = make_wsgi_app(engine, heartbeat_s=15.0)
+    # every session comes from 127.0.0.1: the per-client cap must admit them all, or the burst gets 429s
+    app = make_wsgi_app(engine, heartbeat_s=15.0, max_streams=threads, max_streams_per_client=threads)
     server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=threads + 100,
                            backlog=2048, channel_request_lookahead=1, ident="streamengine-bench")
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # after the installed packages

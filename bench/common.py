@@ -199,6 +199,29 @@ def answer_of(datas: Any) -> str:
     return "".join(parts)
 
 
+def run_together(jobs: Sequence[Any], what: str, timeout_s: float = 120.0) -> None:
+    """Run each callable in its own thread, all at once; re-raise the first failure; never wait forever."""
+    import threading
+    failures: List[BaseException] = []
+
+    def guarded(job: Any) -> None:
+        try:
+            job()
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(job,), name=f"bench-{what}-{i}") for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            raise RuntimeError(f"{what}: {t.name} did not finish in {timeout_s:.0f} s; the engine is stuck")
+    if failures:
+        raise RuntimeError(f"{what}: a concurrent run failed: {failures[0]!r}") from failures[0]
+
+
 def announce_and_serve(port: int, serve: Any) -> None:
     """Print ``PORT <n>`` for the parent, exit when its stdin closes (never outlive the bench), serve."""
     import threading

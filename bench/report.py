@@ -33,10 +33,12 @@ def render(r: Dict[str, Any]) -> str:
            else ""),
     ]
     from .report_steady import paced, served, slow_consumer
+    from .report_tools import executor, multirun
     other = r.get("other_load") or {}
     for name, fn in (("throughput", _throughput), ("latency", _latency), ("overlap", _overlap),
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),
-                     ("served", served), ("slowconsumer", slow_consumer)):
+                     ("served", served), ("slowconsumer", slow_consumer), ("multirun", multirun),
+                     ("executor", executor)):
         if name not in r:
             continue
         lines.append("")
@@ -125,7 +127,8 @@ def _scaling(t: Dict[str, Any], verdict: Verdict) -> List[str]:
     out = ["4. Scaling - CPU seconds (all threads) for 1x, 10x, 100x input, scales interleaved "
            "(10x input must take <= 11x time)"]
     ok = True
-    for title, key, base, unit in (("parser (XmlParseState.feed)", "parser_s", t["parser_base_tokens"], "tokens"),
+    for title, key, base, unit in (("parser (InlineToolScanner.feed)", "parser_s", t["parser_base_tokens"],
+                                    "tokens"),
                                    ("engine (StreamingEngine.complete)", "engine_s", t["engine_base_chunks"],
                                     "chunks")):
         out.append(f"   {title + f', 1x = ~{base:,} {unit}':<53}{'1x':>8}{'10x':>8}{'100x':>8}"

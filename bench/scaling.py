@@ -1,6 +1,6 @@
 """4. Scaling: CPU time for 1x, 10x, 100x input; peak memory for 10k vs 1M tokens.
 
-* parser: ``XmlParseState.feed`` over prose with tool blocks and stray ``<``
+* parser: ``InlineToolScanner.feed`` over prose with tool blocks and stray ``<``
   (a block every ~250 characters, fed in tokens of 1 or 20 characters — one
   character at a time is the scanner's worst case); 5k, 50k, 500k tokens.
 * engine: ``StreamingEngine.complete`` (xml parser on) over a stream of
@@ -37,8 +37,8 @@ def _parse(tokens: List[str], copies: int = 1) -> int:
     memory out of the figure: 1M distinct token strings do not fit in a CPU
     cache, a stream's tokens arrive one at a time.
     """
-    from streamengine.inline import XmlParseState
-    parser = XmlParseState()
+    from streamengine.inline import InlineToolScanner
+    parser = InlineToolScanner()
     feed = parser.feed
     for _ in range(copies):
         for token in tokens:

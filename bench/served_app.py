@@ -23,6 +23,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator
 
 _local = threading.local()
+MAX_SESSIONS = 1000  # the app's stream caps: above any level section 7 or 8 opens
 
 
 def _session() -> Any:
@@ -87,7 +88,8 @@ def make_engine_app(upstream: str, model: str) -> Any:
 
     engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
                              EngineConfig(models=[model], tool_mode="xml", pool_size=16))
-    return make_wsgi_app(engine, heartbeat_s=15.0)
+    # every session comes from 127.0.0.1: the caps must admit the most sessions a level opens (200)
+    return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS)
 
 
 def _make() -> Any:

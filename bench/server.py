@@ -15,7 +15,9 @@ Routes:
   POST /_script          {"name", "segments", "followup": [segments] | null}: register
   GET  /_marks           the marks recorded so far, as JSON; ``?clear=1`` empties them
   POST /v1/chat/completions
-                         the script named by the request's ``model``; a request whose
+                         the script named by the request's ``model`` (or, when no script has
+                         that name, by its first user message: runs of one engine share a
+                         model but not their prompt); a request whose
                          messages hold an assistant turn (a continuation round) gets
                          the script's ``followup`` (default: a one-token answer).
 
@@ -90,6 +92,13 @@ class Script:
         self.followup = [Segment(s) for s in followup]
 
 
+def _first_user_text(request: Dict[str, Any]) -> Optional[str]:
+    for message in request.get("messages", ()):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            return message["content"]
+    return None
+
+
 class BenchServer:
     def __init__(self) -> None:
         self.scripts: Dict[str, Script] = {}
@@ -161,7 +170,7 @@ class BenchServer:
             return self._json(conn, {"marks": marks})
         if method == "POST" and path.endswith("/chat/completions"):
             request = json.loads(body)
-            script = self.scripts.get(request.get("model"))
+            script = self.scripts.get(request.get("model")) or self.scripts.get(_first_user_text(request))
             if script is None:
                 return self._json(conn, {"error": {"message": f"no script {request.get('model')!r}"}}, 404)
             followup = any(m.get("role") == "assistant" for m in request.get("messages", ()))
