@@ -121,6 +121,9 @@ def _close_all(socket_map: Dict[Any, Any], wasyncore: Any, keep_trigger: bool = 
         try:
             if hasattr(dispatcher, "write_soon"):
                 dispatcher.handle_close()  # a channel: wakes task threads blocked writing to it
+            elif keep_trigger and hasattr(dispatcher, "trigger"):
+                # The server: its own close() closes the trigger too, which finishing tasks still pull.
+                wasyncore.dispatcher.close(dispatcher)
             else:
                 dispatcher.close()
         except OSError:
