@@ -43,6 +43,14 @@ def error_body(kind: str, message: str) -> dict:
 fp, client = provider_fixtures("anthropic", api_key="sk-ant-faults")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm_wire():
+    """One call first: its one-off costs (imports, connection set-up) must not land inside a 0.2 s idle timer."""
+    with FakeProvider(wire="anthropic") as provider, AnthropicClient(provider.base_url, api_key="sk-ant-warm") as c:
+        provider.add_turn(s.text("warm"))
+        assert "".join(chunk.content or "" for chunk in c.stream(MESSAGES, options=OPTIONS)) == "warm"
+
+
 def failover(client, models=("a", "b"), **kwargs):
     return ModelFailover(streaming(client, 5.0, 10.0), list(models), **kwargs)
 
