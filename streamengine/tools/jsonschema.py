@@ -92,9 +92,11 @@ def _compact_nullable(node: Dict[str, Any]) -> Dict[str, Any]:
     if not isinstance(options, list) or len(options) != 2 or _NULL not in options:
         return node
     other = options[0] if options[1] == _NULL else options[1]
+    siblings = {k: v for k, v in node.items() if k != "anyOf"}
+    if other == {}:  # Optional[Any] (Python < 3.11 adds Optional for a None default): {} already admits null
+        return siblings
     if not isinstance(other.get("type"), str) or "enum" in other or "const" in other:
         return node
-    siblings = {k: v for k, v in node.items() if k != "anyOf"}
     return dict(other, type=[other["type"], "null"], **siblings)
 
 
