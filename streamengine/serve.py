@@ -110,7 +110,19 @@ def _stop_when_set(stop: threading.Event, finished: threading.Event, server: Any
         return
     trigger.pull_trigger(lambda: _close_all(socket_map, wasyncore, keep_trigger=True))
     server.task_dispatcher.shutdown(timeout=5)
-    trigger.pull_trigger(lambda: _close_all(socket_map, wasyncore))
+    finish_closing(trigger, socket_map, wasyncore)
+
+
+def finish_closing(trigger: Any, socket_map: Dict[Any, Any], wasyncore: Any) -> None:
+    """Close what is left, the trigger last, from the loop's thread when the trigger still works.
+
+    A trigger already closed (waitress closes it with the last dispatcher in
+    some orders) means the loop has nothing left to serve: close the rest here.
+    """
+    try:
+        trigger.pull_trigger(lambda: _close_all(socket_map, wasyncore))
+    except OSError:
+        _close_all(socket_map, wasyncore)
 
 
 def _close_all(socket_map: Dict[Any, Any], wasyncore: Any, keep_trigger: bool = False) -> None:

@@ -32,7 +32,7 @@ from streamengine.engine import EngineConfig, StreamingEngine
 from streamengine.errors import ConfigError
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
-from streamengine.serve import _close_all
+from streamengine.serve import _close_all, finish_closing
 from streamengine.wsgi import SseResponse, make_wsgi_app, mount
 
 from conftest import wait_for
@@ -87,7 +87,7 @@ def serving(app, threads: int = 8, **options) -> Iterator[str]:
         # finishing task pulls it), then the task threads, then the trigger and the loop.
         server.trigger.pull_trigger(lambda: _close_all(server._map, wasyncore, keep_trigger=True))
         server.task_dispatcher.shutdown(timeout=5)
-        server.trigger.pull_trigger(lambda: _close_all(server._map, wasyncore))
+        finish_closing(server.trigger, server._map, wasyncore)
         loop.join(5)
 
 
