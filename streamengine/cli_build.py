@@ -36,8 +36,8 @@ class UsageError(Exception):
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from exc
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
@@ -56,8 +56,8 @@ def _cap_seconds(text: str) -> float:
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from exc
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
     return value
@@ -147,7 +147,7 @@ def _env_seconds(environ: Mapping[str, str], name: str, parse: Callable[[str], f
     try:
         return parse(text)
     except argparse.ArgumentTypeError as exc:
-        raise ConfigError(f"{name}: {exc}") from None
+        raise ConfigError(f"{name}: {exc}") from exc
 
 
 def _seconds(args: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, float]:

@@ -36,6 +36,10 @@ from .tools import ToolExecutor, ToolRegistry, ToolResult
 
 __all__ = ["EngineConfig", "EngineResult", "StreamingEngine", "Telemetry"]
 
+#: Heartbeats carry nothing: one frozen instance serves every empty drain (a served
+#: stream asks for one per flush, so this is on the per-burst path).
+_HEARTBEAT = HeartbeatEvent()
+
 
 class StreamingEngine:
     """Runs conversations round by round; one engine serves many runs, from many threads.
@@ -159,7 +163,7 @@ class StreamingEngine:
                 if not items:
                     if channel.closed:
                         return
-                    yield HeartbeatEvent()
+                    yield _HEARTBEAT
                     continue
                 # DoneEvent is the last event a run puts: only the last item can be one.
                 yield from items

@@ -24,6 +24,7 @@ from typing import Iterator, List
 import pytest
 
 from conftest import wait_for
+from remote_tools import read_note_when, write_note
 
 from streamengine.errors import ToolError
 from streamengine.messages import ToolCall
@@ -52,29 +53,14 @@ def hold(release: str, ctx: ToolContext, note: str = "") -> str:
     the test's view into a call whose result it never gets.
     """
     outcome = "released"
-    _write(note, "running")
+    write_note(note, "running")
     while not os.path.exists(release):
         if ctx.cancelled:
             outcome = "stopped: cancelled" if ctx.cancel_event.is_set() else "stopped: deadline"
             break
         time.sleep(0.02)
-    _write(note, outcome)
+    write_note(note, outcome)
     return outcome
-
-
-def _write(path: str, text: str) -> None:
-    if path:
-        Path(path + ".tmp").write_text(text)
-        os.replace(path + ".tmp", path)
-
-
-def _read_when(path: Path, wanted: str) -> str:
-    end = time.monotonic() + GUARD_S
-    while time.monotonic() < end:
-        if path.exists() and path.read_text() != "running" or (wanted == "running" and path.exists()):
-            return path.read_text()
-        time.sleep(0.01)
-    return path.read_text() if path.exists() else "(no note)"
 
 
 @tool
@@ -179,10 +165,10 @@ def test_same_process_remote_tools_see_the_real_cancel_flag(dask_executor, relea
     with ToolExecutor(remote=dask_executor) as executor:
         arguments = '{"release": "%s", "note": "%s"}' % (release, note)
         handle = executor.submit(hold, call("hold", arguments), timeout=GUARD_S)
-        assert _read_when(note, "running") == "running"
+        assert read_note_when(note, done=False) == "running"
         handle.cancel()
         assert handle.result().error == "tool 'hold' cancelled"
-        assert _read_when(note, "outcome") == "stopped: cancelled"
+        assert read_note_when(note, done=True) == "stopped: cancelled"
 
 
 def test_other_process_tools_stop_at_their_wall_clock_deadline(process_pool, release, tmp_path):
@@ -190,10 +176,10 @@ def test_other_process_tools_stop_at_their_wall_clock_deadline(process_pool, rel
     with ToolExecutor(remote=process_pool) as executor:
         arguments = '{"release": "%s", "note": "%s"}' % (release, note)
         handle = executor.submit(hold, call("hold", arguments), timeout=1.0)
-        assert _read_when(note, "running") == "running"
+        assert read_note_when(note, done=False) == "running"
         handle.cancel()  # cannot cross the process boundary: the remote call runs to its deadline
         assert handle.result().error == "tool 'hold' cancelled"
-        assert _read_when(note, "outcome") == "stopped: deadline"
+        assert read_note_when(note, done=True) == "stopped: deadline"
 
 
 def test_the_caller_cancel_event_reaches_a_remote_call(executor, release):

@@ -49,8 +49,8 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
     parsed = [_trusted_message(i, m) if trusted else _public_message(i, m) for i, m in enumerate(raw)]
     try:
         require_unicode("messages", raw)
-    except RecursionError:
-        raise RequestRejected(f"messages are nested too deeply; {SEND}") from None
+    except RecursionError as exc:
+        raise RequestRejected(f"messages are nested too deeply; {SEND}") from exc
     if not trusted and parsed[-1].role != "user":
         raise RequestRejected(f"messages[{len(raw) - 1}].role: the last message must be the user's question, "
                               f"got {parsed[-1].role!r}; "
