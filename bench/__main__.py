@@ -65,7 +65,7 @@ def _freeze_harness_heap() -> None:
     import requests  # noqa: F401
     import sseclient  # noqa: F401
     import streamengine  # noqa: F401
-    import streamengine.wsgi  # noqa: F401
+    import streamengine.wsgi
     try:
         import openai  # noqa: F401
     except ImportError:

@@ -76,7 +76,7 @@ def _work(i: int, ms: int) -> str:
 
 def _run_engine(server: Server, model: str, k: int) -> Tuple[float, float]:
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
-    from streamengine.events import ToolResultEvent
+    from streamengine._engine.events import ToolResultEvent
     config = EngineConfig(models=[model], tool_mode="xml", max_tools_per_round=k, max_tools_total=k,
                           pool_size=k + 1, max_continuations=1)
     with StreamingEngine(OpenAICompatibleClient(server.base_url), [tool(name="work")(_work)], config) as engine:
@@ -98,7 +98,7 @@ def _run_engine(server: Server, model: str, k: int) -> Tuple[float, float]:
 def _run_after(server: Server, model: str, k: int, parallel: bool) -> Tuple[float, float]:
     """The usual way: stream the answer, find the calls, run them once the stream is over."""
     from streamengine import CompletionOptions, OpenAICompatibleClient
-    from streamengine.inline import InlineToolScanner
+    from streamengine._inline.scanner import InlineToolScanner
     client = OpenAICompatibleClient(server.base_url)
     parser = InlineToolScanner()
     calls = []

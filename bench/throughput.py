@@ -74,7 +74,8 @@ def make_client_stream(server: Server) -> Callable[[str], str]:
 
 
 def make_strategy(server: Server) -> Callable[[str], str]:
-    from streamengine import CompletionOptions, OpenAICompatibleClient, StreamingCallStrategy
+    from streamengine import CompletionOptions, OpenAICompatibleClient
+    from streamengine._calls.strategies import StreamingCallStrategy
     strategy = StreamingCallStrategy(OpenAICompatibleClient(server.base_url))
 
     def run(model: str) -> str:

@@ -40,9 +40,9 @@ import requests
 import waitress
 from waitress import wasyncore
 
-from streamengine.clients.connection import CancellableAdapter
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
+from streamengine._clients.http.connection import CancellableAdapter
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
 from streamengine.wsgi import make_wsgi_app

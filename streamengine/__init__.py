@@ -14,27 +14,28 @@ from typing import Any as _Any
 
 from loguru import logger as _logger
 
-from .cancel import CancelToken
-from .clients import (
-    AnthropicClient, LlmClient, OpenAICompatibleClient, RoutedClient, ScriptedClient, StreamingLlmClient,
+from ._cancel import CancelToken
+from ._clients.anthropic.client import AnthropicClient
+from ._clients.base import LlmClient, StreamingLlmClient
+from ._clients.openai.client import OpenAICompatibleClient
+from ._clients.routed import RoutedClient
+from ._clients.scripted import ScriptedClient
+from ._config import EngineConfig
+from ._engine.run import StreamingEngine
+from ._errors import (
+    AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
+    LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
 )
-from .config import EngineConfig
-from .engine import StreamingEngine
-from .errors import (
-    AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError,
-    LlmHttpError, LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
+from ._engine.events import (
+    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    ToolStartEvent,
 )
-from .events import (
-    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ModelChunkEvent, Observer, ResetEvent, RoundEvent,
-    TokenEvent, ToolResultEvent, ToolStartEvent,
-)
-from .failover import ErrorClass, ErrorClassifier
-from .logs import enable_logging
-from .messages import (
-    Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolSpec, Usage,
-)
+from ._calls.hooks import ModelChunkEvent, Observer
+from ._calls.failover import ErrorClass, ErrorClassifier
+from ._logs import enable_logging
+from ._messages import Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolSpec, Usage
 from .rag import Embedder, HashingEmbedder, Hit, OpenAIEmbedder, PostgresRagStore, RagStore, SqliteRagStore
-from .result import EngineResult, Telemetry
+from ._engine.result import EngineResult, Telemetry
 from .tools import Tool, ToolContext, ToolRegistry, ToolResult, tool
 
 _logger.disable("streamengine")

@@ -15,9 +15,9 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from streamengine.clients.anthropic import AnthropicClient
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.messages import Chunk
+from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._messages import Chunk
 from streamengine.testing import FakeProvider
 
 FRAMINGS = ["chunked", "close", "length"]

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from streamengine.accumulate import ResponseAggregator, ToolCallAccumulator
-from streamengine.messages import Chunk, ToolCall, ToolCallDelta as D, Usage
+from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
+from streamengine._messages import Chunk, ToolCall, ToolCallDelta as D, Usage
 
 
 def feed(acc, deltas):

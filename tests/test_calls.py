@@ -7,17 +7,15 @@ import time
 import pytest
 from loguru import logger
 
-from streamengine.calls import (
+from streamengine._calls.strategies import (
     BufferedCallStrategy, StreamingCallStrategy, _Stopped, make_call_strategy,
 )
-from streamengine.cancel import CancelToken
-from streamengine.clients.base import LlmClient
-from streamengine.clients.scripted import ScriptedClient
-from streamengine.errors import (
-    ConfigError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,
-)
-from streamengine.events import EventEmitter
-from streamengine.messages import Chunk, CompletionOptions, ToolCall, ToolCallDelta, Usage
+from streamengine._cancel import CancelToken
+from streamengine._clients.base import LlmClient
+from streamengine._clients.scripted import ScriptedClient
+from streamengine._errors import ConfigError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
+from streamengine._calls.hooks import EventEmitter
+from streamengine._messages import Chunk, CompletionOptions, ToolCall, ToolCallDelta, Usage
 
 STALL = ScriptedClient.STALL
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -208,7 +206,7 @@ def test_timeout_is_logged_as_a_warning_with_duration_chunks_and_transport_error
     assert "model gpt-x" in text and "1 meaningful chunks" in text
     assert "after 0." in text  # the duration
     assert "LlmCancelledError: ScriptedClient: the call was cancelled" in text
-    assert warnings[0]["extra"]["component"] == "streamengine.calls.StreamingCallStrategy"
+    assert warnings[0]["extra"]["component"] == "streamengine._calls.strategies.StreamingCallStrategy"
 
 
 # --------------------------------------------------------------------------- failures

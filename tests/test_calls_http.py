@@ -13,16 +13,16 @@ import time
 import pytest
 from loguru import logger
 
-from streamengine.calls import BufferedCallStrategy, StreamingCallStrategy, make_call_strategy
-from streamengine.cancel import CancelToken
-from streamengine.clients.base import LlmClient
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.errors import (
+from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy, make_call_strategy
+from streamengine._cancel import CancelToken
+from streamengine._clients.base import LlmClient
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._errors import (
     AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,
 )
-from streamengine.events import EventEmitter
-from streamengine.failover import ModelFailover
-from streamengine.messages import CompletionOptions, ToolCall, Usage
+from streamengine._calls.hooks import EventEmitter
+from streamengine._calls.failover import ModelFailover
+from streamengine._messages import CompletionOptions, ToolCall, Usage
 from streamengine.testing import FakeProvider, steps as s
 
 from http_support import MESSAGES, provider_fixtures
@@ -143,7 +143,7 @@ def test_a_silent_model_is_unavailable_and_the_warning_names_the_transport_error
     assert str(info.value).startswith("LLM streaming: no response received within 0.25s")
     assert info.value.verb == "unavailable"
     assert isinstance(info.value.__cause__, LlmCancelledError)  # the socket was shut down
-    (line,) = messages_of(warnings, "streamengine.calls.StreamingCallStrategy")
+    (line,) = messages_of(warnings, "streamengine._calls.strategies.StreamingCallStrategy")
     assert "model slowpoke" in line and "0 meaningful chunks" in line
     assert "transport: LlmCancelledError" in line and "(inner: " in line
 
@@ -228,7 +228,7 @@ def test_failover_order_and_verbs_over_http(fp, client, warnings):
     assert result.response.usage == Usage(3, 2, 5)
     assert [r.json["model"] for r in fp.requests] == ["a", "b", "c", "d", "e"]
     assert all(r.json["temperature"] == 0.5 for r in fp.requests)
-    lines = messages_of(warnings, "streamengine.failover.ModelFailover")
+    lines = messages_of(warnings, "streamengine._calls.failover.ModelFailover")
     assert [line.split(" (")[0] for line in lines] == [
         "model a unavailable, failing over to b",
         "model b unavailable, failing over to c",
@@ -246,7 +246,7 @@ def test_retry_after_beyond_the_cap_fails_over_at_once_over_http(fp, client, war
     assert (result.model, result.failovers, result.response.content) == ("b", 1, "from b")
     assert [r.json["model"] for r in fp.requests] == ["a", "b"]
     assert cancel.waits == []  # no wait at all: the next model was asked at once
-    lines = messages_of(warnings, "streamengine.failover.ModelFailover")
+    lines = messages_of(warnings, "streamengine._calls.failover.ModelFailover")
     assert lines[0].startswith("model a rate limited (429) with Retry-After 120s, over the 5s cap")
     assert lines[1].startswith("model a rate limited (429), failing over to b")
 
@@ -268,7 +268,7 @@ def test_429_is_retried_honouring_retry_after(fp, client, warnings):
     assert (result.model, result.failovers, result.response.content) == ("a", 0, "ok")
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
     assert cancel.waits == [0.05]
-    assert messages_of(warnings, "streamengine.failover.ModelFailover")[0].startswith(
+    assert messages_of(warnings, "streamengine._calls.failover.ModelFailover")[0].startswith(
         "model a rate limited (429), retrying in 0.05s")
 
 

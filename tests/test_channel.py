@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from streamengine.cancel import CancelToken
-from streamengine.channel import EventChannel, request_flush
+from streamengine._cancel import CancelToken
+from streamengine._engine.channel import EventChannel, request_flush
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

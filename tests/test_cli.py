@@ -14,11 +14,11 @@ import xml.etree.ElementTree as ET
 import pytest
 import requests
 
-from streamengine import cli_output
-from streamengine.cli import EventPrinter, main
-from streamengine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine.messages import ToolCall
-from streamengine.result import EngineResult, Telemetry
+from streamengine._cli import output as cli_output
+from streamengine._cli.main import EventPrinter, main
+from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine._messages import ToolCall
+from streamengine._engine.result import EngineResult, Telemetry
 from streamengine.testing import FakeProvider, steps as s
 
 from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)

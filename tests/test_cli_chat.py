@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from streamengine import __version__
-from streamengine.cli import build_parser, main
-from streamengine.cli_build import NO_CAP_S, build_engine, close_engine
+from streamengine._cli.main import build_parser, main
+from streamengine._cli.build import NO_CAP_S, build_engine, close_engine
 from streamengine.testing import FakeProvider, steps as s
 
 from cli_support import CLI_ENV, clean_env, tools_module  # noqa: F401  (fixtures)
@@ -123,7 +123,7 @@ def test_redirected_stdout_gets_only_the_final_answer(capsys, tools_module):
 
 
 def test_a_terminal_watches_every_round_live_without_markup(capsys, tools_module, monkeypatch):
-    monkeypatch.setattr("streamengine.cli_chat.is_terminal", lambda stream: stream is sys.stdout)
+    monkeypatch.setattr("streamengine._cli.chat.is_terminal", lambda stream: stream is sys.stdout)
     with FakeProvider() as fp:
         tool_turns(fp)
         rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
@@ -250,10 +250,10 @@ def test_verbose_shows_what_is_underneath(capsys):
 
 
 def test_anthropic_provider_is_built_lazily_with_a_clear_error_when_missing(capsys):
-    if importlib.util.find_spec("streamengine.clients.anthropic") is None:
+    if importlib.util.find_spec("streamengine._clients.anthropic.client") is None:
         rc, _, err = run(capsys, "chat", "hi", "-m", "claude", "--provider", "anthropic")
         assert rc == 2
-        assert "--provider anthropic needs streamengine.clients.anthropic" in err
+        assert "--provider anthropic needs streamengine._clients.anthropic.client" in err
     else:  # the module has landed: the flag builds its client
         args = build_parser().parse_args(["chat", "hi", "-m", "claude", "--provider", "anthropic",
                                           "--api-key", "sk-ant"])
@@ -272,7 +272,7 @@ def test_a_conversation_on_a_real_pseudo_terminal():
         fp.add_turn(s.text("still here"))
         primary, secondary = os.openpty()
         env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
-        proc = subprocess.Popen([sys.executable, "-m", "streamengine.cli", "chat", "-m", "m", "--base-url",
+        proc = subprocess.Popen([sys.executable, "-m", "streamengine._cli.main", "chat", "-m", "m", "--base-url",
                                  fp.base_url], stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env)
         os.close(secondary)

@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from streamengine.cli import main
+from streamengine._cli.main import main
 from streamengine.testing import FakeProvider, steps as s
 
 from cli_support import CLI_ENV

@@ -13,15 +13,15 @@ from typing import Any, List
 
 import pytest
 
-from streamengine.accumulate import ToolCallAccumulator
-from streamengine.cancel import CancelToken
-from streamengine.clients.anthropic import AnthropicClient
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.errors import (
+from streamengine._accumulate import ToolCallAccumulator
+from streamengine._cancel import CancelToken
+from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._errors import (
     ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError, LlmStreamError,
 )
-from streamengine.failover import ErrorClass, ErrorClassifier
-from streamengine.messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
+from streamengine._calls.failover import ErrorClass, ErrorClassifier
+from streamengine._messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
 from streamengine.testing import FakeProvider, steps as s
 
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from streamengine.clients.anthropic import AnthropicClient
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.clients.routed import RoutedClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.errors import ConfigError
-from streamengine.events import DoneEvent, TokenEvent, ToolStartEvent
-from streamengine.messages import CompletionOptions
+from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.routed import RoutedClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import ConfigError
+from streamengine._engine.events import DoneEvent, TokenEvent, ToolStartEvent
+from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider, Stamp, steps as s
 from streamengine.tools import ToolContext, tool
 

@@ -15,14 +15,13 @@ from typing import Any, List
 import pytest
 
 from streamengine import enable_logging
-from streamengine.cancel import CancelToken
-from streamengine.clients.anthropic import AnthropicClient
-from streamengine.clients.openai import OpenAICompatibleClient, parse_retry_after
-from streamengine.errors import (
-    ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError,
-    LlmStreamError,
+from streamengine._cancel import CancelToken
+from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._clients.openai.client import OpenAICompatibleClient, parse_retry_after
+from streamengine._errors import (
+    ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError, LlmStreamError,
 )
-from streamengine.messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
+from streamengine._messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
 from streamengine.testing import FakeProvider, fake_embedding, steps as s
 
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
@@ -466,7 +465,7 @@ def test_bad_messages_are_refused_before_any_request(fp, client):
 def test_a_given_session_is_used_and_left_open(fp):
     import requests
 
-    from streamengine.clients.connection import CancellableAdapter
+    from streamengine._clients.http.connection import CancellableAdapter
 
     session = requests.Session()
     with OpenAICompatibleClient(fp.base_url, session=session) as client:
@@ -494,7 +493,7 @@ def test_options_that_are_not_json_are_refused_at_the_call(fp, client, extra):
 def test_request_tracker_aborts_a_plain_requests_call_before_headers(fp):
     import requests
 
-    from streamengine.clients.connection import RequestTracker, mount_cancellable, tracking
+    from streamengine._clients.http.connection import RequestTracker, mount_cancellable, tracking
 
     fp.add_turn(s.stall_before_headers())
     session = requests.Session()
@@ -523,7 +522,7 @@ def test_request_tracker_aborts_a_plain_requests_call_before_headers(fp):
 def test_an_aborted_tracker_shuts_a_new_connection_at_birth(fp):
     import requests
 
-    from streamengine.clients.connection import RequestTracker, mount_cancellable, tracking
+    from streamengine._clients.http.connection import RequestTracker, mount_cancellable, tracking
 
     fp.add_turn(*s.reply("never read"))
     session = requests.Session()

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from streamengine.clients.openai import DEFAULT_BASE_URL, OpenAICompatibleClient
-from streamengine.errors import ConfigError, LlmHttpError
+from streamengine._clients.openai.client import DEFAULT_BASE_URL, OpenAICompatibleClient
+from streamengine._errors import ConfigError, LlmHttpError
 from streamengine.testing import FakeProvider, steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -12,8 +12,8 @@ import pytest
 import requests
 import responses
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.messages import CompletionOptions, Message, ToolCall, ToolSpec
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._messages import CompletionOptions, Message, ToolCall, ToolSpec
 
 BASE = "https://llm.example.test/v1"
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'

@@ -7,13 +7,13 @@ import time
 import pytest
 
 from conftest import wait_for
-from streamengine import deadlines
-from streamengine.calls import StreamingCallStrategy
-from streamengine.cancel import CancelToken
-from streamengine.channel import EventChannel
-from streamengine.clients.scripted import ScriptedClient
-from streamengine.errors import LlmTimeoutError
-from streamengine.messages import Chunk
+from streamengine._calls import deadlines
+from streamengine._calls.strategies import StreamingCallStrategy
+from streamengine._cancel import CancelToken
+from streamengine._engine.channel import EventChannel
+from streamengine._clients.scripted import ScriptedClient
+from streamengine._errors import LlmTimeoutError
+from streamengine._messages import Chunk
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

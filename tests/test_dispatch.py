@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from streamengine.cancel import CancelToken
-from streamengine.dispatch import DispatchLimits, ToolDispatcher, canonical_key
-from streamengine.messages import ToolCall, ToolResult
+from streamengine._cancel import CancelToken
+from streamengine._engine.dispatch import DispatchLimits, ToolDispatcher, canonical_key
+from streamengine._messages import ToolCall, ToolResult
 from streamengine.tools import ToolContext, ToolExecutor, ToolHandle, ToolRegistry, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

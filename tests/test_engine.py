@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.errors import ConfigError
-from streamengine.events import (
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import ConfigError
+from streamengine._engine.events import (
     DoneEvent, ErrorEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
 )
 from streamengine.testing import FakeProvider, steps as s
@@ -377,7 +377,7 @@ def test_text_held_back_as_a_possible_block_is_kept_when_the_stream_breaks():
 
 
 def test_caller_cancel_token_is_not_set_by_the_run():
-    from streamengine.cancel import CancelToken
+    from streamengine._cancel import CancelToken
 
     with FakeProvider() as fp:
         fp.add_turn(s.text("one "), s.stall())
@@ -512,7 +512,7 @@ def one_tool_then_an_answer(fp, **config):
 
 
 def test_options_reach_every_round():
-    from streamengine.messages import CompletionOptions
+    from streamengine._messages import CompletionOptions
 
     with FakeProvider() as fp:
         one_tool_then_an_answer(fp, options=CompletionOptions(temperature=0.2, extra={"top_k": 5}))
@@ -522,7 +522,7 @@ def test_options_reach_every_round():
 
 
 def test_options_may_be_a_plain_mapping_and_unknown_keys_go_to_extra():
-    from streamengine.messages import CompletionOptions
+    from streamengine._messages import CompletionOptions
 
     config = EngineConfig(models=["m"], options={"temperature": 0.2, "top_k": 5, "max_tokens": 9})
     assert config.options == CompletionOptions(temperature=0.2, max_tokens=9, extra={"top_k": 5})
@@ -559,7 +559,7 @@ def test_tool_mode_inline_and_its_old_name_xml():
 
 
 def test_the_classifier_seam_decides_failover():
-    from streamengine.failover import ErrorClass, ErrorClassifier
+    from streamengine._calls.failover import ErrorClass, ErrorClassifier
 
     class NeverFailOver(ErrorClassifier):
         def classify(self, exc):
@@ -578,7 +578,7 @@ def test_the_classifier_seam_decides_failover():
 
 
 def test_model_chunk_events_reach_the_engines_emitter_and_observers_hear_each_call():
-    from streamengine.events import ModelChunkEvent
+    from streamengine._calls.hooks import ModelChunkEvent
 
     heard = []
 

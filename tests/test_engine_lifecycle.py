@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.events import (
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._engine.events import (
     DoneEvent, ErrorEvent, HeartbeatEvent, ResetEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
 )
 from streamengine.rag import SqliteRagStore

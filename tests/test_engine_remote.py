@@ -47,9 +47,9 @@ import remote_tools
 from remote_tools import (PHRASE, after_file, crash, fetch_notes, linger, lookup, read_note_when, stuck,
                           write_note)
 from streamengine import SqliteRagStore
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.events import DoneEvent, ToolStartEvent
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._engine.events import DoneEvent, ToolStartEvent
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
 

@@ -7,12 +7,15 @@ import typing
 import pytest
 from loguru import logger
 
-from streamengine.errors import ConfigError
-from streamengine.events import (
-    DoneEvent, ErrorEvent, Event, EventEmitter, HeartbeatEvent, ModelChunkEvent, Observer, ResetEvent, RoundEvent,
-    TokenEvent, ToolResultEvent, ToolStartEvent, check_observers, notify_observers,
+from streamengine._errors import ConfigError
+from streamengine._engine.events import (
+    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    ToolStartEvent,
 )
-from streamengine.messages import Chunk, Response, ToolCall
+from streamengine._calls.hooks import (
+    EventEmitter, ModelChunkEvent, Observer, check_observers, notify_observers,
+)
+from streamengine._messages import Chunk, Response, ToolCall
 
 
 @pytest.fixture

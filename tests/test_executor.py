@@ -16,9 +16,9 @@ from typing import Callable, List
 
 import pytest
 
-from streamengine.cancel import CancelToken
-from streamengine.errors import ConfigError
-from streamengine.messages import ToolCall
+from streamengine._cancel import CancelToken
+from streamengine._errors import ConfigError
+from streamengine._messages import ToolCall
 from streamengine.tools import ToolContext, ToolExecutor, ToolResult, tool
 
 GUARD_S = 10.0
@@ -487,7 +487,7 @@ def test_invalid_constructor_arguments():
 
 _EXIT_SCRIPT = textwrap.dedent("""
     import threading
-    from streamengine.messages import ToolCall
+    from streamengine import ToolCall
     from streamengine.tools import ToolExecutor, tool
 
     @tool

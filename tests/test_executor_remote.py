@@ -26,8 +26,8 @@ import pytest
 from conftest import wait_for
 from remote_tools import read_note_when, write_note
 
-from streamengine.errors import ToolError
-from streamengine.messages import ToolCall
+from streamengine._errors import ToolError
+from streamengine._messages import ToolCall
 from streamengine.tools import ToolContext, ToolExecutor, tool
 
 GUARD_S = 20.0

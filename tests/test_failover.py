@@ -6,15 +6,15 @@ import threading
 import pytest
 from loguru import logger
 
-from streamengine.calls import StreamingCallStrategy
-from streamengine.cancel import CancelToken
-from streamengine.clients.scripted import ScriptedClient
-from streamengine.errors import (
+from streamengine._calls.strategies import StreamingCallStrategy
+from streamengine._cancel import CancelToken
+from streamengine._clients.scripted import ScriptedClient
+from streamengine._errors import (
     AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
     LlmProtocolError, LlmStreamError, LlmTimeoutError,
 )
-from streamengine.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
-from streamengine.messages import CompletionOptions
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
+from streamengine._messages import CompletionOptions
 
 STALL = ScriptedClient.STALL
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -30,7 +30,7 @@ def warnings():
     records = []
     logger.enable("streamengine")
     handler = logger.add(lambda m: records.append(m.record["message"]), level="WARNING",
-                         filter=lambda r: r["extra"].get("component") == "streamengine.failover.ModelFailover")
+                         filter=lambda r: r["extra"].get("component") == "streamengine._calls.failover.ModelFailover")
     yield records
     logger.remove(handler)
     logger.disable("streamengine")

@@ -14,9 +14,9 @@ from typing import List, Sequence, Tuple
 
 import pytest
 
-from streamengine.errors import ConfigError
-from streamengine.inline import TOOL_SYNTAX_HINT, FeedResult, InlineToolScanner, tool_instructions
-from streamengine.messages import ToolCall, ToolSpec
+from streamengine._errors import ConfigError
+from streamengine._inline.scanner import TOOL_SYNTAX_HINT, FeedResult, InlineToolScanner, tool_instructions
+from streamengine._messages import ToolCall, ToolSpec
 
 
 def run(pieces: Sequence[str], **kwargs) -> Tuple[str, List[ToolCall], InlineToolScanner, List[str]]:

@@ -22,8 +22,8 @@ def test_every_public_class_or_function_is_exported():
 
 
 def _warn_from_inside_the_package():
-    # A failing cancel callback is logged as a WARNING by streamengine.cancel.
-    from streamengine.cancel import CancelToken
+    # A failing cancel callback is logged as a WARNING by streamengine._cancel.
+    from streamengine._cancel import CancelToken
 
     token = CancelToken()
     token.add_callback(lambda: 1 / 0)
@@ -41,7 +41,7 @@ def test_logging_is_silent_until_enabled_then_goes_to_the_sink():
         lines = []
         handler = streamengine.enable_logging("WARNING", sink=lambda m: lines.append(str(m)))
         _warn_from_inside_the_package()
-        assert any("cancel callback failed" in line and "streamengine.cancel" in line for line in lines)
+        assert any("cancel callback failed" in line and "streamengine._cancel" in line for line in lines)
         logger.remove(handler)
     finally:
         logger.remove(probe)
@@ -60,25 +60,25 @@ def test_all_holds_what_a_user_needs_not_the_building_blocks():
 
 
 def test_building_blocks_stay_importable_from_their_modules_and_the_package():
-    from streamengine.accumulate import ToolCallAccumulator
-    from streamengine.calls import make_call_strategy
-    from streamengine.inline import InlineToolScanner
+    from streamengine._accumulate import ToolCallAccumulator
+    from streamengine._calls.strategies import make_call_strategy
+    from streamengine._inline.scanner import InlineToolScanner
     from streamengine.tools import ToolHandle
 
-    assert streamengine.make_call_strategy is make_call_strategy
-    assert streamengine.ToolCallAccumulator is ToolCallAccumulator
-    assert streamengine.ToolHandle is ToolHandle
-    assert streamengine.InlineToolScanner is InlineToolScanner
+    assert streamengine._calls.strategies.make_call_strategy is make_call_strategy
+    assert streamengine._accumulate.ToolCallAccumulator is ToolCallAccumulator
+    assert streamengine.tools.ToolHandle is ToolHandle
+    assert streamengine._inline.scanner.InlineToolScanner is InlineToolScanner
 
 
 def test_xml_parse_state_is_a_deprecated_alias_of_the_inline_scanner():
     import warnings
 
-    from streamengine.inline import InlineToolScanner
+    from streamengine._inline.scanner import InlineToolScanner
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        from streamengine.inline import XmlParseState
+        from streamengine._inline.scanner import XmlParseState
     assert XmlParseState is InlineToolScanner
     assert any(issubclass(w.category, DeprecationWarning) and "InlineToolScanner" in str(w.message)
                for w in caught)

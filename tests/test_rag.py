@@ -12,11 +12,9 @@ import time
 import pytest
 
 from rag_stores import fill, warnings_log  # noqa: F401 - a fixture
-from streamengine.rag import base as rag_base, sqlite as rag
-from streamengine.errors import ConfigError, LlmProtocolError
-from streamengine.rag import (
-    Embedder, HashingEmbedder, OpenAIEmbedder, SqliteRagStore, chunks_for_ingest,
-)
+from streamengine.rag import _base as rag_base, _sqlite as rag
+from streamengine._errors import ConfigError, LlmProtocolError
+from streamengine.rag import Embedder, HashingEmbedder, OpenAIEmbedder, SqliteRagStore, chunks_for_ingest
 
 
 @pytest.fixture(autouse=True)
@@ -288,7 +286,7 @@ def test_a_store_from_a_newer_version_is_refused(tmp_path):
 
 def _fake_provider():
     testing = pytest.importorskip("streamengine.testing")
-    openai = pytest.importorskip("streamengine.clients.openai")
+    openai = pytest.importorskip("streamengine._clients.openai.client")
     if not hasattr(openai.OpenAICompatibleClient, "embed") or not hasattr(testing.FakeProvider, "fail_embeddings"):
         pytest.skip("client embed() / FakeProvider embeddings not available yet")
     return testing.FakeProvider, openai.OpenAICompatibleClient

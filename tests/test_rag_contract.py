@@ -16,8 +16,8 @@ from rag_stores import (  # noqa: F401 - warnings_log is a fixture
     CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, STORE_KINDS, StoreMaker, fill, spec_json,
     warnings_log, writer_script,
 )
-from streamengine.errors import ConfigError, StreamEngineError
-from streamengine.rag import HashingEmbedder, Hit, RagStore, base as rag_base
+from streamengine._errors import ConfigError, StreamEngineError
+from streamengine.rag import HashingEmbedder, Hit, RagStore, _base as rag_base
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -16,9 +16,9 @@ import pytest
 
 from rag_stores import drop_tables, open_store, postgres_dsn
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
-from streamengine.errors import ConfigError, StreamEngineError
+from streamengine._errors import ConfigError, StreamEngineError
 from streamengine.rag import HashingEmbedder, PostgresRagStore
-from streamengine.rag.postgres import DSN_ENV, redact_dsn
+from streamengine.rag._postgres import DSN_ENV, redact_dsn
 from streamengine.testing import FakeProvider, steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -73,7 +73,7 @@ def loopback(tmp_path, monkeypatch):
     """A FakeProvider in the environment, a scratch working directory, and clean-up of what blocks open."""
     from loguru import logger
 
-    from streamengine import logs
+    from streamengine import _logs as logs
 
     with FakeProvider() as fp:
         fp.respond_with(weather_turns)
@@ -167,7 +167,7 @@ def test_the_first_example_prints_the_error_message(loopback, capsys):
 
 
 def check_wsgi_app(app: Any) -> None:
-    from streamengine.serve import serve_app
+    from streamengine.web._serve import serve_app
 
     stop, ready = threading.Event(), []
     thread = threading.Thread(target=serve_app, args=(app,), name="readme-waitress", kwargs=dict(

@@ -7,15 +7,17 @@ import pytest
 
 from loguru import logger
 
-from streamengine.calls import make_call_strategy
-from streamengine.cancel import CancelToken
-from streamengine.clients.scripted import ScriptedClient
-from streamengine.config import EngineConfig
-from streamengine.errors import LlmHttpError
-from streamengine.events import DoneEvent, ErrorEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine.failover import ModelFailover
-from streamengine.messages import Chunk, Message, ToolCallDelta, Usage
-from streamengine.round import RoundRunner, RunDeps, RunState
+from streamengine._calls.strategies import make_call_strategy
+from streamengine._cancel import CancelToken
+from streamengine._clients.scripted import ScriptedClient
+from streamengine._config import EngineConfig
+from streamengine._errors import LlmHttpError
+from streamengine._engine.events import (
+    DoneEvent, ErrorEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+)
+from streamengine._calls.failover import ModelFailover
+from streamengine._messages import Chunk, Message, ToolCallDelta, Usage
+from streamengine._engine.rounds import RoundRunner, RunDeps, RunState
 from streamengine.tools import ToolExecutor, ToolRegistry, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from streamengine.errors import ConfigError
-from streamengine.testing.junit import write_junit
-from streamengine.tools.loading import load_tools
-from streamengine.testing.scenario import (
+from streamengine._errors import ConfigError
+from streamengine.testing._junit import write_junit
+from streamengine.tools._loading import load_tools
+from streamengine.testing._scenario import (
     ScenarioError, ScenarioResult, load_scenario, parse_scenario, run_scenario,
 )
 from streamengine.tools import Tool
@@ -164,7 +164,7 @@ def test_imported_tools_and_a_crashing_import_are_reported(module):
 
 
 def test_a_scenario_that_cannot_run_is_an_error_not_a_crash(monkeypatch):
-    from streamengine.testing import scenario as harness
+    from streamengine.testing import _scenario as harness
 
     def broken_engine(*args, **kwargs):
         raise RuntimeError("engine on fire")

@@ -14,8 +14,8 @@ import anthropic
 import openai
 import pytest
 
-from streamengine.accumulate import ResponseAggregator
-from streamengine.messages import CompletionOptions, Response, ToolSpec
+from streamengine._accumulate import ResponseAggregator
+from streamengine._messages import CompletionOptions, Response, ToolSpec
 from streamengine.testing import FakeProvider, steps as s
 
 from http_support import CLIENTS, MESSAGES

@@ -1,6 +1,6 @@
 """SSE encoding, checked with a WHATWG-following parser (tests/sse_spec_parser.py).
 
-The parser is written from the HTML standard, not from ``streamengine.sse``:
+The parser is written from the HTML standard, not from ``streamengine.web._sse``:
 what it dispatches is what a browser's ``EventSource`` would.  The rule under
 test (issue 5/7): hostile model or tool text reaches the client as exactly one
 event with identical text, and nothing it contains reaches an ``event:`` or
@@ -19,13 +19,13 @@ from typing import Any, List, Optional
 
 import pytest
 
-from streamengine import sse
-from streamengine.errors import LlmStreamError
-from streamengine.events import (
+from streamengine.web import _sse as sse
+from streamengine._errors import LlmStreamError
+from streamengine._engine.events import (
     DoneEvent, ErrorEvent, HeartbeatEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
 )
-from streamengine.messages import ToolCall, Usage
-from streamengine.sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
+from streamengine._messages import ToolCall, Usage
+from streamengine.web._sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
 
 from sse_spec_parser import SseEvent, parse, parse_pieces
 
@@ -577,7 +577,7 @@ def test_random_hostile_streams_round_trip(seed):
 
 def test_real_result_types_encode():
     tools = pytest.importorskip("streamengine.tools", reason="streamengine.tools not importable yet")
-    engine = pytest.importorskip("streamengine.engine", reason="streamengine.engine not importable yet")
+    engine = pytest.importorskip("streamengine._engine.run", reason="streamengine._engine.run not importable yet")
     result = tools.ToolResult(call_id="c1", name="t\n", ok=False, text="out\r\n", error="boom",
                               duration_s=0.5)
     payload = json.loads(only_event(encode_event(ToolResultEvent(result))).data)
@@ -604,7 +604,8 @@ def test_reset_frames_name_the_round_and_reason():
 
 
 def test_public_errors_keep_details_out_of_every_frame_that_carries_them():
-    from streamengine.sse import LLM_WARNING, PublicErrors
+    from streamengine.web._sse import LLM_WARNING
+    from streamengine.web._public_errors import PublicErrors
 
     seen: List[str] = []
 

@@ -63,8 +63,8 @@ WHOLE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def test_steps_are_importable_every_way():
-    module = importlib.import_module("streamengine.testing.steps")
-    from streamengine.testing.steps import text
+    module = importlib.import_module("streamengine.testing._steps")
+    from streamengine.testing._steps import text
 
     assert module is s and text is s.text and "stall_before_headers" in s.__all__
 

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from streamengine.errors import ConfigError
+from streamengine._errors import ConfigError
 from streamengine.tools import Tool
-from streamengine.tools.loading import import_object, load_tools
+from streamengine.tools._loading import import_object, load_tools
 
 
 @pytest.fixture

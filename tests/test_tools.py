@@ -12,9 +12,11 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 import pytest
 from pydantic import BaseModel
 
-from streamengine.errors import ToolError
-from streamengine.messages import ToolCall, ToolSpec
-from streamengine.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool
+from streamengine._errors import ToolError
+from streamengine._messages import ToolCall, ToolSpec
+from streamengine.tools import (
+    Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool,
+)
 
 try:  # Annotated is in typing from 3.9
     from typing import Annotated

@@ -36,8 +36,8 @@ MARK_EVERY = 256    # a progress mark every 256 kB the provider wrote
 SERVER = textwrap.dedent("""
     import sys, waitress
     from streamengine import enable_logging
-    from streamengine.clients.openai import OpenAICompatibleClient
-    from streamengine.engine import EngineConfig, StreamingEngine
+    from streamengine import OpenAICompatibleClient
+    from streamengine import EngineConfig, StreamingEngine
     from streamengine.wsgi import make_wsgi_app
 
     engine = StreamingEngine(OpenAICompatibleClient(sys.argv[1]), [],

@@ -8,7 +8,7 @@ from typing import List
 import pytest
 import requests
 
-from streamengine.errors import ConfigError
+from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.wsgi import make_wsgi_app
 

@@ -32,8 +32,8 @@ gunicorn = pytest.importorskip("gunicorn", reason="gunicorn is in the test extra
 ROOT = Path(__file__).resolve().parent.parent
 APP = textwrap.dedent("""
     import os
-    from streamengine.clients.openai import OpenAICompatibleClient
-    from streamengine.engine import EngineConfig, StreamingEngine
+    from streamengine import OpenAICompatibleClient
+    from streamengine import EngineConfig, StreamingEngine
     from streamengine.wsgi import make_wsgi_app
 
     engine = StreamingEngine(OpenAICompatibleClient(os.environ["SE_PROVIDER"]), [],

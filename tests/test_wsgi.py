@@ -27,12 +27,12 @@ import sseclient
 import waitress
 from waitress import wasyncore
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.errors import ConfigError
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
-from streamengine.serve import _close_all, finish_closing
+from streamengine.web._serve import _close_all, finish_closing
 from streamengine.wsgi import SseResponse, make_wsgi_app, mount
 
 from conftest import wait_for
@@ -83,7 +83,7 @@ def serving(app, threads: int = 8, **options) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.effective_port}"
     finally:
-        # The order streamengine.serve uses: channels first (the trigger stays, since a
+        # The order streamengine.web._serve uses: channels first (the trigger stays, since a
         # finishing task pulls it), then the task threads, then the trigger and the loop.
         server.trigger.pull_trigger(lambda: _close_all(server._map, wasyncore, keep_trigger=True))
         server.task_dispatcher.shutdown(timeout=5)

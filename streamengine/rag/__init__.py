@@ -16,11 +16,11 @@ continuation round or a later one -- finds it.
 Layering: this package depends only on ``errors``/``logs``/``tools`` and the
 standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
 """
-from .base import Embedder, Hit, RagStore
-from .chunking import chunks_for_ingest
-from .embedders import HashingEmbedder, OpenAIEmbedder
-from .postgres import PostgresRagStore
-from .sqlite import SqliteRagStore
+from ._base import Embedder, Hit, RagStore
+from ._chunking import chunks_for_ingest
+from ._embedders import HashingEmbedder, OpenAIEmbedder
+from ._postgres import PostgresRagStore
+from ._sqlite import SqliteRagStore
 
 __all__ = [
     "Embedder", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore", "SqliteRagStore",

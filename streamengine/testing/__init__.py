@@ -12,8 +12,8 @@ Public, for streamengine's own tests, its demo and CLI harness, and your tests.
 
     from streamengine.testing import FakeProvider, steps as s
 """
-from . import steps
-from .provider import FakeProvider, RecordedRequest, Turn, fake_embedding
-from .steps import Stamp, Step
+from . import _steps as steps
+from ._provider import FakeProvider, RecordedRequest, Turn, fake_embedding
+from ._steps import Stamp, Step
 
 __all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "Turn", "fake_embedding", "steps"]

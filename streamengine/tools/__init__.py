@@ -5,13 +5,13 @@ it; ``tool`` holds :class:`Tool`, ``@tool`` and :class:`ToolRegistry`;
 ``executor`` runs calls on owned threads (or a remote executor) with deadlines, and
 ``handle`` is the per-call state machine it drives.  What a call returns
 (:class:`ToolResult`) and what a running tool sees (:class:`ToolContext`) are
-plain data in :mod:`streamengine.messages`, re-exported here.
+plain data in :mod:`streamengine._messages`, re-exported here.
 """
-from ..messages import ToolContext, ToolResult
-from .executor import ToolExecutor
-from .handle import ToolHandle
-from .results import ToolReturnError, result_to_text
-from .tool import Tool, ToolRegistry, tool
+from .._messages import ToolContext, ToolResult
+from ._executor import ToolExecutor
+from ._handle import ToolHandle
+from ._results import ToolReturnError, result_to_text
+from ._tool import Tool, ToolRegistry, tool
 
 __all__ = [
     "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult", "ToolReturnError",

@@ -1,17 +1,26 @@
-"""The engine as a WSGI app serving Server-Sent Events; see :mod:`.app` for routes and options.
+"""The engine over the web: a WSGI app serving Server-Sent Events, and SSE for your own framework.
 
-Modules: ``app`` (routes, checks, make_wsgi_app), ``policy`` (which messages a
-request may bring), ``guard`` (Host check, authorize, stream limits),
-``response`` (one stream: batching, cancel on disconnect, stuck readers),
-``mount`` (under a prefix next to Flask/Django), ``http`` (JSON refusals).
+``make_wsgi_app(engine)`` is the whole app (page, stream, health check);
+``mount`` puts it under a prefix beside Flask or Django; ``encode_stream``
+with ``PublicErrors`` turns ``engine.run()`` into SSE frames inside a view of
+your own; ``messages_from_request`` reads a browser's conversation the way
+the app does.
+
+Modules (private): ``_app`` (routes, checks in order), ``_policy`` (which
+messages a request may bring), ``_guard`` (Host check, authorize, stream
+limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
+readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
+``_mount``, ``_http`` (JSON refusals), ``_serve`` (waitress, for the CLI).
 """
 from __future__ import annotations
 
-from .app import STREAM_PATH, StreamApp, make_wsgi_app
-from .guard import client_address
-from .mount import mount
-from .policy import RequestRejected, messages_from_request
-from .response import SseResponse
+from ._app import STREAM_PATH, StreamApp, make_wsgi_app
+from ._guard import client_address
+from ._mount import mount
+from ._policy import RequestRejected, messages_from_request
+from ._public_errors import PublicErrors
+from ._response import SseResponse
+from ._sse import encode_stream
 
-__all__ = ["STREAM_PATH", "RequestRejected", "SseResponse", "StreamApp", "client_address", "make_wsgi_app",
-           "messages_from_request", "mount"]
+__all__ = ["STREAM_PATH", "PublicErrors", "RequestRejected", "SseResponse", "StreamApp", "client_address",
+           "encode_stream", "make_wsgi_app", "messages_from_request", "mount"]

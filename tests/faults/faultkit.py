@@ -13,8 +13,8 @@ from typing import Any, Iterator, List, Optional
 from loguru import logger
 
 from streamengine import enable_logging
-from streamengine.calls import StreamingCallStrategy, make_call_strategy
-from streamengine.cancel import CancelToken
+from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
+from streamengine._cancel import CancelToken
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 GUARD_S = 10.0  # failure guards only: nothing here asserts speed

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Sequence, Tuple, Type
 
 import pytest
 
-from streamengine.errors import LlmError
+from streamengine._errors import LlmError
 
 from faultkit import MESSAGES, streaming
 from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer

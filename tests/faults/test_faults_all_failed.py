@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError
-from streamengine.events import DoneEvent, ErrorEvent, TokenEvent
-from streamengine.failover import ModelFailover
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError
+from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
+from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider, steps as s
 
 from faultkit import MESSAGES, RecordedWaits, stream_threads, streaming

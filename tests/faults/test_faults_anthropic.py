@@ -13,13 +13,13 @@ import threading
 
 import pytest
 
-from streamengine.calls import BufferedCallStrategy
-from streamengine.clients.anthropic import AnthropicClient
-from streamengine.errors import (
+from streamengine._calls.strategies import BufferedCallStrategy
+from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._errors import (
     AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,
 )
-from streamengine.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine.messages import CompletionOptions
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider, steps as s
 
 from faultkit import GUARD_S, MESSAGES, RecordedWaits, stream_threads, streaming

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from streamengine._sse_read import MAX_EVENT_BYTES
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.errors import LlmHttpError, LlmProtocolError
-from streamengine.failover import ErrorClass, ErrorClassifier
+from streamengine._clients.http.sse_read import MAX_EVENT_BYTES
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._errors import LlmHttpError, LlmProtocolError
+from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine.testing import steps as s
 
 from faultkit import DONE, GUARD_S, MESSAGES, finish_frame, frame, stream_threads, streaming

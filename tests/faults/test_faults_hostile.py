@@ -15,9 +15,9 @@ from typing import List, Sequence
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
 

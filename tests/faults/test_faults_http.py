@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient, parse_retry_after
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.errors import (
+from streamengine._clients.openai.client import OpenAICompatibleClient, parse_retry_after
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import (
     AllModelsFailedError, ConfigError, LlmError, LlmHttpError, LlmProtocolError, LlmStreamError,
 )
-from streamengine.events import DoneEvent, ErrorEvent
-from streamengine.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine.messages import ToolCall
+from streamengine._engine.events import DoneEvent, ErrorEvent
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._messages import ToolCall
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolExecutor, tool
 

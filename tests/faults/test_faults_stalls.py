@@ -27,9 +27,9 @@ import threading
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.errors import LlmTimeoutError
-from streamengine.failover import ErrorClass, ErrorClassifier
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._errors import LlmTimeoutError
+from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine.testing import FakeProvider, steps as s
 
 from faultkit import (
@@ -163,7 +163,7 @@ def test_stalls_through_fake_provider(framing, turn, message):
 
 
 def test_a_caller_cancel_during_a_stall_closes_the_socket_and_ends_the_producer():
-    from streamengine.errors import LlmCancelledError
+    from streamengine._errors import LlmCancelledError
 
     with RawServer(forever(KEEP_ALIVE)) as server, OpenAICompatibleClient(server.base_url) as client:
         cancel = threading.Event()  # a plain Event: bridged by a watcher thread, which must end too
@@ -203,7 +203,7 @@ def test_a_connect_that_hangs_fires_the_idle_timer_on_time_and_ends_the_producer
 
 
 def test_a_connect_that_hangs_ends_at_the_connect_timeout_as_a_connection_error(full_queue):
-    from streamengine.errors import LlmConnectionError
+    from streamengine._errors import LlmConnectionError
 
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=0.2) as client:
         with pytest.raises(LlmConnectionError, match="ConnectTimeout") as info:
@@ -212,8 +212,8 @@ def test_a_connect_that_hangs_ends_at_the_connect_timeout_as_a_connection_error(
 
 
 def test_cancel_during_a_hanging_connect_is_prompt(full_queue):
-    from streamengine.cancel import CancelToken
-    from streamengine.errors import LlmCancelledError
+    from streamengine._cancel import CancelToken
+    from streamengine._errors import LlmCancelledError
 
     cancel = CancelToken()
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=GUARD_S) as client:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.engine import EngineConfig, StreamingEngine
-from streamengine.events import DoneEvent, ToolStartEvent
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._engine.events import DoneEvent, ToolStartEvent
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
 
@@ -155,8 +155,8 @@ def test_leaving_the_iteration_mid_stream_cancels_the_running_tool(hung):
 
 _EXIT_SCRIPT = textwrap.dedent("""
     import threading
-    from streamengine.clients.openai import OpenAICompatibleClient
-    from streamengine.engine import EngineConfig, StreamingEngine
+    from streamengine import OpenAICompatibleClient
+    from streamengine import EngineConfig, StreamingEngine
     from streamengine.testing import FakeProvider, steps as s
     from streamengine.tools import tool
 
@@ -231,7 +231,7 @@ def test_tools_of_cancelled_runs_that_ignore_their_flag_count_as_stuck(hung):
 def test_a_long_lived_pool_does_not_keep_every_thread_it_ever_started():
     """Idle workers retire and new ones start, all day long in a server: the pool must not
     remember each one (it kept a Thread object per start until someone called threads_alive())."""
-    from streamengine.messages import ToolCall
+    from streamengine._messages import ToolCall
     from streamengine.tools import ToolExecutor
 
     @tool

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.clients.openai import OpenAICompatibleClient
-from streamengine.errors import AllModelsFailedError, LlmStreamError
-from streamengine.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._errors import AllModelsFailedError, LlmStreamError
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
 from streamengine.testing import FakeProvider, steps as s
 
 from faultkit import DONE, MESSAGES, content_frame, finish_frame, stream_threads, streaming

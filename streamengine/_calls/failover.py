@@ -1,0 +1,278 @@
+"""Model failover: try the candidate models in order, retry rate limits after a back-off.
+
+Each failure is sorted into an :class:`ErrorClass` by an :class:`ErrorClassifier`:
+
+``TRANSIENT_ADVANCE``
+    The model is unavailable right now — timeouts, connection errors, broken
+    streams, in-band overload, HTTP 404 (model not found), 408, 5xx, 529 —
+    so the next model is tried.
+``TRANSIENT_RETRY``
+    HTTP 429: the same model is retried after ``Retry-After`` (the client
+    parses it, invalid values become ``None``); without one, exponential
+    back-off; every wait capped at ``max_retry_wait``.  A ``Retry-After``
+    beyond the cap says the model is out for longer than we wait: the next
+    model is tried at once (the last model is retried, waiting up to the
+    cap).  Once the retries are used up the next model is tried.
+``FATAL``
+    The request itself is wrong (400, 401, 403, other 4xx, a
+    :class:`ConfigError`), the caller cancelled, or the error is not an
+    LLM error at all (a bug): raised at once, as is.
+
+Before each retry or failover ``may_advance()`` is asked; the engine answers
+False once a person has seen a token, and the error is then raised as is
+(never replay what a person has seen).  Each step is logged with its verb:
+``model a unavailable, failing over to b``, ``model a timed out, failing over
+to b``, ``model a rate limited (429), retrying in 2s``.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import tenacity
+
+from .. import _validation as validation
+from .strategies import CallStrategy
+from .._errors import (
+    AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
+    LlmStreamError, LlmTimeoutError,
+)
+from .._logs import component_logger
+from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
+
+__all__ = ["ErrorClass", "ErrorClassifier", "FailoverResult", "ModelFailover"]
+
+Attempt = Tuple[str, BaseException]
+
+
+class ErrorClass(enum.Enum):
+    """What to do about a failed call."""
+
+    TRANSIENT_ADVANCE = "transient_advance"
+    TRANSIENT_RETRY = "transient_retry"
+    FATAL = "fatal"
+
+
+class ErrorClassifier:
+    """Sorts exceptions into :class:`ErrorClass`; subclass and override :meth:`classify` to change it."""
+
+    ADVANCE_STATUSES = frozenset({404, 408, 529})
+    RETRY_STATUSES = frozenset({429})
+
+    def classify(self, exc: BaseException) -> ErrorClass:
+        if isinstance(exc, (LlmCancelledError, AllModelsFailedError, ConfigError)):
+            return ErrorClass.FATAL
+        if isinstance(exc, LlmHttpError):
+            return self.classify_status(exc.status_code)
+        if isinstance(exc, (LlmTimeoutError, LlmConnectionError, LlmStreamError)):
+            return ErrorClass.TRANSIENT_ADVANCE
+        if isinstance(exc, LlmError):
+            return ErrorClass.TRANSIENT_ADVANCE
+        return ErrorClass.FATAL
+
+    def classify_status(self, status: int) -> ErrorClass:
+        if status in self.RETRY_STATUSES:
+            return ErrorClass.TRANSIENT_RETRY
+        if status in self.ADVANCE_STATUSES or status >= 500:
+            return ErrorClass.TRANSIENT_ADVANCE
+        return ErrorClass.FATAL
+
+
+@dataclass(frozen=True)
+class FailoverResult:
+    """A successful call: the response, the model that gave it, and what failed before.
+
+    ``attempts`` holds every failed call before the success, retries
+    included, as ``(model, exception)``; ``failovers`` counts the models
+    given up on (0 when the first model answered).
+    """
+
+    response: Response
+    model: str
+    attempts: Tuple[Attempt, ...] = ()
+    failovers: int = 0
+
+
+class _Abort(Exception):
+    """Internal: stop retrying and raise ``error`` as is."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class ModelFailover:
+    """Calls a strategy with each model in turn until one answers.
+
+    ``max_retries`` is the number of *re*-tries of a rate-limited (429)
+    model; ``max_retry_wait`` caps any single wait, ``Retry-After`` included.
+    Waits end at once when the call's ``cancel`` is set.
+    """
+
+    backoff_initial: float = 0.5  # first exponential back-off wait, when no Retry-After is given
+
+    def __init__(self, strategy: CallStrategy, models: Sequence[str], classifier: Optional[ErrorClassifier] = None,
+                 max_retries: int = 2, max_retry_wait: float = 30.0, logger: Any = None) -> None:
+        if not callable(getattr(strategy, "call", None)):
+            raise ConfigError(f"strategy must be a CallStrategy (see make_call_strategy), got {strategy!r}")
+        self.strategy = strategy
+        self.models = _check_models(models)
+        if classifier is not None and not callable(getattr(classifier, "classify", None)):
+            raise ConfigError(f"classifier must be an ErrorClassifier (with classify(exc)), got {classifier!r}")
+        self.classifier = classifier if classifier is not None else ErrorClassifier()
+        self.max_retries = validation.count(max_retries, "max_retries")
+        self.max_retry_wait = validation.seconds(max_retry_wait, "max_retry_wait", allow_zero=True)
+        self._log = component_logger("streamengine._calls.failover.ModelFailover", logger)
+
+    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+             on_chunk: Optional[Callable[[Chunk], None]] = None,
+             may_advance: Optional[Callable[[], bool]] = None,
+             on_attempt: Optional[Callable[[str, int], None]] = None) -> FailoverResult:
+        """Try each model in order; see the module docstring for what happens on each error.
+
+        ``options.model`` is replaced by each candidate in turn.
+        ``on_attempt(model, number)`` (optional) runs before every call,
+        retries included, numbered from 1.
+        """
+        base = options if options is not None else CompletionOptions()
+        attempts: List[Attempt] = []
+        for position, model in enumerate(self.models):
+            try:
+                response = self._call_model(model, position, messages, tools, base.with_model(model), cancel,
+                                            on_chunk, may_advance, on_attempt, attempts)
+            except _Abort as abort:
+                raise abort.error
+            except Exception as exc:
+                self._after_failure(exc, model, position, cancel, may_advance, attempts)
+                continue
+            return FailoverResult(response, model, tuple(attempts), failovers=position)
+        raise AssertionError("unreachable: the last model's failure raises")  # pragma: no cover
+
+    def _after_failure(self, exc: Exception, model: str, position: int, cancel: Optional[threading.Event],
+                       may_advance: Optional[Callable[[], bool]], attempts: List[Attempt]) -> None:
+        """Decide, after a model gave up: raise (fatal, last model, no advance) or return to try the next."""
+        kind = self.classifier.classify(exc)
+        if kind is ErrorClass.FATAL:
+            if not isinstance(exc, LlmCancelledError):
+                self._log.warning("model {} failed with a fatal error, not failing over: {}", model, _cause(exc))
+            raise exc
+        attempts.append((model, exc))
+        if position == len(self.models) - 1:
+            self._log.error("model {} {}; no model left: all {} failed ({})", model, _verb(exc),
+                            len(self.models), _cause(exc))
+            raise AllModelsFailedError(attempts) from exc
+        if cancel is not None and cancel.is_set():
+            raise LlmCancelledError(f"LLM call cancelled by the caller after model {model} failed") from exc
+        if may_advance is not None and not may_advance():
+            self._log.warning("model {} {}; not failing over: the answer already reached the caller ({})",
+                              model, _verb(exc), _cause(exc))
+            raise exc
+        self._log.warning("model {} {}, failing over to {} ({})", model, _verb(exc),
+                          self.models[position + 1], _cause(exc))
+
+    def _call_model(self, model: str, position: int, messages: Sequence[MessageLike],
+                    tools: Optional[Sequence[ToolSpec]], options: CompletionOptions,
+                    cancel: Optional[threading.Event], on_chunk: Optional[Callable[[Chunk], None]],
+                    may_advance: Optional[Callable[[], bool]], on_attempt: Optional[Callable[[str, int], None]],
+                    attempts: List[Attempt]) -> Response:
+        """One model, with tenacity retrying rate limits; raises the model's last error."""
+        waiter = cancel if cancel is not None else threading.Event()
+        state: Dict[str, Optional[BaseException]] = {"last": None}  # the error being waited out, for chaining a cancel
+
+        def attempt() -> Response:
+            if cancel is not None and cancel.is_set():
+                raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
+            if on_attempt is not None:
+                on_attempt(model, len(attempts) + 1)
+            return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
+
+        has_next = position < len(self.models) - 1
+
+        def should_retry(exc: BaseException) -> bool:
+            if self.classifier.classify(exc) is not ErrorClass.TRANSIENT_RETRY:
+                return False
+            if has_next and self._asks_too_long(exc):
+                self._log.warning("model {} {} with Retry-After {:g}s, over the {:g}s cap: not waiting",
+                                  model, _verb(exc), _retry_after(exc), self.max_retry_wait)
+                return False
+            return True
+
+        def wait(retry_state: tenacity.RetryCallState) -> float:
+            exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
+            retry_after = _retry_after(exc)
+            if retry_after is not None:
+                return min(retry_after, self.max_retry_wait)
+            backoff = self.backoff_initial * 2 ** (retry_state.attempt_number - 1)
+            return min(backoff, self.max_retry_wait)
+
+        def before_sleep(retry_state: tenacity.RetryCallState) -> None:
+            # tenacity only calls this after a failed attempt: there is an outcome with an exception.
+            assert retry_state.outcome is not None
+            exc = retry_state.outcome.exception()
+            assert exc is not None
+            attempts.append((model, exc))
+            state["last"] = exc
+            if may_advance is not None and not may_advance():
+                self._log.warning("model {} {}; not retrying: the answer already reached the caller ({})",
+                                  model, _verb(exc), _cause(exc))
+                raise _Abort(exc)
+            seconds = retry_state.next_action.sleep if retry_state.next_action is not None else 0.0
+            self._log.warning("model {} {}, retrying in {:g}s (retry {} of {}; {})", model, _verb(exc),
+                              round(seconds, 3), retry_state.attempt_number, self.max_retries, _cause(exc))
+
+        def sleep(seconds: float) -> None:
+            if waiter.wait(seconds):
+                raise LlmCancelledError(
+                    f"LLM call cancelled by the caller while waiting to retry model {model}") from state["last"]
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(should_retry),
+            stop=tenacity.stop_after_attempt(self.max_retries + 1),
+            wait=wait,
+            sleep=sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(attempt)
+
+    def _asks_too_long(self, exc: BaseException) -> bool:
+        """The provider asks for a longer wait than ``max_retry_wait``."""
+        retry_after = _retry_after(exc)
+        return retry_after is not None and retry_after > self.max_retry_wait
+
+
+def _retry_after(exc: Optional[BaseException]) -> Optional[float]:
+    """The error's ``Retry-After`` in seconds, when it has a usable one."""
+    value = getattr(exc, "retry_after", None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def _check_models(models: Sequence[str]) -> Tuple[str, ...]:
+    if isinstance(models, str):
+        raise ConfigError(f"models must be a list of model names, e.g. [{models!r}], not a single string")
+    checked = tuple(models or ())
+    if not checked:
+        raise ConfigError("ModelFailover needs at least one model name, e.g. models=['gpt-4o-mini'] "
+                          "(or set STREAMENGINE_MODEL)")
+    for model in checked:
+        validation.name(model, f"every model in {list(checked)!r}")
+    return checked
+
+
+def _verb(exc: BaseException) -> str:
+    """How a failure reads in a log line: ``model a <verb>, failing over to b``."""
+    if isinstance(exc, LlmTimeoutError):
+        return exc.verb
+    if isinstance(exc, LlmHttpError) and exc.status_code == 429:
+        return "rate limited (429)"
+    return "unavailable"
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

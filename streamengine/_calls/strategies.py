@@ -1,0 +1,377 @@
+"""Call strategies: one model call, with the timeouts a socket cannot give.
+
+A read timeout on the socket cannot detect a stalled model: requests' read
+timeout is per socket read, so every keep-alive comment (``: ping``) resets
+it, and a model that only sends keep-alives would never time out.  So the
+idle timer lives where chunks are *read*, after parsing, and only a
+meaningful chunk (content, reasoning, a tool-call delta, the completion)
+resets it:
+
+``StreamingCallStrategy``
+    The calling thread iterates ``client.stream()`` itself: a token crosses
+    no thread boundary here (a producer thread and its hand-off cost a
+    wake-up per token).  The two deadlines are kept by the process's one
+    watcher thread (``deadlines.py``): when one passes, it sets the call's
+    :class:`CancelToken`, the client shuts its socket down, and the blocked
+    read raises at once; the strategy turns that into the timeout below.  A
+    caller's cancel or an error in ``on_chunk`` sets the same token.  A
+    client that ignores cancel holds the calling thread until it returns
+    (the timeout is still raised then, with a warning).
+``BufferedCallStrategy``
+    For clients that cannot stream: ``client.complete()`` runs in a worker
+    thread and the caller waits up to ``completion_timeout``.
+
+A call is all or nothing: a stream that breaks before its completing chunk
+raises and returns no partial content (``on_chunk`` may already have seen
+chunks; what to do with them is the engine's business).
+
+Timeout messages (``N``/``M`` formatted with ``:g``; ``M`` counts meaningful
+chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
+``chunks_received`` and ``verb``, chained from what the read raised:
+
+* no meaningful chunk yet (idle timer or cap):
+  ``LLM streaming: no response received within Ns (model may be unavailable or overloaded)`` — ``unavailable``
+* some, then silence:
+  ``LLM streaming idle timeout: no meaningful chunk received for Ns (after M chunks)`` — ``timed out``
+* the cap reached while chunks flow:
+  ``LLM streaming completion timeout: stream exceeded the Ns cap (after M chunks)`` — ``timed out``
+* buffered:
+  ``LLM buffered completion timeout: no response received within Ns (model may be unavailable or overloaded)`` — ``unavailable``
+"""
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+from . import deadlines
+from .. import _validation as validation
+from .._accumulate import ResponseAggregator
+from .._cancel import CancelToken, on_cancel
+from .._clients.base import LlmClient, StreamingLlmClient
+from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
+from .hooks import ModelChunkEvent, check_observers, notify_observers
+from .._logs import component_logger
+from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCallDelta, ToolSpec
+
+__all__ = ["BufferedCallStrategy", "CallStrategy", "StreamingCallStrategy", "make_call_strategy"]
+
+OnChunk = Callable[[Chunk], None]
+
+VERB_UNAVAILABLE = "unavailable"
+VERB_TIMED_OUT = "timed out"
+
+
+class CallStrategy(abc.ABC):
+    """One model call with timeouts: ``call(...) -> Response`` or an :class:`LlmError`.
+
+    ``observers`` hear ``on_llm_responded(response)`` once per successful call
+    and ``emitter`` gets a :class:`ModelChunkEvent` per chunk; both run inline
+    in the calling thread, so a slow one slows the stream.
+    """
+
+    #: How long to wait for a worker thread to end once cancelled (buffered): a
+    #: client that honours ``cancel`` ends at once; one that does not is abandoned
+    #: (the thread is a daemon) with a warning.  Streaming: a stream that returns
+    #: later than this after its timeout fired is warned about.
+    join_timeout: float = 2.0
+
+    def __init__(self, client: LlmClient, *, completion_timeout: float = 60.0, observers: Iterable[Any] = (),
+                 emitter: Any = None, logger: Any = None) -> None:
+        if not isinstance(client, LlmClient):
+            raise ConfigError(
+                f"a call strategy needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
+                f"got {type(client).__name__}")
+        self.client = client
+        self.completion_timeout = validation.seconds(completion_timeout, "completion_timeout")
+        self.observers = check_observers(observers)
+        if emitter is not None and not callable(getattr(emitter, "emit", None)):
+            raise ConfigError(f"emitter must have an emit(event) method (an EventEmitter), got {emitter!r}")
+        self.emitter = emitter
+        self._log = component_logger(f"streamengine._calls.strategies.{type(self).__name__}", logger)
+
+    @abc.abstractmethod
+    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+             on_chunk: Optional[OnChunk] = None) -> Response:
+        """Call the model once; return the whole response or raise an :class:`LlmError`.
+
+        ``on_chunk(chunk)`` runs in the calling thread for every chunk as it is
+        read.  ``cancel`` (a plain Event or a :class:`CancelToken`) aborts the
+        call with :class:`LlmCancelledError`.
+        """
+
+    def _succeeded(self, response: Response, final_chunk: Chunk) -> None:
+        if self.emitter is not None and self.emitter:
+            self.emitter.emit(ModelChunkEvent(final_chunk, True, response))
+        if self.observers:
+            notify_observers(self.observers, response, self._log)
+
+    def _stop_worker(self, worker: threading.Thread, token: CancelToken) -> None:
+        """Cancel and join a worker thread, bounded; warn if a client ignores cancel."""
+        if not worker.is_alive():
+            return
+        token.set()
+        worker.join(self.join_timeout)
+        if worker.is_alive():
+            self._log.warning(
+                "{} still running {:g}s after cancel: the client ignores cancel; thread abandoned (daemon)",
+                worker.name, self.join_timeout)
+
+
+def _model_of(options: Optional[CompletionOptions]) -> str:
+    return (options.model if options is not None else None) or "(default model)"
+
+
+def _describe_exception(exc: Optional[BaseException]) -> str:
+    """``Type: message`` plus the inner exception, for a log line."""
+    if exc is None:
+        return "nothing (the read had not failed)"
+    text = f"{type(exc).__name__}: {exc}"
+    inner = exc.__cause__ or exc.__context__
+    if inner is not None:
+        text += f" (inner: {type(inner).__name__}: {inner})"
+    return text
+
+
+def _close(stream: Iterator[Chunk]) -> None:
+    """End a client's generator now, so its ``finally`` releases the connection in this thread."""
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
+# ----------------------------------------------------------------------------- streaming
+
+class StreamingCallStrategy(CallStrategy):
+    """Streams a call, with an idle timer (meaningful chunks only) and an absolute cap.
+
+    ``idle_timeout``: the longest silence allowed between meaningful chunks
+    (and before the first).  ``completion_timeout``: the cap on the whole
+    stream, whatever arrives.  See the module docstring for the messages.
+    """
+
+    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = 60.0,
+                 observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None) -> None:
+        super().__init__(client, completion_timeout=completion_timeout, observers=observers,
+                         emitter=emitter, logger=logger)
+        if not isinstance(client, StreamingLlmClient):
+            raise ConfigError(
+                f"StreamingCallStrategy needs a StreamingLlmClient; {type(client).__name__} cannot stream — "
+                "use BufferedCallStrategy or make_call_strategy()")
+        self.idle_timeout = validation.seconds(idle_timeout, "idle_timeout")
+
+    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+             on_chunk: Optional[OnChunk] = None) -> Response:
+        if cancel is not None and cancel.is_set():
+            raise LlmCancelledError("LLM call cancelled by the caller before it started")
+        token = CancelToken()
+        stop_following = on_cancel(cancel, token.set)
+        started = time.monotonic()
+        try:
+            with deadlines.watch(token, self.idle_timeout, self.completion_timeout, started) as watched:
+                try:
+                    response = self._read(watched, lambda: self.client.stream(  # type: ignore[attr-defined]
+                        messages, tools, options, cancel=token), options, on_chunk, started)
+                finally:
+                    self._warn_if_deaf(watched)
+        except _Stopped as stopped:
+            inner = stopped.__cause__
+            raise self._stop_error(stopped, options, started, inner) from inner
+        finally:
+            stop_following()
+        if self.observers:
+            notify_observers(self.observers, response, self._log)
+        return response
+
+    def _warn_if_deaf(self, watched: deadlines.Watch) -> None:
+        """A timeout the client took long to honour held the run thread that long: say so."""
+        late = time.monotonic() - watched.fired_at if watched.fired else 0.0
+        if late > self.join_timeout:
+            self._log.warning("the client ignores cancel: its stream returned {:.3f}s after the {} timeout fired "
+                              "(a client must unblock its read when cancel is set)", late, watched.fired)
+
+    def _read(self, watched: deadlines.Watch, open_stream: Callable[[], Iterator[Chunk]],
+              options: Optional[CompletionOptions], on_chunk: Optional[OnChunk], started: float) -> Response:
+        """The hot loop, in the calling thread: read a chunk, feed it on, move the idle deadline."""
+        monotonic = time.monotonic
+        aggregator = ResponseAggregator()
+        add = aggregator.add
+        emitter = self.emitter
+        idle = self.idle_timeout
+        stopped = watched.token.is_set
+        meaningful = 0
+        completed = False
+        stream: Iterator[Chunk] = iter(())
+        try:
+            stream = open_stream()  # a client may connect here already: inside, so a timeout is told as one
+            for chunk in stream:
+                if stopped():  # timed out or cancelled while this chunk was read: feed no more on
+                    raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+                if chunk.is_meaningful:
+                    meaningful += 1
+                    watched.idle_deadline = monotonic() + idle  # the watcher reads it when it wakes
+                add(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+                if chunk.is_completed:
+                    completed = True
+                    response = aggregator.response()
+                    if emitter is not None and emitter:
+                        emitter.emit(ModelChunkEvent(chunk, True, response))
+                    self._log.debug("stream of model {} completed in {:.3f}s: {} chunks, {} meaningful",
+                                    response.model or _model_of(options), monotonic() - started,
+                                    aggregator.chunks, meaningful)
+                    return response
+                if emitter is not None and emitter:
+                    emitter.emit(ModelChunkEvent(chunk))
+            if stopped():  # a client that ends quietly when cancelled
+                raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+            raise LlmStreamError(
+                f"LLM stream ended without a completed chunk after {meaningful} meaningful chunks "
+                "(no finish reason or [DONE]); the answer is incomplete and was discarded")
+        except _Stopped:
+            raise
+        except BaseException as exc:
+            if stopped():  # the read failed because the token was set: say why it was set
+                raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks) from exc
+            raise
+        finally:
+            if not completed:
+                watched.token.set()  # a client still holding its connection shuts it down
+            _close(stream)
+
+
+    def _stop_error(self, stopped: "_Stopped", options: Optional[CompletionOptions], started: float,
+                    inner: Optional[BaseException]) -> Exception:
+        """The exception for a call the reader stopped: cancelled by the caller, or a timeout."""
+        waited = time.monotonic() - started
+        meaningful = stopped.meaningful
+        if stopped.kind == _Stopped.CANCELLED:
+            self._log.debug("call to model {} cancelled by the caller after {:.3f}s", _model_of(options), waited)
+            return LlmCancelledError(
+                f"LLM call cancelled by the caller after {waited:.3f}s ({meaningful} meaningful chunks received)")
+        if meaningful == 0:
+            limit = self.completion_timeout if stopped.kind == _Stopped.CAP else self.idle_timeout
+            message = (f"LLM streaming: no response received within {limit:g}s "
+                       "(model may be unavailable or overloaded)")
+            verb = VERB_UNAVAILABLE
+        elif stopped.kind == _Stopped.CAP:
+            limit = self.completion_timeout
+            message = (f"LLM streaming completion timeout: stream exceeded the {limit:g}s cap "
+                       f"(after {meaningful:g} chunks)")
+            verb = VERB_TIMED_OUT
+        else:
+            limit = self.idle_timeout
+            message = (f"LLM streaming idle timeout: no meaningful chunk received for {limit:g}s "
+                       f"(after {meaningful:g} chunks)")
+            verb = VERB_TIMED_OUT
+        self._log.warning(
+            "{} — model {}, after {:.3f}s, {} meaningful chunks ({} in all); transport: {}",
+            message, _model_of(options), waited, meaningful, stopped.total, _describe_exception(inner))
+        return LlmTimeoutError(message, timeout_s=limit, chunks_received=meaningful, verb=verb)
+
+
+class _Stopped(Exception):
+    """Internal: the reader stopped the call (never escapes ``call()``)."""
+
+    CANCELLED, IDLE, CAP = "cancelled", deadlines.IDLE, deadlines.CAP
+
+    def __init__(self, kind: str, meaningful: int, total: int) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.meaningful = meaningful
+        self.total = total
+
+
+# ----------------------------------------------------------------------------- buffered
+
+class BufferedCallStrategy(CallStrategy):
+    """Calls ``client.complete()`` in a worker thread and waits up to ``completion_timeout``.
+
+    So that the engine handles both strategies alike, a successful call hands
+    ``on_chunk`` exactly one synthesized completed :class:`Chunk` carrying the
+    whole content, the tool calls as :class:`ToolCallDelta` (index = position),
+    usage, model and finish reason; the emitter gets the same chunk as the
+    final :class:`ModelChunkEvent`.
+    """
+
+    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+             on_chunk: Optional[OnChunk] = None) -> Response:
+        if cancel is not None and cancel.is_set():
+            raise LlmCancelledError("LLM call cancelled by the caller before it started")
+        token = CancelToken()
+        done = threading.Event()
+        token.add_callback(done.set)
+        box: dict = {}
+
+        def work() -> None:
+            try:
+                box["response"] = self.client.complete(messages, tools, options, cancel=token)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=work, name=f"streamengine-complete[{_model_of(options)}]", daemon=True)
+        stop_following = on_cancel(cancel, token.set)
+        started = time.monotonic()
+        finished = False
+        try:
+            worker.start()
+            finished = done.wait(self.completion_timeout)
+        finally:
+            stop_following()
+            cancelled = token.is_set()  # only the caller sets it before this point
+            if cancelled or "response" not in box:
+                self._stop_worker(worker, token)
+            else:
+                worker.join(self.join_timeout)
+        response = self._outcome(box, cancelled, finished, options, started)
+        chunk = _chunk_of(response)
+        if on_chunk is not None:
+            on_chunk(chunk)
+        self._succeeded(response, chunk)
+        return response
+
+    def _outcome(self, box: dict, cancelled: bool, finished: bool, options: Optional[CompletionOptions],
+                 started: float) -> Response:
+        waited = time.monotonic() - started
+        error = box.get("error")
+        if cancelled:
+            raise LlmCancelledError(f"LLM call cancelled by the caller after {waited:.3f}s") from error
+        if "response" in box:
+            return box["response"]
+        if finished and error is not None:
+            raise error
+        # Timed out: the worker was cancelled above, so its error (if any) is the cancel it saw.
+        limit = self.completion_timeout
+        message = (f"LLM buffered completion timeout: no response received within {limit:g}s "
+                   "(model may be unavailable or overloaded)")
+        self._log.warning("{} — model {}, after {:.3f}s; transport: {}",
+                          message, _model_of(options), waited, _describe_exception(error))
+        raise LlmTimeoutError(message, timeout_s=limit, chunks_received=0, verb=VERB_UNAVAILABLE) from error
+
+
+def _chunk_of(response: Response) -> Chunk:
+    """One completed chunk that says everything a buffered response says."""
+    deltas = tuple(ToolCallDelta(index, call.id, call.name, call.arguments)
+                   for index, call in enumerate(response.tool_calls))
+    return Chunk(content=response.content or None, tool_calls=deltas, is_completed=True,
+                 usage=response.usage, finish_reason=response.finish_reason, model=response.model)
+
+
+# ----------------------------------------------------------------------------- factory
+
+def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = 60.0,
+                       observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None) -> CallStrategy:
+    """Pick the strategy by capability, once: streaming if the client can stream."""
+    if isinstance(client, StreamingLlmClient):
+        return StreamingCallStrategy(client, idle_timeout=idle_timeout, completion_timeout=completion_timeout,
+                                     observers=observers, emitter=emitter, logger=logger)
+    validation.seconds(idle_timeout, "idle_timeout")  # validated even if unused, so a typo never hides
+    return BufferedCallStrategy(client, completion_timeout=completion_timeout, observers=observers,
+                                emitter=emitter, logger=logger)

@@ -1,0 +1,85 @@
+"""Cancellation that reaches a thread blocked in a socket read.
+
+A plain :class:`threading.Event` can only be polled; a read blocked in
+``recv`` never polls.  :class:`CancelToken` is an Event whose ``set()`` also
+runs callbacks (for example "shut down this socket"), so cancelling takes
+effect at once.  :func:`on_cancel` accepts any Event: for a plain one it
+bridges with a short-lived watcher thread that ends when the caller is done.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, List, Optional
+
+from loguru import logger
+
+Callback = Callable[[], None]
+_WATCH_POLL_S = 0.02
+
+
+class CancelToken(threading.Event):
+    """An Event whose ``set()`` runs registered callbacks once, in the setting thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: List[Callback] = []
+        self._callbacks_lock = threading.Lock()
+
+    def add_callback(self, callback: Callback) -> Callback:
+        """Run ``callback`` on cancel (at once if already cancelled); returns a remover."""
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._remove(callback)
+        _run_safely(callback)
+        return lambda: None
+
+    def _remove(self, callback: Callback) -> None:
+        with self._callbacks_lock:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                pass
+
+    def set(self) -> None:
+        with self._callbacks_lock:
+            if self.is_set():
+                return
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _run_safely(callback)
+
+
+def _run_safely(callback: Callback) -> None:
+    try:
+        callback()
+    except Exception:  # a failing cleanup must not stop the other cleanups
+        logger.opt(exception=True).bind(component="streamengine._cancel").warning("cancel callback failed")
+
+
+def on_cancel(event: Optional[threading.Event], callback: Callback) -> Callback:
+    """Run ``callback`` when ``event`` is set; returns ``stop()`` to call when done.
+
+    With a :class:`CancelToken` this costs nothing.  With a plain Event a
+    daemon watcher polls it every 20 ms until ``stop()`` is called, so the
+    watcher never outlives the call that started it by more than one poll.
+    """
+    if event is None:
+        return lambda: None
+    if isinstance(event, CancelToken):
+        return event.add_callback(callback)
+    if event.is_set():
+        _run_safely(callback)
+        return lambda: None
+    finished = threading.Event()
+
+    def watch() -> None:
+        while not finished.is_set():
+            if event.wait(_WATCH_POLL_S):
+                if not finished.is_set():
+                    _run_safely(callback)
+                return
+
+    threading.Thread(target=watch, name="streamengine-cancel-watch", daemon=True).start()
+    return finished.set

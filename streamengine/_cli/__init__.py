@@ -1,0 +1,1 @@
+"""The ``streamengine`` command: ``main`` (commands), ``build`` (flags to objects), ``chat``, ``output``, ``demo``."""

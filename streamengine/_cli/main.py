@@ -1,0 +1,312 @@
+"""The ``streamengine`` command: ``chat``, ``serve``, ``demo`` and ``harness``.
+
+``main(argv) -> int`` never lets a traceback reach the terminal for a user's
+mistake or an unreachable provider: those end as a line on stderr,
+``streamengine: error: CAUSE``, and an exit status --
+
+* 0: success;
+* 1: the run ended with an LLM error, a scenario failed, or the OS refused
+  something (a port in use);
+* 2: a usage error (bad flags, no model configured, ``--tools`` that does not
+  import);
+* 130: interrupted (Ctrl-C).
+
+``-v`` adds the library's log lines and, for an error, the chain of causes
+underneath it.  Options may come before or after the command
+(``streamengine chat hi -v``).  ``chat`` lives in ``cli_chat``, the flags that
+build an engine in ``cli_build``, the printers in ``cli_output``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+from .. import __version__
+from .build import PROVIDERS, UsageError, add_provider_flags, build_engine, close_engine, positive_seconds
+from .chat import cmd_chat
+from .output import (
+    BOLD, RESET, EventPrinter, JsonEventPrinter, attempt_lines, error_lines, use_color, write, write_error,
+)
+from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
+from .._validation import one_line as _one_line
+
+__all__ = ["EventPrinter", "JsonEventPrinter", "PROVIDERS", "build_parser", "main"]
+
+PROG = "streamengine"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, not a usage block plus a message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# --------------------------------------------------------------------------- serve
+
+def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
+    if args.threads < 1:
+        raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
+    engine = build_engine(args)
+    try:
+        from ..web._serve import serve_app
+        from ..wsgi import make_wsgi_app
+        # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
+        app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
+                            heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
+                            max_streams=max(1, args.threads - 4))
+        banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
+                  f"tools: {', '.join(engine.registry.names) or 'none'}"
+                  + ("; with a system prompt" if args.system else ""),
+                  "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"]
+        serve_app(app, host=args.host, port=args.port, threads=args.threads, out=sys.stdout, banner=banner,
+                  stop=hooks.stop, ready=hooks.ready)
+    finally:
+        close_engine(engine)
+    return 0
+
+
+# --------------------------------------------------------------------------- demo
+
+def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
+    from . import demo
+
+    out = sys.stdout
+    if args.serve:
+        from ..web._serve import serve_app
+        from ..wsgi import make_wsgi_app
+        engine = demo.DemoEngine(fast=args.fast)
+        banner = ["  open the page and ask anything: the scripted model (no key, no network) plans a",
+                  "  Lisbon weekend and calls two slow tools mid-answer; watch them start while it writes."]
+        serve_app(make_wsgi_app(engine, heartbeat_s=15.0), host=args.host, port=args.port, threads=args.threads,
+                  out=out, banner=banner, stop=hooks.stop, ready=hooks.ready)
+        return 0
+    color = use_color(out)
+    bold = (lambda s: f"{BOLD}{s}{RESET}") if color else (lambda s: s)
+    write(out, bold(f"{PROG} demo: a scripted model on a loopback FakeProvider (no key, no network)") + "\n")
+    write(out, f"Q: {demo.DEMO_QUESTION}\n\n")
+    printer = EventPrinter(out, out, color=color, spans=True, hide_llm_warning=False)
+    clock_set = []
+
+    def show(event: Any, t: float) -> None:
+        if not clock_set:  # the tools' "ran +a .. +b" on the demo's clock: from the request, not from here
+            printer.t0 = time.monotonic() - t
+            clock_set.append(True)
+        printer.handle(event, t)
+
+    report = demo.run_demo(fast=args.fast, on_event=show)
+    write(out, "\n" + demo.format_summary(report) + "\n")
+    return 0 if report.ok else 1
+
+
+# --------------------------------------------------------------------------- harness
+
+def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
+    from ..testing._junit import write_junit
+    from ..testing._scenario import expand_paths, run_files
+
+    out = sys.stdout
+    paths = expand_paths(args.scenarios)
+    if not paths:
+        raise UsageError("no scenario files found in " + ", ".join(args.scenarios))
+    started = time.monotonic()
+
+    def report(result: Any) -> None:
+        if result.passed:
+            write(out, f"PASS {result.name} ({result.duration_s:.2f}s)\n")
+        else:
+            write(out, f"FAIL {result.name}: {_one_line(result.reason)}\n")
+
+    results = run_files(paths, report)
+    failed = sum(1 for r in results if not r.passed)
+    write(out, f"{len(results) - failed} passed, {failed} failed ({time.monotonic() - started:.2f}s)\n")
+    if args.junit:
+        try:
+            write_junit(results, args.junit)
+        except OSError as exc:
+            raise OSError(f"cannot write --junit {args.junit}: {exc.strerror or exc}") from exc
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- the parser
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0 = any free port), got {value}")
+    return value
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every command accepts, before or after its name."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="log to stderr and show an error's causes (-v info, -vv debug)")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Stream an LLM's answer while the tools it calls already run.")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log to stderr and show an error's causes (-v info, -vv debug)")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    common = _common_flags()
+    provider = argparse.ArgumentParser(add_help=False)
+    add_provider_flags(provider)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    chat = sub.add_parser("chat", parents=[common, provider], help="ask a question and stream the answer",
+                          description="Stream an answer: stdout gets the final answer, stderr the tool activity "
+                                      "(and each round's text when stdout is not a terminal). The prompt is the "
+                                      "argument, or stdin when piped or '-'; with neither, a conversation "
+                                      "at the terminal (Ctrl-D ends it).")
+    chat.add_argument("prompt", nargs="?", help="the question ('-' or omitted with a pipe: read stdin)")
+    chat.add_argument("--json", action="store_true",
+                      help="print one JSON object per event per line (done carries the telemetry)")
+    chat.set_defaults(handler=cmd_chat)
+
+    serve = sub.add_parser("serve", parents=[common, provider], help="serve the engine as SSE over HTTP (waitress)",
+                           description="Serve POST /v1/chat/stream (SSE), GET /healthz and a page at /.")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
+    serve.add_argument("--threads", type=int, default=32,
+                       help="waitress threads; must exceed the concurrent streams (default 32)")
+    serve.add_argument("--allow-origin", metavar="ORIGIN", help="CORS: '*' or https://app.example")
+    serve.add_argument("--allowed-host", metavar="HOST", action="append",
+                       help="a Host name the server answers to (repeatable; default: loopback names and the "
+                            "bound address); needed behind a proxy or with --host 0.0.0.0")
+    serve.add_argument("--heartbeat", metavar="S", type=positive_seconds, default=15.0,
+                       help="seconds of silence before a ': ping' frame (default 15)")
+    serve.set_defaults(handler=_cmd_serve)
+
+    demo = sub.add_parser("demo", parents=[common], help="a scripted run with tools mid-answer (no key, no network)",
+                          description="Run a scripted model on a loopback FakeProvider: two slow tools start "
+                                      "while it writes; a timing summary compares with waiting for the stream.")
+    demo.add_argument("--serve", action="store_true", help="serve the demo on the web page instead")
+    demo.add_argument("--host", default="127.0.0.1", help="with --serve: interface (default 127.0.0.1)")
+    demo.add_argument("--port", type=_port, default=8000, help="with --serve: port (default 8000)")
+    demo.add_argument("--threads", type=int, default=32, help=argparse.SUPPRESS)
+    demo.add_argument("--fast", action="store_true", help="every delay 10x shorter")
+    demo.set_defaults(handler=_cmd_demo)
+
+    harness = sub.add_parser("harness", parents=[common], help="run scenario files against FakeProvider",
+                             description="Run scripted scenarios (see streamengine.testing._scenario for the format) "
+                                         "over real HTTP; PASS/FAIL per scenario.")
+    harness.add_argument("scenarios", nargs="+", metavar="SCENARIO.json",
+                         help="scenario files (a directory = its *.json files)")
+    harness.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    harness.set_defaults(handler=_cmd_harness)
+    return parser
+
+
+# --------------------------------------------------------------------------- main
+
+@dataclasses.dataclass
+class _Hooks:
+    stop: Optional[threading.Event] = None
+    ready: Optional[Callable[[str], None]] = None
+
+
+def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event] = None,
+         ready: Optional[Callable[[str], None]] = None) -> int:
+    """Run the command line; returns the exit status.
+
+    ``stop`` and ``ready`` are for embedding and tests: ``serve`` and
+    ``demo --serve`` call ``ready(url)`` once listening and return when
+    ``stop`` is set.
+    """
+    err = sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        write_error(err, str(exc))
+        return 2
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else 0
+    if not getattr(args, "handler", None):
+        parser.print_help(err)
+        return 2
+    log_handler = _start_logging(args.verbose)
+    try:
+        return _run(args, _Hooks(stop, ready), err)
+    finally:
+        if log_handler is not None:
+            _stop_logging(log_handler)
+
+
+def _run(args: argparse.Namespace, hooks: "_Hooks", err: Any) -> int:
+    try:
+        return args.handler(args, hooks)
+    except (UsageError, ConfigError) as exc:
+        write_error(err, str(exc))
+        return 2
+    except BrokenPipeError:  # `streamengine chat ... | head`: the reader left; nothing to say
+        _silence_stdout()
+        return 1
+    except (StreamEngineError, OSError) as exc:
+        _report(err, exc, args)
+        return 1
+    except KeyboardInterrupt:
+        write(err, f"\n{PROG}: interrupted\n")
+        return 130
+
+
+def _start_logging(verbose: int) -> Optional[int]:
+    if not verbose:
+        return None
+    from .._logs import enable_logging
+    return enable_logging("DEBUG" if verbose > 1 else "INFO")
+
+
+def _stop_logging(handler: int) -> None:
+    """``-v`` lasts one command: ``main()`` embedded in a program leaves its logging as it was."""
+    from loguru import logger
+
+    try:
+        logger.remove(handler)
+    except ValueError:
+        pass
+    logger.disable("streamengine")
+
+
+def _report(err: Any, exc: BaseException, args: argparse.Namespace) -> None:
+    """The error's cause first; with ``-v`` the chain of exceptions underneath it."""
+    if isinstance(exc, AllModelsFailedError) and exc.attempts:
+        lines = attempt_lines([(model, str(cause)) for model, cause in exc.attempts])
+    else:
+        lines = error_lines(str(exc) or type(exc).__name__)
+    if args.verbose:
+        lines += [f"caused by {type(cause).__name__}: {_one_line(cause)}" for cause in _chain(exc)]
+    write(err, f"{PROG}: error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:]))
+
+
+def _chain(exc: BaseException) -> List[BaseException]:
+    causes: List[BaseException] = []
+    current = exc.__cause__ or exc.__context__
+    while current is not None and current not in causes and len(causes) < 8:
+        causes.append(current)
+        current = current.__cause__ or current.__context__
+    return causes
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not complain again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""How a run looks in a terminal: the answer, tool activity, errors a person can act on.
+
+Three streams, three jobs.  ``EventPrinter`` writes text and tool lines;
+``MarkupFilter`` takes the model's inline ``<tool ...>...</tool>`` blocks out of
+the text a person reads (tool lines say the same thing in words);
+``error_lines`` turns an engine error into its cause first, without the
+failover list's bookkeeping when there was only one model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+
+from .._engine.events import (
+    DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+)
+from .._validation import one_line as _one_line
+
+__all__ = ["EventPrinter", "JsonEventPrinter", "MarkupFilter", "attempt_lines", "error_lines", "strip_markup", "write",
+           "write_error", "use_color"]
+
+PROG = "streamengine"
+LLM_WARNING = "\u26a0\ufe0f LLM error: "  # the engine's visible warning token (round.py)
+_DIM, _BOLD, _RED, _RESET = "\x1b[2m", "\x1b[1m", "\x1b[31m", "\x1b[0m"
+BOLD, RESET = _BOLD, _RESET
+
+
+def write(stream: TextIO, text: str) -> None:
+    """Write, replacing what the terminal's encoding cannot show instead of crashing mid-answer."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "replace").decode(encoding, "replace"))
+    stream.flush()
+
+
+
+def write_error(stream: TextIO, message: str, models: Sequence[str] = ()) -> None:
+    """``streamengine: error: CAUSE`` (plus one indented line per model when several failed)."""
+    lines = error_lines(message, models)
+    write(stream, f"{PROG}: error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:]))
+
+
+_ALL_FAILED = re.compile(r"(?:^|(?<= ))all \d+ model attempt\(s\) failed: ")
+
+
+def error_lines(message: str, models: Sequence[str] = ()) -> List[str]:
+    """The cause first: one line, or a line per model when several models failed.
+
+    The engine reports "all N model attempt(s) failed: MODEL: Type: cause; ...".
+    With one model that prefix only hides the cause; with several, each
+    model's last cause gets its own line.  Anything else is shown as is.
+    """
+    prefix = _ALL_FAILED.search(message)
+    attempts = _split_attempts(message[prefix.start():], models) if prefix else []
+    if not attempts:
+        return [_one_line(message)]
+    lines = attempt_lines(attempts)
+    lines[0] = _one_line(message[:prefix.start()]) + (" " if prefix.start() else "") + lines[0]
+    return lines
+
+
+def attempt_lines(attempts: Sequence[Tuple[str, str]]) -> List[str]:
+    """Each model's last cause; a single model's cause alone, without "all 1 model(s)"."""
+    last: Dict[str, str] = {}
+    for model, cause in attempts:
+        last.pop(model, None)
+        last[model] = _one_line(cause)
+    if len(last) == 1:
+        return [next(iter(last.values()))]
+    return [f"all {len(last)} models failed:"] + [f"{model}: {cause}" for model, cause in last.items()]
+
+
+def _split_attempts(message: str, models: Sequence[str]) -> List[Tuple[str, str]]:
+    prefix = _ALL_FAILED.match(message)
+    if prefix is None or not models:
+        return []
+    rest = message[prefix.end():]
+    names = "|".join(re.escape(m) for m in sorted(set(models), key=len, reverse=True))
+    starts = list(re.finditer(rf"(?:^|; )({names}): [A-Za-z_][\w.]*: ", rest))
+    if not starts or starts[0].start() != 0:
+        return []
+    ends = [m.start() for m in starts[1:]] + [len(rest)]
+    return [(m.group(1), rest[m.end():end]) for m, end in zip(starts, ends)]
+
+
+#: A complete inline tool block, as the engine releases it (whole, in one token).
+_BLOCK = re.compile(r"[ \t]*<tool\s[^>]*?(?:/>|>.*?</tool>)", re.S)
+_TRAILING_SPACE = re.compile(r"[ \t]+$")
+
+
+def strip_markup(text: str) -> str:
+    """``text`` without inline tool blocks (and the space before each)."""
+    return _BLOCK.sub("", text)
+
+
+class MarkupFilter:
+    """Removes tool blocks from streamed text; a space before a block may arrive a token earlier.
+
+    Trailing spaces are held until the next text shows whether a block
+    follows them, so "Checking. <tool ...>...</tool> Done." reads "Checking. Done."
+    """
+
+    def __init__(self) -> None:
+        self._space = ""
+
+    def feed(self, text: str) -> str:
+        text = strip_markup(self._space + text)
+        trailing = _TRAILING_SPACE.search(text)
+        self._space = trailing.group(0) if trailing else ""
+        return text[:trailing.start()] if trailing else text
+
+    def flush(self) -> str:
+        space, self._space = self._space, ""
+        return space
+
+
+def use_color(*streams: TextIO) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return all(callable(getattr(s, "isatty", None)) and s.isatty() for s in streams)
+
+
+class EventPrinter:
+    """Shows engine events as text: tokens as they come, tool activity with timings.
+
+    ``info`` receives the tool lines.  When it is a different stream from
+    ``out`` (chat: stdout vs stderr) the answer on ``out`` stays clean; when it
+    is the same (the demo) tool lines get their own lines between the text.
+    With ``color``, tool lines are dimmed and written inline in the text flow.
+    ``spans`` adds each tool's start and end offsets (the demo).
+    ``hide_markup`` takes inline tool blocks out of the text.  ``models``
+    lets an error line drop the failover bookkeeping (:func:`error_lines`).
+    """
+
+    def __init__(self, out: TextIO, info: TextIO, *, color: bool = False, spans: bool = False,
+                 t0: Optional[float] = None, hide_llm_warning: bool = True, hide_markup: bool = False,
+                 models: Sequence[str] = ()) -> None:
+        self.out, self.info_stream = out, info
+        self.markup = MarkupFilter() if hide_markup else None
+        self.models = tuple(models)
+        self.color, self.spans = color, spans
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.hide_llm_warning = hide_llm_warning
+        self.result: Any = None
+        self.errors: List[str] = []
+        self._at_line_start = True
+        self._held: Optional[str] = None
+        self._space_due = False
+
+    def handle(self, event: Event, t: float) -> None:
+        held, self._held = self._held, None
+        if held is not None and not isinstance(event, ErrorEvent):
+            self._text(held)  # it was model text after all, not the engine's warning
+        if isinstance(event, TokenEvent):
+            if self.hide_llm_warning and event.text.startswith(LLM_WARNING):
+                self._held = event.text  # the error line says it once, on stderr
+            else:
+                self._text(event.text)
+        elif isinstance(event, ToolStartEvent):
+            self._info(f"tool {event.call.name} started +{t:.2f}s")
+        elif isinstance(event, ToolResultEvent):
+            self._info(self._result_line(event.result))
+        elif isinstance(event, RoundEvent) and event.round > 1:
+            self._newline()
+            self._info(f"round {event.round}: revised answer +{t:.2f}s")
+        elif isinstance(event, ResetEvent):
+            # Text already printed cannot be taken back: say plainly that it is void.
+            self._newline()
+            self._info(f"[round {event.round} restarted: {event.reason}; discard the text above] +{t:.2f}s")
+        elif isinstance(event, ErrorEvent) and not event.fatal:
+            self._newline()
+            write(self.info_stream, f"{PROG}: warning: {_one_line(event.message)}\n")
+        elif isinstance(event, ErrorEvent):
+            self.errors.append(event.message)
+            self._newline()
+            write_error(self.info_stream, event.message, self.models)
+        elif isinstance(event, DoneEvent):
+            self.result = event.result
+            self._newline()
+
+    def _result_line(self, r: Any) -> str:
+        status = "ok" if r.ok else ("timed out" if getattr(r, "timed_out", False) else "error")
+        line = f"tool {r.name} {status} {r.duration_s:.2f}s"
+        if self.spans and r.started_at and r.ended_at:
+            line += f", ran +{r.started_at - self.t0:.2f} .. +{r.ended_at - self.t0:.2f}"
+        if not r.ok and r.error:
+            line += f": {_one_line(r.error)}"
+        return line
+
+    def _text(self, text: str) -> None:
+        if self.markup is not None:
+            text = self.markup.feed(text)
+            if self._at_line_start and not self.color:
+                text = text.lstrip(" \t")  # after a tool line, the space that preceded the block
+        if not text:
+            return
+        if self._space_due and not text[0].isspace():
+            text = " " + text
+        self._space_due = False
+        write(self.out, text)
+        self._at_line_start = text.endswith("\n")
+
+    def _newline(self) -> None:
+        if self.markup is not None:
+            self.markup.flush()  # spaces before a line break are not worth a line of their own
+        self._space_due = False
+        if not self._at_line_start:
+            write(self.out, "\n")
+            self._at_line_start = True
+
+    def note(self, message: str) -> None:
+        """A line of tool activity (or any remark) on the info stream."""
+        self._info(message)
+
+    def _info(self, message: str) -> None:
+        if self.color:
+            if self.info_stream is not self.out:
+                self.out.flush()
+            if self._at_line_start:
+                write(self.info_stream, f"{_DIM}[{message}]{_RESET}\n")
+            else:  # inline, in the text flow; the space after it waits for the next text
+                write(self.info_stream, f"{'' if self._space_due else ' '}{_DIM}[{message}]{_RESET}")
+                self._space_due = True
+            return
+        if self.info_stream is self.out:
+            self._newline()
+        write(self.info_stream, f"[{message}]\n")
+
+    def summary(self) -> Optional[str]:
+        r = self.result
+        if r is None:
+            return None
+        t = r.telemetry
+        tools = f", tools {t.tools_ok} ok" + (f" / {t.tools_failed + t.tools_timed_out} failed" if
+                                             t.tools_failed + t.tools_timed_out else "")
+        return f"done: {t.rounds} round{'s' if t.rounds != 1 else ''}{tools}, {t.total_s:.2f}s, model {t.model_used}"
+
+
+class JsonEventPrinter:
+    """One JSON object per event per line (``"event"`` = its name, ``"t"`` = seconds since start)."""
+
+    def __init__(self, out: TextIO, *, t0: Optional[float] = None) -> None:
+        self.out = out
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.result: Any = None
+        self.errors: List[str] = []
+
+    def handle(self, event: Event, t: float) -> None:
+        record: Dict[str, Any] = {"event": event.name, "t": round(t, 4)}
+        record.update(self._fields(event))
+        write(self.out, json.dumps(record, ensure_ascii=False, default=str) + "\n")
+
+    def _fields(self, event: Event) -> Dict[str, Any]:
+        if isinstance(event, TokenEvent):
+            return {"text": event.text}
+        if isinstance(event, ToolStartEvent):
+            return {"id": event.call.id, "name": event.call.name, "arguments": event.call.arguments}
+        if isinstance(event, ToolResultEvent):
+            r = event.result
+            return {"call_id": r.call_id, "name": r.name, "ok": r.ok, "text": r.text, "error": r.error,
+                    "duration_s": r.duration_s, "timed_out": getattr(r, "timed_out", False),
+                    "started_s": self._offset(r.started_at), "ended_s": self._offset(r.ended_at)}
+        if isinstance(event, RoundEvent):
+            return {"round": event.round}
+        if isinstance(event, ResetEvent):
+            return {"round": event.round, "reason": event.reason}
+        if isinstance(event, ErrorEvent):
+            if event.fatal:
+                self.errors.append(event.message)
+            return {"message": event.message, "fatal": event.fatal}
+        if isinstance(event, DoneEvent):
+            self.result = done = event.result
+            return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,
+                    "telemetry": dataclasses.asdict(done.telemetry), "usage": dataclasses.asdict(done.usage) if done.usage else None}
+        return {}
+
+    def _offset(self, stamp: float) -> Optional[float]:
+        return round(stamp - self.t0, 4) if stamp else None

@@ -1,0 +1,1 @@
+"""Anthropic's Messages wire: request format, typed stream events, the client."""

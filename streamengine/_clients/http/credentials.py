@@ -1,0 +1,78 @@
+"""What a provider client may put in its request headers, and which of it must never be shown.
+
+Everything here is checked when the client is built, so a bad key or header
+is a ConfigError naming it -- never a failure deep in ``requests`` whose
+message would quote the key.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+from ..._errors import ConfigError
+
+__all__ = ["SENSITIVE_HEADER", "check_api_key", "check_headers", "secret_forms"]
+
+# Header names whose values are credentials (``Authorization``, Azure's
+# ``api-key``, ``x-api-key``, ``X-Auth-Token``...): never shown in errors.
+SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)
+_BAD_HEADER_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_api_key(api_key: Optional[str], source: str = "STREAMENGINE_API_KEY or OPENAI_API_KEY") -> Optional[str]:
+    """The key, stripped; refused (without showing it) if it cannot be a header value.
+
+    A key read from a file often ends with a newline.  Sent as is, requests
+    refuses the header with an error that quotes it -- which would put the
+    key into exception messages, logs and a browser's error event.
+    ``source`` names where the key usually comes from, for the message.
+    """
+    if api_key is None or api_key == "":
+        return None
+    if not isinstance(api_key, str):
+        raise ConfigError(f"api_key must be a string, got {type(api_key).__name__}")
+    key = api_key.strip()
+    if not key:
+        return None
+    if _BAD_HEADER_CHARS.search(key) or not _is_latin1(key) or " " in key:
+        raise ConfigError(
+            "api_key holds characters that cannot be sent in an HTTP header (control characters, "
+            f"spaces or non-latin-1 text); check how the key is read ({source}) "
+            "-- the key is not shown here on purpose")
+    return key
+
+
+def check_headers(headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """Extra headers, checked now so a bad one is a clear ConfigError, not a failure per call."""
+    checked: Dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            raise ConfigError(f"header name {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str) or _BAD_HEADER_CHARS.search(value) or not _is_latin1(value):
+            shown = "(value not shown)" if SENSITIVE_HEADER.search(name) else repr(value)
+            raise ConfigError(
+                f"header {name!r} has a value that cannot be sent in HTTP {shown}: values must be "
+                f"latin-1 text without control characters (CR, LF, NUL...)")
+        checked[name] = value
+    return checked
+
+
+def _is_latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def secret_forms(secrets: Sequence[Optional[str]]) -> Tuple[str, ...]:
+    """Each secret as it may appear in a message: raw, and escaped inside a repr()."""
+    forms = []
+    for secret in secrets:
+        if secret:
+            forms.append(secret)
+            escaped = repr(secret)[1:-1]
+            if escaped != secret:
+                forms.append(escaped)
+    # Longest first, so a secret containing another is replaced whole.
+    return tuple(sorted(set(forms), key=len, reverse=True))

@@ -1,0 +1,365 @@
+"""The HTTP transport every provider client shares; a provider adds only its wire format.
+
+This is the one boundary where HTTP, urllib3 and framing errors become
+streamengine errors (``raise ... from exc``), so nothing above it needs to
+know which library spoke to the provider.  What it guarantees, for every
+provider alike:
+
+* cancelling shuts the socket down (``connection.py``), even before the
+  response headers: closing a response from another thread does not unblock
+  a read;
+* the only timeout here is the connect timeout (and a 50 ms budget to read
+  the few bytes after the end of a stream, so a chunked connection can be
+  reused).  Idle and total timeouts live in the call strategies, where only
+  meaningful chunks count: a socket timeout would be reset by keep-alives;
+* an error body, a JSON answer and an SSE event are read with bounds;
+* the API key and credential-like header values never appear in a message.
+
+A provider subclasses :class:`HttpProviderClient` (request body and headers,
+answer parsing, error wording) and :class:`SseStreamParser` (events -> chunks).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import re
+import threading
+from typing import Any, Callable, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple
+from urllib.parse import parse_qsl
+
+import requests
+
+from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches, read1_iter
+from ..._cancel import on_cancel
+from ..._errors import (
+    ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError,
+)
+from ..._logs import component_logger
+from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
+from ..._validation import seconds
+from ..base import StreamingLlmClient
+from .connection import RequestTracker, mount_cancellable, tracking
+from .credentials import SENSITIVE_HEADER, check_api_key, check_headers, secret_forms
+from .body import READ_SIZE, STREAM_ERRORS, cancelled, drain_after_done, excerpt, read1_of, read_limited
+from .errors import short_cause
+
+__all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "HttpProviderClient", "SseStreamParser", "content_headers",
+           "encode_body"]
+
+ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
+JSON_BODY_LIMIT = 64 * 1024 * 1024
+
+
+def encode_body(body: Dict[str, Any]) -> bytes:
+    """The request JSON, built before anything is sent so a bad option fails at the call.
+
+    ASCII-escaped on purpose: a lone surrogate (a model can send one,
+    JSON-escaped, and it comes back in the next round's messages) has no
+    UTF-8 form, but ``\\udXXX`` is valid JSON text.
+    """
+    try:
+        return json.dumps(body, allow_nan=False, ensure_ascii=True).encode("ascii")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"the request cannot be sent as JSON ({exc}); check CompletionOptions.extra, "
+            f"tool parameters and message contents for non-JSON values such as sets or NaN"
+        ) from exc
+
+
+def content_headers(stream: bool) -> Dict[str, str]:
+    """JSON out; an event stream or JSON back.  A compressed event stream is buffered by some proxies."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
+    if stream:
+        headers["Accept-Encoding"] = "identity"
+    return headers
+
+
+class SseStreamParser:
+    """The SSE events of one streamed response -> chunks; a provider writes :meth:`run`.
+
+    ``run`` reads the events inside :meth:`reading` (the body through the SSE
+    framer; what breaks becomes a streamengine error), returns the
+    completing chunk when the stream's end marker arrives (setting
+    :attr:`ended`), and otherwise ends with :meth:`unfinished`.  The loop
+    itself is the provider's: it is the hot path, where one more generator
+    or call per event would show.
+    """
+
+    #: How the end of a complete stream is named in the error for an incomplete one.
+    end_marker = "an end marker"
+
+    def __init__(self, url: str, redact: Any, max_event_bytes: int) -> None:
+        self.url = url
+        self.redact = redact
+        self.max_event_bytes = max_event_bytes
+        self.events = 0
+        self.ended = False  # the end marker arrived: the rest of the body can be drained
+        self.finish_reason: Optional[str] = None
+        self.usage: Optional[Usage] = None
+        self.model: Optional[str] = None
+        self._framer = SseFramer(max_event_bytes, 8 * max_event_bytes)
+
+    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
+            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+        """Yield the chunks of the stream; return the completed chunk (not yielded)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def reading(self, resp: requests.Response, cancel: Optional[threading.Event],
+                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, str]], Callable[[], bool]]]:
+        """``(event name, data)`` pairs as they arrive, and the cancel check for the loop over them.
+
+        A broken body leaves as a streamengine error.  The tracker is only
+        ever aborted by ``cancel`` (on_cancel), so inside the loop the
+        event's flag alone says "cancelled": one C call per event.
+        """
+        reads = read1_iter(read1_of(resp), READ_SIZE)
+        is_cancelled = cancel.is_set if cancel is not None else bool
+        try:
+            # One list of events per read, flattened in C.
+            yield itertools.chain.from_iterable(iter_event_batches(reads, self._framer)), is_cancelled
+        except SseEventTooLarge as exc:
+            raise LlmProtocolError(f"{self.url}: {exc}") from exc
+        except STREAM_ERRORS as exc:
+            if cancelled(cancel, tracker):
+                raise LlmCancelledError(f"stream from {self.url} was cancelled") from exc
+            raise LlmStreamError(
+                f"stream from {self.url} broke after {self.events} events: the provider dropped the connection "
+                f"mid-answer ({short_cause(exc)}); retry or fail over"
+            ) from exc
+
+    def unfinished(self, cancel: Optional[threading.Event], tracker: RequestTracker) -> Chunk:
+        """The events stopped before the end marker: cancelled, complete (a finish reason came) or broken.
+
+        A close-delimited body cut mid-stream looks like a clean end, so
+        without a finish reason the answer is incomplete.
+        """
+        if cancelled(cancel, tracker):
+            raise LlmCancelledError(f"stream from {self.url} was cancelled")
+        if self.finish_reason is not None:
+            return self.completed()
+        dropped = self._framer.dropped_bytes
+        cut = f" ({dropped} bytes of an unfinished event were dropped)" if dropped else ""
+        raise LlmStreamError(
+            f"stream from {self.url} ended without {self.end_marker} after "
+            f"{self.events} events{cut}; the answer is incomplete, retry or fail over"
+        )
+
+    def completed(self) -> Chunk:
+        return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model)
+
+
+class HttpProviderClient(StreamingLlmClient):
+    """Chat over one ``requests.Session``: a provider supplies the wire format through the hooks below.
+
+    A ``session`` you pass is used as is, except that a cancellable adapter is
+    mounted for ``base_url`` (needed to abort a request before its headers);
+    it is not closed by :meth:`close`.  A query string in ``base_url`` is sent
+    with every request.
+    """
+
+    #: An SSE event larger than this is refused (LlmProtocolError), bounding memory.
+    max_event_bytes: int = MAX_EVENT_BYTES
+    #: The path of the chat endpoint below ``base_url``.
+    chat_path = ""
+    #: Shown in the error for a bad ``base_url``.
+    example_base_url = ""
+    #: The question that ends an error for an answer of the wrong kind (HTML, a proxy's login page).
+    api_root_hint = ""
+    #: The logger's component name.
+    log_name = "streamengine._clients"
+    #: Turns the events of a streamed answer into chunks.
+    parser_class = SseStreamParser
+
+    def __init__(self, base_url: str, api_key: Optional[str], *, key_source: str, session: Optional[requests.Session],
+                 headers: Optional[Mapping[str, str]], connect_timeout: float) -> None:
+        if not isinstance(base_url, str) or not re.match(r"^https?://[^/]", base_url):
+            raise ConfigError(f"base_url must be an http(s) URL such as {self.example_base_url!r}, got {base_url!r}")
+        self.connect_timeout = seconds(connect_timeout, "connect_timeout")
+        root, _, query_string = base_url.partition("?")
+        self.base_url = self._api_root(root.rstrip("/"))
+        self._query = dict(parse_qsl(query_string, keep_blank_values=True))
+        self._api_key = check_api_key(api_key, key_source)
+        self._headers = check_headers(headers)
+        # Everything an error message or log line must never show: the key and
+        # the values of credential-like headers (Azure's ``api-key``...).
+        self._secrets = secret_forms(
+            [self._api_key] + [v for k, v in self._headers.items() if SENSITIVE_HEADER.search(k)])
+        self._owns_session = session is None
+        self._session = session if session is not None else requests.Session()
+        mount_cancellable(self._session, ("http://", "https://") if self._owns_session else (self.base_url + "/",))
+        self._log = component_logger(self.log_name)
+
+    def __repr__(self) -> str:
+        key = "***" if self._api_key else None
+        return f"{type(self).__name__}(base_url={self.base_url!r}, api_key={key!r})"
+
+    def close(self) -> None:
+        """Close pooled connections (only if this client created the session)."""
+        if self._owns_session:
+            self._session.close()
+
+    def __enter__(self) -> "HttpProviderClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+               options: Optional[CompletionOptions] = None,
+               cancel: Optional[threading.Event] = None) -> Iterator[Chunk]:
+        """Yield chunks as they arrive; the last one has ``is_completed=True``.
+
+        Arguments are checked now; the request is sent on the first ``next()``.
+        """
+        return self._stream(encode_body(self._chat_body(messages, tools, options, stream=True)), cancel)
+
+    def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                 options: Optional[CompletionOptions] = None,
+                 cancel: Optional[threading.Event] = None) -> Response:
+        """One answer, not streamed."""
+        body = encode_body(self._chat_body(messages, tools, options, stream=False))
+        return self._response_of(self._post_json(self.chat_path, body, cancel))
+
+    # -- the wire format: what a provider writes ---------------------------------------
+
+    def _api_root(self, base_url: str) -> str:
+        """``base_url`` as the API root the paths are appended to."""
+        return base_url
+
+    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _request_headers(self, stream: bool) -> Dict[str, str]:
+        raise NotImplementedError
+
+    def _response_of(self, payload: Any) -> Response:
+        """A non-streamed answer, parsed."""
+        raise NotImplementedError
+
+    def _status_error(self, resp: requests.Response, url: str, text: str, stream: bool) -> LlmError:
+        """The error for an HTTP error status; ``text`` is the (redacted) start of the body."""
+        raise NotImplementedError
+
+    def _no_answer(self, exc: BaseException, url: str) -> str:
+        """The message for a request that got no answer at all (refused, unreachable, reset)."""
+        return (f"could not get an answer from {url}: {type(exc).__name__}: {exc}; "
+                f"check that the provider is reachable and base_url is right")
+
+    def _raise_in_band_error(self, payload: Any, url: str) -> None:
+        """Raise if a 200 JSON answer is an error after all."""
+
+    # -- the transport -----------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+    def _send(self, path: str, data: bytes, stream: bool, tracker: RequestTracker,
+              cancel: Optional[threading.Event]) -> requests.Response:
+        """POST and return the response with its body unread; the status is checked."""
+        url = self.base_url + path
+        self._log.debug("POST {} stream={} ({} bytes)", url, stream, len(data))
+        if cancelled(cancel, tracker):
+            raise LlmCancelledError(f"call to {url} was cancelled before it was sent")
+        try:
+            with tracking(tracker):
+                resp = self._session.post(
+                    url, data=data, headers=self._request_headers(stream), params=self._query or None,
+                    stream=True, timeout=(self.connect_timeout, None),
+                )
+        except STREAM_ERRORS as exc:
+            if cancelled(cancel, tracker):
+                raise LlmCancelledError(f"call to {url} was cancelled while waiting for the answer") from exc
+            self._log.info("POST {} got no answer: {!r}", url, exc)
+            raise LlmConnectionError(self._redact(self._no_answer(exc, url))) from exc
+        except UnicodeEncodeError as exc:
+            # http.client encodes header values as latin-1; the only headers
+            # not checked at construction are a user session's own.
+            raise ConfigError(
+                f"a request header for {url} cannot be sent: {exc}; HTTP header values must be "
+                f"latin-1 text (check the headers of the requests.Session you passed)"
+            ) from exc
+        try:
+            if resp.status_code >= 400:
+                raise self._http_error(resp, url, cancel, tracker, stream)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    def _http_error(self, resp: requests.Response, url: str, cancel: Optional[threading.Event],
+                    tracker: RequestTracker, stream: bool) -> LlmError:
+        try:
+            raw = read_limited(resp, ERROR_BODY_LIMIT, truncate=True)
+        except STREAM_ERRORS as exc:
+            if cancelled(cancel, tracker):
+                return LlmCancelledError(f"call to {url} was cancelled while reading an error answer")
+            raw = f"<error body unreadable: {exc}>".encode()
+        error = self._status_error(resp, url, self._redact(raw.decode("utf-8", errors="replace")), stream)
+        self._log.debug("{}", error)
+        return error
+
+    @contextlib.contextmanager
+    def _response(self, path: str, data: bytes, stream: bool,
+                  cancel: Optional[threading.Event]) -> Iterator[Tuple[RequestTracker, requests.Response]]:
+        """Send the request; yield its tracker and response, both released when the block ends."""
+        tracker = RequestTracker()
+        stop_watch = on_cancel(cancel, tracker.abort)
+        resp: Optional[requests.Response] = None
+        try:
+            resp = self._send(path, data, stream, tracker, cancel)
+            yield tracker, resp
+        finally:
+            # Tracker first: a cancel arriving now must not reach a socket
+            # that is being closed (its descriptor number may be reused).
+            stop_watch()
+            tracker.release()
+            if resp is not None:
+                resp.close()
+
+    def _post_json(self, path: str, data: bytes, cancel: Optional[threading.Event]) -> Any:
+        url = self.base_url + path
+        with self._response(path, data, False, cancel) as (tracker, resp):
+            try:
+                raw = read_limited(resp, JSON_BODY_LIMIT, truncate=False)
+            except STREAM_ERRORS as exc:
+                if cancelled(cancel, tracker):
+                    raise LlmCancelledError(f"call to {url} was cancelled while reading the answer") from exc
+                raise LlmConnectionError(
+                    f"the answer from {url} broke off ({short_cause(exc)}); retry or fail over") from exc
+            if cancelled(cancel, tracker):
+                raise LlmCancelledError(f"call to {url} was cancelled")
+            try:
+                payload = json.loads(raw.decode("utf-8", errors="replace"))
+            except ValueError as exc:
+                raise LlmProtocolError(
+                    f"{url} answered HTTP {resp.status_code} with a body that is not JSON "
+                    f"(content type {resp.headers.get('Content-Type')!r}): "
+                    f"{self._redact(raw[:200].decode('utf-8', errors='replace'))!r}; {self.api_root_hint}"
+                ) from exc
+        self._raise_in_band_error(payload, url)
+        return payload
+
+    def _stream(self, data: bytes, cancel: Optional[threading.Event]) -> Iterator[Chunk]:
+        url = self.base_url + self.chat_path
+        with self._response(self.chat_path, data, True, cancel) as (tracker, resp):
+            content_type = resp.headers.get("Content-Type", "")
+            if not content_type.lower().startswith("text/event-stream"):
+                raise LlmProtocolError(
+                    f"{url} answered a streaming request with content type {content_type!r}, "
+                    f"not 'text/event-stream': {self._redact(excerpt(resp))!r}; {self.api_root_hint}"
+                )
+            parser = self.parser_class(url, self._redact, self.max_event_bytes)
+            completed = yield from parser.run(resp, cancel, tracker)
+            if parser.ended:
+                drain_after_done(resp, tracker)
+        # Released before the last chunk goes out: a caller that stops at the
+        # completed chunk and never closes the iterator holds no connection.
+        self._log.debug("stream from {} completed after {} events (finish={})",
+                        url, parser.events, completed.finish_reason)
+        yield completed

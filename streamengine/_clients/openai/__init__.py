@@ -1,0 +1,1 @@
+"""The OpenAI-compatible Chat Completions wire: request building, chunk parsing, error reading, the client."""

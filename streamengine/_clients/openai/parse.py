@@ -1,0 +1,275 @@
+"""OpenAI chat-completion frames and answers -> Chunks and Responses.
+
+Providers differ in the details, so parsing is lenient where it costs nothing
+(a null or ``"0"`` choice index, arguments sent as an object, text sent as a
+list of parts) and strict where a wrong guess would lose or invent an answer:
+a stream is complete only with ``[DONE]`` or a finish reason -- a
+close-delimited body cut mid-stream looks like a clean end -- and a frame that
+is not a JSON object is a protocol error.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any, Dict, Generator, List, Optional, Tuple
+
+import requests
+
+from ..._errors import LlmProtocolError
+from ..._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
+from ..http.connection import RequestTracker
+from .errors import raise_in_band_error
+from ..http.transport import SseStreamParser
+
+__all__ = ["StreamParser", "response_from_json", "vectors_from_json"]
+
+_scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
+
+
+class StreamParser(SseStreamParser):
+    """SSE events of one response -> Chunks, with the completion rule and error mapping."""
+
+    end_marker = "a finish reason or [DONE]"
+
+    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
+            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+        # The per-event loop is the hot path (100k+ events/s): names are bound
+        # to locals, and a plain ``data:`` JSON object without "error" goes
+        # straight to _chunk_from_frame.
+        chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
+        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
+            for name, data in events:
+                if is_cancelled():
+                    break
+                self.events += 1
+                if data == "[DONE]":
+                    self.ended = True
+                    return self.completed()
+                try:
+                    frame, end = scan(data, 0)
+                except (StopIteration, ValueError):
+                    end = -1
+                if end == len(data) and name == "message" and type(frame) is dict and "error" not in frame:
+                    yield from_frame(frame)
+                    continue
+                chunk = chunk_of(name, data)
+                if chunk is not None:
+                    yield chunk
+        return self.unfinished(cancel, tracker)
+
+    def _chunk(self, event_name: str, data: str) -> Optional[Chunk]:
+        if event_name == "ping":
+            return None
+        try:
+            # The C scanner json.loads ends in, without its three Python frames;
+            # anything unusual (whitespace around, trailing data, an error)
+            # goes through json.loads for its exact result or message.
+            frame, end = _scan_json(data, 0)
+            if end != len(data):
+                frame = json.loads(data)
+        except (StopIteration, ValueError):
+            try:
+                frame = json.loads(data)
+            except ValueError as exc:
+                if event_name == "error":
+                    frame = {"error": {"message": data}}
+                else:
+                    raise LlmProtocolError(
+                        f"{self.url} sent a stream frame that is not JSON ({exc}): "
+                        f"{self.redact(data[:200])!r}; the provider does not speak the OpenAI stream format"
+                    ) from exc
+        if type(frame) is not dict:
+            raise LlmProtocolError(
+                f"{self.url} sent a stream frame that is not a JSON object: {self.redact(data[:200])!r}"
+            )
+        if event_name == "error" and "error" not in frame:
+            frame = {"error": frame}
+        if frame.get("error"):
+            raise_in_band_error(frame, self.url, self.redact, after=self.events - 1)
+        return self._chunk_from_frame(frame)
+
+    def _chunk_from_frame(self, frame: Dict[str, Any]) -> Chunk:
+        # Exact type checks are isinstance checks here: json makes exact types.
+        get = frame.get
+        model = get("model")
+        if type(model) is str:
+            self.model = model
+        usage = get("usage")
+        if usage is not None:
+            usage = _usage(usage)
+            if usage is not None:
+                self.usage = usage
+        choices = get("choices")
+        choice = choices[0] if type(choices) is list and choices else None
+        if type(choice) is dict:
+            index = choice.get("index", 0)
+            if index != 0 or type(index) is not int:
+                choice = _first_choice(choices)
+        else:
+            choice = _first_choice(choices)
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            delta = {}
+        finish = choice.get("finish_reason")
+        if finish and type(finish) is str:
+            self.finish_reason = finish
+        else:
+            finish = None
+        content = delta.get("content")
+        if type(content) is not str or not content:
+            content = _text_or_none(content)
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning is not None:
+            reasoning = _text_or_none(reasoning)
+        tool_calls = delta.get("tool_calls")
+        return Chunk(content, reasoning, () if tool_calls is None else _tool_call_deltas(tool_calls),
+                     False, usage, finish, self.model)
+
+
+def _text_or_none(value: Any) -> Optional[str]:
+    """Delta text: a string, or a list of text parts (``[{"type": "text", "text": ...}]``).
+
+    Anything else (a number, an object) is not text and is ignored.
+    """
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, list):
+        parts = [part.get("text") for part in value
+                 if isinstance(part, dict) and part.get("type", "text") == "text"]
+        joined = "".join(p for p in parts if isinstance(p, str))
+        return joined or None
+    return None
+
+
+def _choice_index(choice: Dict[str, Any]) -> Optional[int]:
+    index = choice.get("index", 0)
+    if index is None:
+        return 0  # some servers send null for the only choice
+    if isinstance(index, bool):
+        return None
+    if isinstance(index, int):
+        return index
+    if isinstance(index, str) and index.strip().isdigit():
+        return int(index)
+    return None
+
+
+def _first_choice(choices: Any) -> Dict[str, Any]:
+    """The choice with index 0 (``n > 1`` is not supported: other choices are ignored).
+
+    A missing, null or ``"0"`` index counts as 0: dropping the only choice of
+    a sloppy server would silently lose the answer.
+    """
+    if not isinstance(choices, list):
+        return {}
+    for choice in choices:
+        if isinstance(choice, dict) and _choice_index(choice) == 0:
+            return choice
+    return {}
+
+
+def _token_count(value: Any) -> Optional[int]:
+    """A token count: a non-negative integer (``3.0`` accepted); anything else is unknown."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < 1 << 53:
+        return value
+    return None
+
+
+def _usage(raw: Any) -> Optional[Usage]:
+    """Usage numbers; a frame with absurd ones (``1e400``, ``"x"``, ``-5``) carries no usage."""
+    if not isinstance(raw, dict):
+        return None
+    prompt = _token_count(raw.get("prompt_tokens") or 0)
+    completion = _token_count(raw.get("completion_tokens") or 0)
+    if prompt is None or completion is None:
+        return None
+    total = _token_count(raw.get("total_tokens") or (prompt + completion))
+    if total is None:
+        return None
+    return Usage(prompt, completion, total)
+
+
+def _arguments_text(raw: Any) -> Optional[str]:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return raw
+    return json.dumps(raw)  # some servers send an object instead of JSON text
+
+
+def _string_or_none(value: Any) -> Optional[str]:
+    """Ids and names are strings; a number or a list there is garbage, not a name."""
+    return value if isinstance(value, str) and value else None
+
+
+def _tool_call_deltas(raw: Any) -> Tuple[ToolCallDelta, ...]:
+    if not isinstance(raw, list):
+        return ()
+    deltas = []
+    for position, item in enumerate(raw):
+        if not isinstance(item, dict):
+            continue
+        raw_function = item.get("function")
+        function: Dict[str, Any] = raw_function if isinstance(raw_function, dict) else {}
+        index = item.get("index", position)
+        # Empty strings are "not sent": an empty id would look like a new call.
+        call_id = _string_or_none(item.get("id"))
+        name = _string_or_none(function.get("name"))
+        arguments = _arguments_text(function.get("arguments")) or None
+        if call_id is None and name is None and arguments is None:
+            continue
+        valid_index = isinstance(index, int) and not isinstance(index, bool)
+        deltas.append(ToolCallDelta(index=index if valid_index else position,
+                                    id=call_id, name=name, arguments_fragment=arguments))
+    return tuple(deltas)
+
+
+
+def response_from_json(payload: Any, redact: Any) -> Response:
+    if not isinstance(payload, dict):
+        raise LlmProtocolError(f"a chat completion must be a JSON object, got {redact(str(payload)[:200])!r}")
+    choice = _first_choice(payload.get("choices"))
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else None
+    if message is None:
+        raise LlmProtocolError(
+            f"the chat completion has no choices[0].message: {redact(json.dumps(payload)[:300])}; "
+            f"the provider does not speak the OpenAI format"
+        )
+    calls = []
+    for position, item in enumerate(message.get("tool_calls") or ()):
+        if not isinstance(item, dict):
+            continue
+        raw_function = item.get("function")
+        function: Dict[str, Any] = raw_function if isinstance(raw_function, dict) else {}
+        calls.append(ToolCall(id=_string_or_none(item.get("id")) or f"call_{position}",
+                              name=_string_or_none(function.get("name")) or "",
+                              arguments=_arguments_text(function.get("arguments")) or "{}"))
+    finish = choice.get("finish_reason")
+    return Response(
+        content=_text_or_none(message.get("content")) or "",
+        tool_calls=tuple(calls),
+        usage=_usage(payload.get("usage")),
+        model=payload.get("model") if isinstance(payload.get("model"), str) else None,
+        finish_reason=finish if isinstance(finish, str) else None,
+    )
+
+
+def vectors_from_json(payload: Any, expected: int) -> List[List[float]]:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list) or len(data) != expected:
+        got = len(data) if isinstance(data, list) else "no"
+        raise LlmProtocolError(
+            f"the embeddings answer holds {got} vectors for {expected} inputs; "
+            f"the provider does not speak the OpenAI embeddings format"
+        )
+    try:
+        ordered = sorted(data, key=lambda item: int(item.get("index", 0)))
+        return [[float(x) for x in item["embedding"]] for item in ordered]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise LlmProtocolError(
+            f"the embeddings answer is malformed ({exc}); expected data[i].embedding lists") from exc

@@ -1,0 +1,144 @@
+"""EngineConfig: the limits and settings every run of an engine uses, checked once.
+
+A config is frozen and validated on construction, so a typo fails where it
+is written and not after the first paid model call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import InitVar, dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from . import _validation as validation
+from ._errors import ConfigError
+from ._messages import CompletionOptions
+
+__all__ = ["EngineConfig", "TOOL_MODES", "completion_options"]
+
+#: ``inline``: tools are called with ``<tool name="...">{...}</tool>`` blocks in the
+#: answer text; ``native``: with the provider's tool-call API; ``auto``: both.
+#: ``xml`` is the old name of ``inline`` and is still accepted.
+TOOL_MODES = ("auto", "inline", "native")
+_TOOL_MODE_ALIASES = {"xml": "inline"}
+
+_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOptions))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits and settings for every run of an engine; validated on construction.
+
+    ``model="m"`` is shorthand for ``models=["m"]``.  ``options`` may be a
+    :class:`CompletionOptions` or a plain mapping such as
+    ``{"temperature": 0.2}`` (keys that are not CompletionOptions fields go
+    to ``extra``, i.e. into the request body as they are).
+    """
+
+    models: Sequence[str] = ()
+    max_continuations: int = 3
+    max_tools_per_round: int = 3
+    max_tools_total: int = 5
+    tool_timeout: float = 30.0
+    idle_timeout: float = 30.0
+    completion_timeout: float = 60.0
+    allowed_tools: Optional[Iterable[str]] = None
+    tool_mode: str = "auto"
+    options: Union[CompletionOptions, Mapping[str, Any], None] = None
+    max_block_chars: int = 16384
+    pool_size: int = 32
+    tool_queue_timeout: float = 10.0
+    max_retries: int = 2
+    chunk_size: int = 800
+    chunk_overlap: int = 100
+    embed_model: Optional[str] = None
+    ingest_tool_results: bool = True
+    filing_timeout: float = 5.0
+    failover_after_tokens: bool = False
+    model: InitVar[Optional[str]] = None
+
+    def __post_init__(self, model: Optional[str]) -> None:
+        object.__setattr__(self, "models", _models(self.models, model))
+        for field_name in ("max_continuations", "max_tools_per_round", "max_tools_total", "max_retries"):
+            validation.count(getattr(self, field_name), f"EngineConfig.{field_name}")
+        for field_name in ("max_block_chars", "pool_size", "chunk_size"):
+            validation.count(getattr(self, field_name), f"EngineConfig.{field_name}", minimum=1)
+        validation.count(self.chunk_overlap, "EngineConfig.chunk_overlap")
+        if self.chunk_overlap >= self.chunk_size:
+            raise ConfigError(f"EngineConfig.chunk_overlap ({self.chunk_overlap}) must be smaller "
+                              f"than chunk_size ({self.chunk_size})")
+        if not isinstance(self.failover_after_tokens, bool):
+            raise ConfigError(f"EngineConfig.failover_after_tokens must be True or False, "
+                              f"got {self.failover_after_tokens!r}")
+        for field_name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout",
+                           "tool_queue_timeout"):
+            validation.seconds(getattr(self, field_name), f"EngineConfig.{field_name}")
+        mode = _TOOL_MODE_ALIASES.get(self.tool_mode, self.tool_mode)
+        if mode not in TOOL_MODES:
+            raise ConfigError(f"EngineConfig.tool_mode must be one of {', '.join(TOOL_MODES)}, "
+                              f"got {self.tool_mode!r}")
+        object.__setattr__(self, "tool_mode", mode)
+        object.__setattr__(self, "options", completion_options(self.options, "EngineConfig.options"))
+        if self.allowed_tools is not None:
+            if isinstance(self.allowed_tools, str):
+                raise ConfigError("EngineConfig.allowed_tools must be a collection of tool names, "
+                                  f"not one string ({self.allowed_tools!r}); use [{self.allowed_tools!r}]")
+            object.__setattr__(self, "allowed_tools", frozenset(self.allowed_tools))
+
+    @property
+    def uses_inline_tools(self) -> bool:
+        return self.tool_mode in ("inline", "auto")
+
+    @property
+    def uses_native_tools(self) -> bool:
+        return self.tool_mode in ("native", "auto")
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "EngineConfig":
+        """``STREAMENGINE_MODEL`` (comma-separated failover list) plus keyword overrides."""
+        env = os.environ if environ is None else environ
+        raw = env.get("STREAMENGINE_MODEL", "")
+        models = [m.strip() for m in raw.split(",") if m.strip()]
+        if not models and "models" not in overrides and "model" not in overrides:
+            raise ConfigError("no model configured: set STREAMENGINE_MODEL (e.g. 'gpt-4o-mini' or "
+                              "'primary,fallback') or pass EngineConfig(models=[...])")
+        if "model" not in overrides:
+            overrides.setdefault("models", models)
+        return cls(**overrides)
+
+
+def _models(models: Any, model: Optional[str]) -> tuple:
+    """The failover list from ``models=`` or the one-model shorthand ``model=``."""
+    if model is not None:
+        validation.name(model, "EngineConfig.model")
+        if models:
+            raise ConfigError(f"EngineConfig got both model={model!r} and models={models!r}; pass one: "
+                              f"models=[primary, fallback, ...] or model='one-model'")
+        return (model,)
+    listed = [models] if isinstance(models, str) else list(models or ())
+    if not listed or not all(isinstance(m, str) and m.strip() for m in listed):
+        raise ConfigError(
+            f"EngineConfig.models must be a non-empty list of model names (first = primary), "
+            f"got {models!r}; e.g. EngineConfig(models=['gpt-4o-mini']) or EngineConfig(model='gpt-4o-mini')")
+    return tuple(listed)
+
+
+def completion_options(value: Any, what: str) -> Optional[CompletionOptions]:
+    """``value`` as :class:`CompletionOptions`: kept if it is one, built if it is a mapping.
+
+    Keys of the mapping that are CompletionOptions fields set them; the rest
+    go to ``extra`` (merged into the request body as they are).  ``model`` is
+    refused: the engine sets it from the failover list.
+    """
+    if value is None or isinstance(value, CompletionOptions):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{what} must be a CompletionOptions or a mapping such as "
+                          f"{{'temperature': 0.2}}, got {type(value).__name__}")
+    if "model" in value:
+        raise ConfigError(f"{what} must not set 'model': the engine picks it from models=[...] "
+                          "(first = primary); put the model there")
+    known = {key: item for key, item in value.items() if key in _OPTION_FIELDS and key != "extra"}
+    extra = dict(value.get("extra") or {})
+    extra.update({key: item for key, item in value.items() if key not in _OPTION_FIELDS})
+    return CompletionOptions(**known, extra=extra or None)

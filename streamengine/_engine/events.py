@@ -1,0 +1,109 @@
+"""What ``StreamingEngine.run()`` yields to its caller, and what the web layer turns into frames.
+
+:class:`TokenEvent`, :class:`ToolStartEvent` and friends each carry a
+``name`` class attribute that is the SSE event name.  Call-level hooks (a
+chunk event per chunk read, observers of whole responses) are one layer
+down, in :mod:`streamengine._calls.hooks`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Tuple, Union
+
+from .._messages import ToolCall
+
+if TYPE_CHECKING:  # engine-level types live in upper layers; only hints need them
+    from .._messages import ToolResult
+    from .result import EngineResult
+
+
+# --------------------------------------------------------------------------- engine level
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Visible answer text, as it streams."""
+
+    name: ClassVar[str] = "token"
+    text: str
+
+    # By hand, not generated: one per visible token (see messages.Chunk).
+    def __init__(self, text: str) -> None:
+        self.__dict__["text"] = text
+
+
+@dataclass(frozen=True)
+class ToolStartEvent:
+    """A tool's function was entered: its deadline counts from here (not from a wait for a worker)."""
+
+    name: ClassVar[str] = "tool_start"
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class ToolResultEvent:
+    """A tool finished, failed, timed out or was skipped: sent the moment that is known."""
+
+    name: ClassVar[str] = "tool_result"
+    result: "ToolResult"
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """A new model round began (round 1 is the first answer, 2 the first continuation)."""
+
+    name: ClassVar[str] = "round"
+    round: int
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """Something went wrong; ``message`` says what, for a person.
+
+    ``fatal`` is True when the run failed or stopped early because of it;
+    False for a problem the run went on past (a tool block the model wrote
+    that could not be read, a result that could not be filed in the store).
+    """
+
+    name: ClassVar[str] = "error"
+    message: str
+    fatal: bool = True
+
+
+@dataclass(frozen=True)
+class ResetEvent:
+    """Discard the text of round ``round`` shown so far: it is streamed again on another model.
+
+    Only sent with ``EngineConfig(failover_after_tokens=True)``, when a model
+    failed mid-answer and another model is left; ``reason`` says which failed.
+    """
+
+    name: ClassVar[str] = "reset"
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The run ended; ``result`` holds the answer and telemetry."""
+
+    name: ClassVar[str] = "done"
+    result: "EngineResult"
+
+
+@dataclass(frozen=True)
+class HeartbeatEvent:
+    """Nothing happened for a while; only sent when the caller asked for heartbeats.
+
+    SSE renders it as the comment ``: ping`` so proxies and WSGI servers
+    notice a gone client.
+    """
+
+    name: ClassVar[str] = "heartbeat"
+
+
+Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ResetEvent, ErrorEvent, DoneEvent,
+              HeartbeatEvent]
+
+__all__ = [
+    "DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ResetEvent", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent",
+]

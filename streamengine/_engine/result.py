@@ -1,0 +1,54 @@
+"""What a run hands back: the answer, each round's text, tool results, telemetry."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .._messages import ToolResult, Usage
+
+
+@dataclass
+class Telemetry:
+    """What happened in one run; counters a dashboard or a test can read."""
+
+    rounds: int = 0
+    tools_started: int = 0
+    tools_ok: int = 0
+    tools_failed: int = 0
+    tools_timed_out: int = 0
+    dedup_skipped: int = 0
+    cap_skipped: int = 0
+    disallowed: int = 0
+    refused: int = 0
+    parse_errors: int = 0
+    filing_errors: int = 0
+    max_queue_wait_s: float = 0.0  # the longest any call of the run waited for a free worker
+    failovers: int = 0
+    model_used: Optional[str] = None
+    time_to_first_token_s: Optional[float] = None
+    total_s: float = 0.0
+    #: Why the run stopped early, or None for a normal answer: ``cancelled``,
+    #: ``llm_error``, ``llm_error_after_tokens``, ``max_continuations_reached``,
+    #: ``internal_error``.
+    stop_reason: Optional[str] = None
+
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        """The old name of :attr:`stop_reason` (it holds every stop reason, not only fallbacks)."""
+        return self.stop_reason
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """The outcome of a run. ``answer`` is the revised answer of the last round.
+
+    ``usage`` adds up the token counts of every model call, or is None when
+    the provider reported none (zeros would claim a free answer).
+    """
+
+    answer: str
+    rounds: Tuple[str, ...]
+    tool_results: Tuple[ToolResult, ...]
+    telemetry: Telemetry
+    usage: Optional[Usage] = None
+    error: Optional[str] = None

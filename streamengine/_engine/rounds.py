@@ -1,0 +1,425 @@
+"""One run of the engine, round by round, on the run thread.
+
+Each round streams the model's answer; visible text goes to the caller as it
+arrives while completed tool calls go through the :class:`ToolDispatcher` at
+once, and each ``tool_result`` is sent the moment its tool finishes.  After
+the stream the round collects its results in call order, and if it found any
+call the next round asks the model for a revised answer.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, List, Optional, Set
+
+from .._accumulate import TextBuffer, ToolCallAccumulator
+from .._cancel import CancelToken
+from .._config import EngineConfig
+from .continuation import build_continuation_message, tool_result_messages
+from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
+from .._errors import LlmCancelledError, LlmError
+from .events import (
+    DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+)
+from .._calls.failover import ModelFailover
+from .._inline.scanner import InlineToolScanner, tool_instructions
+from .._messages import Chunk, Message, ToolCall, ToolResult, Usage
+from .result import EngineResult, Telemetry
+from ..tools import ToolExecutor, ToolHandle, ToolRegistry
+
+CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
+CANCEL_POLL_S = 0.05
+
+
+def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
+    return ToolResult.error_result(handle.call, reason)
+
+
+def _joined(parts: Iterable[str]) -> str:
+    return "\n\n".join(part for part in parts if part)
+
+
+@dataclass(frozen=True)
+class RunDeps:
+    """What a run needs from the engine that started it, and nothing more.
+
+    Shared by every run of one engine; each field is safe to use from many
+    runs at once.  ``ingest`` files a successful tool result in the RAG store
+    and says what went wrong, if anything (None: no store, nothing filed); it
+    runs on the tool's worker thread.  ``approve`` is asked before a
+    side-effect tool runs.
+    """
+
+    config: EngineConfig
+    registry: ToolRegistry
+    executor: ToolExecutor
+    failover: ModelFailover
+    log: Any
+    ingest: Optional[Callable[[ToolResult], Optional[str]]] = None
+    approve: Optional[Callable[[ToolCall], object]] = None
+
+
+@dataclass
+class RunState:
+    """What one run has gathered so far; owned by the run thread."""
+
+    conversation: List[Message]
+    cancel: CancelToken
+    emit: Callable[[Event], None]
+    started: float
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    rounds: List[str] = field(default_factory=list)
+    results: List[ToolResult] = field(default_factory=list)
+    usage: Optional[Usage] = None  # None until the provider reports usage
+    answer: Optional[str] = None
+    error: Optional[str] = None
+    done: bool = False
+
+
+class _RoundStream:
+    """Everything one round keeps while its stream flows (reset on failover)."""
+
+    def __init__(self, runner: "RoundRunner", round_no: int) -> None:
+        self.runner = runner
+        # Ids must stay unique across the rounds of a request: the round is in the prefix.
+        self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
+                                        id_prefix=f"call_inline_r{round_no}_") if runner.use_inline else None
+        self.accumulator = ToolCallAccumulator() if runner.use_native else None
+        # Joined every 1024 pieces: memory follows the text, not the token count.
+        self.text_parts = TextBuffer()
+        self.native_calls: List[ToolCall] = []
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        """Called on the run thread for every chunk: show text, dispatch calls at once."""
+        content = chunk.content
+        if content:
+            parser = self.parser
+            if parser is None:
+                self.runner.show(self, content)
+            else:
+                fed = parser.feed(content)
+                if fed.visible:
+                    self.runner.show(self, fed.visible)
+                if fed.errors:
+                    self.runner.report_parse_problems(fed)
+                for call in fed.calls:
+                    self.runner.dispatcher.dispatch(call)
+        if chunk.tool_calls and self.accumulator is not None:
+            for delta in chunk.tool_calls:
+                for call in self.accumulator.add(delta):
+                    self._dispatch_native(call)
+        self.runner.dispatcher.poll_deadlines()
+
+    def _dispatch_native(self, call: ToolCall) -> None:
+        self.native_calls.append(call)
+        self.runner.dispatcher.dispatch(call)
+
+    def finish(self) -> None:
+        """The stream completed: release held-back text, dispatch the last native calls."""
+        if self.parser is not None:
+            tail = self.parser.flush()
+            if tail.visible:
+                self.runner.show(self, tail.visible)
+            if tail.errors:
+                self.runner.report_parse_problems(tail)
+            for call in tail.calls:
+                self.runner.dispatcher.dispatch(call)
+        if self.accumulator is not None:
+            for call in self.accumulator.finish():
+                self._dispatch_native(call)
+
+    @property
+    def committed(self) -> bool:
+        """Something reached the caller or a tool started: no failover from here on."""
+        return bool(self.text_parts) or self.runner.dispatcher.started_any
+
+    @property
+    def text(self) -> str:
+        return self.text_parts.text()
+
+
+class RoundRunner:
+    """Runs the rounds of one request on the run thread; ``run()`` ends with a ``DoneEvent``."""
+
+    def __init__(self, deps: RunDeps, state: RunState) -> None:
+        self.deps = deps
+        self.config = deps.config
+        self.state = state
+        has_tools = bool(deps.registry.names)
+        self.use_inline = has_tools and self.config.uses_inline_tools
+        self.use_native = has_tools and self.config.uses_native_tools
+        self._lock = threading.Lock()  # telemetry counters and reports written from tool workers
+        self._reported: Set[str] = set()  # call ids whose tool_result went out
+        self._round_no = 0
+        self.dispatcher = ToolDispatcher(
+            deps.registry, deps.executor,
+            DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
+                           self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
+            state.cancel, on_start=self._on_tool_start, on_result=self._on_tool_result,
+            approve=deps.approve)
+        self.messages = self._initial_messages(state.conversation)
+        self._parser_errors = 0
+
+    # --- set-up -------------------------------------------------------------------
+    def _tool_specs(self) -> list:
+        names = set(self.dispatcher.available_names())
+        return [spec for spec in self.deps.registry.specs() if spec.name in names]
+
+    def _initial_messages(self, conversation: List[Message]) -> List[Message]:
+        if not self.use_inline:
+            return list(conversation)
+        hint = Message(role="system", content=tool_instructions(self._tool_specs()))
+        leading = 0
+        while leading < len(conversation) and conversation[leading].role == "system":
+            leading += 1
+        return conversation[:leading] + [hint] + conversation[leading:]
+
+    # --- events ---------------------------------------------------------------------
+    def show(self, stream: _RoundStream, text: str) -> None:
+        stream.text_parts.append(text)
+        if self.state.telemetry.time_to_first_token_s is None:
+            self.state.telemetry.time_to_first_token_s = time.monotonic() - self.state.started
+        self.state.emit(TokenEvent(text))
+
+    def report_parse_problems(self, fed: Any) -> None:
+        """Bad blocks the model closed become error results it reads; others are told as events."""
+        told = set()
+        for call, reason in fed.rejected:
+            told.add(reason)
+            what = f"tool '{call.name}'" if call.name else "a tool block"
+            self.dispatcher.reject(call, f"{what} was not run: {reason}; write the block again as "
+                                         f'<tool name="NAME">{{"argument": "value"}}</tool> with a JSON object')
+        for reason in fed.errors:
+            if reason not in told:
+                self.deps.log.warning("tool block shown as text, not run: {}", reason)
+                self.state.emit(ErrorEvent(f"a tool block could not be read: {reason}", fatal=False))
+
+    def _on_tool_start(self, call: ToolCall) -> None:
+        """Runs on the tool's worker as the function is entered."""
+        self.state.emit(ToolStartEvent(call))
+
+    def _on_tool_result(self, result: ToolResult, ran: bool) -> None:
+        """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call)."""
+        if not self._report_once(result):
+            return
+        if ran:
+            self._count_tool_outcome(result)
+        problem = self.deps.ingest(result) if self.deps.ingest is not None else None
+        if problem is not None:
+            self._filing_failed(problem)
+
+    def _report_once(self, result: ToolResult) -> bool:
+        """Send ``tool_result`` for a call once: a tool given up on may still return later."""
+        with self._lock:
+            if result.call_id in self._reported:
+                return False
+            self._reported.add(result.call_id)
+        self.state.emit(ToolResultEvent(result))
+        return True
+
+    def _filing_failed(self, problem: str) -> None:
+        with self._lock:
+            self.state.telemetry.filing_errors += 1
+        self.state.emit(ErrorEvent(problem, fatal=False))
+
+    # --- the loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        last_round = self.config.max_continuations + 1
+        for round_no in range(1, last_round + 1):
+            if self.state.cancel.is_set():
+                self._stop("cancelled")
+                break
+            if not self._round(round_no, is_last=round_no == last_round):
+                break
+        self._finish()
+
+    def _round(self, round_no: int, *, is_last: bool) -> bool:
+        """Run one round; True when another round should follow."""
+        self._round_no = round_no
+        self.state.telemetry.rounds = round_no
+        self.state.emit(RoundEvent(round_no))
+        self.dispatcher.begin_round()
+        stream = _RoundStream(self, round_no)
+        holder = [stream]
+        tried: List[str] = []
+
+        def may_advance() -> bool:
+            if holder[0].committed:
+                if not self.config.failover_after_tokens:
+                    return False
+                failed = tried[-1] if tried else "the model"
+                self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
+                                                     f"the round is streamed again on another model"))
+            self.dispatcher.reset_round()
+            holder[0] = _RoundStream(self, round_no)
+            return True
+
+        try:
+            outcome = self.deps.failover.call(
+                self.messages, tools=self._tool_specs() if self.use_native else None,
+                options=self.config.options, cancel=self.state.cancel,
+                on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance,
+                on_attempt=lambda model, _n: tried.append(model))
+        except LlmError as exc:
+            if tried:
+                self.state.telemetry.model_used = tried[-1]
+                self.state.telemetry.failovers += len(dict.fromkeys(tried)) - 1
+            self._on_llm_error(holder[0], exc)
+            return False
+        stream = holder[0]
+        stream.finish()
+        self._count_parse_errors(stream)
+        self._account(outcome)
+        if (outcome.response.finish_reason or "stop") not in CUT_OFF_FINISH_REASONS:
+            self.dispatcher.release_side_effects()
+        else:
+            self.dispatcher.drop_held()
+        self.dispatcher.cancel_unused_replays()
+        text = stream.text
+        self.state.rounds.append(text)
+        results = self._join_round()
+        if self.state.cancel.is_set():
+            self._stop("cancelled")
+            return False
+        if not self.dispatcher.found_calls:
+            self.state.answer = text
+            return False
+        if is_last:
+            self._stop("max_continuations_reached")
+            self.state.answer = _joined(self.state.rounds)
+            return False
+        self._continue_with(stream, results)
+        return True
+
+    def _account(self, outcome: Any) -> None:
+        telemetry = self.state.telemetry
+        telemetry.model_used = outcome.model
+        telemetry.failovers += outcome.failovers
+        usage = outcome.response.usage
+        if usage is not None:
+            self.state.usage = usage if self.state.usage is None else self.state.usage + usage
+
+    def _join_round(self) -> List[ToolResult]:
+        """The round's results in call order (each was already sent as it finished)."""
+        results = [self._await(entry) for entry in self.dispatcher.entries()]
+        self.state.results.extend(results)
+        # Filed results must be searchable when the next round starts; a store
+        # that takes longer than filing_timeout is reported, not waited for.
+        if not self.dispatcher.wait_until_reported(self.config.filing_timeout):
+            self._filing_failed(f"filing tool results in the RAG store took longer than "
+                                f"{self.config.filing_timeout:g}s; the next round may not find them")
+        return results
+
+    def _await(self, entry: Any) -> ToolResult:
+        """The entry's result at its deadline at the latest; at once if the run is cancelled."""
+        handle = entry_handle(entry)
+        if handle is None:
+            return entry_result(entry)
+        cancel = self.state.cancel
+        while not handle.wait(CANCEL_POLL_S):
+            if cancel.is_set():
+                handle.cancel()
+                if not handle.done():
+                    result = _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
+                    self._report_once(result)
+                    return result
+        self.dispatcher.settle_unstarted(handle)
+        return entry_result(entry)
+
+    def _count_tool_outcome(self, result: ToolResult) -> None:
+        telemetry = self.state.telemetry
+        with self._lock:
+            telemetry.max_queue_wait_s = max(telemetry.max_queue_wait_s, result.queue_wait_s)
+            if result.ok:
+                telemetry.tools_ok += 1
+            elif result.timed_out:
+                telemetry.tools_timed_out += 1
+            else:
+                telemetry.tools_failed += 1
+
+    def _continue_with(self, stream: _RoundStream, results: List[ToolResult]) -> None:
+        native_ids: Set[str] = {call.id for call in stream.native_calls}
+        self.messages.append(Message(role="assistant", content=stream.text, tool_calls=tuple(stream.native_calls)))
+        native = [r for r in results if r.call_id in native_ids]
+        inline = [r for r in results if r.call_id not in native_ids]
+        self.messages.extend(tool_result_messages(native))
+        if inline or not native:
+            self.messages.append(Message(role="user", content=build_continuation_message(inline or results)))
+
+    # --- endings ----------------------------------------------------------------------------
+    def _count_parse_errors(self, stream: _RoundStream) -> None:
+        if stream.parser is not None:
+            self._parser_errors += stream.parser.parse_errors
+
+    def _on_llm_error(self, stream: _RoundStream, exc: LlmError) -> None:
+        if stream.parser is not None and stream.text_parts:
+            # Text held back as a possible block start belongs to the partial answer.
+            held = stream.parser.flush().visible
+            if held:
+                self.show(stream, held)
+        self._count_parse_errors(stream)
+        self.dispatcher.drop_held()
+        self.dispatcher.cancel_all()
+        self.dispatcher.cancel_unused_replays()
+        self._collect_abandoned()
+        if isinstance(exc, LlmCancelledError) or self.state.cancel.is_set():
+            self.state.rounds.append(stream.text)
+            self._stop("cancelled")
+            return
+        self.state.error = str(exc)
+        if not stream.committed:
+            warning = f"\u26a0\ufe0f LLM error: {exc}"
+            self.show(stream, warning)
+            self.state.emit(ErrorEvent(str(exc)))
+            self._stop("llm_error")
+        else:
+            self.state.emit(ErrorEvent(f"the model's stream failed after a partial answer: {exc}"))
+            self._stop("llm_error_after_tokens")
+        self.state.rounds.append(stream.text)
+        # Everything the person has read stays in the answer: earlier drafts too.
+        self.state.answer = _joined(self.state.rounds)
+
+    def _collect_abandoned(self) -> None:
+        """The tools of a broken round, without waiting for the ones still running."""
+        for entry in self.dispatcher.entries():
+            handle = entry_handle(entry)
+            if handle is None or handle.done():
+                if handle is not None:
+                    self.dispatcher.settle_unstarted(handle)
+                self.state.results.append(entry_result(entry))
+            else:
+                result = _abandoned(handle, "cancelled: the round ended before the tool finished")
+                self._report_once(result)
+                self.state.results.append(result)
+
+    def _stop(self, reason: str) -> None:
+        if self.state.telemetry.stop_reason is None:
+            self.state.telemetry.stop_reason = reason
+
+    def _finish(self) -> None:
+        state = self.state
+        counters = self.dispatcher.counters
+        telemetry = state.telemetry
+        telemetry.tools_started = counters.tools_started
+        telemetry.dedup_skipped = counters.dedup_skipped
+        telemetry.cap_skipped = counters.cap_skipped
+        telemetry.disallowed = counters.disallowed
+        telemetry.refused = counters.refused
+        telemetry.parse_errors = counters.parse_errors + self._parser_errors
+        telemetry.total_s = time.monotonic() - state.started
+        answer = state.answer if state.answer is not None else _joined(state.rounds)
+        result = EngineResult(answer=answer, rounds=tuple(state.rounds), tool_results=tuple(state.results),
+                              telemetry=telemetry, usage=state.usage, error=state.error)
+        state.done = True
+        state.emit(DoneEvent(result))
+
+    def fail_unexpectedly(self, exc: BaseException) -> None:
+        """A bug, not a provider fault: still end with ``error`` and ``done``."""
+        if self.state.done:
+            return
+        self.dispatcher.cancel_all()
+        self.state.error = f"internal error: {type(exc).__name__}: {exc}"
+        self.state.emit(ErrorEvent(self.state.error))
+        self._stop("internal_error")
+        self._finish()

@@ -1,0 +1,208 @@
+"""The streaming engine: answers stream to the caller while their tools already run.
+
+Thread layout of one run (docs/ARCHITECTURE.md has the whole picture)::
+
+    run thread        client.stream() -> chunks, parse, dispatch -> EventChannel
+                      (idle timer + cap kept by the process's deadline watcher, deadlines.py)
+                      after the stream: join tools, continue with the next round
+    caller's thread   the ``run()`` generator: yields events, heartbeats when idle
+    tool threads      one daemon thread per running tool  (tools.ToolExecutor)
+
+The run thread, not the caller, parses and dispatches, so a slow consumer
+(a browser on a bad line) never delays a tool's start.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+
+from .. import _validation as validation
+from .._calls.strategies import make_call_strategy
+from .._cancel import CancelToken, on_cancel
+from .channel import EventChannel
+from .._clients.base import LlmClient
+from .._config import EngineConfig
+from .._errors import ConfigError
+from .events import DoneEvent, Event, HeartbeatEvent
+from .._calls.hooks import EventEmitter
+from .._calls.failover import ErrorClassifier, ModelFailover
+from .._logs import component_logger
+from .._messages import Message, MessageLike, ToolCall, as_messages
+from .result import EngineResult, Telemetry
+from .rounds import RoundRunner, RunDeps, RunState
+from ..tools import ToolExecutor, ToolRegistry, ToolResult
+
+__all__ = ["EngineConfig", "EngineResult", "StreamingEngine", "Telemetry"]
+
+#: Heartbeats carry nothing: one frozen instance serves every empty drain (a served
+#: stream asks for one per flush, so this is on the per-burst path).
+_HEARTBEAT = HeartbeatEvent()
+
+
+class StreamingEngine:
+    """Runs conversations round by round; one engine serves many runs, from many threads.
+
+    The engine owns a tool pool shared by its runs; ``close()`` (or leaving a
+    ``with`` block) stops it.
+
+    Seams, each built by default when not given: ``classifier`` (an
+    :class:`ErrorClassifier`) decides which provider errors fail over, retry
+    or stop; ``emitter`` (an :class:`EventEmitter`, also ``engine.emitter``)
+    gets a :class:`ModelChunkEvent` for every chunk read from the model, the
+    last one with ``is_final`` and the whole response; ``observers`` hear
+    ``on_llm_responded(response)`` once per successful model call.
+
+    ``executor`` (any ``concurrent.futures.Executor``: a
+    ``ProcessPoolExecutor``, ``distributed.Client(...).get_executor()``)
+    runs the tools declared ``@tool(executor="remote")``; the others run on
+    the engine's own threads.  The engine never shuts it down.
+
+    ``approve(call) -> bool`` (optional) is asked, on the run thread, before
+    each tool marked ``side_effects=True`` runs; a refusal becomes an error
+    result the model reads.
+    """
+
+    def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
+                 *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None,
+                 classifier: Optional[ErrorClassifier] = None, emitter: Optional[EventEmitter] = None,
+                 approve: Optional[Callable[[ToolCall], object]] = None,
+                 executor: Optional[concurrent.futures.Executor] = None) -> None:
+        if not isinstance(client, LlmClient):
+            raise ConfigError(f"StreamingEngine needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
+                              f"got {type(client).__name__}")
+        self.config = config if config is not None else EngineConfig.from_env()
+        if not isinstance(self.config, EngineConfig):
+            raise ConfigError(f"config must be an EngineConfig, got {type(self.config).__name__}")
+        self.client = client
+        if approve is not None and not callable(approve):
+            raise ConfigError(f"approve must be a callable taking a ToolCall and returning True to run it, "
+                              f"got {type(approve).__name__}")
+        self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self.rag = rag
+        if rag is not None:
+            self._register_rag_search(rag)
+        self._log = component_logger("streamengine._engine.run.StreamingEngine", logger)
+        self.emitter = emitter if emitter is not None else EventEmitter()
+        strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
+                                      completion_timeout=self.config.completion_timeout,
+                                      observers=observers, emitter=self.emitter, logger=logger)
+        failover = ModelFailover(strategy, list(self.config.models), classifier=classifier,
+                                 max_retries=self.config.max_retries, logger=logger)
+        # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
+        # One pool for every run of this engine, shared fairly: a run never holds more
+        # workers than its per-round cap, and waiting calls are served run by run.
+        self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger,
+                                     queue_timeout=self.config.tool_queue_timeout,
+                                     max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
+        self._deps = RunDeps(config=self.config, registry=self.registry, executor=self.executor,
+                             failover=failover, log=self._log,
+                             ingest=self.ingest if rag is not None else None, approve=approve)
+        self._closed = False
+
+    def _register_rag_search(self, rag: Any) -> None:
+        from ..rag._search_tool import make_rag_search_tool
+        if "rag_search" not in self.registry:
+            self.registry.register(make_rag_search_tool(rag))
+
+    # --- public API --------------------------------------------------------------
+    def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
+            heartbeat_s: Optional[float] = None) -> Iterator[Event]:
+        """Yield events as they happen; ``DoneEvent`` is always last.
+
+        Stopping iteration early (``break``, ``close()``, garbage collection) or
+        setting ``cancel`` shuts the provider stream down, cancels the tools and
+        ends every thread the run started.  With ``heartbeat_s``, a
+        ``HeartbeatEvent`` is yielded whenever nothing happened for that long.
+        """
+        if self._closed:
+            raise ConfigError("this StreamingEngine is closed; create a new one")
+        heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
+        conversation = as_messages(messages)
+        if not conversation:
+            raise ConfigError("messages is empty; pass at least one message, e.g. "
+                              "[{'role': 'user', 'content': 'hi'}]")
+        return self._events(conversation, cancel, heartbeat_s)
+
+    def complete(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None) -> EngineResult:
+        """Run to the end and return the result (no events)."""
+        # run() always ends with DoneEvent; a deque of length 1 keeps it and
+        # consumes the rest in C, not one Python loop step per token.
+        last = collections.deque(self.run(messages, cancel), maxlen=1)
+        assert last and isinstance(last[0], DoneEvent)
+        return last[0].result
+
+    def close(self) -> None:
+        """Stop the tool pool; runs still going get their tools cancelled."""
+        self._closed = True
+        self.executor.shutdown(wait=True)
+
+    def __enter__(self) -> "StreamingEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- one run -------------------------------------------------------------------
+    def _events(self, conversation: List[Message], cancel: Optional[threading.Event],
+                heartbeat_s: Optional[float]) -> Iterator[Event]:
+        # The run's own token: the caller's event cancels it, never the other way round.
+        token = CancelToken()
+        stop_watch = on_cancel(cancel, token.set)
+        channel = EventChannel(cancel=token)
+        state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic())
+        runner = RoundRunner(self._deps, state)
+        worker = threading.Thread(target=self._drive, args=(runner, channel), name="streamengine-run",
+                                  daemon=True)
+        worker.start()
+        finished = False
+        try:
+            while True:
+                items = channel.drain(heartbeat_s)
+                if not items:
+                    if channel.closed:
+                        return
+                    yield _HEARTBEAT
+                    continue
+                # DoneEvent is the last event a run puts: only the last item can be one.
+                yield from items
+                if isinstance(items[-1], DoneEvent):
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                token.set()
+            stop_watch()
+            worker.join(timeout=self.config.completion_timeout)
+
+    def _drive(self, runner: "RoundRunner", channel: EventChannel) -> None:
+        try:
+            runner.run()
+        except BaseException as exc:  # never leave the caller without a DoneEvent
+            self._log.opt(exception=True).error("run failed unexpectedly: {}", exc)
+            runner.fail_unexpectedly(exc)
+        finally:
+            channel.close()
+
+    def ingest(self, result: ToolResult) -> Optional[str]:
+        """File a successful tool result in the RAG store (on the tool's worker); what went wrong, if anything.
+
+        The store is an aid: a failure never fails the request, but it is
+        reported (telemetry ``filing_errors`` and a non-fatal ``error`` event),
+        since a later ``rag_search`` will not find the result.
+        """
+        if self.rag is None or not self.config.ingest_tool_results or not result.ok or not result.text:
+            return None
+        if result.name == "rag_search":
+            return None  # re-filing search hits would only duplicate what the store already has
+        from ..rag import chunks_for_ingest
+        try:
+            chunks = chunks_for_ingest(result.text, self.config.chunk_size, self.config.chunk_overlap)
+            self.rag.add_chunks(f"tool:{result.name}:{result.call_id}", chunks, self.config.embed_model)
+        except Exception as exc:
+            self._log.opt(exception=True).warning("could not file result of tool {!r}: {}", result.name, exc)
+            return (f"the result of tool '{result.name}' could not be filed in the RAG store "
+                    f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
+        return None

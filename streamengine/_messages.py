@@ -1,0 +1,365 @@
+"""The data that flows between provider, engine and caller: small frozen dataclasses.
+
+Frozen so that a chunk handed to an observer cannot be changed under the
+engine; plain dicts (``{"role": ..., "content": ...}``) are accepted wherever
+messages are taken and turned into :class:`Message` by :func:`as_message`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._errors import ConfigError, ToolError
+
+MAX_ARGUMENT_CHARS = 1_000_000
+#: Deeper arguments are refused before ``json.loads`` sees them.  Parsing them
+#: would run ``json`` to the interpreter's recursion limit: slow, and any
+#: finaliser the garbage collector happens to run at that depth fails too.
+MAX_ARGUMENT_DEPTH = 128
+
+# A JSON string (escapes followed) or one bracket: strings are skipped whole.
+_NESTING_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
+
+
+def too_deep(text: str, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """Whether JSON ``text`` nests brackets deeper than ``limit``; linear, no recursion.
+
+    The bracket count is the cheap test: only text with more than ``limit``
+    brackets can be that deep, and only then is it scanned.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for match in _NESTING_TOKEN.finditer(text):
+        token = match.group()
+        if token == "[" or token == "{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif token == "]" or token == "}":
+            depth -= 1
+    return False
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call; ``arguments`` is the JSON text as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def args(self) -> Dict[str, Any]:
+        """Parse ``arguments``; an empty text means no arguments."""
+        text = self.arguments.strip()
+        if not text:
+            return {}
+        if len(text) > MAX_ARGUMENT_CHARS:
+            raise ToolError(
+                f"arguments of tool call {self.name!r} are {len(text)} characters, over the "
+                f"{MAX_ARGUMENT_CHARS} limit; ask the model for smaller arguments"
+            )
+        if too_deep(text):
+            raise ToolError(
+                f"arguments of tool call {self.name!r} are not valid JSON for a tool: they nest deeper "
+                f"than {MAX_ARGUMENT_DEPTH} levels; expected a JSON object such as {{\"query\": \"...\"}}"
+            )
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ToolError(
+                f"arguments of tool call {self.name!r} are not valid JSON ({exc}); "
+                f"expected a JSON object such as {{\"query\": \"...\"}}"
+            ) from exc
+        if not isinstance(value, dict):
+            raise ToolError(
+                f"arguments of tool call {self.name!r} must be a JSON object, got {type(value).__name__}"
+            )
+        return value
+
+    def to_openai(self) -> Dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One streamed fragment of a native tool call, keyed by ``index``."""
+
+    index: int
+    id: Optional[str] = None
+    name: Optional[str] = None
+    arguments_fragment: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.total_tokens + other.total_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str = ""
+    tool_calls: Tuple[ToolCall, ...] = ()
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
+
+    def to_openai(self) -> Dict[str, Any]:
+        """The wire form; ``content`` is null only for an assistant turn made of tool calls."""
+        out: Dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+            if not self.content:
+                out["content"] = None
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+MessageLike = Union[Message, Mapping[str, Any]]
+
+
+def _tool_call_from_dict(raw: Mapping[str, Any]) -> ToolCall:
+    function = raw.get("function") or {}
+    return ToolCall(
+        id=str(raw.get("id", "")),
+        name=str(function.get("name", raw.get("name", ""))),
+        arguments=function.get("arguments", raw.get("arguments", "{}")) or "{}",
+    )
+
+
+def as_message(value: MessageLike) -> Message:
+    """Accept a :class:`Message` or an OpenAI-style dict; reject anything else clearly."""
+    if isinstance(value, Message):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"a message must be a Message or a dict like {{'role': 'user', 'content': '...'}}, "
+            f"got {type(value).__name__}"
+        )
+    role = value.get("role")
+    if not isinstance(role, str) or not role:
+        raise ConfigError(f"message {dict(value)!r} has no 'role'; use 'system', 'user', 'assistant' or 'tool'")
+    content = value.get("content")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise ConfigError(f"message content must be a string, got {type(content).__name__} in {dict(value)!r}")
+    calls = tuple(
+        c if isinstance(c, ToolCall) else _tool_call_from_dict(c) for c in (value.get("tool_calls") or ())
+    )
+    return Message(role=role, content=content, tool_calls=calls,
+                   tool_call_id=value.get("tool_call_id"), name=value.get("name"))
+
+
+def as_messages(values: Iterable[MessageLike]) -> List[Message]:
+    if isinstance(values, (str, bytes, Mapping)):
+        raise ConfigError(
+            "messages must be a list of messages, e.g. [{'role': 'user', 'content': 'hi'}], "
+            f"got a single {type(values).__name__}"
+        )
+    return [as_message(v) for v in values]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One parsed provider frame.  Only a meaningful chunk resets the idle timer.
+
+    ``is_meaningful`` (content, reasoning, a tool-call delta, or completion)
+    is computed once, here, because every layer above asks it per chunk.
+    """
+
+    content: Optional[str] = None
+    reasoning: Optional[str] = None
+    tool_calls: Tuple[ToolCallDelta, ...] = ()
+    is_completed: bool = False
+    usage: Optional[Usage] = None
+    finish_reason: Optional[str] = None
+    model: Optional[str] = None
+
+    # Written by hand, not generated: one chunk is built per provider frame
+    # (100k+/s), and the generated frozen __init__ pays an object.__setattr__
+    # call per field (~1.1 us a chunk); storing into __dict__ costs a third.
+    # Same signature and defaults as the generated one; @dataclass keeps it.
+    def __init__(self, content: Optional[str] = None, reasoning: Optional[str] = None,
+                 tool_calls: Tuple[ToolCallDelta, ...] = (), is_completed: bool = False,
+                 usage: Optional[Usage] = None, finish_reason: Optional[str] = None,
+                 model: Optional[str] = None) -> None:
+        d = self.__dict__
+        d["content"] = content
+        d["reasoning"] = reasoning
+        d["tool_calls"] = tool_calls
+        d["is_completed"] = is_completed
+        d["usage"] = usage
+        d["finish_reason"] = finish_reason
+        d["model"] = model
+        d["is_meaningful"] = bool(content or reasoning or tool_calls or is_completed)
+
+    if TYPE_CHECKING:  # a read-only attribute set by __init__ (frozen like the fields)
+        is_meaningful: bool
+
+
+@dataclass(frozen=True)
+class Response:
+    content: str = ""
+    tool_calls: Tuple[ToolCall, ...] = ()
+    usage: Optional[Usage] = None
+    model: Optional[str] = None
+    finish_reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What the model is told about a tool: name, description, JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_openai(self) -> Dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description,
+                             "parameters": dict(self.parameters)}}
+
+
+@dataclass(frozen=True)
+class CompletionOptions:
+    """Per-call settings; ``extra`` is merged into the request JSON as is."""
+
+    model: Optional[str] = None
+    temperature: Optional[float] = None
+    max_tokens: Optional[int] = None
+    stop: Optional[Sequence[str]] = None
+    extra: Optional[Mapping[str, Any]] = None
+
+    def with_model(self, model: str) -> "CompletionOptions":
+        return CompletionOptions(model, self.temperature, self.max_tokens, self.stop, self.extra)
+
+    def to_body(self) -> Dict[str, Any]:
+        body: Dict[str, Any] = {}
+        if self.model is not None:
+            body["model"] = self.model
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if self.stop is not None:
+            body["stop"] = list(self.stop)
+        if self.extra:
+            body.update(self.extra)
+        return body
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool may look at to stop early.
+
+    Declare a parameter annotated ``ToolContext`` (any name) to receive it; it
+    is injected, never shown to the model.  ``cancelled`` turns true when the
+    call is cancelled *or* its deadline has passed, so a polling loop stops on
+    time even before anyone has noticed the timeout.
+    """
+
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    deadline: Optional[float] = None  # time.monotonic() value; None = no deadline
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Optional[float]]]:
+        """Pickle for a tool in another process: the deadline as wall-clock time, no cancel event.
+
+        Monotonic clocks of two processes (or machines) share no origin; the
+        epoch does.  An Event cannot cross processes: the remote side gets a
+        fresh one, so there ``cancelled`` turns true at the deadline only.
+        """
+        return _context_at_wall_clock, (self.deadline_epoch,)
+
+    @property
+    def deadline_epoch(self) -> Optional[float]:
+        """The deadline as ``time.time()`` seconds (None without one)."""
+        if self.deadline is None:
+            return None
+        return time.time() + (self.deadline - time.monotonic())
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (never negative; ``inf`` without one)."""
+        if self.deadline is None:
+            return math.inf
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raise :class:`ToolError` if the tool should stop now."""
+        if self.cancel_event.is_set():
+            raise ToolError("cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise ToolError("cancelled: deadline passed")
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; return False at once if cancelled or past the deadline."""
+        wait_s = min(max(0.0, seconds), self.remaining())
+        if self.cancel_event.wait(wait_s if wait_s != math.inf else None):
+            return False
+        return not self.cancelled
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one call; errors (invalid, skipped, timed out, raised) have ``ok=False``.
+
+    ``text`` is the tool's output (empty for errors); ``error`` says what went
+    wrong.  ``started_at``/``ended_at`` are ``time.monotonic()`` values, 0.0
+    when the function never ran.  ``timed_out`` lets telemetry count timeouts
+    without parsing messages.
+    """
+
+    call_id: str
+    name: str
+    ok: bool
+    text: str
+    error: Optional[str] = None
+    duration_s: float = 0.0
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    timed_out: bool = False
+    queue_wait_s: float = 0.0
+
+    @classmethod
+    def error_result(
+        cls,
+        call: ToolCall,
+        message: str,
+        *,
+        duration_s: float = 0.0,
+        started_at: float = 0.0,
+        ended_at: float = 0.0,
+        timed_out: bool = False,
+        queue_wait_s: float = 0.0,
+    ) -> "ToolResult":
+        """An error result for ``call`` (skips, refusals, failures) carrying ``message``."""
+        return cls(call.id, call.name, False, "", message, duration_s, started_at, ended_at, timed_out, queue_wait_s)
+
+
+def _context_at_wall_clock(deadline_epoch: Optional[float]) -> ToolContext:
+    """Unpickle a :class:`ToolContext`: the wall-clock deadline back on this process's monotonic clock."""
+    if deadline_epoch is None:
+        return ToolContext()
+    return ToolContext(threading.Event(), time.monotonic() + (deadline_epoch - time.time()))
+

@@ -1,0 +1,252 @@
+"""What every RAG store shares: the protocols, hits, query words and rank fusion.
+
+Kept apart from any one store so a second backend (PostgreSQL) gives the same
+query meaning: the same tokens, the same fusion constant.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from typing import Protocol, runtime_checkable
+
+from .._errors import ConfigError
+
+
+RRF_K = 60
+"""The constant of reciprocal rank fusion (Cormack et al. 2009): 1 / (60 + rank)."""
+
+# Letters and digits only: this is how FTS5's unicode61 tokenizer sees words
+# (the underscore is punctuation to it), and using the same view for query
+# tokens, the LIKE fallback and HashingEmbedder keeps the three consistent.
+_TOKEN_RE = re.compile(r"[^\W_]+")
+_MAX_QUERY_TOKENS = 64
+# Each ranking contributes this many candidates (or 4 * k) to the fusion:
+# deep enough that a hit ranked low by one list can still be lifted by the other.
+_MIN_CANDIDATES = 50
+
+
+# ---------------------------------------------------------------------------
+# Protocols and results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result.  ``score``: higher is better, comparable within one search only."""
+
+    source: str
+    text: str
+    score: float
+
+
+@runtime_checkable
+class RagStore(Protocol):
+    """What the engine needs from a retrieval store; small so pgvector can implement it."""
+
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
+        """Store ``chunks`` under ``source``; returns how many were stored."""
+        ...
+
+    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
+        """The ``k`` best chunks for ``query``, best first, optionally from one ``source``."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's resources; idempotent."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into vectors; ``model=None`` means the embedder's own default."""
+
+    def embed(self, texts: Sequence[str], model: Optional[str]) -> List[List[float]]:
+        ...
+
+
+# ---------------------------------------------------------------------------
+# What every store checks and how it embeds
+# ---------------------------------------------------------------------------
+
+
+def _check_search_args(query: Any, k: Any, source: Any) -> None:
+    if not isinstance(query, str):
+        raise ConfigError(f"search query must be a str, got {type(query).__name__}")
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ConfigError(f"k must be a positive int (how many hits), got {k!r}")
+    _check_source(source, allow_none=True)
+
+
+def _candidate_depth(k: int) -> int:
+    return max(_MIN_CANDIDATES, 4 * k)
+
+
+class _StoreEmbedding:
+    """The embedding side every store shares: labels, unit vectors, never failing ingestion.
+
+    Ingestion must never fail the request, so an embedding problem is logged
+    and the text is stored without vectors (found by keywords only); a query
+    that cannot be embedded is answered by keywords alone.
+    """
+
+    def __init__(self, embedder: Optional[Embedder], embed_model: Optional[str], log: Any) -> None:
+        if embedder is not None and not callable(getattr(embedder, "embed", None)):
+            raise ConfigError(
+                f"embedder must have embed(texts, model), got {type(embedder).__name__}; "
+                "use OpenAIEmbedder(client, model) or HashingEmbedder()"
+            )
+        self.embedder = embedder
+        self.embed_model = embed_model
+        self._log = log
+
+    def label(self, model: Optional[str] = None) -> Optional[str]:
+        """The model name stored with vectors: only same-label vectors are compared."""
+        if self.embedder is None:
+            return None
+        return model or self.embed_model or getattr(self.embedder, "model", None) or type(self.embedder).__name__
+
+    def for_storage(self, source: str, texts: List[str],
+                    embed_model: Optional[str]) -> Tuple[List[Optional[List[float]]], Optional[str]]:
+        """One unit vector (or None) per text, and the label to store them under."""
+        if self.embedder is None:
+            return [None] * len(texts), None
+        model = embed_model or self.embed_model
+        try:
+            vectors = _unit_vectors(self.embedder.embed(texts, model), len(texts))
+        except Exception as exc:  # ingestion must never fail the request
+            self._log.warning(
+                "embedding {} chunk(s) of {!r} with model {!r} failed ({}: {}); stored the text without "
+                "vectors, so it is found by keywords only",
+                len(texts), source, self.label(model), type(exc).__name__, exc,
+            )
+            return [None] * len(texts), None
+        return vectors, self.label(model)
+
+    def for_query(self, query: str) -> Optional[List[float]]:
+        if self.embedder is None:
+            return None
+        try:
+            vectors = list(self.embedder.embed([query], self.embed_model))
+            if len(vectors) != 1:
+                raise ValueError(f"embedder returned {len(vectors)} vectors for 1 query")
+            return _unit_vector(vectors[0])
+        except Exception as exc:
+            self._log.warning(
+                "embedding the search query failed ({}: {}); ranking by keywords (BM25) only",
+                type(exc).__name__, exc,
+            )
+            return None
+
+
+def _fuse_or_keywords(keyword: Sequence[Tuple[int, float]], semantic: Optional[Sequence[Tuple[int, float]]],
+                      k: int) -> List[Tuple[int, float]]:
+    """The keyword ranking alone when there is no query vector, else both fused by RRF."""
+    if semantic is None:
+        return list(keyword[:k])
+    return _reciprocal_rank_fusion([[i for i, _ in keyword], [i for i, _ in semantic]])[:k]
+
+
+class _StoreBase:
+    """The steps every store takes the same way around its own SQL.
+
+    A subclass sets ``_embedding`` (a :class:`_StoreEmbedding`) and defines
+    ``_require_open`` (raises once closed) and ``close``.
+    """
+
+    _embedding: _StoreEmbedding
+
+    def _require_open(self) -> Any:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _checked_chunks(self, source: Any, chunks: Any, embed_model: Optional[str],
+                        ) -> Tuple[List[str], List[Optional[List[float]]], Optional[str]]:
+        """The non-blank texts to store, their unit vectors (or None) and the vectors' label."""
+        _check_source(source, allow_none=False)
+        texts = _clean_chunks(chunks)
+        if not texts:
+            return [], [], None
+        self._require_open()  # before a possibly slow embedding call
+        vectors, label = self._embedding.for_storage(source, texts, embed_model)
+        return texts, vectors, label
+
+    def _checked_query(self, query: Any, k: Any, source: Any) -> Tuple[bool, Optional[List[float]]]:
+        """Whether there is anything to search for, and the query's unit vector (None: keywords only)."""
+        _check_search_args(query, k, source)
+        if not query.strip():
+            return False, None
+        self._require_open()  # before a possibly slow query embedding
+        return True, self._embedding.for_query(query)
+
+
+def _hits_in_order(ranked: Sequence[Tuple[int, float]], rows: Iterable[Tuple[int, str, str]]) -> List[Hit]:
+    """Hits for the ranked ids, in rank order, from ``(id, source, text)`` rows in any order."""
+    by_id = {row_id: (source, text) for row_id, source, text in rows}
+    return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
+
+
+def _check_source(source: Any, allow_none: bool) -> None:
+    if source is None and allow_none:
+        return
+    if not isinstance(source, str) or not source:
+        raise ConfigError(f"source must be a non-empty str such as 'tool:fetch:call_1', got {source!r}")
+
+
+def _clean_chunks(chunks: Any) -> List[str]:
+    if isinstance(chunks, str):
+        raise ConfigError("chunks must be a list of str, not one str; pass [text] or chunks_for_ingest(text)")
+    texts = list(chunks)
+    for item in texts:
+        if not isinstance(item, str):
+            raise ConfigError(f"every chunk must be a str, got {type(item).__name__}")
+    # NUL cannot be stored in PostgreSQL text and cuts SQLite's LIKE short:
+    # every store keeps U+FFFD in its place, so all find the words around it.
+    return [text.replace("\x00", "\ufffd") for text in texts if text.strip()]
+
+
+def _query_tokens(query: str) -> List[str]:
+    """Distinct lower-case words of the query, in order, at most 64."""
+    tokens: List[str] = []
+    for token in _TOKEN_RE.findall(query.lower()):
+        if token not in tokens:
+            tokens.append(token)
+            if len(tokens) == _MAX_QUERY_TOKENS:
+                break
+    return tokens
+
+
+def _unit_vector(values: Iterable[Any]) -> Optional[List[float]]:
+    """The vector scaled to length 1; None when empty, zero or not finite."""
+    vector = [float(x) for x in values]
+    norm = math.sqrt(sum(x * x for x in vector))
+    if not vector or not math.isfinite(norm) or norm == 0.0:
+        return None
+    return [x / norm for x in vector]
+
+
+def _unit_vectors(vectors: Any, expected: int) -> List[Optional[List[float]]]:
+    """Each vector scaled to unit length (None when unusable); ValueError on a malformed answer."""
+    vectors = list(vectors)
+    if len(vectors) != expected:
+        raise ValueError(f"embedder returned {len(vectors)} vectors for {expected} texts")
+    return [_unit_vector(vector) for vector in vectors]
+
+
+def _reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> List[Tuple[int, float]]:
+    """Fuse rankings of ids: each id scores the sum of 1 / (k + rank) over the rankings."""
+    scores: Dict[int, float] = {}
+    for ranking in rankings:
+        for rank, row_id in enumerate(ranking, start=1):
+            scores[row_id] = scores.get(row_id, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

@@ -1,0 +1,155 @@
+"""Deterministic splitting of tool results into passages for the store.
+
+Paragraph, then sentence, then word boundaries, with an overlap of whole
+words: the same text always gives the same chunks, so re-filing is idempotent.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, List, Optional, Sequence, Tuple
+
+
+from .._errors import ConfigError
+
+
+# ---------------------------------------------------------------------------
+# Chunking
+# ---------------------------------------------------------------------------
+
+_WORD_RE = re.compile(r"\S+")
+# A word ending in . ! ? or an ellipsis, maybe followed by closing quotes or
+# brackets, ends a sentence.  Crude on purpose ("e.g." ends one too): it only
+# chooses where a chunk may end, and determinism matters more than linguistics.
+_SENTENCE_END_RE = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019)\]]*$")
+_WORD_BREAK, _SENTENCE_BREAK, _PARAGRAPH_BREAK = 1, 2, 3
+
+_Span = Tuple[int, int]
+
+
+def chunks_for_ingest(text: str, chunk_size: int = 800, overlap: int = 100) -> List[str]:
+    """Split ``text`` into chunks of at most ``chunk_size`` characters for retrieval.
+
+    Boundaries are chosen in order of preference: paragraphs (a blank line),
+    then sentences (a word ending in ``.``, ``!``, ``?`` -- a single line
+    break counts as a sentence end too, which suits lists, logs and tables),
+    then words.  Small paragraphs are packed together; a paragraph too big for
+    one chunk is split on its own, so its pieces never share a chunk with a
+    neighbouring paragraph.
+
+    Each chunk after the first starts with up to ``overlap`` characters of
+    whole words from the end of the previous chunk (fewer when the next
+    piece would not fit otherwise), so a phrase cut by a boundary is still
+    found whole.  A word is never cut: a single word longer than
+    ``chunk_size`` (a URL, a base64 blob) becomes a chunk of its own, longer
+    than ``chunk_size``, with no overlap.
+
+    Every chunk is a verbatim slice of ``text`` (inner whitespace kept), so a
+    hit can be found again in its source.  The result is deterministic;
+    empty or whitespace-only text gives ``[]``.
+    """
+    _check_chunk_args(text, chunk_size, overlap)
+    return [text[start:end] for start, end in _chunk_spans(text, chunk_size, overlap)]
+
+
+def _check_chunk_args(text: Any, chunk_size: Any, overlap: Any) -> None:
+    if not isinstance(text, str):
+        raise ConfigError(f"chunks_for_ingest needs text as str, got {type(text).__name__}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ConfigError(f"chunk_size must be a positive int (characters), got {chunk_size!r}")
+    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < chunk_size:
+        raise ConfigError(
+            f"overlap must be an int with 0 <= overlap < chunk_size ({chunk_size}), got {overlap!r}"
+        )
+
+
+def _chunk_spans(text: str, size: int, overlap: int) -> List[_Span]:
+    """Character spans ``(start, end)`` of each chunk, overlap included."""
+    words = [m.span() for m in _WORD_RE.finditer(text)]
+    if not words:
+        return []
+    if words[-1][1] - words[0][0] <= size:
+        return [(words[0][0], words[-1][1])]
+    breaks = _break_strengths(text, words)
+    groups: List[List[_Span]] = []
+    _split(words, breaks, 0, len(words), size, groups)
+    return [(words[first][0], words[end - 1][1]) for first, end in _pack(words, groups, size, overlap)]
+
+
+def _break_strengths(text: str, words: Sequence[_Span]) -> List[int]:
+    """``strengths[i]``: how good a place the gap before word ``i`` is to end a chunk."""
+    strengths = [0]
+    for i in range(1, len(words)):
+        newlines = text.count("\n", words[i - 1][1], words[i][0])
+        if newlines >= 2:
+            strengths.append(_PARAGRAPH_BREAK)
+        elif newlines == 1 or _SENTENCE_END_RE.search(text, words[i - 1][0], words[i - 1][1]):
+            strengths.append(_SENTENCE_BREAK)
+        else:
+            strengths.append(_WORD_BREAK)
+    return strengths
+
+
+def _split(words: Sequence[_Span], breaks: Sequence[int], i: int, j: int, size: int,
+           groups: List[List[_Span]]) -> None:
+    """Cut words[i:j] (too big for one chunk) at its strongest breaks.
+
+    Appends groups of units (word-index ranges); units of one group may be
+    packed into one chunk, a new group always starts a new chunk.  A part
+    still too big is cut again at the next weaker breaks, in a group of its
+    own: that is what keeps a big paragraph's pieces apart from its
+    neighbours.  Depth is bounded by the three break strengths.
+    """
+    level = max(breaks[i + 1:j])
+    cuts = [i] + [m for m in range(i + 1, j) if breaks[m] == level] + [j]
+    group: List[_Span] = []
+    for a, b in zip(cuts, cuts[1:]):
+        if b - a == 1 or words[b - 1][1] - words[a][0] <= size:
+            group.append((a, b))
+            continue
+        if group:
+            groups.append(group)
+            group = []
+        _split(words, breaks, a, b, size, groups)
+    if group:
+        groups.append(group)
+
+
+def _pack(words: Sequence[_Span], groups: Sequence[Sequence[_Span]], size: int,
+          overlap: int) -> List[_Span]:
+    """Greedily pack units into chunks; returns word-index ranges ``(first, end)``."""
+    chunks: List[_Span] = []
+    for group in groups:
+        current: Optional[_Span] = None
+        for a, b in group:
+            if current is not None and words[b - 1][1] - words[current[0]][0] <= size:
+                current = (current[0], b)
+                continue
+            if current is not None:
+                chunks.append(current)
+            previous = chunks[-1] if chunks else None
+            current = (_overlap_start(words, previous, a, b, size, overlap), b)
+        if current is not None:
+            chunks.append(current)
+    return chunks
+
+
+def _overlap_start(words: Sequence[_Span], previous: Optional[_Span], a: int, b: int,
+                   size: int, overlap: int) -> int:
+    """First word of a chunk whose new text is words[a:b]: reach back into ``previous``.
+
+    Takes as many of the previous chunk's last words as stay within
+    ``overlap`` characters and keep the chunk within ``size``.
+    """
+    if previous is None or overlap == 0:
+        return a
+    first, end = previous
+    tail_end, chunk_end = words[end - 1][1], words[b - 1][1]
+    start = a
+    for w in range(end - 1, first - 1, -1):
+        word_start = words[w][0]
+        if tail_end - word_start > overlap or chunk_end - word_start > size:
+            break
+        start = w
+    return start
+
+

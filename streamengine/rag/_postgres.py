@@ -1,0 +1,325 @@
+"""The shared store: PostgreSQL, so several processes (gunicorn workers) search one corpus.
+
+Same contract and query meaning as :class:`~streamengine.rag._sqlite.SqliteRagStore`
+(the same query words, OR-ed; the same fusion); only the engine underneath differs.
+psycopg is imported when a store is made, so ``import streamengine`` never needs it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+from .._errors import ConfigError, StreamEngineError
+from .._logs import component_logger
+
+from ._base import (
+    Embedder, Hit, _candidate_depth, _check_source, _fuse_or_keywords, _hits_in_order, _query_tokens,
+    _StoreBase, _StoreEmbedding,
+)
+
+DSN_ENV = "STREAMENGINE_RAG_DSN"
+_TABLE_RE = re.compile(r"[a-z_][a-z0-9_]{0,46}\Z")  # leaves room for the index name suffixes
+# 'english': Snowball stemming, like SQLite's porter tokenizer (it also drops stop words).
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS {table} ("
+    " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    " source text NOT NULL,"
+    " text text NOT NULL,"
+    " tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED,"
+    " embed_model text,"
+    " vector float8[])",
+    "CREATE INDEX IF NOT EXISTS {table_tsv} ON {table} USING gin (tsv)",
+    "CREATE INDEX IF NOT EXISTS {table_source} ON {table} (source)",
+)
+# One row per distinct query term: its tsquery and a BM25 idf over the whole
+# table (as FTS5 does, whatever the source filter), never negative.
+_TERMS = (
+    "SELECT t.q::text, ln(1 + (n.total - d.df + 0.5) / (d.df + 0.5))::float8"
+    " FROM (SELECT DISTINCT plainto_tsquery('english', token) AS q FROM unnest(%(tokens)s::text[]) AS token) AS t"
+    " CROSS JOIN LATERAL (SELECT count(*) AS df FROM {table} WHERE tsv @@ t.q) AS d"
+    " CROSS JOIN (SELECT count(*) AS total FROM {table}) AS n"
+    " WHERE numnode(t.q) > 0"
+)
+# Any term matches (the GIN index finds the rows); each term adds idf * ts_rank,
+# ts_rank growing with the term's count and normalised by document length.
+_KEYWORD_RANKING = (
+    "SELECT c.id, (SELECT sum(w.idf * ts_rank(c.tsv, w.q::tsquery, 1))"
+    " FROM unnest(%(terms)s::text[], %(idfs)s::float8[]) AS w(q, idf)) AS score"
+    " FROM {table} AS c WHERE c.tsv @@ %(any)s::tsquery{source_filter}"
+    " ORDER BY score DESC, c.id LIMIT %(depth)s"
+)
+# Stored vectors are unit length, so the dot product is the cosine.
+_COSINE_ARRAYS = "(SELECT sum(a * b) FROM unnest(c.vector, %(vector)s::float8[]) AS p(a, b))"
+_COSINE_PGVECTOR = "(1 - (c.vector::vector <=> %(vector)s::float8[]::vector))"
+_COSINE_RANKING = (
+    "SELECT id, score FROM (SELECT c.id, {cosine} AS score FROM {table} AS c"
+    " WHERE c.embed_model = %(label)s AND cardinality(c.vector) = %(dim)s{source_filter}) AS s"
+    " WHERE score > 0 ORDER BY score DESC, id LIMIT %(depth)s"
+)
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages and logs (URL and key=value forms)."""
+    dsn = re.sub(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:\\.|[^'\\])*'|[^\s&]+)", r"\1***", dsn)
+
+
+def _import_psycopg() -> Tuple[Any, Any]:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:
+        raise ConfigError(
+            f"PostgresRagStore needs psycopg 3 and psycopg_pool ({exc}); "
+            "install them with: pip install 'streamengine[postgres]'"
+        ) from exc
+    return psycopg, psycopg_pool
+
+
+def _storable(text: str) -> str:
+    """PostgreSQL text cannot hold NUL: in a source it becomes U+FFFD, as in chunks (base)."""
+    return text.replace("\x00", "\ufffd")
+
+
+class PostgresRagStore(_StoreBase):
+    """A :class:`RagStore` in PostgreSQL, shared by every process that opens the same DSN.
+
+    - Keyword search: a generated ``tsvector`` column ('english' stemming)
+      with a GIN index.  Any query word may match (the words are OR-ed, never
+      parsed as tsquery syntax); each matching word adds ``idf * ts_rank``,
+      with a BM25 idf over the whole table, so rarer words and more
+      occurrences rank higher.
+    - Vectors: unit vectors stored beside the text as ``float8[]``; cosine is
+      exact and computed in SQL -- with pgvector's ``<=>`` when the
+      ``vector`` extension is installed (or installable) in the database,
+      else as a dot product over ``unnest`` of the arrays.  Fused with the
+      keyword ranking by RRF exactly as the SQLite store does.
+    - Each ``add_chunks`` is one transaction on a pooled connection
+      (``psycopg_pool.ConnectionPool``, ``pool_size`` connections at most), so
+      concurrent writers in any number of processes lose nothing.
+    - The schema is created by the first store to open the database, under a
+      transaction-scoped advisory lock, so workers starting together do not
+      collide; ``table`` lets several corpora share one database.
+
+    ``dsn`` defaults to ``$STREAMENGINE_RAG_DSN``.  Create the store in each
+    process (after a fork), never before forking: a pool does not survive it.
+    """
+
+    def __init__(
+        self,
+        dsn: Optional[str] = None,
+        embedder: Optional[Embedder] = None,
+        embed_model: Optional[str] = None,
+        *,
+        table: str = "streamengine_rag_chunks",
+        pool_size: int = 4,
+        connect_timeout: float = 5.0,
+        logger: Any = None,
+        _force_no_pgvector: bool = False,
+    ) -> None:
+        self._log = component_logger("streamengine.rag.PostgresRagStore", logger)
+        self._embedding = _StoreEmbedding(embedder, embed_model, self._log)
+        self.dsn = _resolve_dsn(dsn)
+        self.safe_dsn = redact_dsn(self.dsn)
+        self.table = _check_table(table)
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size <= 0:
+            raise ConfigError(f"pool_size must be a positive int (connections per process), got {pool_size!r}")
+        self._psycopg, psycopg_pool = _import_psycopg()
+        self._lock = threading.Lock()
+        self.uses_pgvector = self._create_schema(max(2, int(connect_timeout)), _force_no_pgvector)
+        self._pool: Any = self._open_pool(psycopg_pool, pool_size, connect_timeout)
+
+    # -- setup ---------------------------------------------------------------
+
+    def _sql(self, template: str, source_filter: str = "") -> Any:
+        """A statement for this store's table; the table name is quoted, never pasted."""
+        sql = self._psycopg.sql
+        return sql.SQL(template).format(
+            table=sql.Identifier(self.table), table_tsv=sql.Identifier(f"{self.table}_tsv"),
+            table_source=sql.Identifier(f"{self.table}_source"), source_filter=sql.SQL(source_filter),
+            cosine=sql.SQL(_COSINE_PGVECTOR if self.uses_pgvector else _COSINE_ARRAYS),
+        )
+
+    def _create_schema(self, connect_timeout: int, force_no_pgvector: bool) -> bool:
+        """Create the table and indexes if missing; whether pgvector ranks the vectors."""
+        self.uses_pgvector = False
+        try:
+            with self._psycopg.connect(self.dsn, connect_timeout=connect_timeout) as conn:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"streamengine.rag:{self.table}"])
+                    uses_pgvector = not force_no_pgvector and self._ensure_pgvector(conn)
+                    for statement in _SCHEMA:
+                        conn.execute(self._sql(statement))
+                return uses_pgvector
+        except self._psycopg.Error as exc:
+            raise ConfigError(
+                f"cannot use the PostgreSQL RAG store at {self.safe_dsn} ({type(exc).__name__}: {exc}); "
+                f"check that the server runs and accepts this DSN (dsn= or ${DSN_ENV}) and that the user "
+                "may create tables in the database"
+            ) from exc
+
+    def _ensure_pgvector(self, conn: Any) -> bool:
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+            return True
+        if not conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone():
+            return False
+        try:
+            with conn.transaction():  # a savepoint: a refusal leaves the schema work going
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            return True
+        except self._psycopg.Error as exc:
+            self._log.warning(
+                "the server has pgvector but CREATE EXTENSION vector failed ({}); cosine runs on float8[] "
+                "in SQL instead (exact, slower); a superuser can run CREATE EXTENSION vector in the database",
+                exc,
+            )
+            return False
+
+    def _open_pool(self, psycopg_pool: Any, pool_size: int, connect_timeout: float) -> Any:
+        options: dict = {}
+        if hasattr(psycopg_pool.ConnectionPool, "check_connection"):  # psycopg_pool >= 3.2
+            options["check"] = psycopg_pool.ConnectionPool.check_connection  # survives a server restart
+        pool = psycopg_pool.ConnectionPool(
+            self.dsn, min_size=1, max_size=pool_size, open=False, num_workers=1, timeout=30.0,
+            name=f"streamengine-rag-{self.table}", kwargs={"connect_timeout": max(2, int(connect_timeout))},
+            **options,
+        )
+        try:
+            pool.open(wait=True, timeout=connect_timeout)
+        except self._psycopg.Error as exc:
+            pool.close()
+            raise ConfigError(
+                f"cannot open a connection pool to the PostgreSQL RAG store at {self.safe_dsn} ({exc}); "
+                "check the server's max_connections and that it still accepts this DSN"
+            ) from exc
+        return pool
+
+    def _require_open(self) -> Any:
+        pool = self._pool
+        if pool is None:
+            raise StreamEngineError(f"the RAG store at {self.safe_dsn} is closed; create a new PostgresRagStore")
+        return pool
+
+    @contextmanager
+    def _connection(self, doing: str) -> Iterator[Any]:
+        """A pooled connection in one transaction (committed on success); errors name the store."""
+        pool = self._require_open()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except self._psycopg.Error as exc:
+            raise StreamEngineError(
+                f"the PostgreSQL RAG store at {self.safe_dsn} could not {doing} "
+                f"({type(exc).__name__}: {exc}); is the server up?"
+            ) from exc
+
+    # -- RagStore ------------------------------------------------------------
+
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
+        """Store the non-blank ``chunks`` under ``source`` in one transaction; how many were stored.
+
+        Embedding failures never raise (the text is stored without vectors);
+        database errors raise StreamEngineError.
+        """
+        texts, vectors, label = self._checked_chunks(source, chunks, embed_model)
+        if not texts:
+            return 0
+        rows = [(_storable(source), text, None if vector is None else label, vector)
+                for text, vector in zip(texts, vectors)]
+        insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector) VALUES (%s, %s, %s, %s)")
+        with self._connection(f"store {len(texts)} chunk(s) of {source!r}") as conn:
+            with conn.cursor() as cursor:
+                cursor.executemany(insert, rows)
+        return len(texts)
+
+    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
+        """The ``k`` best chunks for ``query``, best first; never raises for odd query text.
+
+        Keywords only without an embedder (``score`` = the idf-weighted rank);
+        with one, keyword and cosine rankings fused by RRF (``score`` = fused
+        score).  If the query cannot be embedded, keywords alone answer.
+        """
+        searchable, query_vector = self._checked_query(query, k, source)
+        if not searchable:
+            return []
+        depth = _candidate_depth(k)
+        tokens = _query_tokens(query)
+        scope = None if source is None else _storable(source)
+        with self._connection("search") as conn:
+            keyword = self._keyword_ranking(conn, tokens, depth, scope) if tokens else []
+            semantic = None if query_vector is None else self._cosine_ranking(conn, query_vector, depth, scope)
+            return self._hits(conn, _fuse_or_keywords(keyword, semantic, k))
+
+    def close(self) -> None:
+        """Close the pool (its connections and threads); later calls raise StreamEngineError.  Idempotent."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    # -- extras (not part of the protocol) -------------------------------------
+
+    def count(self, source: Optional[str] = None) -> int:
+        """How many chunks are stored, optionally for one ``source``."""
+        _check_source(source, allow_none=True)
+        with self._connection("count chunks") as conn:
+            if source is None:
+                return conn.execute(self._sql("SELECT count(*) FROM {table}")).fetchone()[0]
+            return conn.execute(self._sql("SELECT count(*) FROM {table} WHERE source = %s"),
+                                [_storable(source)]).fetchone()[0]
+
+    def __repr__(self) -> str:
+        mode = "pgvector" if self.uses_pgvector else "float8[]"
+        embedder = self._embedding.embedder
+        return (f"PostgresRagStore({self.safe_dsn!r}, table={self.table!r}, {mode}, "
+                f"embedder={type(embedder).__name__ if embedder else None})")
+
+    # -- ranking --------------------------------------------------------------
+
+    def _keyword_ranking(self, conn: Any, tokens: List[str], depth: int,
+                         source: Optional[str]) -> List[Tuple[int, float]]:
+        terms = conn.execute(self._sql(_TERMS), {"tokens": tokens}).fetchall()
+        if not terms:  # only stop words
+            return []
+        params = {
+            "terms": [term for term, _ in terms], "idfs": [idf for _, idf in terms],
+            "any": " | ".join(f"({term})" for term, _ in terms), "depth": depth, "source": source,
+        }
+        sql = self._sql(_KEYWORD_RANKING, "" if source is None else " AND c.source = %(source)s")
+        return [(row_id, score) for row_id, score in conn.execute(sql, params).fetchall()]
+
+    def _cosine_ranking(self, conn: Any, vector: List[float], depth: int,
+                        source: Optional[str]) -> List[Tuple[int, float]]:
+        params = {"vector": vector, "dim": len(vector), "label": self._embedding.label(),
+                  "depth": depth, "source": source}
+        sql = self._sql(_COSINE_RANKING, "" if source is None else " AND c.source = %(source)s")
+        return [(row_id, score) for row_id, score in conn.execute(sql, params).fetchall()]
+
+    def _hits(self, conn: Any, ranked: Sequence[Tuple[int, float]]) -> List[Hit]:
+        if not ranked:
+            return []
+        rows = conn.execute(self._sql("SELECT id, source, text FROM {table} WHERE id = ANY(%s)"),
+                            [[row_id for row_id, _ in ranked]]).fetchall()
+        return _hits_in_order(ranked, rows)
+
+
+def _resolve_dsn(dsn: Optional[str]) -> str:
+    dsn = dsn if dsn is not None else os.environ.get(DSN_ENV)
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigError(
+            f"PostgresRagStore needs a DSN such as 'postgresql://user:password@host:5432/dbname': "
+            f"pass dsn= or set ${DSN_ENV}"
+        )
+    return dsn
+
+
+def _check_table(table: Any) -> str:
+    if not isinstance(table, str) or not _TABLE_RE.match(table):
+        raise ConfigError(
+            f"table must be a lower-case SQL name of at most 47 letters, digits or '_' "
+            f"(such as 'streamengine_rag_chunks'), got {table!r}"
+        )
+    return table

@@ -1,0 +1,777 @@
+"""FakeProvider: a real loopback HTTP server speaking the OpenAI (or Anthropic) wire format from a script.
+
+Public, for streamengine's own tests, its demo and CLI harness, and your
+tests.  It is a real threaded HTTP/1.1 server on 127.0.0.1 (keep-alive,
+chunked / close-delimited / Content-Length bodies), because the bugs worth
+catching live in the transport: reads that wait for a full buffer, CRLF or a
+UTF-8 character split across packets, a connection dropped mid-answer.
+
+::
+
+    from streamengine.testing import FakeProvider, steps as s
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Hel"), s.delay(0.05), s.text("lo"))
+        fp.add_turn(s.http_error(503, {"error": {"message": "overloaded"}}))
+        client = OpenAICompatibleClient(fp.base_url)
+        ...
+        fp.requests[0].json["messages"]
+
+Each chat-completions request (streamed or not) takes the next turn, first
+in, first out.  A turn is a list of steps (``steps`` below), run in order;
+consecutive frames with no timing step between them go out in one write.
+A turn without a terminal step (``done``, ``end``, ``stall``, ``forever``,
+``drop``, ``http_error``, ``stall_before_headers``) gets ``finish`` (``"tool_calls"``
+when the turn has tool calls, else ``"stop"``), ``usage`` and ``[DONE]``
+appended, leaving out the ones the turn already has.
+
+``FakeProvider(wire="anthropic")`` serves ``POST /v1/messages`` instead and
+speaks the same steps as the Anthropic Messages API (``anthropic_wire.py``).
+
+Response headers go out at once, like a real provider, unless the first
+step that is not a timing step (``delay``/``wait``/``signal``) is
+``http_error``, ``stall_before_headers`` or ``drop``: then the timing steps
+run first and the connection answers (or not) accordingly.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import json
+import math
+import re
+import select
+import selectors
+import socket
+import socketserver
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from requests.structures import CaseInsensitiveDict
+from ._anthropic_wire import AnthropicEncoder, error_body, message_body
+from ._steps import (
+    Step, _flatten, _DROP_PHANTOM_BYTES, _FOREVER_PHANTOM_BYTES, _FRAMES, _POLL_S, _PRE_HEADER, _TERMINAL,
+    _TIMING, delay, done, finish, raw, usage,
+)
+
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The steps answering one chat-completions request."""
+
+    steps: Tuple[Step, ...]
+
+    def has(self, *kinds: str) -> bool:
+        return any(step.kind in kinds for step in self.steps)
+
+    def has_tool_calls(self) -> bool:
+        return any(step.kind == "delta" and "tool_calls" in step.value for step in self.steps)
+
+
+
+def _build_turn(items: Sequence[Any], auto_finish: bool) -> Turn:
+    body = _flatten(items)
+    first = next((i for i, st in enumerate(body) if st.kind not in _TIMING), None)
+    for i, st in enumerate(body):
+        if st.kind in ("http_error", "stall_before_headers") and i != first:
+            raise ValueError(f"{st.kind}() must be the first step of a turn (after timing steps only)")
+    turn = Turn(tuple(body))
+    if auto_finish and not turn.has(*_TERMINAL):
+        extra = []
+        if not turn.has("finish"):
+            extra.append(finish("tool_calls" if turn.has_tool_calls() else "stop"))
+        if not turn.has("usage"):
+            extra.append(usage())
+        extra.append(done())
+        turn = Turn(turn.steps + tuple(extra))
+    return turn
+
+
+# -- recorded requests and embeddings ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """What the provider received; ``headers`` is case-insensitive, ``json`` None if not JSON."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    json: Any
+    body: bytes = b""
+
+
+def fake_embedding(text: str, dim: int = 16) -> List[float]:
+    """The deterministic unit vector FakeProvider returns for ``text``.
+
+    A bag of hashed, lower-cased words: texts sharing words point the same way,
+    so similarity search over it behaves plausibly in tests.
+    """
+    vector = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+        vector[int.from_bytes(digest[:4], "big") % dim] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0.0:
+        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=4).digest()
+        vector = [0.0] * dim
+        vector[int.from_bytes(digest, "big") % dim] = 1.0
+        return vector
+    return [x / norm for x in vector]
+
+
+# -- the server ------------------------------------------------------------------------
+
+
+WIRES = ("openai", "anthropic")
+
+
+class FakeProvider:
+    """A scripted OpenAI-compatible (or ``wire="anthropic"``: Anthropic) server on ``127.0.0.1:<free port>``.
+
+    ``framing`` picks how streamed bodies are delimited: ``"chunked"``,
+    ``"close"`` (the connection ends the body) or ``"length"``
+    (Content-Length, computed from the turn).  ``max_recorded`` bounds
+    :attr:`requests` to the latest N (``request_count`` still counts all).  :meth:`close` ends every open
+    connection, stalled ones included, and joins all server threads.
+    """
+
+    def __init__(self, framing: str = "chunked", embedding_dim: int = 16, *,
+                 reverse_embeddings: bool = False, max_recorded: Optional[int] = None,
+                 wire: str = "openai") -> None:
+        if framing not in ("chunked", "close", "length"):
+            raise ValueError(f"framing must be 'chunked', 'close' or 'length', got {framing!r}")
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")
+        self.framing = framing
+        self.wire = wire
+        self.embedding_dim = embedding_dim
+        self.reverse_embeddings = reverse_embeddings
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._turns: Deque[Turn] = collections.deque()
+        self._responder: Optional[Callable[[Dict[str, Any]], Sequence[Any]]] = None
+        self._responder_auto_finish = True
+        # ``max_recorded`` keeps only the latest requests: a soak test sending
+        # thousands must not see the recorder's memory as a leak.
+        self._requests: Deque[RecordedRequest] = collections.deque(maxlen=max_recorded)
+        self._request_total = 0
+        self._embedding_failures: Deque[int] = collections.deque()
+        self._sockets: set = set()
+        self._threads: List[threading.Thread] = []
+        self._closing = threading.Event()
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._connections = 0
+        self._client_gone = 0
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.provider = self
+        self.port: int = self._server.server_address[1]
+        # A socket pair wakes the accept loop at once on close (serve_forever polls).
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._serve_thread = threading.Thread(
+            target=self._serve, name=f"FakeProvider-{self.port}-serve", daemon=True)
+        self._serve_thread.start()
+
+    # -- script and records ---------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """The API root a client takes: ``.../v1`` for OpenAI, the bare root for Anthropic."""
+        root = f"http://127.0.0.1:{self.port}"
+        return root if self.wire == "anthropic" else root + "/v1"
+
+    def add_turn(self, *items: Any, auto_finish: bool = True) -> "FakeProvider":
+        """Queue the answer to one chat-completions request; returns self for chaining."""
+        turn = _build_turn(items, auto_finish)
+        with self._lock:
+            self._turns.append(turn)
+        return self
+
+    def respond_with(self, responder: Optional[Callable[[Dict[str, Any]], Sequence[Any]]],
+                     *, auto_finish: bool = True) -> "FakeProvider":
+        """Answer every request for which no turn is queued with ``responder(request_json)``.
+
+        For concurrent clients, whose requests arrive in no fixed order: the
+        responder looks at the request (e.g. its last message) and returns the
+        steps of the answer.  Queued turns still go first.
+        """
+        with self._lock:
+            self._responder = responder
+            self._responder_auto_finish = auto_finish
+        return self
+
+    @property
+    def turns_left(self) -> int:
+        with self._lock:
+            return len(self._turns)
+
+    def fail_embeddings(self, status: int = 500, times: int = 1) -> None:
+        """Make the next ``times`` embeddings requests answer HTTP ``status``."""
+        with self._lock:
+            self._embedding_failures.extend([status] * times)
+
+    @property
+    def requests(self) -> List[RecordedRequest]:
+        """A snapshot of every request received, in arrival order."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def connection_count(self) -> int:
+        """TCP connections accepted so far (keep-alive reuse shows as fewer than requests)."""
+        with self._lock:
+            return self._connections
+
+    @property
+    def request_count(self) -> int:
+        with self._lock:
+            return self._request_total
+
+    @property
+    def client_disconnects(self) -> int:
+        """Answers cut short because the client went away (closed or shut down its socket).
+
+        How a test sees, from the server's side, that a timeout or a cancel
+        really closed the connection instead of leaving it open.
+        """
+        with self._lock:
+            return self._client_gone
+
+    def wait_for_client_disconnects(self, n: int, timeout: float = 5.0) -> bool:
+        """Block until ``n`` answers were cut short by their client; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._client_gone >= n, timeout)
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> bool:
+        """Block until ``n`` requests have arrived; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._request_total >= n, timeout)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving, end every connection (stalled ones too), join the threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing.set()
+        deadline = time.monotonic() + timeout
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._serve_thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+        self._server.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> "FakeProvider":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FakeProvider(base_url={self.base_url!r}, framing={self.framing!r}, wire={self.wire!r})"
+
+    # -- used by the server and the handler ----------------------------------------------
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._server.socket, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._closing.is_set():
+                for key, _ in selector.select():
+                    if key.fileobj is self._server.socket and not self._closing.is_set():
+                        self._server._handle_request_noblock()
+
+    def _track(self, sock: socket.socket, thread: threading.Thread) -> None:
+        with self._lock:
+            self._connections += 1
+            self._sockets.add(sock)
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        if self._closing.is_set():
+            _shutdown(sock)
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._changed:
+            self._requests.append(request)
+            self._request_total += 1
+            self._changed.notify_all()
+
+    def _next_turn(self, payload: Dict[str, Any]) -> Optional[Turn]:
+        with self._lock:
+            if self._turns:
+                return self._turns.popleft()
+            responder, auto_finish = self._responder, self._responder_auto_finish
+        if responder is None:
+            return None
+        return _build_turn(list(responder(payload)), auto_finish)
+
+    def _note_client_gone(self) -> None:
+        with self._changed:
+            self._client_gone += 1
+            self._changed.notify_all()
+
+    def _next_embedding_failure(self) -> Optional[int]:
+        with self._lock:
+            return self._embedding_failures.popleft() if self._embedding_failures else None
+
+    def _next_id(self) -> str:
+        return f"{'msg_fake_' if self.wire == 'anthropic' else 'chatcmpl-fake-'}{next(self._ids)}"
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+    provider: FakeProvider
+    # socketserver.BaseServer's own one-request step (what handle_request() runs after its
+    # select); typeshed leaves it out, so it is declared here for _serve().
+    _handle_request_noblock: Callable[[], None]
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls getfqdn(), a reverse DNS lookup that can
+        # take seconds on some machines; the name is never used here.
+        socketserver.TCPServer.server_bind(self)
+        host, self.server_port = self.server_address[:2]
+        self.server_name = host if isinstance(host, str) else host.decode("ascii")  # str for AF_INET/AF_INET6
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Our own thread, so close() can join it and tests can name it in leaks.
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  name=f"FakeProvider-{self.provider.port}-conn", daemon=True)
+        self.provider._track(request, thread)
+        thread.start()
+
+    def shutdown_request(self, request: Any) -> None:
+        self.provider._untrack(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away mid-answer is the normal case here, not news.
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def setup(self) -> None:
+        # Frames go out as written, as from a real streaming server: with Nagle
+        # on, a small write after another one waits for the client's delayed
+        # ACK (40 ms), which would show up as latency that is not the client's.
+        try:
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._read_and_record()
+        if self.path.rstrip("/").endswith("/models"):
+            self._send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        else:
+            self._send_json(404, {"error": {"message": f"FakeProvider: no route for GET {self.path}"}})
+
+    def do_POST(self) -> None:
+        payload = self._read_and_record()
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path.endswith("/messages" if self.provider.wire == "anthropic" else "/chat/completions"):
+            _Exchange(self, payload).run()
+        elif path.endswith("/embeddings") and self.provider.wire == "openai":
+            self._embeddings(payload)
+        else:
+            self._send_json(404, {"error": {"message": f"FakeProvider: no route for POST {self.path}"}})
+
+    # -- plumbing -------------------------------------------------------------------
+
+    @property
+    def provider(self) -> FakeProvider:
+        return self.server.provider
+
+    def _read_and_record(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        self.provider._record(RecordedRequest(
+            self.command, self.path, CaseInsensitiveDict(self.headers.items()), payload, body))
+        return payload
+
+    def _send_json(self, status: int, payload: Any, headers: Optional[Mapping[str, str]] = None) -> None:
+        self._send_body(status, json.dumps(payload).encode("utf-8"), "application/json", headers)
+
+    def _send_body(self, status: int, body: bytes, content_type: str,
+                   headers: Optional[Mapping[str, str]] = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _embeddings(self, payload: Any) -> None:
+        status = self.provider._next_embedding_failure()
+        if status is not None:
+            message = f"FakeProvider: scripted embeddings failure {status}"
+            self._send_json(status, {"error": {"message": message}})
+            return
+        inputs = payload.get("input") if isinstance(payload, dict) else None
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
+            message = "FakeProvider: 'input' must be a string or a list of strings"
+            self._send_json(400, {"error": {"message": message}})
+            return
+        dim = self.provider.embedding_dim
+        data = [{"object": "embedding", "index": i, "embedding": fake_embedding(t, dim)}
+                for i, t in enumerate(inputs)]
+        if self.provider.reverse_embeddings:
+            data.reverse()
+        tokens = sum(len(t.split()) for t in inputs)
+        self._send_json(200, {"object": "list", "data": data,
+                              "model": payload.get("model") or "fake-embedding",
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    def pause(self, seconds: Optional[float] = None, event: Optional[threading.Event] = None) -> bool:
+        """Wait for ``seconds`` or ``event``; False if the provider closes or the client left."""
+        closing = self.provider._closing
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            if event is not None and event.is_set():
+                return True
+            if closing.is_set():
+                return False
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return True
+            slice_s = _POLL_S if remaining is None else min(remaining, _POLL_S)
+            (event or closing).wait(slice_s)
+            if self.client_gone():
+                return False
+
+    def client_gone(self) -> bool:
+        """True once the client closed its end (a readable socket that peeks empty)."""
+        sock = self.connection
+        try:
+            if hasattr(select, "poll"):  # select() fails on descriptors above 1023
+                poller = select.poll()
+                poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+                if not poller.poll(0):
+                    return False
+            elif not select.select([sock], [], [], 0)[0]:
+                return False
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+
+class _Exchange:
+    """One chat-completions request answered from one turn."""
+
+    def __init__(self, handler: _Handler, payload: Any) -> None:
+        self.h = handler
+        self.provider = handler.provider
+        self.payload = payload if isinstance(payload, dict) else {}
+        self.model = str(self.payload.get("model") or "fake-model")
+        self.id = self.provider._next_id()
+        self.created = int(time.time())
+        self.framing = self.provider.framing
+        self.pending: List[bytes] = []
+        self.anthropic: Optional[AnthropicEncoder] = None
+
+    def run(self) -> None:
+        turn = self.provider._next_turn(self.payload)
+        if turn is None:
+            message = "FakeProvider: no scripted turn left"
+            self.h._send_json(500, error_body(message) if self.provider.wire == "anthropic"
+                              else {"error": {"message": message, "type": "server_error"}})
+            return
+        if self.provider.wire == "anthropic":
+            self.anthropic = AnthropicEncoder(self.id, self.model, turn.steps)
+        try:
+            if self.payload.get("stream"):
+                self._stream(list(turn.steps))
+            else:
+                self._whole(list(turn.steps))
+        except (OSError, ValueError):
+            self.h.close_connection = True  # the client went away mid-answer
+            self._client_left()
+
+    def _client_left(self) -> None:
+        """Count an answer cut short by its client (not by the provider closing)."""
+        if not self.provider._closing.is_set():
+            self.provider._note_client_gone()
+
+    # -- shared step handling ----------------------------------------------------------
+
+    def _timing(self, step: Step) -> bool:
+        """Run a timing step; False means stop (provider closing or client gone)."""
+        if step.kind == "delay":
+            return self.h.pause(seconds=step.value)
+        if step.kind == "wait":
+            return self.h.pause(seconds=step.options["timeout"], event=step.value)
+        step.value.set()  # signal
+        return True
+
+    def _abandon(self) -> None:
+        """Stop answering: the client left, the provider closes, or a drop/stall step ended it."""
+        if self.h.client_gone():
+            self._client_left()
+        self.h.close_connection = True
+        _shutdown(self.h.connection)
+
+    def _pre_header(self, step: Step) -> None:
+        if step.kind == "http_error":
+            body = step.options["body"]
+            if isinstance(body, (dict, list)):
+                data = json.dumps(body).encode("utf-8")
+            elif isinstance(body, str):
+                data = body.encode("utf-8")
+            else:
+                data = body or b""
+            self.h._send_body(step.value, data, step.options["content_type"], step.options["headers"])
+        elif step.kind == "stall_before_headers":
+            self.h.pause()
+            self._abandon()
+        else:  # drop
+            self._abandon()
+
+    # -- streamed answers --------------------------------------------------------------
+
+    def _frame(self, step: Step) -> bytes:
+        if self.anthropic is not None:
+            return self.anthropic.frame(step)
+        if step.kind in ("raw", "sse"):
+            return step.value
+        if step.kind == "done":
+            return b"data: [DONE]\n\n"
+        if step.kind == "error_frame":
+            return _sse(step.value)
+        chunk: Dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
+                                 "created": self.created, "model": self.model}
+        if step.kind == "usage":
+            prompt, completion = step.value
+            chunk["choices"] = []
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                              "total_tokens": prompt + completion}
+        elif step.kind == "finish":
+            chunk["choices"] = [{"index": 0, "delta": {}, "finish_reason": step.value}]
+        else:
+            chunk["choices"] = [{"index": 0, "delta": step.value, "finish_reason": None}]
+        return _sse(chunk)
+
+    def _stream(self, body: List[Step]) -> None:
+        first = next((i for i, st in enumerate(body) if st.kind not in _TIMING), None)
+        if first is not None and body[first].kind in _PRE_HEADER:
+            for step in body[:first]:
+                if not self._timing(step):
+                    return self._abandon()
+            return self._pre_header(body[first])
+        self._send_stream_headers(body)
+        for step in body:
+            if step.kind in _FRAMES:
+                self.pending.append(self._frame(step))
+                continue
+            self._flush()
+            if step.kind in _TIMING:
+                if not self._timing(step):
+                    return self._abandon()
+            elif step.kind == "stall":
+                self.h.pause()
+                return self._abandon()
+            elif step.kind == "forever":
+                self._forever(step)
+                return self._abandon()
+            elif step.kind == "trickle":
+                if not self._trickle(step):
+                    return self._abandon()
+            elif step.kind == "drop":
+                return self._abandon()
+            elif step.kind == "end":
+                break
+        self._flush()
+        self._end_body()
+
+    def _forever(self, step: Step) -> None:
+        data = b"".join(self._frame(frame) for frame in step.value)
+        while True:
+            self.pending.append(data)
+            self._flush()
+            if not self.h.pause(seconds=step.options["every"]):
+                return
+
+    def _trickle(self, step: Step) -> bool:
+        for i in range(len(step.value)):
+            if not self.h.pause(seconds=step.options["interval"]):
+                return False
+            self.pending.append(step.value[i:i + 1])
+            self._flush()
+        return True
+
+    def _send_stream_headers(self, body: List[Step]) -> None:
+        h = self.h
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        h.send_header("Cache-Control", "no-cache")
+        if self.framing == "chunked":
+            h.send_header("Transfer-Encoding", "chunked")
+        elif self.framing == "length":
+            h.send_header("Content-Length", str(self._declared_length(body)))
+        else:
+            h.send_header("Connection", "close")
+            h.close_connection = True
+        h.end_headers()
+
+    def _declared_length(self, body: List[Step]) -> int:
+        total = 0
+        encoder = self.anthropic.fresh() if self.anthropic is not None else None
+        for step in body:
+            if step.kind in _FRAMES:
+                total += len(encoder.frame(step) if encoder is not None else self._frame(step))
+            elif step.kind == "trickle":
+                total += len(step.value)
+            elif step.kind in ("stall", "drop"):
+                return total + _DROP_PHANTOM_BYTES
+            elif step.kind == "forever":
+                return total + _FOREVER_PHANTOM_BYTES
+            elif step.kind == "end":
+                break
+        return total
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        data, self.pending = b"".join(self.pending), []
+        if self.framing == "chunked":
+            data = b"%X\r\n%s\r\n" % (len(data), data)
+        self.h.wfile.write(data)
+
+    def _end_body(self) -> None:
+        if self.framing == "chunked":
+            self.h.wfile.write(b"0\r\n\r\n")
+        elif self.framing == "close":
+            self.h.close_connection = True
+
+    # -- whole (non-stream) answers ------------------------------------------------------
+
+    def _whole(self, body: List[Step]) -> None:
+        agg = _Aggregate()
+        for step in body:
+            if step.kind in _TIMING:
+                if not self._timing(step):
+                    return self._abandon()
+            elif step.kind in _PRE_HEADER:
+                return self._pre_header(step)
+            elif step.kind in ("stall", "forever"):  # nothing is sent before a whole answer
+                self.h.pause()
+                return self._abandon()
+            elif step.kind == "trickle":  # a whole answer cannot trickle: wait as long, then send
+                if not self._timing(delay(step.options["interval"] * len(step.value))):
+                    return self._abandon()
+                agg.add(raw(step.value))
+            elif step.kind == "error_frame":
+                error = step.value["error"]
+                return self.h._send_json(200, step.value if self.anthropic is None
+                                         else error_body(error["message"], error.get("type")))
+            else:
+                agg.add(step)
+        if agg.raw is not None:
+            return self.h._send_body(200, agg.raw, "application/json")
+        if self.anthropic is not None:
+            return self.h._send_json(200, message_body(
+                self.id, self.model, "".join(agg.content), "".join(agg.reasoning), agg.calls,
+                agg.finish_reason, agg.usage))
+        self.h._send_json(200, agg.completion(self.id, self.created, self.model))
+
+
+class _Aggregate:
+    """The non-stream answer built from a turn's frames."""
+
+    def __init__(self) -> None:
+        self.content: List[str] = []
+        self.reasoning: List[str] = []
+        self.calls: Dict[int, Dict[str, Any]] = {}
+        self.finish_reason: Optional[str] = None
+        self.usage: Optional[Tuple[int, int]] = None
+        self.raw: Optional[bytes] = None
+
+    def add(self, step: Step) -> None:
+        if step.kind == "delta":
+            delta = step.value
+            self.content.append(delta.get("content") or "")
+            self.reasoning.append(delta.get("reasoning_content") or "")
+            for call in delta.get("tool_calls", ()):
+                slot = self.calls.setdefault(call["index"], {"id": None, "name": None, "arguments": ""})
+                function = call.get("function", {})
+                slot["id"] = slot["id"] or call.get("id")
+                slot["name"] = slot["name"] or function.get("name")
+                slot["arguments"] += function.get("arguments") or ""
+        elif step.kind == "finish":
+            self.finish_reason = step.value
+        elif step.kind == "usage":
+            self.usage = step.value
+        elif step.kind == "raw":
+            self.raw = (self.raw or b"") + step.value
+
+    def completion(self, id: str, created: int, model: str) -> Dict[str, Any]:
+        message: Dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if any(self.reasoning):
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": c["id"] or f"call_{i}", "type": "function",
+                 "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
+                for i, c in sorted(self.calls.items())
+            ]
+        prompt, completion = self.usage or (1, 1)
+        return {
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": self.finish_reason or ("tool_calls" if self.calls else "stop")}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion},
+        }
+
+
+def _sse(payload: Any) -> bytes:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode("utf-8") + b"\n\n"
+

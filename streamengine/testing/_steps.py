@@ -1,0 +1,207 @@
+"""Steps for FakeProvider turns: what the fake server writes, waits for, or breaks.
+
+``from streamengine.testing import steps as s`` then ``s.text("Hel")``, ``s.delay(0.05)``...
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Union, Sequence
+
+
+__all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish', 'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall', 'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
+
+_POLL_S = 0.02
+_TIMING = frozenset({"delay", "wait", "signal"})
+_PRE_HEADER = frozenset({"http_error", "stall_before_headers", "drop"})
+_TERMINAL = frozenset({"done", "end", "stall", "drop", "http_error", "stall_before_headers", "forever"})
+_FRAMES = frozenset({"delta", "finish", "usage", "done", "sse", "raw", "error_frame"})
+_DROP_PHANTOM_BYTES = 1024  # declared but never sent, so a drop is visible on Content-Length bodies
+_FOREVER_PHANTOM_BYTES = 1 << 40  # a Content-Length that "forever" never reaches
+
+
+# -- steps ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scripted action of a turn; build them with the functions in ``steps``."""
+
+    kind: str
+    value: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def text(s: str) -> Step:
+    """A content delta."""
+    return Step("delta", {"content": s})
+
+
+def reasoning(s: str) -> Step:
+    """A ``reasoning_content`` delta (as DeepSeek / vLLM send)."""
+    return Step("delta", {"reasoning_content": s})
+
+
+def tool_call(index: int, id: Optional[str] = None, name: Optional[str] = None,
+              arguments: Optional[str] = None) -> Step:
+    """A native tool-call fragment; fields left ``None`` are not sent."""
+    call: Dict[str, Any] = {"index": index}
+    if id is not None:
+        call["id"] = id
+        call["type"] = "function"
+    function = {k: v for k, v in (("name", name), ("arguments", arguments)) if v is not None}
+    if function:
+        call["function"] = function
+    return Step("delta", {"tool_calls": [call]})
+
+
+def empty_delta() -> Step:
+    """A delta with nothing in it (OpenAI's first frame): not meaningful."""
+    return Step("delta", {"role": "assistant", "content": ""})
+
+
+def finish(reason: str = "stop") -> Step:
+    return Step("finish", reason)
+
+
+def usage(prompt: int = 1, completion: int = 1) -> Step:
+    """A usage-only frame (``choices: []``), as ``stream_options.include_usage`` sends."""
+    return Step("usage", (prompt, completion))
+
+
+def done() -> Step:
+    """``data: [DONE]``."""
+    return Step("done")
+
+
+def delay(seconds: float) -> Step:
+    """Pause; ends early if the provider closes or the client goes away."""
+    return Step("delay", float(seconds))
+
+
+def wait(event: threading.Event, timeout: float = 10.0) -> Step:
+    """Hold the next frame until the test sets ``event`` (or ``timeout`` passes)."""
+    return Step("wait", event, {"timeout": float(timeout)})
+
+
+class Stamp(threading.Event):
+    """An Event that remembers when it was first set (``time.monotonic()``).
+
+    Hand it to :func:`signal` to learn when the server wrote a point of the
+    stream, e.g. the end of a round, and compare with a tool's ``started_at``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: Optional[float] = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        super().set()
+
+
+def signal(event: threading.Event) -> Step:
+    """Set ``event`` when the server gets here (everything before it is written)."""
+    return Step("signal", event)
+
+
+def comment(text: str = "keep-alive") -> Step:
+    """An SSE comment line (``: keep-alive``): reaches the socket, never the caller."""
+    return Step("sse", f": {text}\n\n".encode("utf-8"))
+
+
+def ping_event() -> Step:
+    """An ``event: ping`` frame, as some providers send while the model thinks."""
+    return Step("sse", b'event: ping\ndata: {"type": "ping"}\n\n')
+
+
+def stall() -> Step:
+    """Send nothing more until the client goes away or the provider closes."""
+    return Step("stall")
+
+
+def stall_before_headers() -> Step:
+    """Stall before the status line: the client waits for response headers."""
+    return Step("stall_before_headers")
+
+
+def forever(*frames: Step, every: float = 0.05) -> Step:
+    """Send ``frames`` every ``every`` seconds until the client goes away or the provider closes.
+
+    For streams that never end but are never silent either: keep-alive
+    comments (``forever(comment())``), ``event: ping`` frames, empty deltas
+    -- or content (``forever(text("x"))``) to run into the absolute cap.
+    Only frame steps are allowed inside.  Terminal, like ``stall``.
+    """
+    frames = tuple(_flatten(frames))
+    if not frames or any(f.kind not in _FRAMES for f in frames):
+        raise ValueError("forever() repeats frame steps (text, comment, ping_event, empty_delta, raw...)")
+    if not every > 0:
+        raise ValueError(f"forever(every=...) must be a positive number of seconds, got {every!r}")
+    return Step("forever", frames, {"every": float(every)})
+
+
+def trickle(data: Union[bytes, str], interval: float = 0.5) -> Step:
+    """Write ``data`` one byte at a time, pausing ``interval`` seconds before each byte.
+
+    A frame trickled this way completes only after ``len(data) * interval``
+    seconds: bytes keep arriving (a socket read timeout never fires) while
+    nothing meaningful does.  Ends early if the client goes away.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    return Step("trickle", payload, {"interval": float(interval)})
+
+
+def drop() -> Step:
+    """Close the connection abruptly: no more bytes, no body terminator."""
+    return Step("drop")
+
+
+def end() -> Step:
+    """End the body cleanly without a finish reason or ``[DONE]``."""
+    return Step("end")
+
+
+def http_error(status: int, body: Union[Mapping[str, Any], str, bytes, None] = None,
+               headers: Optional[Mapping[str, str]] = None,
+               content_type: str = "application/json") -> Step:
+    """Answer with an HTTP error status (must come before any frame)."""
+    return Step("http_error", status, {"body": body, "headers": dict(headers or {}),
+                                       "content_type": content_type})
+
+
+def raw(data: Union[bytes, str]) -> Step:
+    """Bytes written verbatim (a str is UTF-8 encoded); the body of a non-stream answer."""
+    return Step("raw", data.encode("utf-8") if isinstance(data, str) else bytes(data))
+
+
+def error_frame(message: str, type: Optional[str] = None, code: Any = None) -> Step:
+    """An in-band ``{"error": {...}}`` frame (a 200 ``{"error": ...}`` body when not streaming)."""
+    error: Dict[str, Any] = {"message": message}
+    if type is not None:
+        error["type"] = type
+    if code is not None:
+        error["code"] = code
+    return Step("error_frame", {"error": error})
+
+
+def reply(s: str, pieces: int = 1) -> List[Step]:
+    """``s`` split into ``pieces`` text steps of near-equal length."""
+    pieces = max(1, min(pieces, len(s) or 1))
+    size = math.ceil(len(s) / pieces) if s else 0
+    return [text(s[i:i + size]) for i in range(0, len(s), size)] if s else [text("")]
+
+
+def _flatten(items: Sequence[Any]) -> List[Step]:
+    out: List[Step] = []
+    for item in items:
+        if isinstance(item, Step):
+            out.append(item)
+        elif isinstance(item, (list, tuple)):
+            out.extend(_flatten(item))
+        else:
+            raise TypeError(f"a turn is made of steps (streamengine.testing._steps.*), got {item!r}")
+    return out

@@ -1,0 +1,319 @@
+"""One submitted tool call: a small state machine modelled on ``concurrent.futures.Future``.
+
+::
+
+    PENDING --set_running_or_notify_cancel()--> RUNNING --set_result()--> FINISHED
+       |                                            (the function returned or raised)
+       +--cancel() / queue limit / shutdown--> CANCELLED   (the function never ran)
+
+The state says what the *function* did; the *result* is fixed separately and
+once: by the function returning before its deadline, by the deadline (a later
+real result is discarded), or by a refusal before it started.  The executor
+drives the transitions only through the methods in the "executor side"
+section; it never touches the handle's fields.
+
+The deadline counts from the moment the function is entered (or, for a
+remote executor, handed over), not from submit: time spent waiting for a free
+worker is bounded separately by the executor's ``queue_timeout``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from .._cancel import CancelToken, on_cancel
+from .._messages import ToolCall, ToolResult
+from ._tool import Tool
+
+PENDING, RUNNING, FINISHED, CANCELLED = "pending", "running", "finished", "cancelled"
+
+
+def seconds(value: float) -> str:
+    """``0.1`` / ``10`` / ``2.5``: seconds as a person writes them."""
+    return f"{round(value, 3):g}"
+
+
+class ToolHandle:
+    """One submitted call: wait for its :class:`ToolResult`, or cancel it.  ``result()`` never raises."""
+
+    def __init__(self, tool: Optional[Tool], call: ToolCall, args: Dict[str, Any], timeout: float, *,
+                 queue_timeout: float = 0.0, on_start: Optional[Callable[["ToolHandle"], None]] = None,
+                 owner: Any = None, log: Any = None) -> None:
+        self.call = call
+        self.tool = tool
+        self.args = args
+        self.owner = owner
+        self.timeout = timeout
+        self.submitted_at = time.monotonic()
+        self.queue_limit = self.submitted_at + queue_timeout  # not started by then: refused as busy
+        self.started_at: Optional[float] = None  # monotonic: the function was entered (or handed over)
+        self.queue_wait_s = 0.0
+        self.cancel_event = CancelToken()
+        # When the cancel flag went up (monotonic): a running tool that has not
+        # returned a grace period later is ignoring it, and its slot is stuck.
+        self.cancelled_at: Optional[float] = None
+        self.cancel_event.add_callback(self._note_cancel)
+        self.busy_reason = "all workers were in use"
+        self._on_start = on_start
+        self._log = log
+        self._state = PENDING
+        self._result: Optional[ToolResult] = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._unlink: Callable[[], None] = lambda: None
+        self._external: Optional[threading.Event] = None  # the caller's cancel event
+        self._callbacks: List[Callable[["ToolHandle"], None]] = []
+
+    @classmethod
+    def refused(cls, tool: Optional[Tool], call: ToolCall, message: str, log: Any = None) -> "ToolHandle":
+        """A handle that is already done with an error: the function never runs."""
+        handle = cls(tool, call, {}, 0.0, log=log)
+        handle.refuse(message)
+        return handle
+
+    # -- public
+
+    @property
+    def state(self) -> str:
+        """``pending``, ``running``, ``finished`` or ``cancelled`` (what the function did)."""
+        return self._state
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time the result is fixed by: start + timeout (before the start, the latest it can be)."""
+        started = self.started_at
+        return (started if started is not None else self.queue_limit) + self.timeout
+
+    @property
+    def next_limit(self) -> float:
+        """When :meth:`done` may turn true by itself (monotonic): the queue limit while pending, else the deadline.
+
+        A caller that polls for lapsed calls should wake at this, not at
+        :attr:`deadline` (which, before the start, is only an upper bound).
+        """
+        return self.queue_limit if self._state == PENDING else self.deadline
+
+    def result(self, timeout: Optional[float] = None) -> ToolResult:
+        """Wait for the result, at most until the deadline (or ``timeout`` seconds, if sooner).
+
+        When the wait ends first, the call is given up: the result is the
+        error ``tool 'NAME' timed out after Ns``, the tool's cancel flag is
+        set, and whatever it returns later is discarded.  Use :meth:`wait` to
+        poll without giving up.
+        """
+        give_up_at = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while not self._wait_step(give_up_at):
+            now = time.monotonic()
+            if give_up_at is not None and now >= give_up_at:
+                self._time_out(now, early=True)
+        assert self._result is not None
+        return self._result
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to ``timeout`` seconds (never past the deadline) without giving up early; True when done."""
+        until = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while not self._wait_step(until):
+            if until is not None and time.monotonic() >= until:
+                return self.done()
+        return True
+
+    def done(self) -> bool:
+        """True once the result is fixed (a passed deadline or queue limit fixes it)."""
+        if not self._done.is_set():
+            self._enforce_limits(time.monotonic())
+        return self._done.is_set()
+
+    def running(self) -> bool:
+        return self._state == RUNNING and not self._done.is_set()
+
+    def add_done_callback(self, fn: Callable[["ToolHandle"], None]) -> None:
+        """Call ``fn(handle)`` once the result is fixed (at once if it already is).
+
+        It runs in the thread that fixed the result: the worker when the tool
+        returned, the waiting thread for a timeout or cancel.  Keep it short;
+        an exception in it is logged, never raised.
+        """
+        with self._lock:
+            if self._result is None:
+                self._callbacks.append(fn)
+                return
+        self._run_callback(fn)
+
+    def cancel(self) -> bool:
+        """Cancel: a pending call never runs (True); a running one gets its cancel flag (False)."""
+        self.cancel_event.set()
+        with self._lock:
+            if self._state != PENDING or self._result is not None:
+                return False
+            self._state = CANCELLED
+        self._settle(ToolResult.error_result(self.call, f"tool '{self.call.name}' cancelled before it started"))
+        return True
+
+    def __repr__(self) -> str:
+        return f"ToolHandle({self.call.name!r}, id={self.call.id!r}, state={self._state})"
+
+    # -- executor side
+
+    def link_cancel(self, event: Optional[threading.Event]) -> None:
+        """Follow the caller's cancel event until the result is fixed."""
+        if event is None:
+            return
+        self._external = event
+        stop = on_cancel(event, self.cancel)
+        with self._lock:
+            if self._result is None:
+                self._unlink = stop
+                return
+        stop()
+
+    def on_abandon(self, hook: Callable[[], Any]) -> None:
+        """``hook()`` runs when the call is given up (deadline, cancel): e.g. a remote ``Future.cancel``."""
+        self.cancel_event.add_callback(hook)
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """PENDING -> RUNNING and fire ``on_start``; False (and a settled result) if it must not start."""
+        now = time.monotonic()
+        cancelled = self.cancel_event.is_set() or (self._external is not None and self._external.is_set())
+        with self._lock:
+            if self._state != PENDING or self._result is not None:
+                return False
+            if not cancelled and now < self.queue_limit:
+                self._state = RUNNING
+                self.started_at = now
+                self.queue_wait_s = now - self.submitted_at
+            else:
+                self._state = CANCELLED
+        if self._state == CANCELLED:  # a plain Event's watcher may not have fired yet: never start a cancelled call
+            self._settle(self._cancelled_result() if cancelled else self._busy_result(now))
+            return False
+        if self._on_start is not None:
+            self._safely(self._on_start, "on_start hook")
+        return True
+
+    def set_result(self, result: ToolResult) -> None:
+        """RUNNING -> FINISHED: keep the function's result only if it came before the deadline."""
+        self._state = FINISHED
+        if result.ended_at > self.deadline and not self._done.is_set():
+            self._time_out(result.ended_at)
+        result = _with_queue_wait(result, self.queue_wait_s)
+        if not self._settle(result) and self._log is not None:
+            self._log.info("tool {!r} (call {}) returned after it was given up; result discarded",
+                           self.call.name, self.call.id)
+
+    def refuse(self, message: str) -> bool:
+        """PENDING -> CANCELLED with an error result (shutdown, exhausted pool); False if too late."""
+        with self._lock:
+            if self._state != PENDING or self._result is not None:
+                return False
+            self._state = CANCELLED
+        return self._settle(ToolResult.error_result(self.call, message))
+
+    def abandon(self, message: str) -> bool:
+        """Fix an error result for a running call nobody will wait for (a remote call given up)."""
+        now = time.monotonic()
+        started = self.started_at or now
+        return self._settle(ToolResult.error_result(self.call, message, duration_s=now - started, started_at=started,
+                                                    ended_at=now, queue_wait_s=self.queue_wait_s))
+
+    def is_given_up(self, now: float, grace: float, flagged_before: Optional[float] = None) -> bool:
+        """Running past its deadline, or flagged ``grace`` seconds ago (before ``flagged_before``) and still running."""
+        if self._state == RUNNING and (now >= self.deadline or self._done.is_set()):
+            return True
+        flagged = self.cancelled_at
+        return (flagged is not None and now >= flagged + grace
+                and (flagged_before is None or flagged < flagged_before))
+
+    def expire_if_late(self, now: float) -> bool:
+        """Fix the timeout result if the deadline passed while running; True if it did now."""
+        if self._state == RUNNING and now >= self.deadline and not self._done.is_set():
+            return self._time_out(now)
+        return False
+
+    # -- internal
+
+    def _wait_step(self, until: Optional[float]) -> bool:
+        """Wait until the next limit (queue limit, deadline or ``until``), enforce it; True when done."""
+        now = time.monotonic()
+        limit = self.next_limit
+        if until is not None:
+            limit = min(limit, until)
+        if self._done.wait(min(max(0.0, limit - now), threading.TIMEOUT_MAX)):
+            return True
+        self._enforce_limits(time.monotonic())
+        return self._done.is_set()
+
+    def _enforce_limits(self, now: float) -> None:
+        if self._state == PENDING and now >= self.queue_limit:
+            with self._lock:
+                if self._state != PENDING or self._result is not None:
+                    return
+                self._state = CANCELLED
+            self._settle(self._busy_result(now))
+        else:
+            self.expire_if_late(now)
+
+    def _time_out(self, now: float, early: bool = False) -> bool:
+        started = self.started_at or 0.0
+        waited = now - (started or self.submitted_at)
+        shown = waited if early and now < self.deadline else self.timeout
+        with self._lock:
+            if self._state == PENDING:
+                self._state = CANCELLED  # given up while queued: it never runs
+        result = ToolResult.error_result(
+            self.call, f"tool '{self.call.name}' timed out after {seconds(shown)}s",
+            duration_s=(now - started) if started else 0.0, started_at=started, ended_at=now, timed_out=True,
+            queue_wait_s=self.queue_wait_s)
+        if not self._settle(result):
+            return False
+        self.cancel_event.set()
+        if self._log is not None:
+            where = ("while running; it is abandoned with its cancel flag set" if self._state == RUNNING
+                     else "before it started")
+            self._log.warning("tool {!r} (call {}) timed out after {}s {}", self.call.name, self.call.id,
+                              seconds(shown), where)
+        return True
+
+    def _busy_result(self, now: float) -> ToolResult:
+        # The limit, not the measured wait, in the message: the model reads the rule, not scheduler jitter.
+        waited = now - self.submitted_at
+        limit = self.queue_limit - self.submitted_at
+        return ToolResult.error_result(
+            self.call, f"tool '{self.call.name}' not started: the tool pool was busy for {seconds(limit)}s "
+                       f"({self.busy_reason}); try again later", queue_wait_s=waited)
+
+    def _cancelled_result(self) -> ToolResult:
+        return ToolResult.error_result(self.call, f"tool '{self.call.name}' cancelled before it started")
+
+    def _note_cancel(self) -> None:
+        self.cancelled_at = time.monotonic()
+
+    def _settle(self, result: ToolResult) -> bool:
+        with self._lock:
+            if self._result is not None:
+                return False
+            self._result = result
+            self._done.set()
+            unlink, callbacks, self._callbacks = self._unlink, self._callbacks, []
+        unlink()
+        for fn in callbacks:
+            self._run_callback(fn)
+        return True
+
+    def _run_callback(self, fn: Callable[["ToolHandle"], None]) -> None:
+        self._safely(fn, "done callback")
+
+    def _safely(self, fn: Callable[["ToolHandle"], None], what: str) -> None:
+        try:
+            fn(self)
+        except Exception as exc:
+            if self._log is not None:
+                self._log.opt(exception=exc).warning("{} of tool {!r} (call {}) failed: {}", what, self.call.name,
+                                                     self.call.id, exc)
+
+
+def _with_queue_wait(result: ToolResult, queue_wait_s: float) -> ToolResult:
+    if result.queue_wait_s == queue_wait_s:
+        return result
+    return ToolResult(result.call_id, result.name, result.ok, result.text, result.error, result.duration_s,
+                      result.started_at, result.ended_at, result.timed_out, queue_wait_s)

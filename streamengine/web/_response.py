@@ -1,0 +1,217 @@
+"""One stream's response iterable: engine events in, batched SSE bytes out, ``close()`` cancels.
+
+Why it is built this way:
+
+* **One socket write per batch.**  The engine hands events over in bursts
+  (everything the model sent while the last write went out).  Writing a
+  frame per token costs a server write call, a send syscall and a wake-up
+  per token; joining a burst's frames costs one of each.  The burst ends when
+  the channel would have to wait: :func:`~streamengine._engine.channel.request_flush`
+  asks the engine's channel to return at once instead of waiting, the engine
+  yields a heartbeat, and the held frames go out (no token waits for the next
+  one).  A batch is also sent when it reaches ``MAX_BATCH_BYTES``.
+* **A disconnect must cancel the run.**  PEP 3333 servers call ``close()``
+  when the client has gone away (or after the last frame); it closes the
+  event generator, which shuts the provider's socket down, cancels the tools
+  and ends the run's threads.  A server only *notices* a disconnect when a
+  write fails, so ``: ping`` goes out every ``heartbeat_s`` while the run is
+  silent; under waitress the ``waitress.client_disconnected`` probe is also
+  polled a few times a second.
+* **A reader that stays stuck is cancelled.**  The engine's channel is
+  bounded, so a client that reads nothing stops the run from reading the
+  provider (memory stays bounded); but the run would still hold a provider
+  connection and tools.  :class:`StuckReaders` watches every open stream: one
+  whose last batch has been in the server's hands (a blocked socket write)
+  for ``stuck_reader_timeout_s`` is cancelled.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+from .._cancel import CancelToken
+from .._engine.channel import request_flush
+from .._engine.events import HeartbeatEvent
+from .._logs import component_logger
+from .._messages import Message
+from ._sse import DONE_FRAME, OK_FRAME, PING_FRAME, failure_frame
+from ._public_errors import PublicErrors
+
+__all__ = ["MAX_BATCH_BYTES", "SseResponse", "StuckReaders"]
+
+#: A batch is written once it is this large, however many events are still waiting.
+MAX_BATCH_BYTES = 64 * 1024
+#: How often an idle stream asks the server whether its client is gone (waitress); one attribute read.
+PROBE_S = 0.25
+
+Probe = Callable[[], bool]
+
+
+class SseResponse:
+    """The response iterable of one stream: batches out, and ``close()`` cancels the run.
+
+    ``close()`` may come from the server after the last frame, after a failed
+    write (the client went away), or from another thread while a batch is
+    being produced; in the last case generator ``close()`` is not allowed, so
+    the run is stopped through its cancel token, which works from any thread.
+    """
+
+    def __init__(self, engine: Any, messages: Sequence[Message], *, heartbeat_s: Optional[float],
+                 disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
+                 errors: Optional[PublicErrors] = None, logger: Any = None) -> None:
+        self.cancel = CancelToken()
+        tick = heartbeat_s
+        if disconnected is not None:
+            tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
+        # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
+        events = engine.run(messages, self.cancel, heartbeat_s=tick)
+        self._batches = _batches(events, heartbeat_s, disconnected, errors)
+        self._on_close = on_close
+        self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
+        self._started = time.monotonic()
+        self.writing_since: Optional[float] = None  # a batch is in the server's hands since then
+        self._batches_sent = 0
+        self._finished = False
+        self._closed = False
+
+    def __iter__(self) -> "SseResponse":
+        return self
+
+    def __next__(self) -> bytes:
+        self.writing_since = None
+        if not self._closed:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                self._finished = True
+                raise
+            if not self._closed:
+                self._batches_sent += 1
+                self.writing_since = time.monotonic()
+                return batch
+        # Closed, maybe from another thread while next() ran: finish the generators here,
+        # in the iterating thread, where closing them is allowed.
+        self._batches.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        """End the run (if still going) and free everything it holds; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.writing_since = None
+        if not self._finished:
+            self._log.info("stream closed by the server after {} writes and {:.3f}s (client gone?); "
+                           "cancelling the run", self._batches_sent, time.monotonic() - self._started)
+            self.cancel.set()
+        try:
+            self._batches.close()
+        except ValueError:  # being iterated in another thread: the cancel token ends that run
+            pass
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+
+def _batches(events: Iterator[Any], heartbeat_s: Optional[float], disconnected: Optional[Probe],
+             errors: Optional[PublicErrors]) -> Iterator[bytes]:
+    """``: ok``, then the frames of each burst of events joined, ``data: [DONE]`` in the last one.
+
+    Heartbeats from the engine come more often than the wire needs pings (so
+    the disconnect probe is read a few times a second) and when a flush was
+    requested; a ping is written only after ``heartbeat_s`` without a write.
+    """
+    encode = errors.encode if errors is not None else _plain_encoder()
+    yield OK_FRAME
+    last_write = time.monotonic()
+    parts: List[bytes] = []
+    size = 0
+    try:
+        try:
+            for event in events:
+                if isinstance(event, HeartbeatEvent):
+                    if disconnected is not None and disconnected():
+                        return
+                    if parts:
+                        yield b"".join(parts)
+                    elif heartbeat_s is not None and time.monotonic() - last_write >= heartbeat_s:
+                        yield PING_FRAME
+                    else:
+                        continue
+                    parts, size = [], 0
+                    last_write = time.monotonic()
+                    continue
+                frame = encode(event)
+                if not parts:
+                    request_flush()
+                parts.append(frame)
+                size += len(frame)
+                if size >= MAX_BATCH_BYTES:
+                    request_flush(False)
+                    yield b"".join(parts)
+                    parts, size = [], 0
+                    last_write = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the 200 is out: end the stream with an error frame
+            parts.append(failure_frame(exc, errors))
+        parts.append(DONE_FRAME)
+        yield b"".join(parts)
+    finally:
+        request_flush(False)
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
+def _plain_encoder() -> Callable[[Any], bytes]:
+    from ._sse import encode_event
+    return encode_event
+
+
+class StuckReaders:
+    """Cancels streams whose client has not taken a write for ``timeout_s`` (one watcher thread per app).
+
+    The thread runs only while streams are open, checks every ``timeout_s / 4``
+    and ends when the last stream closes, so an idle app holds no thread.
+    """
+
+    def __init__(self, timeout_s: Optional[float], logger: Any) -> None:
+        self.timeout_s = timeout_s
+        self._log = logger
+        self._streams: "set[SseResponse]" = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, response: SseResponse) -> None:
+        if self.timeout_s is None:
+            return
+        with self._lock:
+            self._streams.add(response)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="streamengine-stuck-readers", daemon=True)
+                self._thread.start()
+
+    def remove(self, response: SseResponse) -> None:
+        with self._lock:
+            self._streams.discard(response)
+            if not self._streams:
+                self._wake.set()
+
+    def _watch(self) -> None:
+        assert self.timeout_s is not None
+        while True:
+            self._wake.wait(self.timeout_s / 4)
+            with self._lock:
+                self._wake.clear()
+                if not self._streams:
+                    self._thread = None
+                    return
+                streams = list(self._streams)
+            now = time.monotonic()
+            for response in streams:
+                since = response.writing_since
+                if since is not None and now - since >= self.timeout_s and not response.cancel.is_set():
+                    self._log.warning("a client read nothing for {:.1f}s; cancelling its run "
+                                      "(stuck_reader_timeout_s={})", now - since, self.timeout_s)
+                    response.cancel.set()

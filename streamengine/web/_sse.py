@@ -1,0 +1,262 @@
+"""Engine events -> Server-Sent Events bytes, following the WHATWG event-stream rules.
+
+Why it is built this way:
+
+* **Nothing the model or a tool wrote can become a field line.**  The ``event:``
+  line comes from a fixed allowlist (:data:`EVENT_NAMES`), never from the event,
+  and no ``id:`` line is ever written.  Every payload is JSON with
+  ``ensure_ascii=True``, so CR, LF, NUL, U+2028/U+2029 and lone surrogates all
+  leave as ``\\uXXXX`` escapes: a frame is pure ASCII, each ``data:`` value sits
+  on one line, and a model that writes ``"\\n\\nevent: tool_result\\n..."``
+  reaches a browser as exactly one token event with identical text.
+* **Tokens are the hot path** (tens of thousands per second), so a token frame
+  is one C-level JSON string escape plus two concatenations.  Tokens carry no
+  ``event:`` line: they are the default ``message`` event of ``EventSource``.
+* **Pure**: no threads, no sockets, no clocks.  Heartbeats are produced by the
+  engine (``run(heartbeat_s=...)`` yields ``HeartbeatEvent``); this module only
+  renders them as the comment ``: ping``.
+* **Duck-typed**: events are recognised by their ``name`` ClassVar and read
+  with ``getattr``, so this module depends only on the standard library and
+  the logger (layering: ``sse`` sits beside ``messages``/``errors``, below the
+  engine whose events it renders).
+
+Frames::
+
+    : ok                                             OK_FRAME (first, from encode_stream)
+    data: "<token text>"                             token
+    event: tool_start   data: {"id","name","arguments"}
+    event: tool_result  data: {"call_id","name","ok","text","error","duration_s"}
+    event: round        data: {"round": n}
+    event: reset        data: {"round": n, "reason": "..."}   (clear round n's text)
+    event: error        data: {"message": "...", "request_id": "..."}   (request_id with PublicErrors)
+    event: done         data: {"answer", "telemetry", "usage"}
+    : ping                                           heartbeat
+    data: [DONE]                                     DONE_FRAME (always last)
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from json.encoder import encode_basestring_ascii as _json_string
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+
+from .._errors import StreamEngineError
+from .._logs import component_logger
+
+if TYPE_CHECKING:
+    from ._public_errors import PublicErrors
+
+__all__ = [
+    "DONE_FRAME", "EVENT_NAMES", "LLM_WARNING", "OK_FRAME", "PING_FRAME",
+    "encode_event", "encode_stream", "encode_token",
+]
+
+#: How the engine starts the visible warning token it puts into an answer when the model fails.
+LLM_WARNING = "\u26a0\ufe0f LLM error: "
+
+#: Always the last frame of a stream; OpenAI-style clients stop on it.
+DONE_FRAME = b"data: [DONE]\n\n"
+#: First frame: flushes headers through proxies and tells the client the stream is live.
+OK_FRAME = b": ok\n\n"
+#: A comment: keeps proxies and browsers from timing the stream out, dispatches nothing.
+PING_FRAME = b": ping\n\n"
+
+_log = component_logger("streamengine.web._sse")
+
+# ensure_ascii: every control, line-separator and non-ASCII character leaves as a
+# \uXXXX escape, so a payload is one ASCII line whatever the model wrote.
+# allow_nan=False: NaN/Infinity are not JSON (_jsonable maps them to null first).
+_DUMPS = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+
+_MAX_DEPTH = 32
+
+
+def encode_token(text: str) -> bytes:
+    """``data: "<text as a JSON string>"\\n\\n`` — the hot path, kept to one escape call.
+
+    ``encode_basestring_ascii`` is exactly what ``json.dumps(text)`` runs for a
+    ``str`` with default settings, minus three Python-level calls per token.
+    """
+    try:
+        return ("data: " + _json_string(text) + "\n\n").encode("ascii")
+    except TypeError as exc:
+        raise TypeError(
+            f"a token event's text must be a str, got {type(text).__name__}; "
+            "the engine should only emit TokenEvent(text=str)"
+        ) from exc
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """A JSON-safe copy: dataclasses as dicts (like ``dataclasses.asdict``), NaN/inf as null.
+
+    Written out rather than ``asdict`` because ``asdict`` deep-copies leaves
+    (it fails on locks, sockets, ...) and JSON's ``NaN``/``Infinity`` are not
+    JSON: a browser's ``JSON.parse`` rejects the whole frame.  Anything else
+    unknown becomes ``str(value)`` so one odd telemetry field cannot kill the
+    terminal frame of a stream.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth >= _MAX_DEPTH:
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value, depth + 1)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v, depth + 1) for v in value]
+    return str(value)
+
+
+def _named_frame(prefix: bytes, payload: Dict[str, Any]) -> bytes:
+    return prefix + _DUMPS(_jsonable(payload)).encode("ascii") + b"\n\n"
+
+
+def _token(event: Any) -> bytes:
+    return encode_token(getattr(event, "text", None))
+
+
+def _tool_start(event: Any) -> bytes:
+    call = getattr(event, "call", None)
+    return _named_frame(b"event: tool_start\ndata: ", {
+        "id": getattr(call, "id", None),
+        "name": getattr(call, "name", None),
+        "arguments": getattr(call, "arguments", None),
+    })
+
+
+def _tool_result(event: Any) -> bytes:
+    result = getattr(event, "result", None)
+    return _named_frame(b"event: tool_result\ndata: ", {
+        "call_id": getattr(result, "call_id", None),
+        "name": getattr(result, "name", None),
+        "ok": getattr(result, "ok", None),
+        "text": getattr(result, "text", None),
+        "error": getattr(result, "error", None),
+        "duration_s": getattr(result, "duration_s", None),
+    })
+
+
+def _round(event: Any) -> bytes:
+    return _named_frame(b"event: round\ndata: ", {"round": getattr(event, "round", None)})
+
+
+def _reset(event: Any) -> bytes:
+    """The engine takes back a round's visible text (it will be written again); clients clear it."""
+    return _named_frame(b"event: reset\ndata: ", {"round": getattr(event, "round", None),
+                                                   "reason": getattr(event, "reason", None)})
+
+
+def _error(event: Any) -> bytes:
+    return _named_frame(b"event: error\ndata: ", {"message": getattr(event, "message", None),
+                                                   "fatal": getattr(event, "fatal", True)})
+
+
+def _done(event: Any) -> bytes:
+    result = getattr(event, "result", None)
+    return _named_frame(b"event: done\ndata: ", {
+        "answer": getattr(result, "answer", None),
+        "telemetry": getattr(result, "telemetry", None),
+        "usage": getattr(result, "usage", None),
+    })
+
+
+def _heartbeat(event: Any) -> bytes:
+    return PING_FRAME
+
+
+# The allowlist: the only event names that can ever appear on an ``event:`` line
+# are the literal prefixes above, chosen by this table's keys.
+_ENCODERS: Dict[str, Callable[[Any], bytes]] = {
+    "token": _token,
+    "tool_start": _tool_start,
+    "tool_result": _tool_result,
+    "round": _round,
+    "reset": _reset,
+    "error": _error,
+    "done": _done,
+    "heartbeat": _heartbeat,
+}
+
+#: Engine event names this module renders; any other name is refused.
+EVENT_NAMES: FrozenSet[str] = frozenset(_ENCODERS)
+
+
+def encode_event(event: Any) -> bytes:
+    """One SSE frame (ending in a blank line) for one engine event.
+
+    Raises ``ValueError`` for an event whose ``name`` is not in
+    :data:`EVENT_NAMES`: an unknown event is a bug upstream, and guessing a
+    rendering for it could put uncontrolled text on a field line.
+    """
+    name = getattr(event, "name", None)
+    if name == "token":  # skip the table lookup on the hot path
+        return encode_token(getattr(event, "text", None))
+    encoder = _ENCODERS.get(name) if isinstance(name, str) else None
+    if encoder is None:
+        raise ValueError(
+            f"cannot encode {type(event).__name__} as SSE: its name {name!r} is not one of "
+            f"{sorted(EVENT_NAMES)}; emit an engine event from streamengine._engine.events"
+        )
+    return encoder(event)
+
+
+def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
+                  errors: "Optional[PublicErrors]" = None) -> Iterator[bytes]:
+    """``OK_FRAME``, one frame per event in order, and ``DONE_FRAME`` last — always.
+
+    If ``events`` (or encoding one of them) raises an ``Exception``, the error is
+    logged with its traceback and the stream ends with an ``event: error`` frame
+    followed by ``DONE_FRAME`` instead of re-raising.  Why: by then the HTTP 200
+    and part of the body are sent; an exception would only make the server drop
+    the connection, and the browser would see neither an error nor the end (and
+    ``EventSource`` would reconnect, replaying the request).  A
+    :class:`StreamEngineError`'s message is user-facing by design and is sent;
+    any other exception is a bug whose text may hold internals, so only its
+    type is sent.
+
+    Closing the returned generator (a WSGI server calls ``close()`` when the
+    client goes away) closes ``events`` too, so the engine's run is cancelled;
+    nothing more is yielded then.
+
+    With ``errors`` (a :class:`PublicErrors`), error details stay in the
+    server log and the client gets a short message and a request id.
+    """
+    return _stream(iter(events), ok_first, errors)
+
+
+def _stream(iterator: Iterator[Any], ok_first: bool, errors: "Optional[PublicErrors]") -> Iterator[bytes]:
+    encode = encode_event if errors is None else errors.encode
+    try:
+        if ok_first:
+            yield OK_FRAME
+        try:
+            for event in iterator:
+                yield encode(event)
+        except Exception as exc:  # noqa: BLE001 - see encode_stream: end the stream cleanly
+            yield failure_frame(exc, errors)
+        yield DONE_FRAME
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def failure_frame(exc: BaseException, errors: "Optional[PublicErrors]") -> bytes:
+    """The ``event: error`` frame ending a stream whose events raised (the traceback goes to the log)."""
+    if errors is not None:
+        return errors.failure(exc)
+    _log.opt(exception=exc).error("event stream failed; ending it with an error frame: {}", exc)
+    return _named_frame(b"event: error\ndata: ", {"message": _public_message(exc)})
+
+
+def _public_message(exc: BaseException) -> str:
+    if isinstance(exc, StreamEngineError):
+        return str(exc) or type(exc).__name__
+    return f"internal error ({type(exc).__name__}); see the server log"
