@@ -1,119 +1,94 @@
 """streamengine: stream an LLM's answer while the tools it calls already run.
 
-The public face: ``__all__`` holds what a user of the engine needs — the
-engine and its config and result, the events a caller handles, clients,
-tools, errors, stores and logging.  Building blocks (call strategies,
-accumulators, the inline scanner, the tool executor, failover) are imported
-from their modules, e.g. ``from streamengine.calls import make_call_strategy``.
-The web pieces (``streamengine.wsgi``), the CLI and ``streamengine.testing``
-(the ``FakeProvider``) are imported from their modules too, so a plain
-script does not pay for http.server or waitress.
+The public face.  ``__all__`` holds what a user of the engine needs: the
+engine, its config and result, the events a caller handles, the clients,
+tools, errors, stores and logging.  The web pieces live in
+``streamengine.web`` (``streamengine.wsgi`` is their stable import path),
+the test kit in ``streamengine.testing``, tools in ``streamengine.tools``
+and the RAG stores in ``streamengine.rag``.  Every other module is private
+(its name starts with ``_``) and may change without notice.
+
+Names are imported on first use, not here: ``import streamengine`` costs a
+few milliseconds, and a script that never builds a client never imports
+``requests``, one that never files a result never imports ``sqlite3``.
 """
+from __future__ import annotations
+
 import importlib as _importlib
-from typing import Any as _Any
-
-from loguru import logger as _logger
-
-from ._cancel import CancelToken
-from ._clients.anthropic.client import AnthropicClient
-from ._clients.base import LlmClient, StreamingLlmClient
-from ._clients.openai.client import OpenAICompatibleClient
-from ._clients.routed import RoutedClient
-from ._clients.scripted import ScriptedClient
-from ._config import EngineConfig
-from ._engine.run import StreamingEngine
-from ._errors import (
-    AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
-    LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
-)
-from ._engine.events import (
-    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
-    ToolStartEvent,
-)
-from ._calls.hooks import ModelChunkEvent, Observer
-from ._calls.failover import ErrorClass, ErrorClassifier
-from ._logs import enable_logging
-from ._messages import Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolSpec, Usage
-from .rag import Embedder, HashingEmbedder, Hit, OpenAIEmbedder, PostgresRagStore, RagStore, SqliteRagStore
-from ._engine.result import EngineResult, Telemetry
-from .tools import Tool, ToolContext, ToolRegistry, ToolResult, tool
-
-_logger.disable("streamengine")
+from typing import TYPE_CHECKING, Any as _Any, Dict as _Dict, List as _List
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AllModelsFailedError",
-    "AnthropicClient",
-    "CancelToken",
-    "Chunk",
-    "CompletionOptions",
-    "ConfigError",
-    "DoneEvent",
-    "Embedder",
-    "EngineConfig",
-    "EngineResult",
-    "ErrorClass",
-    "ErrorClassifier",
-    "ErrorEvent",
-    "Event",
-    "HashingEmbedder",
-    "HeartbeatEvent",
-    "Hit",
-    "LlmCancelledError",
-    "LlmClient",
-    "LlmConnectionError",
-    "LlmError",
-    "LlmHttpError",
-    "LlmProtocolError",
-    "LlmStreamError",
-    "LlmTimeoutError",
-    "Message",
-    "ModelChunkEvent",
-    "Observer",
-    "OpenAICompatibleClient",
-    "OpenAIEmbedder",
-    "PostgresRagStore",
-    "RagStore",
-    "ResetEvent",
-    "Response",
-    "RoundEvent",
-    "RoutedClient",
-    "ScriptedClient",
-    "SqliteRagStore",
-    "StreamEngineError",
-    "StreamingEngine",
-    "StreamingLlmClient",
-    "Telemetry",
-    "TokenEvent",
-    "Tool",
-    "ToolCall",
-    "ToolCallDelta",
-    "ToolContext",
-    "ToolError",
-    "ToolRegistry",
-    "ToolResult",
-    "ToolResultEvent",
-    "ToolSpec",
-    "ToolStartEvent",
-    "Usage",
-    "enable_logging",
-    "tool",
-]
-
-#: Building blocks that used to be exported here; still importable from the
-#: package (resolved on first use), but their home is the module named.
-_BUILDING_BLOCKS = {
-    "BufferedCallStrategy": "calls", "CallStrategy": "calls", "StreamingCallStrategy": "calls",
-    "make_call_strategy": "calls", "ResponseAggregator": "accumulate", "ToolCallAccumulator": "accumulate",
-    "build_continuation_message": "continuation", "EventEmitter": "events", "FailoverResult": "failover",
-    "ModelFailover": "failover", "FeedResult": "inline", "XmlParseState": "inline",
-    "InlineToolScanner": "inline", "chunks_for_ingest": "rag", "ToolExecutor": "tools", "ToolHandle": "tools",
+#: Each public name and the private module that defines it.
+_HOMES: _Dict[str, str] = {
+    **dict.fromkeys(["StreamingEngine"], "._engine.run"),
+    **dict.fromkeys(["EngineConfig"], "._config"),
+    **dict.fromkeys(["EngineResult", "Telemetry"], "._engine.result"),
+    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ResetEvent", "RoundEvent",
+                     "TokenEvent", "ToolResultEvent", "ToolStartEvent"], "._engine.events"),
+    **dict.fromkeys(["ModelChunkEvent", "Observer"], "._calls.hooks"),
+    **dict.fromkeys(["ErrorClass", "ErrorClassifier"], "._calls.failover"),
+    **dict.fromkeys(["LlmClient", "StreamingLlmClient"], "._clients.base"),
+    **dict.fromkeys(["OpenAICompatibleClient"], "._clients.openai.client"),
+    **dict.fromkeys(["AnthropicClient"], "._clients.anthropic.client"),
+    **dict.fromkeys(["RoutedClient"], "._clients.routed"),
+    **dict.fromkeys(["ScriptedClient"], "._clients.scripted"),
+    **dict.fromkeys(["CancellableAdapter"], "._clients.http.connection"),
+    **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
+                     "LlmHttpError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "StreamEngineError",
+                     "ToolError"], "._errors"),
+    **dict.fromkeys(["Chunk", "CompletionOptions", "Message", "Response", "ToolCall", "ToolCallDelta",
+                     "ToolContext", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
+    **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
+    **dict.fromkeys(["SqliteRagStore"], ".rag._sqlite"),
+    **dict.fromkeys(["OpenAIEmbedder", "HashingEmbedder"], ".rag._embedders"),
+    **dict.fromkeys(["CancelToken"], "._cancel"),
+    **dict.fromkeys(["enable_logging"], "._logs"),
 }
+
+__all__ = sorted(_HOMES)
+
+if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
+    from ._calls.failover import ErrorClass, ErrorClassifier
+    from ._calls.hooks import ModelChunkEvent, Observer
+    from ._clients.anthropic.client import AnthropicClient
+    from ._clients.base import LlmClient, StreamingLlmClient
+    from ._clients.http.connection import CancellableAdapter
+    from ._clients.openai.client import OpenAICompatibleClient
+    from ._clients.routed import RoutedClient
+    from ._clients.scripted import ScriptedClient
+    from ._cancel import CancelToken
+    from ._config import EngineConfig
+    from ._engine.events import (
+        DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+        ToolStartEvent,
+    )
+    from ._engine.result import EngineResult, Telemetry
+    from ._engine.run import StreamingEngine
+    from ._errors import (
+        AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
+        LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
+    )
+    from ._logs import enable_logging
+    from ._messages import (
+        Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult, ToolSpec,
+        Usage,
+    )
+    from .rag._embedders import HashingEmbedder, OpenAIEmbedder
+    from .rag._postgres import PostgresRagStore
+    from .rag._sqlite import SqliteRagStore
+    from .tools._tool import Tool, ToolRegistry, tool
 
 
 def __getattr__(name: str) -> _Any:
-    module = _BUILDING_BLOCKS.get(name)
-    if module is None:
+    home = _HOMES.get(name)
+    if home is None:
         raise AttributeError(f"module 'streamengine' has no attribute {name!r}")
-    return getattr(_importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(home, __name__), name)
+    globals()[name] = value  # the next lookup is an ordinary attribute
+    return value
+
+
+def __dir__() -> _List[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import threading
 from typing import Callable, List, Optional
 
-from loguru import logger
+from ._logs import component_logger
 
 Callback = Callable[[], None]
+
+_log = component_logger("streamengine.cancel")
 _WATCH_POLL_S = 0.02
 
 
@@ -55,7 +57,7 @@ def _run_safely(callback: Callback) -> None:
     try:
         callback()
     except Exception:  # a failing cleanup must not stop the other cleanups
-        logger.opt(exception=True).bind(component="streamengine._cancel").warning("cancel callback failed")
+        _log.opt(exception=True).warning("cancel callback failed")
 
 
 def on_cancel(event: Optional[threading.Event], callback: Callback) -> Callback:

@@ -18,9 +18,7 @@ __all__ = ["EngineConfig", "TOOL_MODES", "completion_options"]
 
 #: ``inline``: tools are called with ``<tool name="...">{...}</tool>`` blocks in the
 #: answer text; ``native``: with the provider's tool-call API; ``auto``: both.
-#: ``xml`` is the old name of ``inline`` and is still accepted.
 TOOL_MODES = ("auto", "inline", "native")
-_TOOL_MODE_ALIASES = {"xml": "inline"}
 
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOptions))
 
@@ -73,11 +71,9 @@ class EngineConfig:
         for field_name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout",
                            "tool_queue_timeout"):
             validation.seconds(getattr(self, field_name), f"EngineConfig.{field_name}")
-        mode = _TOOL_MODE_ALIASES.get(self.tool_mode, self.tool_mode)
-        if mode not in TOOL_MODES:
+        if self.tool_mode not in TOOL_MODES:
             raise ConfigError(f"EngineConfig.tool_mode must be one of {', '.join(TOOL_MODES)}, "
                               f"got {self.tool_mode!r}")
-        object.__setattr__(self, "tool_mode", mode)
         object.__setattr__(self, "options", completion_options(self.options, "EngineConfig.options"))
         if self.allowed_tools is not None:
             if isinstance(self.allowed_tools, str):

@@ -1,17 +1,33 @@
-"""Logging: loguru, silent until the application asks for it.
+"""Logging: loguru, silent until the application asks for it, and imported when first needed.
 
 A library must not print into its host's logs uninvited, so the package
-disables itself at import; :func:`enable_logging` is the one switch.
+disables itself the moment loguru is first touched; :func:`enable_logging`
+is the one switch.  Loguru costs ~50 ms to import, so a module asks for a
+:func:`component_logger` at import time and gets a stand-in that imports
+loguru on its first log call (most runs never log anything).
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, Optional
 
-from loguru import logger
-
 _sink_id: Optional[int] = None
+_logger: Any = None
+_first_use = threading.Lock()
+
+
+def loguru_logger() -> Any:
+    """Loguru's logger, with streamengine's records disabled the first time it is fetched."""
+    global _logger
+    if _logger is None:
+        with _first_use:
+            if _logger is None:
+                from loguru import logger
+                logger.disable("streamengine")
+                _logger = logger
+    return _logger
 
 
 def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
@@ -21,7 +37,8 @@ def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
     rather than duplicating every line.
     """
     global _sink_id
-    _keep_default_handler_out()
+    logger = loguru_logger()
+    _keep_default_handler_out(logger)
     logger.enable("streamengine")
     if _sink_id is not None:
         try:
@@ -40,7 +57,7 @@ def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
     return _sink_id
 
 
-def _keep_default_handler_out() -> None:
+def _keep_default_handler_out(logger: Any) -> None:
     """Stop loguru's built-in stderr handler (id 0) from printing our records a second time.
 
     It is replaced by the same handler minus streamengine's records, so the
@@ -63,6 +80,32 @@ def _format(record: Any) -> str:
 
 
 def component_logger(component: str, base: Any = None) -> Any:
-    """A logger bound to a component name such as ``streamengine._calls.strategies.StreamingCallStrategy``."""
-    return (base or logger).bind(component=component)
+    """A logger bound to a component name such as ``streamengine.calls.StreamingCallStrategy``.
+
+    ``base`` (a logger the application passed in) is bound at once; without
+    one, the stand-in binds loguru's logger on first use.
+    """
+    if base is not None:
+        loguru_logger()  # streamengine stays disabled in loguru until enable_logging()
+        return base.bind(component=component)
+    return _LazyLogger(component)
+
+
+class _LazyLogger:
+    """Loguru's logger bound to ``component``, made on the first log call.
+
+    Each method looked up is kept on the instance, so only the first call of
+    each pays for the lookup; a call still runs in the caller's frame, which
+    is what loguru reads the module name (and so the disabled state) from.
+    """
+
+    def __init__(self, component: str) -> None:
+        self._component = component
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = getattr(loguru_logger().bind(component=self._component), name)
+        setattr(self, name, value)
+        return value
 

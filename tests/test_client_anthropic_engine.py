@@ -51,7 +51,7 @@ def test_an_inline_tool_runs_while_the_model_talks_and_its_result_feeds_the_next
         fp.add_turn(s.text("Checking. "), s.text('<tool name="lookup">{"city": "Oslo"}</tool>'),
                     s.wait(started, timeout=5), s.text(" still talking"))
         fp.add_turn(s.text("It is sunny in Oslo."))
-        with make_engine(AnthropicClient(fp.base_url), [lookup], tool_mode="xml") as engine:
+        with make_engine(AnthropicClient(fp.base_url), [lookup], tool_mode="inline") as engine:
             events, result = run(engine)
     assert started.is_set() and result.answer == "It is sunny in Oslo."
     order = [e.name for e in events]
@@ -146,7 +146,7 @@ def test_cancel_mid_stream_stops_the_tool_and_closes_the_connection():
                     cancel.set()
             assert saw_cancel.wait(5)
             assert fp.wait_for_client_disconnects(1, 5)
-    assert events[-1].result.telemetry.fallback_reason == "cancelled"
+    assert events[-1].result.telemetry.stop_reason == "cancelled"
 
 
 # --- RoutedClient: one model list across providers ---------------------------------------------------

@@ -549,8 +549,9 @@ def test_model_is_shorthand_for_a_one_model_list():
     assert dataclasses.replace(EngineConfig(model="a"), models=["b", "c"]).models == ("b", "c")
 
 
-def test_tool_mode_inline_and_its_old_name_xml():
-    assert EngineConfig(models=["m"], tool_mode="xml").tool_mode == "inline"
+def test_tool_mode_inline_runs_inline_blocks_and_the_old_name_xml_is_refused():
+    with pytest.raises(ConfigError, match="tool_mode must be one of auto, inline, native, got 'xml'"):
+        EngineConfig(models=["m"], tool_mode="xml")
     with FakeProvider() as fp:
         result = one_tool_then_an_answer(fp, tool_mode="inline")
     assert result.answer == "end" and result.telemetry.tools_ok == 1

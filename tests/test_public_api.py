@@ -41,7 +41,7 @@ def test_logging_is_silent_until_enabled_then_goes_to_the_sink():
         lines = []
         handler = streamengine.enable_logging("WARNING", sink=lambda m: lines.append(str(m)))
         _warn_from_inside_the_package()
-        assert any("cancel callback failed" in line and "streamengine._cancel" in line for line in lines)
+        assert any("cancel callback failed" in line and "streamengine.cancel" in line for line in lines)
         logger.remove(handler)
     finally:
         logger.remove(probe)
@@ -59,32 +59,36 @@ def test_all_holds_what_a_user_needs_not_the_building_blocks():
     assert building_blocks & set(streamengine.__all__) == set()
 
 
-def test_building_blocks_stay_importable_from_their_modules_and_the_package():
-    from streamengine._accumulate import ToolCallAccumulator
-    from streamengine._calls.strategies import make_call_strategy
-    from streamengine._inline.scanner import InlineToolScanner
-    from streamengine.tools import ToolHandle
+def test_the_old_shims_are_gone_and_unknown_names_raise():
+    for name in ("XmlParseState", "ToolExecutor", "make_call_strategy", "NoSuchThing"):
+        try:
+            getattr(streamengine, name)
+        except AttributeError as exc:
+            assert name in str(exc)
+        else:
+            raise AssertionError(f"streamengine.{name} must not exist")
+    import streamengine._inline.scanner as scanner
+    assert not hasattr(scanner, "XmlParseState")
 
-    assert streamengine._calls.strategies.make_call_strategy is make_call_strategy
-    assert streamengine._accumulate.ToolCallAccumulator is ToolCallAccumulator
-    assert streamengine.tools.ToolHandle is ToolHandle
-    assert streamengine._inline.scanner.InlineToolScanner is InlineToolScanner
+
+def test_importing_the_package_imports_no_heavy_dependency():
+    """``import streamengine`` stays cheap: clients, stores and logging load on first use."""
+    import subprocess
+    import sys
+    probe = ("import sys, streamengine; heavy = ('requests', 'loguru', 'sqlite3', 'tenacity', 'pydantic'); "
+             "print(sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    probe = ("import sys; import streamengine._messages; heavy = ('requests', 'loguru', 'sqlite3', 'tenacity'); "
+             "print(sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
-def test_xml_parse_state_is_a_deprecated_alias_of_the_inline_scanner():
-    import warnings
-
-    from streamengine._inline.scanner import InlineToolScanner
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from streamengine._inline.scanner import XmlParseState
-    assert XmlParseState is InlineToolScanner
-    assert any(issubclass(w.category, DeprecationWarning) and "InlineToolScanner" in str(w.message)
-               for w in caught)
-    try:
-        streamengine.NoSuchThing  # noqa: B018
-    except AttributeError as exc:
-        assert "NoSuchThing" in str(exc)
-    else:
-        raise AssertionError("an unknown name must raise AttributeError")
+def test_every_public_package_exports_only_names_it_defines():
+    import importlib
+    for package in ("streamengine.tools", "streamengine.rag", "streamengine.web", "streamengine.testing",
+                    "streamengine.wsgi"):
+        module = importlib.import_module(package)
+        assert list(module.__all__) == sorted(set(module.__all__)), package
+        assert [name for name in module.__all__ if not hasattr(module, name)] == [], package

@@ -53,7 +53,7 @@ class Telemetry:
     model_used: Optional[str] = None
     time_to_first_token_s: Optional[float] = None
     total_s: float = 0.0
-    fallback_reason: Optional[str] = None
+    stop_reason: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,7 @@ def test_round_and_error_frames():
 
 def test_done_frame_carries_answer_telemetry_and_usage():
     telemetry = Telemetry(rounds=2, tools_started=1, model_used="m\n1", time_to_first_token_s=0.5,
-                          total_s=float("inf"), fallback_reason=None)
+                          total_s=float("inf"), stop_reason=None)
     result = EngineResult(answer="\n\ndata: [DONE]\n\n", rounds=("a", "b"), tool_results=(),
                           telemetry=telemetry, usage=Usage(3, 4, 7))
     frame = encode_event(DoneEvent(result))

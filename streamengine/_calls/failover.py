@@ -30,7 +30,7 @@ import enum
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tenacity
 
@@ -96,14 +96,6 @@ class FailoverResult:
     failovers: int = 0
 
 
-class _Abort(Exception):
-    """Internal: stop retrying and raise ``error`` as is."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class ModelFailover:
     """Calls a strategy with each model in turn until one answers.
 
@@ -144,8 +136,6 @@ class ModelFailover:
             try:
                 response = self._call_model(model, position, messages, tools, base.with_model(model), cancel,
                                             on_chunk, may_advance, on_attempt, attempts)
-            except _Abort as abort:
-                raise abort.error
             except Exception as exc:
                 self._after_failure(exc, model, position, cancel, may_advance, attempts)
                 continue
@@ -179,70 +169,113 @@ class ModelFailover:
                     cancel: Optional[threading.Event], on_chunk: Optional[Callable[[Chunk], None]],
                     may_advance: Optional[Callable[[], bool]], on_attempt: Optional[Callable[[str, int], None]],
                     attempts: List[Attempt]) -> Response:
-        """One model, with tenacity retrying rate limits; raises the model's last error."""
-        waiter = cancel if cancel is not None else threading.Event()
-        state: Dict[str, Optional[BaseException]] = {"last": None}  # the error being waited out, for chaining a cancel
-
-        def attempt() -> Response:
-            if cancel is not None and cancel.is_set():
-                raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
-            if on_attempt is not None:
-                on_attempt(model, len(attempts) + 1)
-            return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
-
-        has_next = position < len(self.models) - 1
-
-        def should_retry(exc: BaseException) -> bool:
-            if self.classifier.classify(exc) is not ErrorClass.TRANSIENT_RETRY:
-                return False
-            if has_next and self._asks_too_long(exc):
-                self._log.warning("model {} {} with Retry-After {:g}s, over the {:g}s cap: not waiting",
-                                  model, _verb(exc), _retry_after(exc), self.max_retry_wait)
-                return False
-            return True
-
-        def wait(retry_state: tenacity.RetryCallState) -> float:
-            exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
-            retry_after = _retry_after(exc)
-            if retry_after is not None:
-                return min(retry_after, self.max_retry_wait)
-            backoff = self.backoff_initial * 2 ** (retry_state.attempt_number - 1)
-            return min(backoff, self.max_retry_wait)
-
-        def before_sleep(retry_state: tenacity.RetryCallState) -> None:
-            # tenacity only calls this after a failed attempt: there is an outcome with an exception.
-            assert retry_state.outcome is not None
-            exc = retry_state.outcome.exception()
-            assert exc is not None
-            attempts.append((model, exc))
-            state["last"] = exc
-            if may_advance is not None and not may_advance():
-                self._log.warning("model {} {}; not retrying: the answer already reached the caller ({})",
-                                  model, _verb(exc), _cause(exc))
-                raise _Abort(exc)
-            seconds = retry_state.next_action.sleep if retry_state.next_action is not None else 0.0
-            self._log.warning("model {} {}, retrying in {:g}s (retry {} of {}; {})", model, _verb(exc),
-                              round(seconds, 3), retry_state.attempt_number, self.max_retries, _cause(exc))
-
-        def sleep(seconds: float) -> None:
-            if waiter.wait(seconds):
-                raise LlmCancelledError(
-                    f"LLM call cancelled by the caller while waiting to retry model {model}") from state["last"]
-
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(should_retry),
-            stop=tenacity.stop_after_attempt(self.max_retries + 1),
-            wait=wait,
-            sleep=sleep,
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        return retrying(attempt)
+        """One model, retried on rate limits as tenacity decides; raises the model's last error."""
+        policy = _RetryPolicy(self, model, has_next=position < len(self.models) - 1, cancel=cancel,
+                              may_advance=may_advance, attempts=attempts)
+        for attempt in policy.retrying():
+            with attempt:
+                if cancel is not None and cancel.is_set():
+                    raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
+                if on_attempt is not None:
+                    on_attempt(model, len(attempts) + 1)
+                return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
+        raise AssertionError("unreachable: tenacity returns or re-raises")  # pragma: no cover
 
     def _asks_too_long(self, exc: BaseException) -> bool:
         """The provider asks for a longer wait than ``max_retry_wait``."""
         retry_after = _retry_after(exc)
         return retry_after is not None and retry_after > self.max_retry_wait
+
+
+class _WaitRetryAfter(tenacity.wait.wait_base):
+    """Wait what the provider's ``Retry-After`` asks, else the fallback strategy; never past ``cap``."""
+
+    def __init__(self, fallback: tenacity.wait.wait_base, cap: float) -> None:
+        self.fallback = fallback
+        self.cap = cap
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        outcome = retry_state.outcome
+        asked = _retry_after(outcome.exception() if outcome is not None else None)
+        return min(asked, self.cap) if asked is not None else self.fallback(retry_state)
+
+
+class _StopWhen(tenacity.stop.stop_base):
+    """Stop retrying when ``predicate(retry_state)`` says so (the round is committed)."""
+
+    def __init__(self, predicate: Callable[[tenacity.RetryCallState], bool]) -> None:
+        self.predicate = predicate
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.predicate(retry_state)
+
+
+class _RetryPolicy:
+    """What tenacity needs for one model: which errors to retry, when to stop, how long to wait.
+
+    The waits and stops are tenacity's own strategies, composed:
+    ``Retry-After`` with an exponential fallback, capped; stop after the
+    retries *or* once the caller's round is committed (``may_advance``).
+    """
+
+    def __init__(self, failover: ModelFailover, model: str, *, has_next: bool, cancel: Optional[threading.Event],
+                 may_advance: Optional[Callable[[], bool]], attempts: List[Attempt]) -> None:
+        self.failover = failover
+        self.model = model
+        self.has_next = has_next
+        self.waiter = cancel if cancel is not None else threading.Event()
+        self.may_advance = may_advance
+        self.attempts = attempts
+        self.log = failover._log
+        self.last: Optional[BaseException] = None  # the error being waited out, for chaining a cancel
+
+    def retrying(self) -> tenacity.Retrying:
+        failover = self.failover
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(self.should_retry),
+            stop=tenacity.stop_after_attempt(failover.max_retries + 1) | _StopWhen(self.committed),
+            wait=_WaitRetryAfter(tenacity.wait_exponential(multiplier=failover.backoff_initial,
+                                                           max=failover.max_retry_wait), failover.max_retry_wait),
+            sleep=self.sleep, before_sleep=self.before_sleep, reraise=True)
+
+    def should_retry(self, exc: BaseException) -> bool:
+        if self.failover.classifier.classify(exc) is not ErrorClass.TRANSIENT_RETRY:
+            return False
+        if self.has_next and self.failover._asks_too_long(exc):
+            self.log.warning("model {} {} with Retry-After {:g}s, over the {:g}s cap: not waiting",
+                             self.model, _verb(exc), _retry_after(exc), self.failover.max_retry_wait)
+            return False
+        return True
+
+    def committed(self, retry_state: tenacity.RetryCallState) -> bool:
+        """A person has seen this round's answer: the error is raised as is, never replayed."""
+        if self.may_advance is None or self.may_advance():
+            return False
+        exc = _exception_of(retry_state)
+        self.log.warning("model {} {}; not retrying: the answer already reached the caller ({})",
+                         self.model, _verb(exc), _cause(exc))
+        return True
+
+    def before_sleep(self, retry_state: tenacity.RetryCallState) -> None:
+        exc = _exception_of(retry_state)
+        self.attempts.append((self.model, exc))
+        seconds = retry_state.next_action.sleep if retry_state.next_action is not None else 0.0
+        self.log.warning("model {} {}, retrying in {:g}s (retry {} of {}; {})", self.model, _verb(exc),
+                         round(seconds, 3), retry_state.attempt_number, self.failover.max_retries, _cause(exc))
+        self.last = exc
+
+    def sleep(self, seconds: float) -> None:
+        if self.waiter.wait(seconds):
+            raise LlmCancelledError(f"LLM call cancelled by the caller while waiting to retry model {self.model}"
+                                    ) from self.last
+
+
+def _exception_of(retry_state: tenacity.RetryCallState) -> BaseException:
+    """The failed attempt's exception (tenacity asks stop and before_sleep only after a failure)."""
+    outcome = retry_state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    assert exc is not None
+    return exc
 
 
 def _retry_after(exc: Optional[BaseException]) -> Optional[float]:

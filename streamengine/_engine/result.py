@@ -32,11 +32,6 @@ class Telemetry:
     #: ``internal_error``.
     stop_reason: Optional[str] = None
 
-    @property
-    def fallback_reason(self) -> Optional[str]:
-        """The old name of :attr:`stop_reason` (it holds every stop reason, not only fallbacks)."""
-        return self.stop_reason
-
 
 @dataclass(frozen=True)
 class EngineResult:

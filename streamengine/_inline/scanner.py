@@ -414,11 +414,3 @@ class InlineToolScanner:
         self.calls_found += 1
         return end
 
-
-def __getattr__(attribute: str) -> Any:
-    """``XmlParseState``: the old name of :class:`InlineToolScanner`, kept working with a warning."""
-    if attribute == "XmlParseState":
-        warnings.warn("streamengine._inline.scanner.XmlParseState is deprecated: it is not an XML parser; "
-                      "use InlineToolScanner", DeprecationWarning, stacklevel=2)
-        return InlineToolScanner
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -22,5 +22,7 @@ from ._public_errors import PublicErrors
 from ._response import SseResponse
 from ._sse import encode_stream
 
-__all__ = ["STREAM_PATH", "PublicErrors", "RequestRejected", "SseResponse", "StreamApp", "client_address",
-           "encode_stream", "make_wsgi_app", "messages_from_request", "mount"]
+__all__ = [
+    "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp", "client_address",
+    "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
+]
