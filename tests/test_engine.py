@@ -257,7 +257,7 @@ def test_side_effect_tool_waits_for_a_normal_end_of_stream():
     assert result.tool_results[0].ok and result.answer == "mailed"
 
 
-@pytest.mark.parametrize("ending", ["length", "drop"])
+@pytest.mark.parametrize("ending", ["length", "content_filter", "drop"])
 def test_side_effect_tool_never_runs_after_a_cut_off_or_broken_stream(ending):
     ran = []
 
@@ -268,7 +268,7 @@ def test_side_effect_tool_never_runs_after_a_cut_off_or_broken_stream(ending):
         return "paid"
 
     with FakeProvider() as fp:
-        tail = [s.finish("length")] if ending == "length" else [s.drop()]
+        tail = [s.drop()] if ending == "drop" else [s.finish(ending)]
         fp.add_turn(s.text(block("pay", {"amount": 5})), *tail)
         fp.add_turn(s.text("after"))
         with make_engine(fp, [pay]) as engine:
@@ -441,11 +441,21 @@ def test_breaking_out_of_the_iteration_cancels_the_run():
     with FakeProvider() as fp:
         fp.add_turn(s.text("one "), s.stall())
         with make_engine(fp) as engine:
+            before = {t for t in threading.enumerate() if t.is_alive()}
             gen = engine.run([{"role": "user", "content": "q"}])
             for event in gen:
                 if isinstance(event, TokenEvent):
                     break
             gen.close()
+            # The provider saw the connection closed (the stall never ends on its own) ...
+            assert fp.wait_for_client_disconnects(1, timeout=5.0)
+            # ... and every thread the run started has ended (the engine's tool pool had none to start).
+            started = lambda: [t.name for t in threading.enumerate() if t.is_alive() and t not in before
+                               and not t.name.startswith(("pytest", "Thread-"))]
+            deadline = time.monotonic() + 5.0
+            while started() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert started() == []
 
 
 def test_many_concurrent_runs_on_one_engine():

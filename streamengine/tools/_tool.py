@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from .._errors import ToolError
+from .. import _validation as validation
+from .._errors import ConfigError, ToolError
 from .._messages import ToolContext, ToolSpec
 from ._docstrings import parse_docstring
 from ._jsonschema import describe_value
@@ -164,12 +164,11 @@ def _check_placement(fn: Callable[..., Any], name: str, executor: Any) -> Option
 
 
 def _check_timeout(timeout: Any, label: str) -> Optional[float]:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not math.isfinite(timeout) or timeout <= 0:
-        raise ToolError(f"timeout of {label} must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
+    """The project's one rule for seconds, told as a :class:`ToolError` (it is the tool's definition that is wrong)."""
+    try:
+        return validation.seconds(timeout, f"timeout of {label}", allow_none=True)
+    except ConfigError as exc:
+        raise ToolError(str(exc)) from exc
 
 
 def tool(

@@ -26,6 +26,7 @@ import uuid
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs
 
+from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import Message
@@ -46,14 +47,8 @@ Route = Callable[[dict], Tuple[str, Headers, Iterable[bytes]]]
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+$")
 
 
-def make_wsgi_app(engine: Any, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
-                  authorize: Optional[Authorize] = None, allowed_hosts: Optional[Iterable[str]] = None,
-                  allow_origin: Union[None, str, Iterable[str]] = None, get_runs: bool = True,
-                  max_streams: int = 32, max_streams_per_client: int = 4, client_key: Optional[ClientKey] = None,
-                  retry_after_s: int = 5, expose_errors: bool = False,
-                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
-                  max_body_bytes: int = 1_000_000) -> "StreamApp":
-    """A WSGI app serving ``engine`` (a :class:`~streamengine._engine.run.StreamingEngine`).
+class StreamApp:
+    """The WSGI callable serving ``engine``; one instance serves any number of concurrent streams.
 
     Trust: ``system_prompt`` is the app's; requests may send only user and
     assistant text unless ``trusted_messages=True`` (your own backend).
@@ -70,16 +65,6 @@ def make_wsgi_app(engine: Any, *, system_prompt: Optional[str] = None, trusted_m
     that long (``None``: never).  ``heartbeat_s``: seconds of silence before
     a ``: ping``.  ``max_body_bytes`` caps a POST body (and a ``q``).
     """
-    return StreamApp(engine, system_prompt=system_prompt, trusted_messages=trusted_messages, authorize=authorize,
-                     allowed_hosts=allowed_hosts, allow_origin=allow_origin, get_runs=get_runs,
-                     max_streams=max_streams, max_streams_per_client=max_streams_per_client, client_key=client_key,
-                     retry_after_s=retry_after_s, expose_errors=expose_errors,
-                     stuck_reader_timeout_s=stuck_reader_timeout_s, heartbeat_s=heartbeat_s,
-                     max_body_bytes=max_body_bytes)
-
-
-class StreamApp:
-    """The WSGI callable; one instance serves any number of concurrent streams."""
 
     def __init__(self, engine: Any, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
                  authorize: Optional[Authorize] = None, allowed_hosts: Optional[Iterable[str]] = None,
@@ -95,14 +80,13 @@ class StreamApp:
             raise ConfigError(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
         if authorize is not None and not callable(authorize):
             raise ConfigError(f"authorize must be a function environ -> bool, got {type(authorize).__name__}")
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise ConfigError(f"max_body_bytes must be a positive integer, got {max_body_bytes!r}")
+        validation.count(max_body_bytes, "max_body_bytes", minimum=1)
         self.engine = engine
         self.system_prompt = system_prompt
         self.trusted_messages = bool(trusted_messages)
         self.expose_errors = bool(expose_errors)
         self.get_runs = bool(get_runs)
-        self.heartbeat_s = _seconds("heartbeat_s", heartbeat_s)
+        self.heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         self.max_body_bytes = max_body_bytes
         self._authorize = authorize
         self._hosts = HostCheck(allowed_hosts)
@@ -110,7 +94,8 @@ class StreamApp:
         self._limiter = StreamLimiter(max_streams, max_streams_per_client, client_key or client_address,
                                       retry_after_s)
         self._log = component_logger("streamengine.web.StreamApp")
-        self._stuck = StuckReaders(_seconds("stuck_reader_timeout_s", stuck_reader_timeout_s), self._log)
+        self._stuck = StuckReaders(validation.seconds(stuck_reader_timeout_s, "stuck_reader_timeout_s",
+                                                      allow_none=True), self._log)
         self._page, self._page_csp = _load_page()
         self._routes: Dict[str, Dict[str, Route]] = {
             PAGE_PATH: {"GET": self._page_response},
@@ -359,12 +344,9 @@ def _wsgi_text(native: str) -> str:
         return native
 
 
-def _seconds(name: str, value: Optional[float]) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a positive number of seconds or None, got {value!r}")
-    return float(value)
+#: ``make_wsgi_app(engine, **options)`` is the app's documented name; the
+#: class is the one place its options and their defaults are written.
+make_wsgi_app = StreamApp
 
 
 def _check_origins(allow_origin: Union[None, str, Iterable[str]]) -> Union[None, str, FrozenSet[str]]:
