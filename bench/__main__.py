@@ -4,7 +4,7 @@
 
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
                  6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
-                 10 where a CPU-bound tool runs)
+                 10 where a CPU-bound tool runs, 11 import cost)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -21,11 +21,12 @@ import traceback
 from typing import Any, Dict, List
 
 from . import (
-    common, concurrency, executor, latency, multirun, overlap, paced, report, scaling, served, slowconsumer, throughput,
+    common, concurrency, executor, imports, latency, multirun, overlap, paced, report, scaling, served, slowconsumer, throughput,
 )
 
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
-            "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor"}
+            "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
+            "11": "imports"}
 NEEDS_UPSTREAM = {"paced", "served", "slowconsumer"}
 
 
@@ -114,6 +115,7 @@ def main(argv: List[str]) -> int:
                 "slowconsumer": lambda: slowconsumer.run(upstream, tokens=30_000 if q else 200_000),
                 "multirun": lambda: multirun.run(server, min_calls=120 if q else 1000, fair_calls=60 if q else 120),
                 "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
+                "imports": lambda: imports.run(repeats=5 if q else 30),
             }
             for number in sorted(wanted, key=int):
                 name = SECTIONS[number]

@@ -33,12 +33,13 @@ def render(r: Dict[str, Any]) -> str:
            else ""),
     ]
     from .report_steady import paced, served, slow_consumer
+    from .imports import render as imports
     from .report_tools import executor, multirun
     other = r.get("other_load") or {}
     for name, fn in (("throughput", _throughput), ("latency", _latency), ("overlap", _overlap),
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),
                      ("served", served), ("slowconsumer", slow_consumer), ("multirun", multirun),
-                     ("executor", executor)):
+                     ("executor", executor), ("imports", imports)):
         if name not in r:
             continue
         lines.append("")
