@@ -1,9 +1,23 @@
 """One closed inline tool block -> ``(name, canonical JSON arguments)``, or why not.
 
 The scanner (:mod:`streamengine._inline.scanner`) finds where a block starts and
-ends; this module decides whether what it found is a valid call.  The rules
-are listed in the scanner's module docstring; each refusal raises
-:class:`BlockError` with a message the engine logs and the user can act on.
+ends; this module decides whether what it found is a valid call.  Each
+refusal raises :class:`BlockError` with a message the engine logs and the
+user can act on.  The rules:
+
+* Attributes other than ``name`` are string arguments, merged with the JSON
+  object; **a key present in both takes the JSON value** (JSON is the typed,
+  documented channel; attributes are shorthand).  Attribute values are taken
+  literally: no entity expansion.  Attributes must be ``key="v"`` or
+  ``key='v'``, separated by whitespace; keys match ``[A-Za-z_][A-Za-z0-9_.-]*``.
+* A closed block is a parse error (visible text, ``parse_errors`` + 1, no call)
+  when: an attribute is duplicated, unquoted, valueless or badly named; the
+  name is missing, empty or not ``[A-Za-z0-9_.-]+`` (so no CR, LF, NUL,
+  whitespace); the body is not a JSON object; the JSON nests deeper than
+  ``max_json_depth``, repeats a key, uses ``NaN``/``Infinity`` or a number
+  that overflows to them, or holds a lone surrogate.  Raw control characters
+  (a literal newline) inside JSON strings are accepted, since models write
+  them.  An empty (whitespace-only) body means no JSON arguments.
 """
 from __future__ import annotations
 

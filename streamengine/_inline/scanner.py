@@ -42,19 +42,8 @@ The rules where a choice had to be made:
   the answer back, and ``use <tool <tool name="search">{...}</tool>`` still
   finds the real call.  Malformed but tag-shaped attributes (``name=x``,
   ``a="1" a="2"``, ``9a="1"``) reach ``>`` and are parse errors.
-* Attributes other than ``name`` are string arguments, merged with the JSON
-  object; **a key present in both takes the JSON value** (JSON is the typed,
-  documented channel; attributes are shorthand).  Attribute values are taken
-  literally: no entity expansion.  Attributes must be ``key="v"`` or
-  ``key='v'``, separated by whitespace; keys match ``[A-Za-z_][A-Za-z0-9_.-]*``.
-* A closed block is a parse error (visible text, ``parse_errors`` + 1, no call)
-  when: an attribute is duplicated, unquoted, valueless or badly named; the
-  name is missing, empty or not ``[A-Za-z0-9_.-]+`` (so no CR, LF, NUL,
-  whitespace); the body is not a JSON object; the JSON nests deeper than
-  ``max_json_depth``, repeats a key, uses ``NaN``/``Infinity`` or a number
-  that overflows to them, or holds a lone surrogate.  Raw control characters
-  (a literal newline) inside JSON strings are accepted, since models write
-  them.  An empty (whitespace-only) body means no JSON arguments.
+* Which closed blocks are valid calls (attributes, names, the JSON body) is
+  decided, and documented, in :mod:`streamengine._inline.block`.
 * A block longer than ``max_block_chars`` (start tag + body + ``</tool>``) is
   given up as text the moment its next character would cross the cap, and
   **counts as a parse error** (the model tried to call a tool and failed).
@@ -70,24 +59,19 @@ The rules where a choice had to be made:
   non-ASCII kept) so the engine can dedup on it.
 
 A scanner is not thread-safe: one per stream, fed from one thread.
-Whether a closed block is a valid call is decided in :mod:`streamengine._inline.block`.
 """
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Any, List, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError
-from .block import CLOSE, OPEN, WS, BlockError, block_parts, parse_block, snippet
+from .block import CLOSE as _CLOSE, OPEN as _OPEN, WS as _WS, BlockError, block_parts, parse_block, snippet
 from .prompt import TOOL_SYNTAX_HINT, tool_instructions
 from .._messages import ToolCall
 
-__all__ = ["FeedResult", "InlineToolScanner", "TOOL_SYNTAX_HINT", "tool_instructions"]
-
-_OPEN, _CLOSE, _WS = OPEN, CLOSE, WS
 _MIN_BLOCK_CHARS = len('<tool name="x"></tool>')
 
 _TEXT, _TAG, _BODY = 0, 1, 2
@@ -98,7 +82,6 @@ _TAG_SPECIAL = re.compile(r"[^A-Za-z0-9_.:\- \t\r\n/]")
 _NON_WS = re.compile(r"[^ \t\r\n]")
 _BODY_SPECIAL = re.compile(r'["<]')
 _STRING_SPECIAL = re.compile(r'["\\]')
-
 
 
 @dataclass(frozen=True)
