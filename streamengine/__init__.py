@@ -15,6 +15,7 @@ few milliseconds, and a script that never builds a client never imports
 from __future__ import annotations
 
 import importlib as _importlib
+import sys as _sys
 from typing import TYPE_CHECKING, Any as _Any, Dict as _Dict, List as _List
 
 __version__ = "0.1.0"
@@ -79,6 +80,11 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from .rag._postgres import PostgresRagStore
     from .rag._sqlite import SqliteRagStore
     from .tools._tool import Tool, ToolRegistry, tool
+
+
+if "loguru" in _sys.modules:  # a host that logs with loguru: be silent in it from the start (costs nothing)
+    from ._logs import loguru_logger as _loguru_logger
+    _loguru_logger()
 
 
 def __getattr__(name: str) -> _Any:

@@ -25,9 +25,22 @@ def loguru_logger() -> Any:
         with _first_use:
             if _logger is None:
                 from loguru import logger
-                logger.disable("streamengine")
+                if not _host_decided(logger):
+                    logger.disable("streamengine")
                 _logger = logger
     return _logger
+
+
+def _host_decided(logger: Any) -> bool:
+    """Whether the application already enabled or disabled ``streamengine`` in loguru itself.
+
+    Loguru's documented way for an application to hear a library is
+    ``logger.enable("streamengine")``; one that did so before our first log
+    line must not be overridden by our lazy default.  Loguru keeps these
+    choices in its core's activation list (read defensively: it is not API).
+    """
+    activations = getattr(getattr(logger, "_core", None), "activation_list", None) or ()
+    return any(str(name).startswith("streamengine") for name, _ in activations)
 
 
 def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
