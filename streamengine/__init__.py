@@ -24,7 +24,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["StreamingEngine"], "._engine.run"),
     **dict.fromkeys(["EngineConfig"], "._config"),
     **dict.fromkeys(["EngineResult", "Telemetry"], "._engine.result"),
-    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ResetEvent", "RoundEvent",
+    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent",
                      "TokenEvent", "ToolResultEvent", "ToolStartEvent"], "._engine.events"),
     **dict.fromkeys(["ModelChunkEvent", "Observer"], "._calls.hooks"),
     **dict.fromkeys(["ErrorClass", "ErrorClassifier"], "._calls.failover"),
@@ -61,8 +61,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._cancel import CancelToken
     from ._config import EngineConfig
     from ._engine.events import (
-        DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
-        ToolStartEvent,
+        DoneEvent, ErrorEvent, Event, HeartbeatEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent,
+        ToolResultEvent, ToolStartEvent,
     )
     from ._engine.result import EngineResult, Telemetry
     from ._engine.run import StreamingEngine

@@ -361,7 +361,8 @@ def _chunk_of(response: Response) -> Chunk:
     deltas = tuple(ToolCallDelta(index, call.id, call.name, call.arguments)
                    for index, call in enumerate(response.tool_calls))
     return Chunk(content=response.content or None, tool_calls=deltas, is_completed=True,
-                 usage=response.usage, finish_reason=response.finish_reason, model=response.model)
+                 usage=response.usage, finish_reason=response.finish_reason, model=response.model,
+                 refusal=response.refusal, reasoning=response.reasoning)
 
 
 # ----------------------------------------------------------------------------- factory

@@ -18,13 +18,13 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 from .._engine.events import (
     DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
 )
+from .._messages import LLM_WARNING
 from .._validation import one_line as _one_line
 
 __all__ = ["EventPrinter", "JsonEventPrinter", "MarkupFilter", "attempt_lines", "error_lines", "strip_markup", "write",
            "write_error", "use_color"]
 
 PROG = "streamengine"
-LLM_WARNING = "\u26a0\ufe0f LLM error: "  # the engine's visible warning token (round.py)
 _DIM, _BOLD, _RED, _RESET = "\x1b[2m", "\x1b[1m", "\x1b[31m", "\x1b[0m"
 BOLD, RESET = _BOLD, _RESET
 

@@ -39,6 +39,9 @@ class EngineResult:
 
     ``usage`` adds up the token counts of every model call, or is None when
     the provider reported none (zeros would claim a free answer).
+    ``refusal`` is what the model said when it refused (OpenAI's
+    ``refusal``), None when it did not: apart from ``answer``, so an empty
+    answer is never mistaken for a finished one.
     """
 
     answer: str
@@ -47,3 +50,4 @@ class EngineResult:
     telemetry: Telemetry
     usage: Optional[Usage] = None
     error: Optional[str] = None
+    refusal: Optional[str] = None
