@@ -177,6 +177,9 @@ def as_messages(values: Iterable[MessageLike]) -> List[Message]:
     return [as_message(v) for v in values]
 
 
+#: The program's name, as the command line, the server and their messages say it.
+PROG = "streamengine"
+
 #: How the engine starts the visible warning it puts into an answer when the
 #: model fails before any text: one home, read by the engine, the CLI, the web
 #: layer and (through a data attribute) the page.

@@ -9,7 +9,13 @@ mistake or an unreachable provider: those end as a line on stderr,
   something (a port in use);
 * 2: a usage error (bad flags, no model configured, ``--tools`` that does not
   import);
+* 3: the answer is not whole: cut off by the token limit or a content filter
+  (finish reason ``length`` / ``content_filter``), or the model refused;
 * 130: interrupted (Ctrl-C).
+
+As ``llm`` users expect: a bare ``streamengine "prompt"`` runs ``chat``;
+``-o KEY VALUE`` works as well as ``-o KEY=VALUE``; flags are never
+abbreviated (``--no-stream`` is not ``--no-stream-options``).
 
 ``-v`` adds the library's log lines and, for an error, the chain of causes
 underneath it.  Options may come before or after the command
@@ -30,19 +36,28 @@ from typing import Any, Callable, List, Optional, Sequence
 from .. import __version__
 from .build import PROVIDERS, UsageError, add_provider_flags, build_engine, close_engine, positive_seconds
 from .chat import cmd_chat
+from .logs import cmd_logs
 from .output import (
     BOLD, RESET, EventPrinter, JsonEventPrinter, attempt_lines, error_lines, use_color, write, write_error,
 )
 from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
+from .._messages import PROG
 from .._validation import one_line as _one_line
 
 __all__ = ["EventPrinter", "JsonEventPrinter", "PROVIDERS", "build_parser", "main"]
 
-PROG = "streamengine"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line, not a usage block plus a message."""
+    """argparse, but a usage error is one line, and no flag is ever abbreviated.
+
+    ``allow_abbrev`` would take ``--no-stream`` (or even ``--no``) for
+    ``--no-stream-options``: a typo must be an error, not another flag.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -172,7 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("prompt", nargs="?", help="the question ('-' or omitted with a pipe: read stdin)")
     chat.add_argument("--json", action="store_true",
                       help="print one JSON object per event per line (done carries the telemetry)")
+    chat.add_argument("-c", "--continue", dest="continue_", action="store_true",
+                      help="continue the last conversation in the run log")
+    chat.add_argument("--no-log", action="store_true",
+                      help="do not record this run in the run log (env STREAMENGINE_LOG=0 turns it off)")
     chat.set_defaults(handler=cmd_chat)
+
+    logs = sub.add_parser("logs", parents=[common], help="list past runs from the run log",
+                          description="The last runs of chat from the local SQLite run log "
+                                      "($XDG_DATA_HOME/streamengine/logs.db, else ~/.local/share/streamengine/"
+                                      "logs.db).")
+    logs.add_argument("-n", "--count", type=int, default=3, help="how many runs (default 3)")
+    logs.add_argument("--path", action="store_true", help="print where the log is and stop")
+    logs.add_argument("--json", action="store_true", help="one JSON object per run per line")
+    logs.set_defaults(handler=cmd_logs)
 
     serve = sub.add_parser("serve", parents=[common, provider], help="serve the engine as SSE over HTTP (waitress)",
                            description="Serve POST /v1/chat/stream (SSE), GET /healthz and a page at /.")
@@ -208,6 +236,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --------------------------------------------------------------------------- llm's habits
+
+COMMANDS = ("chat", "serve", "demo", "harness", "logs")
+_TOP_LEVEL = ("-h", "--help", "--version")
+
+
+def llm_style(argv: List[str]) -> List[str]:
+    """The command line as argparse takes it: ``-o KEY VALUE`` as ``-o KEY=VALUE``, a bare prompt as chat.
+
+    ``-o`` takes one word; ``llm`` users write two (``-o temperature 0.5``).
+    A first word that is no command (``streamengine "why?"``,
+    ``streamengine -m gpt-4o "why?"``) starts a ``chat``, as ``llm "why?"`` does.
+    """
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word in ("-o", "--option") and i + 2 < len(argv) and "=" not in argv[i + 1] \
+                and (not argv[i + 2].startswith("-") or _is_number(argv[i + 2])):
+            out += [word, f"{argv[i + 1]}={argv[i + 2]}"]
+            i += 3
+            continue
+        out.append(word)
+        i += 1
+    first = next((n for n, word in enumerate(out) if not _is_verbosity(word)), None)
+    if first is None or out[first] in COMMANDS or out[first] in _TOP_LEVEL:
+        return out
+    return out[:first] + ["chat"] + out[first:]
+
+
+def _is_verbosity(word: str) -> bool:
+    return word == "--verbose" or (len(word) > 1 and word[0] == "-" and set(word[1:]) == {"v"})
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- main
 
 @dataclasses.dataclass
@@ -227,7 +297,7 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
     err = sys.stderr
     parser = build_parser()
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(llm_style(list(sys.argv[1:] if argv is None else argv)))
     except UsageError as exc:
         write_error(err, str(exc))
         return 2

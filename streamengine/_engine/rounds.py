@@ -26,10 +26,9 @@ from .events import (
 from .._calls.failover import ModelFailover
 from .._inline.scanner import InlineToolScanner, tool_instructions
 from .._messages import LLM_WARNING, Chunk, Message, ToolCall, ToolResult, Usage
-from .result import EngineResult, Telemetry
+from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry
 from ..tools import ToolExecutor, ToolHandle, ToolRegistry
 
-CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
 CANCEL_POLL_S = 0.05
 
 
@@ -298,6 +297,7 @@ class RoundRunner:
         telemetry = self.state.telemetry
         telemetry.model_used = outcome.model
         telemetry.failovers += outcome.failovers
+        telemetry.finish_reasons.append(outcome.response.finish_reason)
         usage = outcome.response.usage
         if usage is not None:
             self.state.usage = usage if self.state.usage is None else self.state.usage + usage

@@ -27,6 +27,8 @@ _HINTS = {
     404: "check base_url and the model name",
     429: "rate limited by the provider; slow down or retry later",
 }
+NO_JINJA_HINT = ("the server cannot take native tools (llama-server without --jinja): start it with --jinja, "
+                 "or call tools inline with EngineConfig(tool_mode='inline') (CLI: --tool-mode inline)")
 NO_STREAM_OPTIONS_HINT = ("the server does not accept 'stream_options': turn it off with "
                           "OpenAICompatibleClient(..., stream_options=False) (CLI: --no-stream-options)")
 
@@ -43,6 +45,8 @@ def _hint(status: int, text: str, base_url: str, sent_stream_options: bool) -> s
     if sent_stream_options and 400 <= status < 500 and status not in (401, 403, 404, 429) \
             and "stream_options" in text:
         return NO_STREAM_OPTIONS_HINT
+    if "--jinja" in text:
+        return NO_JINJA_HINT
     if status == 404:
         suggestion = _with_v1(base_url)
         if suggestion:
