@@ -37,8 +37,9 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
                      "LlmHttpError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "StreamEngineError",
                      "ToolError"], "._errors"),
-    **dict.fromkeys(["Chunk", "CompletionOptions", "Message", "Response", "ToolCall", "ToolCallDelta",
-                     "ToolContext", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
+                     "ToolCallDelta", "ToolContext", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["RunFailedError"], "._engine.run"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
     **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
     **dict.fromkeys(["SqliteRagStore"], ".rag._sqlite"),
@@ -71,8 +72,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
         LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
     )
     from ._logs import enable_logging
+    from ._engine.run import RunFailedError
     from ._messages import (
-        Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult, ToolSpec,
+        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult, ToolSpec,
         Usage,
     )
     from .rag._embedders import HashingEmbedder, OpenAIEmbedder

@@ -273,6 +273,16 @@ class CompletionOptions:
     def with_model(self, model: str) -> "CompletionOptions":
         return CompletionOptions(model, self.temperature, self.max_tokens, self.stop, self.extra)
 
+    def merged(self, override: Optional["CompletionOptions"]) -> "CompletionOptions":
+        """These options with ``override``'s set fields on top (``extra`` merged key by key)."""
+        if override is None:
+            return self
+        extra = {**(self.extra or {}), **(override.extra or {})}
+        pick = lambda mine, theirs: mine if theirs is None else theirs  # noqa: E731
+        return CompletionOptions(pick(self.model, override.model), pick(self.temperature, override.temperature),
+                                 pick(self.max_tokens, override.max_tokens), pick(self.stop, override.stop),
+                                 extra or None)
+
     def to_body(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {}
         if self.model is not None:

@@ -9,15 +9,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+import requests
 
 from streamengine._cli.log import log_path
 from streamengine._cli.main import main
 from streamengine.testing import FakeProvider, steps as s
 
+from test_cli import Server
 from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -211,3 +214,37 @@ def test_a_refusal_is_shown_on_stderr_and_is_not_a_whole_answer(capsys):
         rc, out, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", fp.base_url)
     assert rc == 3 and out == ""
     assert "the model refused: I can't help with that." in err
+
+
+# --- 15. serve logs without -v; --expose-errors ---------------------------------------------------------
+
+FAILING_TOOLS = '''
+from streamengine.tools import tool
+
+@tool
+def lookup(city: str) -> str:
+    """Weather for a city."""
+    raise RuntimeError("weather service down for " + city)
+'''
+
+
+@pytest.mark.parametrize("expose", [False, True], ids=["redacted", "exposed"])
+def test_serve_logs_a_tools_error_with_its_request_id_and_exposes_it_only_when_asked(capsys, tmp_path,
+                                                                                      monkeypatch, expose):
+    (tmp_path / "failing_tools_mod.py").write_text(FAILING_TOOLS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(BLOCK))
+        fp.add_turn(s.text("Sorry."))
+        argv = ["serve", "--port", "0", "-m", "m", "--base-url", fp.base_url, "--threads", "2",
+                "--tools", "failing_tools_mod:lookup"] + (["--expose-errors"] if expose else [])
+        with Server(argv) as srv, requests.Session() as http:
+            stream = http.post(srv.url + "v1/chat/stream", timeout=10,
+                               json={"messages": [{"role": "user", "content": "weather?"}]}).text
+    sys.modules.pop("failing_tools_mod", None)
+    result = json.loads(next(line for line in stream.split("\n\n") if "event: tool_result" in line)
+                        .split("data: ", 1)[1])
+    request_id = re.search(r"request id (\w+)", result["error"]).group(1)
+    err = capsys.readouterr().err
+    assert "WARNING" in err and f"request {request_id}" in err and "weather service down for Oslo" in err
+    assert ("weather service down for Oslo" in result["error"]) is expose

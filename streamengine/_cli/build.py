@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .._config import TOOL_MODES
+from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
 from .._errors import ConfigError
 from .._clients.base import LlmClient
 
@@ -24,7 +24,6 @@ __all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_provider_flags", "build_e
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
 NO_CAP_S = 30 * 86400.0
-DEFAULT_TIMEOUT_S = 600.0
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 PROVIDERS = ("openai", "anthropic")
 
@@ -163,7 +162,7 @@ def _seconds(args: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, 
     idle = args.idle_timeout or _env_seconds(environ, "STREAMENGINE_IDLE_TIMEOUT", positive_seconds)
     cap = args.timeout if args.timeout is not None else _env_seconds(environ, "STREAMENGINE_TIMEOUT", _cap_seconds)
     connect = args.connect_timeout or _env_seconds(environ, "STREAMENGINE_CONNECT_TIMEOUT", positive_seconds)
-    seconds: Dict[str, float] = {"completion_timeout": NO_CAP_S if cap == 0 else (cap or DEFAULT_TIMEOUT_S)}
+    seconds: Dict[str, float] = {"completion_timeout": NO_CAP_S if cap == 0 else (cap or DEFAULT_COMPLETION_TIMEOUT_S)}
     if idle is not None:
         seconds["idle_timeout"] = idle
     if connect is not None:

@@ -75,7 +75,7 @@ def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
         # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
         app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
                             heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
-                            max_streams=max(1, args.threads - 4))
+                            max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors)
         banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
@@ -214,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "bound address); needed behind a proxy or with --host 0.0.0.0")
     serve.add_argument("--heartbeat", metavar="S", type=positive_seconds, default=15.0,
                        help="seconds of silence before a ': ping' frame (default 15)")
+    serve.add_argument("--expose-errors", action="store_true",
+                       help="send error details to the browser, not only to the log (development only)")
     serve.set_defaults(handler=_cmd_serve)
 
     demo = sub.add_parser("demo", parents=[common], help="a scripted run with tools mid-answer (no key, no network)",
@@ -306,7 +308,9 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
     if not getattr(args, "handler", None):
         parser.print_help(err)
         return 2
-    log_handler = _start_logging(args.verbose)
+    # serve logs warnings and errors (with their request id) without -v: the page says
+    # "details are in the server log", so there must be one.
+    log_handler = _start_logging(args.verbose, floor="WARNING" if args.command == "serve" else None)
     try:
         return _run(args, _Hooks(stop, ready), err)
     finally:
@@ -331,11 +335,13 @@ def _run(args: argparse.Namespace, hooks: "_Hooks", err: Any) -> int:
         return 130
 
 
-def _start_logging(verbose: int) -> Optional[int]:
-    if not verbose:
+def _start_logging(verbose: int, floor: Optional[str] = None) -> Optional[int]:
+    """Logging for this command: ``-v`` info, ``-vv`` debug, else ``floor`` (None: silent)."""
+    level = "DEBUG" if verbose > 1 else "INFO" if verbose else floor
+    if level is None:
         return None
     from .._logs import enable_logging
-    return enable_logging("DEBUG" if verbose > 1 else "INFO")
+    return enable_logging(level)
 
 
 def _stop_logging(handler: int) -> None:
