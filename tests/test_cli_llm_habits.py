@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 
@@ -248,3 +249,46 @@ def test_serve_logs_a_tools_error_with_its_request_id_and_exposes_it_only_when_a
     err = capsys.readouterr().err
     assert "WARNING" in err and f"request {request_id}" in err and "weather service down for Oslo" in err
     assert ("weather service down for Oslo" in result["error"]) is expose
+
+
+# --- 9. tool notices on a real terminal ---------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a POSIX pseudo-terminal")
+def test_tool_notices_on_a_real_terminal_never_split_a_word(tmp_path):
+    """stdout and stderr on one pty, as a person runs it: the notice waits for the word's end."""
+    (tmp_path / "pty_tools_mod.py").write_text(LOOKUP_TOOLS_SOURCE)
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Me"), s.text(BLOCK), s.delay(0.3), s.text("anwhile it rains.\n"))
+        primary, secondary = os.openpty()
+        env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
+        env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen([sys.executable, "-m", "streamengine", "chat", "weather?", "-m", "m",
+                                 "--base-url", fp.base_url, "--tools", "pty_tools_mod:lookup",
+                                 "--max-continuations", "0", "--no-log"],
+                                stdin=secondary, stdout=secondary, stderr=secondary, env=env)
+        os.close(secondary)
+        screen = b""
+        try:
+            proc.wait(timeout=30)
+            while True:
+                ready, _, _ = select.select([primary], [], [], 0.5)
+                if not ready:
+                    break
+                try:
+                    data = os.read(primary, 65536)
+                except OSError:  # the terminal closed with the process
+                    break
+                if not data:
+                    break
+                screen += data
+        finally:
+            os.close(primary)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", screen.decode("utf-8", "replace")).replace("\r\n", "\n")
+    assert proc.returncode == 0, text
+    lines = text.splitlines()
+    assert "Meanwhile" in lines, text
+    assert any(re.fullmatch(r"\[tool lookup started \+\d+\.\d\ds\]", line) for line in lines), text
+    assert "Me [" not in text and "] anwhile" not in text

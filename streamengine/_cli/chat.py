@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import select
 import sqlite3
 import sys
@@ -88,7 +89,7 @@ def cmd_chat(args: argparse.Namespace, hooks: Any) -> int:
         history += log.history
         if prompt is None:
             return _conversation(engine, history, args, out, err, log)
-        status, answer = _answer(engine, history + [{"role": "user", "content": prompt}], args, out, err, log)
+        status, _ = _answer(engine, history + [{"role": "user", "content": prompt}], args, out, err, log)
         return status
     finally:
         close_engine(engine)
@@ -218,8 +219,6 @@ class Conversation:
 
     @classmethod
     def open(cls, args: argparse.Namespace, err: TextIO) -> "Conversation":
-        import os
-
         model = (args.model or [None])[0]
         if not logging_enabled(os.environ, getattr(args, "no_log", False)):
             if getattr(args, "continue_", False):

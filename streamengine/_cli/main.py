@@ -35,6 +35,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .. import __version__
 from .build import PROVIDERS, UsageError, add_provider_flags, build_engine, close_engine, positive_seconds
+from .argv import llm_style
 from .chat import cmd_chat
 from .logs import cmd_logs
 from .output import (
@@ -236,48 +237,6 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
     harness.set_defaults(handler=_cmd_harness)
     return parser
-
-
-# --------------------------------------------------------------------------- llm's habits
-
-COMMANDS = ("chat", "serve", "demo", "harness", "logs")
-_TOP_LEVEL = ("-h", "--help", "--version")
-
-
-def llm_style(argv: List[str]) -> List[str]:
-    """The command line as argparse takes it: ``-o KEY VALUE`` as ``-o KEY=VALUE``, a bare prompt as chat.
-
-    ``-o`` takes one word; ``llm`` users write two (``-o temperature 0.5``).
-    A first word that is no command (``streamengine "why?"``,
-    ``streamengine -m gpt-4o "why?"``) starts a ``chat``, as ``llm "why?"`` does.
-    """
-    out: List[str] = []
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word in ("-o", "--option") and i + 2 < len(argv) and "=" not in argv[i + 1] \
-                and (not argv[i + 2].startswith("-") or _is_number(argv[i + 2])):
-            out += [word, f"{argv[i + 1]}={argv[i + 2]}"]
-            i += 3
-            continue
-        out.append(word)
-        i += 1
-    first = next((n for n, word in enumerate(out) if not _is_verbosity(word)), None)
-    if first is None or out[first] in COMMANDS or out[first] in _TOP_LEVEL:
-        return out
-    return out[:first] + ["chat"] + out[first:]
-
-
-def _is_verbosity(word: str) -> bool:
-    return word == "--verbose" or (len(word) > 1 and word[0] == "-" and set(word[1:]) == {"v"})
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- main
