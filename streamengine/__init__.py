@@ -74,8 +74,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._logs import enable_logging
     from ._engine.run import RunFailedError
     from ._messages import (
-        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult, ToolSpec,
-        Usage,
+        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult,
+        ToolSpec, Usage,
     )
     from .rag._embedders import HashingEmbedder, OpenAIEmbedder
     from .rag._postgres import PostgresRagStore

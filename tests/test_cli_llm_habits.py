@@ -22,7 +22,9 @@ from streamengine._cli.main import main
 from streamengine.testing import FakeProvider, steps as s
 
 from test_cli import Server
-from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
+from cli_support import (  # noqa: F401  (fixtures)
+    CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages,
+)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

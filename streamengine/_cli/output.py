@@ -302,7 +302,8 @@ class JsonEventPrinter:
             self.result = done = event.result
             return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,
                     "refusal": done.refusal, "finish_reasons": list(done.finish_reasons),
-                    "telemetry": dataclasses.asdict(done.telemetry), "usage": dataclasses.asdict(done.usage) if done.usage else None}
+                    "telemetry": dataclasses.asdict(done.telemetry),
+                    "usage": dataclasses.asdict(done.usage) if done.usage else None}
         return {}
 
     def _offset(self, stamp: float) -> Optional[float]:

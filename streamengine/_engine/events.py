@@ -119,5 +119,6 @@ Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEv
               DoneEvent, HeartbeatEvent]
 
 __all__ = [
-    "DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent",
+    "DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent", "TokenEvent",
+    "ToolResultEvent", "ToolStartEvent",
 ]

@@ -156,8 +156,8 @@ class StreamingEngine:
             return self._deps
         extra = completion_options(options, "run(options=...)")
         base = completion_options(self.config.options, "EngineConfig.options") or CompletionOptions()
-        config = dataclasses.replace(self.config, options=base.merged(extra),
-                                     models=(validation.name(model, "run(model=...)"),) if model else self.config.models)
+        models = (validation.name(model, "run(model=...)"),) if model else self.config.models
+        config = dataclasses.replace(self.config, options=base.merged(extra), models=models)
         failover = self._failover_for(config.models) if model else self._deps.failover
         return dataclasses.replace(self._deps, config=config, failover=failover)
 

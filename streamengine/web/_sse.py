@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ._public_errors import PublicErrors
 
 __all__ = [
-    "DONE_FRAME", "EVENT_NAMES", "LLM_WARNING", "OK_FRAME", "PING_FRAME",
+    "DONE_FRAME", "EVENT_NAMES", "OK_FRAME", "PING_FRAME",
     "encode_event", "encode_stream", "encode_token",
 ]
 
