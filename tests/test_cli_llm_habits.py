@@ -160,10 +160,11 @@ def test_continue_resumes_the_last_conversation_and_logs_lists_it(capsys, own_lo
     with FakeProvider() as fp:
         fp.add_turn(s.text("Paris."))
         fp.add_turn(s.text("About 2 million."))
-        assert run(capsys, "chat", "Capital of France?", "-m", "m", "--base-url", fp.base_url)[0] == 0
+        first = run(capsys, "chat", "Capital of France?", "-m", "m", "--base-url", fp.base_url, "-s", "Be brief.")
+        assert first[0] == 0
         rc, out, err = run(capsys, "chat", "-c", "Its population?", "-m", "m", "--base-url", fp.base_url)
     assert rc == 0, err
-    assert [m["content"] for m in fp.requests[1].json["messages"]] == ["Capital of France?", "Paris.",
+    assert [m["content"] for m in fp.requests[1].json["messages"]] == ["Be brief.", "Capital of France?", "Paris.",
                                                                       "Its population?"]
     assert own_log.exists() and log_path(os.environ) == own_log
     rc, out, _ = run(capsys, "logs", "-n", "5", "--json")

@@ -84,7 +84,7 @@ def cmd_chat(args: argparse.Namespace, hooks: Any) -> int:
     log = Conversation.open(args, err)
     engine = build_engine(args)
     try:
-        system = args.system or log.system
+        system = log.system = args.system or log.system  # a continued conversation keeps its system message
         history: List[Dict[str, str]] = [{"role": "system", "content": system}] if system else []
         history += log.history
         if prompt is None:
