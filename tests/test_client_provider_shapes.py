@@ -117,9 +117,9 @@ def client(fp):
 # -- 1. thinking as typed parts ----------------------------------------------------------
 
 def test_magistral_thinking_parts_are_reasoning_and_keep_the_idle_timer_from_firing(fp, client):
-    # 0.4 s between frames, idle timeout 1 s: only thinking arrives for 1.6 s.
-    fp.add_turn(*paced(magistral_stream(), 0.4))
-    strategy = StreamingCallStrategy(client, idle_timeout=1.0, completion_timeout=30.0)
+    # 0.6 s between frames, idle timeout 2 s: the first text comes 2.4 s in, after thinking only.
+    fp.add_turn(*paced(magistral_stream(), 0.6))
+    strategy = StreamingCallStrategy(client, idle_timeout=2.0, completion_timeout=30.0)
     response = strategy.call(MESSAGES)
     assert response.reasoning == "".join(MAGISTRAL_THOUGHT)
     assert response.content == "Hello!"
