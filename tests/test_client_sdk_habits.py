@@ -143,3 +143,14 @@ def test_one_completion_timeout_default_everywhere(fp):
         finally:
             engine.close()
             engine.client.close()
+
+
+def test_the_anthropic_client_reads_the_extras_alike():
+    with FakeProvider(wire="anthropic") as fp, AnthropicClient(fp.base_url, api_key="k") as client:
+        fp.add_turn(s.text("ok"))
+        options = CompletionOptions(model="claude-x", extra={"extra_body": {"top_k": 4},
+                                                             "extra_headers": {"anthropic-beta": "b-1"}})
+        list(client.stream(MESSAGES, options=options))
+    request = fp.requests[0]
+    assert request.json["top_k"] == 4 and "extra_body" not in request.json
+    assert request.headers["anthropic-beta"] == "b-1"
