@@ -25,7 +25,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["StreamingEngine"], "._engine.run"),
     **dict.fromkeys(["EngineConfig"], "._config"),
     **dict.fromkeys(["EngineResult", "Telemetry"], "._engine.result"),
-    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ResetEvent", "RoundEvent",
+    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent",
                      "TokenEvent", "ToolResultEvent", "ToolStartEvent"], "._engine.events"),
     **dict.fromkeys(["ModelChunkEvent", "Observer"], "._calls.hooks"),
     **dict.fromkeys(["ErrorClass", "ErrorClassifier"], "._calls.failover"),
@@ -38,8 +38,9 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
                      "LlmHttpError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "StreamEngineError",
                      "ToolError"], "._errors"),
-    **dict.fromkeys(["Chunk", "CompletionOptions", "Message", "Response", "ToolCall", "ToolCallDelta",
-                     "ToolContext", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
+                     "ToolCallDelta", "ToolContext", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["RunFailedError"], "._engine.run"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
     **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
     **dict.fromkeys(["SqliteRagStore"], ".rag._sqlite"),
@@ -62,8 +63,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._cancel import CancelToken
     from ._config import EngineConfig
     from ._engine.events import (
-        DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
-        ToolStartEvent,
+        DoneEvent, ErrorEvent, Event, HeartbeatEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent,
+        ToolResultEvent, ToolStartEvent,
     )
     from ._engine.result import EngineResult, Telemetry
     from ._engine.run import StreamingEngine
@@ -72,9 +73,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
         LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
     )
     from ._logs import enable_logging
+    from ._engine.run import RunFailedError
     from ._messages import (
-        Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult, ToolSpec,
-        Usage,
+        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult,
+        ToolSpec, Usage,
     )
     from .rag._embedders import HashingEmbedder, OpenAIEmbedder
     from .rag._postgres import PostgresRagStore

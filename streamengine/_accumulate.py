@@ -213,7 +213,7 @@ BLOCK = 1024
 class ResponseAggregator:
     """Folds chunks into one :class:`Response`.
 
-    Content (and reasoning) pieces are joined; tool-call deltas go through a
+    Content (and reasoning, and refusal) pieces are joined; tool-call deltas go through a
     :class:`ToolCallAccumulator`; ``usage``, ``model`` and ``finish_reason`` are
     the last non-null values seen (providers send usage in a trailing frame).
     :meth:`add` is on the per-token path, so it does as little as it can.
@@ -223,6 +223,7 @@ class ResponseAggregator:
         self._content = TextBuffer()
         self._content_parts = self._content.parts  # add() appends here directly: one call less a token
         self._reasoning = TextBuffer()
+        self._refusal = TextBuffer()
         self.tools = ToolCallAccumulator()
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
@@ -241,6 +242,8 @@ class ResponseAggregator:
                 self._content.compact()
         if chunk.reasoning:
             self._reasoning.append(chunk.reasoning)
+        if chunk.refusal:
+            self._refusal.append(chunk.refusal)
         if chunk.usage is not None:
             self.usage = chunk.usage
         model = chunk.model
@@ -278,4 +281,6 @@ class ResponseAggregator:
             usage=self.usage,
             model=self.model,
             finish_reason=self.finish_reason,
+            refusal=self._refusal.text() or None,
+            reasoning=self.reasoning or None,
         )

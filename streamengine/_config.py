@@ -20,6 +20,12 @@ __all__ = ["EngineConfig", "TOOL_MODES", "completion_options"]
 #: answer text; ``native``: with the provider's tool-call API; ``auto``: both.
 TOOL_MODES = ("auto", "inline", "native")
 
+#: The one default cap on a model call, everywhere (engine, strategies, CLI): ten
+#: minutes, the openai SDK's too.  A reasoning model may think for minutes before
+#: it answers, and a buffered call sends nothing until it is done; a stream that
+#: stalls is ended much sooner by ``idle_timeout``, which only model output resets.
+DEFAULT_COMPLETION_TIMEOUT_S = 600.0
+
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOptions))
 
 
@@ -39,7 +45,7 @@ class EngineConfig:
     max_tools_total: int = 5
     tool_timeout: float = 30.0
     idle_timeout: float = 30.0
-    completion_timeout: float = 60.0
+    completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S
     allowed_tools: Optional[Iterable[str]] = None
     tool_mode: str = "auto"
     options: Union[CompletionOptions, Mapping[str, Any], None] = None

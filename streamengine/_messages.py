@@ -177,12 +177,23 @@ def as_messages(values: Iterable[MessageLike]) -> List[Message]:
     return [as_message(v) for v in values]
 
 
+#: The program's name, as the command line, the server and their messages say it.
+PROG = "streamengine"
+
+#: How the engine starts the visible warning it puts into an answer when the
+#: model fails before any text: one home, read by the engine, the CLI, the web
+#: layer and (through a data attribute) the page.
+LLM_WARNING = "\u26a0\ufe0f LLM error: "
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One parsed provider frame.  Only a meaningful chunk resets the idle timer.
 
-    ``is_meaningful`` (content, reasoning, a tool-call delta, or completion)
-    is computed once, here, because every layer above asks it per chunk.
+    ``is_meaningful`` (content, reasoning, a refusal, a tool-call delta, or
+    completion: anything the model produced) is computed once, here, because
+    every layer above asks it per chunk.  ``refusal`` is the text of a
+    refusal (OpenAI's ``delta.refusal``): not the answer, but model output.
     """
 
     content: Optional[str] = None
@@ -192,6 +203,7 @@ class Chunk:
     usage: Optional[Usage] = None
     finish_reason: Optional[str] = None
     model: Optional[str] = None
+    refusal: Optional[str] = None
 
     # Written by hand, not generated: one chunk is built per provider frame
     # (100k+/s), and the generated frozen __init__ pays an object.__setattr__
@@ -200,7 +212,7 @@ class Chunk:
     def __init__(self, content: Optional[str] = None, reasoning: Optional[str] = None,
                  tool_calls: Tuple[ToolCallDelta, ...] = (), is_completed: bool = False,
                  usage: Optional[Usage] = None, finish_reason: Optional[str] = None,
-                 model: Optional[str] = None) -> None:
+                 model: Optional[str] = None, refusal: Optional[str] = None) -> None:
         d = self.__dict__
         d["content"] = content
         d["reasoning"] = reasoning
@@ -209,7 +221,8 @@ class Chunk:
         d["usage"] = usage
         d["finish_reason"] = finish_reason
         d["model"] = model
-        d["is_meaningful"] = bool(content or reasoning or tool_calls or is_completed)
+        d["refusal"] = refusal
+        d["is_meaningful"] = bool(content or reasoning or tool_calls or is_completed or refusal)
 
     if TYPE_CHECKING:  # a read-only attribute set by __init__ (frozen like the fields)
         is_meaningful: bool
@@ -217,11 +230,20 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Response:
+    """One whole answer of the model.
+
+    ``refusal`` is the model's refusal text (None when it did not refuse):
+    kept apart from ``content`` because it is not an answer to show as one.
+    ``reasoning`` is what a thinking model thought (None without any).
+    """
+
     content: str = ""
     tool_calls: Tuple[ToolCall, ...] = ()
     usage: Optional[Usage] = None
     model: Optional[str] = None
     finish_reason: Optional[str] = None
+    refusal: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +272,16 @@ class CompletionOptions:
 
     def with_model(self, model: str) -> "CompletionOptions":
         return CompletionOptions(model, self.temperature, self.max_tokens, self.stop, self.extra)
+
+    def merged(self, override: Optional["CompletionOptions"]) -> "CompletionOptions":
+        """These options with ``override``'s set fields on top (``extra`` merged key by key)."""
+        if override is None:
+            return self
+        extra = {**(self.extra or {}), **(override.extra or {})}
+        pick = lambda mine, theirs: mine if theirs is None else theirs  # noqa: E731
+        return CompletionOptions(pick(self.model, override.model), pick(self.temperature, override.temperature),
+                                 pick(self.max_tokens, override.max_tokens), pick(self.stop, override.stop),
+                                 extra or None)
 
     def to_body(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {}

@@ -12,10 +12,23 @@ import uuid
 
 import pytest
 
+from streamengine._cli.main import main
+
 #: Every variable the CLI reads: a developer's own settings must not leak into a test.
 CLI_ENV = ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",
            "STREAMENGINE_MODEL", "STREAMENGINE_TIMEOUT", "STREAMENGINE_IDLE_TIMEOUT",
            "STREAMENGINE_CONNECT_TIMEOUT", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "NO_COLOR")
+
+
+#: A tools module with one tool, ``lookup(city)``: ``TOOLS_SOURCE = LOOKUP_TOOLS_SOURCE``.
+LOOKUP_TOOLS_SOURCE = '''
+from streamengine.tools import tool
+
+@tool
+def lookup(city: str) -> str:
+    """Weather for a city."""
+    return "sunny in " + city
+'''
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +46,15 @@ def tools_module(request, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
+
+
+def run(capsys, *argv):
+    """``main(argv)`` in-process: ``(exit status, stdout, stderr)``."""
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def user_messages(request):
+    """The user messages' texts of a recorded request."""
+    return [m["content"] for m in request.json["messages"] if m["role"] == "user"]

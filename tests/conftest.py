@@ -1,10 +1,16 @@
 """Shared fixtures: a FakeProvider per test, and a guard that no thread outlives its test."""
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 
 import pytest
+
+# The CLI's run log (and anything else kept under the user's data dir) goes to a
+# throwaway directory: a test run must never write a developer's ~/.local/share.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="streamengine-tests-data-")
 
 
 def _alive_threads() -> set:

@@ -133,6 +133,10 @@ class Browser:
         return json.loads(message)
 
     def open(self, url: str) -> None:
+        """Open ``url``; a run asked for with ``?autorun`` also gets ``debug=1`` (its tokens and events dumped)."""
+        self.open_plain(url + "&debug=1" if "autorun=" in url and "debug=" not in url else url)
+
+    def open_plain(self, url: str) -> None:
         target = self.command("Target.createTarget", session=False, url="about:blank")["targetId"]
         self._session = self.command("Target.attachToTarget", session=False, targetId=target,
                                      flatten=True)["sessionId"]
@@ -343,3 +347,102 @@ def test_the_stop_button_closes_the_stream_and_the_run_is_cancelled(browser):
                 conn = f"FakeProvider-{fp.port}-conn"
                 assert wait_for(lambda: not [t for t in threading.enumerate() if t.name == conn], timeout=10)
                 assert wait_for(lambda: app.active_streams == 0)
+
+
+# --- the first hour: what a newcomer saw on the page --------------------------------------------------
+
+def test_without_debug_the_page_dumps_no_tokens_or_events(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Hello there."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open_plain(f"{url}/?autorun=hi")
+            browser.wait_for(FINISHED)
+    assert browser.js("document.getElementById('log').hidden && document.getElementById('events').hidden")
+    dumped = browser.js("document.getElementById('log').textContent + document.getElementById('events').textContent")
+    assert dumped == ""
+    assert "[" not in browser.js("document.getElementById('conversation').innerText")
+
+
+def test_status_words_skipped_chips_tool_errors_and_markup_spacing(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        if city == "Atlantis":
+            raise ValueError("no such city: Atlantis")
+        return f"sunny in {city}"
+
+    oslo, atlantis = block("lookup", {"city": "Oslo"}), block("lookup", {"city": "Atlantis"})
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(f"It is sunny {oslo}. Twice {oslo} and  {atlantis} done."))
+        fp.add_turn(s.text(f"Again {oslo}"))
+        with make_engine(fp, [lookup], max_continuations=1) as engine, \
+                serving(make_wsgi_app(engine, expose_errors=True)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            log = logged(browser)
+    assert log["state"] == "done"
+    first = browser.js("document.querySelector('.text').textContent")
+    assert first == "It is sunny. Twice and done.", first  # no double space, no space before the stop
+    chips = browser.js("Array.from(document.querySelectorAll('section')[0].querySelectorAll('.tool'))"
+                       ".map(c => [c.className, c.textContent])")
+    assert [c[0] for c in chips] == ["tool ok", "tool skipped", "tool failed"], chips
+    assert "skipped" in chips[1][1] and "no such city: Atlantis" in chips[2][1]
+    status = browser.js("document.getElementById('status').textContent")
+    assert "stopped after the last revision round" in status and "max_continuations_reached" not in status
+
+
+def test_a_cut_off_answer_and_a_refusal_are_told(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Hello"), s.finish("length"))
+        fp.add_turn(s.raw(b'data: {"choices":[{"index":0,"delta":{"refusal":"I can\'t help with that."}}]}\n\n'),
+                    s.finish("stop"), s.done())
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=hi")
+            logged(browser)
+            notices = browser.js("Array.from(document.querySelectorAll('.notice')).map(e => e.textContent)")
+            status = browser.js("document.getElementById('status').textContent")
+            browser.open(f"{url}/?autorun=pick+a+lock")
+            log = logged(browser)
+    assert notices == ["The answer was cut off at the token limit."] and status.startswith("cut off")
+    assert "refusal" in log["events"]
+    assert browser.js("document.querySelector('.refusal').textContent") == "The model refused: I can't help with that."
+    assert browser.js("document.getElementById('status').textContent").startswith("refused")
+
+
+@pytest.mark.parametrize("text", ["[" * 4_000_000, "<tool " * 800_000],
+                         ids=["4M-open-brackets", "4MB-unclosed-tool-tags"])
+def test_the_renderers_are_linear_in_their_input(browser, text):
+    """Quadratic, these inputs would keep the page busy for minutes (480,000 "[" took 2.35 s); linear, moments.
+
+    The page is asked once (a guard against a hang, not a speed assertion).
+    """
+    with FakeProvider() as fp, make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+        browser.open(f"{url}/?debug=1")
+        browser.wait_for("typeof window.streamengineDebug === 'object'")
+        browser.js(f"window.bigInput = {json.dumps(text[:16])}.repeat({len(text) // 16})")
+        shown = browser.js("window.streamengineDebug.render(window.bigInput)")
+        hidden = browser.js("window.streamengineDebug.visible(window.bigInput, true).length")
+    if text.startswith("["):
+        assert shown == len(text) and hidden == len(text)
+    else:
+        assert hidden == 0  # an unclosed block hides the rest
+
+
+def test_autorun_needs_a_same_origin_request(browser):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("spent"))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as target:
+            link = f"{target}/?autorun=spend"
+            evil_page = f'<!doctype html><title>evil</title><a id="go" href="{link}">go</a>'
+
+            def evil(environ, start_response):
+                start_response("200 OK", [("Content-Type", "text/html")])
+                return [evil_page.encode()]
+
+            with serving(evil) as attacker:
+                browser.open(attacker.replace("127.0.0.1", "localhost") + "/")
+                browser.wait_for("document.getElementById('go') !== null")
+                browser.js("document.getElementById('go').click()")
+                browser.wait_for("(document.getElementById('prompt') || {}).value === 'spend'")
+                status = browser.js("document.getElementById('status').textContent")
+            assert fp.request_count == 0
+    assert "another site" in status

@@ -203,7 +203,7 @@ def test_bad_tools_flag_is_one_line_and_exit_2(capsys, tools_module, spec, needl
     (["chat", "hi", "-m", "m", "--provider", "anthropic", "--no-stream-options"], "only apply to --provider openai"),
     (["chat", "hi", "--bogus"], "unrecognized arguments"),
     (["serve", "--port", "70000"], "0-65535"),
-    (["nope"], "invalid choice"),
+    (["nope"], "no model"),  # a bare word is a prompt for chat, as with llm
 ])
 def test_usage_errors_are_one_line_and_exit_2(capsys, argv, needle):
     rc, out, err = run(capsys, *argv)
@@ -233,17 +233,17 @@ def done_event(error=None):
     return DoneEvent(EngineResult(answer="", rounds=(), tool_results=(), telemetry=Telemetry(), error=error))
 
 
-def test_printer_on_a_terminal_dims_tool_lines_inline():
+def test_printer_on_a_terminal_puts_dimmed_tool_lines_on_their_own_line_between_words():
     out = Tty()
     printer = EventPrinter(out, out, color=True)
     call = ToolCall(id="c1", name="lookup", arguments="{}")
-    printer.handle(TokenEvent("Checking"), 0.1)
-    printer.handle(ToolStartEvent(call), 0.42)
-    printer.handle(TokenEvent(" more"), 0.5)
+    printer.handle(TokenEvent("Me"), 0.1)
+    printer.handle(ToolStartEvent(call), 0.42)  # mid-word: waits for the word's end
+    printer.handle(TokenEvent("anwhile it"), 0.5)
     printer.handle(ToolResultEvent(ToolResult("c1", "lookup", True, "x", duration_s=0.51)), 0.6)
-    printer.handle(TokenEvent("and"), 0.7)
-    assert out.getvalue() == ("Checking \x1b[2m[tool lookup started +0.42s]\x1b[0m more"
-                              " \x1b[2m[tool lookup ok 0.51s]\x1b[0m and")
+    printer.handle(TokenEvent(" rains.\n"), 0.7)
+    assert out.getvalue() == ("Meanwhile\n\x1b[2m[tool lookup started +0.42s]\x1b[0m\nit\n"
+                              "\x1b[2m[tool lookup ok 0.51s]\x1b[0m\nrains.\n")
 
 
 def test_printer_keeps_model_text_that_only_looks_like_the_engine_warning():

@@ -21,19 +21,12 @@ from streamengine._cli.main import build_parser, main
 from streamengine._cli.build import NO_CAP_S, build_engine, close_engine
 from streamengine.testing import FakeProvider, steps as s
 
-from cli_support import CLI_ENV, clean_env, tools_module  # noqa: F401  (fixtures)
+from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 BLOCK = '<tool name="lookup">{"city": "Oslo"}</tool>'
-TOOLS_SOURCE = '''
-from streamengine.tools import tool
-
-@tool
-def lookup(city: str) -> str:
-    """Weather for a city."""
-    return "sunny in " + city
-'''
+TOOLS_SOURCE = LOOKUP_TOOLS_SOURCE
 
 
 class TtyInput(io.StringIO):
@@ -41,16 +34,6 @@ class TtyInput(io.StringIO):
 
     def isatty(self):
         return True
-
-
-def run(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def user_messages(request):
-    return [m["content"] for m in request.json["messages"] if m["role"] == "user"]
 
 
 # --- the prompt -------------------------------------------------------------------------------
@@ -65,13 +48,17 @@ def test_the_prompt_comes_from_a_pipe(capsys, monkeypatch):
     assert user_messages(fp.requests[0]) == ["summarize this\nplease\n"]
 
 
-def test_a_dash_reads_stdin_instead_of_sending_a_dash(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("from stdin"))
+@pytest.mark.parametrize("prompt, piped, sent", [
+    ("-", "from stdin", "from stdin"),  # a dash reads stdin instead of sending a dash
+    ("Summarize this", "NOTES: moved to 3pm\n", "NOTES: moved to 3pm\n\nSummarize this"),  # llm's order
+], ids=["dash", "piped-and-prompt"])
+def test_stdin_is_the_prompt_or_comes_before_it(capsys, monkeypatch, prompt, piped, sent):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(piped))
     with FakeProvider() as fp:
         fp.add_turn(s.text("ok"))
-        rc, _, err = run(capsys, "chat", "-", "-m", "m", "--base-url", fp.base_url)
+        rc, _, err = run(capsys, "chat", prompt, "-m", "m", "--base-url", fp.base_url)
     assert rc == 0, err
-    assert user_messages(fp.requests[0]) == ["from stdin"]
+    assert user_messages(fp.requests[0]) == [sent]
 
 
 def test_options_after_the_command_and_short_flags(capsys):

@@ -156,19 +156,19 @@ def test_connection_dropped_before_headers_is_a_connection_error(fp, client):
     assert "object at 0x" not in str(caught.value) and len(str(caught.value)) < 250
 
 
-def test_in_band_error_frame_is_a_stream_error_with_the_provider_message(fp, client):
+def test_in_band_error_frame_is_classified_by_its_type_or_status(fp, client):
     fp.add_turn(s.text("a"), s.error_frame("Overloaded", type="overloaded_error"))
     fp.add_turn(s.error_frame("bad tool schema", type="invalid_request_error", code="bad_schema"))
     fp.add_turn(s.raw('event: error\ndata: {"message": "rate limit reached", "code": 429}\n\n'))
     with pytest.raises(LlmStreamError, match="Overloaded") as first:
         collect(client)
     assert first.value.overloaded and "type=overloaded_error" in str(first.value)
-    with pytest.raises(LlmStreamError, match="bad tool schema") as second:
+    with pytest.raises(LlmHttpError, match="bad tool schema") as second:  # fatal, as an HTTP 400 is
         collect(client)
-    assert not second.value.overloaded and "code=bad_schema" in str(second.value)
-    with pytest.raises(LlmStreamError, match="rate limit reached") as third:
+    assert second.value.status_code == 400 and "code=bad_schema" in str(second.value)
+    with pytest.raises(LlmHttpError, match="rate limit reached") as third:  # retried, as a 429 is
         collect(client)
-    assert third.value.overloaded
+    assert third.value.status_code == 429
 
 
 def test_invalid_json_frame_is_a_protocol_error(fp, client):

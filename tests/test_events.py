@@ -9,7 +9,7 @@ from loguru import logger
 
 from streamengine._errors import ConfigError
 from streamengine._engine.events import (
-    DoneEvent, ErrorEvent, Event, HeartbeatEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    DoneEvent, ErrorEvent, Event, HeartbeatEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
     ToolStartEvent,
 )
 from streamengine._calls.hooks import (
@@ -137,4 +137,4 @@ def test_engine_events_are_frozen_and_name_is_a_class_attribute(cls, name, args)
 
 def test_event_union_is_exactly_the_engine_events():
     assert set(typing.get_args(Event)) == {
-        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ResetEvent, ErrorEvent, DoneEvent, HeartbeatEvent}
+        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent, DoneEvent, HeartbeatEvent}

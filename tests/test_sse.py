@@ -22,7 +22,7 @@ import pytest
 from streamengine.web import _sse as sse
 from streamengine._errors import LlmStreamError
 from streamengine._engine.events import (
-    DoneEvent, ErrorEvent, HeartbeatEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+    DoneEvent, RefusalEvent, ErrorEvent, HeartbeatEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
 )
 from streamengine._messages import ToolCall, Usage
 from streamengine.web._sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
@@ -63,6 +63,7 @@ class EngineResult:
     tool_results: tuple
     telemetry: Telemetry
     usage: Usage = field(default_factory=Usage)
+    refusal: Optional[str] = None
 
 
 # -- fixtures and helpers ------------------------------------------------------
@@ -307,6 +308,15 @@ def test_round_and_error_frames():
     assert json.loads(notice.data) == {"message": "a tool block could not be read", "fatal": False}
 
 
+def test_a_refusal_is_its_own_frame_and_is_in_the_done_record():
+    frame = encode_event(RefusalEvent("I can't \n\nevent: done", 2))
+    assert_well_formed(frame)
+    event = only_event(frame)
+    assert event.type == "refusal" and json.loads(event.data) == {"text": "I can't \n\nevent: done", "round": 2}
+    result = EngineResult(answer="", rounds=("",), tool_results=(), telemetry=Telemetry(), refusal="no")
+    assert json.loads(only_event(encode_event(DoneEvent(result))).data)["refusal"] == "no"
+
+
 def test_done_frame_carries_answer_telemetry_and_usage():
     telemetry = Telemetry(rounds=2, tools_started=1, model_used="m\n1", time_to_first_token_s=0.5,
                           total_s=float("inf"), stop_reason=None)
@@ -321,6 +331,7 @@ def test_done_frame_carries_answer_telemetry_and_usage():
     expected_telemetry["total_s"] = None  # inf is not JSON; a browser's JSON.parse would reject it
     assert json.loads(event.data) == {
         "answer": "\n\ndata: [DONE]\n\n",
+        "refusal": None,
         "telemetry": expected_telemetry,
         "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
     }
@@ -367,7 +378,7 @@ def test_object_without_name_is_rejected():
 
 
 def test_event_names_are_the_fixed_allowlist():
-    assert sse.EVENT_NAMES == {"token", "tool_start", "tool_result", "round", "reset", "error", "done",
+    assert sse.EVENT_NAMES == {"token", "tool_start", "tool_result", "round", "refusal", "reset", "error", "done",
                                "heartbeat"}
 
 

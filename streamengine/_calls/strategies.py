@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 from . import deadlines
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
+from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._cancel import CancelToken, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
@@ -77,7 +78,7 @@ class CallStrategy(abc.ABC):
     #: later than this after its timeout fired is warned about.
     join_timeout: float = 2.0
 
-    def __init__(self, client: LlmClient, *, completion_timeout: float = 60.0, observers: Iterable[Any] = (),
+    def __init__(self, client: LlmClient, *, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S, observers: Iterable[Any] = (),
                  emitter: Any = None, logger: Any = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(
@@ -152,7 +153,7 @@ class StreamingCallStrategy(CallStrategy):
     stream, whatever arrives.  See the module docstring for the messages.
     """
 
-    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = 60.0,
+    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
                  observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None) -> None:
         super().__init__(client, completion_timeout=completion_timeout, observers=observers,
                          emitter=emitter, logger=logger)
@@ -361,12 +362,13 @@ def _chunk_of(response: Response) -> Chunk:
     deltas = tuple(ToolCallDelta(index, call.id, call.name, call.arguments)
                    for index, call in enumerate(response.tool_calls))
     return Chunk(content=response.content or None, tool_calls=deltas, is_completed=True,
-                 usage=response.usage, finish_reason=response.finish_reason, model=response.model)
+                 usage=response.usage, finish_reason=response.finish_reason, model=response.model,
+                 refusal=response.refusal, reasoning=response.reasoning)
 
 
 # ----------------------------------------------------------------------------- factory
 
-def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = 60.0,
+def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
                        observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None) -> CallStrategy:
     """Pick the strategy by capability, once: streaming if the client can stream."""
     if isinstance(client, StreamingLlmClient):

@@ -14,7 +14,9 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
 from .._errors import ConfigError
+from .._clients.base import LlmClient
 
 __all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_provider_flags", "build_engine", "close_engine", "models_from",
            "positive_seconds"]
@@ -22,7 +24,6 @@ __all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_provider_flags", "build_e
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
 NO_CAP_S = 30 * 86400.0
-DEFAULT_TIMEOUT_S = 600.0
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 PROVIDERS = ("openai", "anthropic")
 
@@ -90,7 +91,7 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", metavar="URL",
                    help="API root, e.g. http://127.0.0.1:8080/v1 (env STREAMENGINE_BASE_URL or OPENAI_BASE_URL; "
                         "default https://api.openai.com/v1; anthropic: ANTHROPIC_BASE_URL, https://api.anthropic.com)")
-    g.add_argument("--api-key", metavar="KEY",
+    g.add_argument("--api-key", "--key", metavar="KEY",
                    help="API key (env STREAMENGINE_API_KEY or OPENAI_API_KEY; anthropic: ANTHROPIC_API_KEY)")
     g.add_argument("-m", "--model", metavar="M", action="append",
                    help="model name; repeat for a failover list, first = primary "
@@ -103,6 +104,8 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
                    help="a query parameter for every request (Azure: api-version=2024-10-21)")
     g.add_argument("--no-stream-options", dest="stream_options", action="store_false", default=None,
                    help="do not send stream_options (for servers that refuse it; usage is then not reported)")
+    g.add_argument("--no-stream", dest="stream", action="store_false", default=True,
+                   help="ask for the whole answer at once instead of a stream (tools run after it arrives)")
 
     t = p.add_argument_group("timeouts (seconds)")
     t.add_argument("--idle-timeout", metavar="S", type=positive_seconds,
@@ -119,10 +122,15 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--temperature", metavar="T", type=float, help="sampling temperature")
     m.add_argument("--max-tokens", metavar="N", type=_positive_int, help="cap on tokens per answer")
     m.add_argument("-o", "--option", metavar="KEY=VALUE", action="append", default=[], type=_key_value("="),
-                   help="any other request field; VALUE is JSON if it parses (-o top_p=0.9 -o seed=7)")
+                   help="any other request field, as KEY=VALUE or KEY VALUE; VALUE is JSON if it parses "
+                        "(-o top_p=0.9 -o seed 7)")
     m.add_argument("--tools", metavar="MODULE:ATTR", action="append", default=[],
                    help="tools to offer: a @tool function, a plain function, or a list/registry of them "
                         "(repeatable; the current directory is importable)")
+    m.add_argument("--tool-mode", choices=TOOL_MODES,
+                   help="how the model calls tools: inline <tool> blocks in the text (works on any server, "
+                        "e.g. llama-server without --jinja), the provider's native tool API, or auto: both "
+                        "(default auto)")
     m.add_argument("--max-continuations", metavar="N", type=int,
                    help="revised-answer rounds after tool calls (default 3)")
     m.add_argument("--failover-after-tokens", action="store_true",
@@ -154,7 +162,7 @@ def _seconds(args: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, 
     idle = args.idle_timeout or _env_seconds(environ, "STREAMENGINE_IDLE_TIMEOUT", positive_seconds)
     cap = args.timeout if args.timeout is not None else _env_seconds(environ, "STREAMENGINE_TIMEOUT", _cap_seconds)
     connect = args.connect_timeout or _env_seconds(environ, "STREAMENGINE_CONNECT_TIMEOUT", positive_seconds)
-    seconds: Dict[str, float] = {"completion_timeout": NO_CAP_S if cap == 0 else (cap or DEFAULT_TIMEOUT_S)}
+    seconds: Dict[str, float] = {"completion_timeout": NO_CAP_S if cap == 0 else (cap or DEFAULT_COMPLETION_TIMEOUT_S)}
     if idle is not None:
         seconds["idle_timeout"] = idle
     if connect is not None:
@@ -162,13 +170,27 @@ def _seconds(args: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, 
     return seconds
 
 
+#: Request fields a flag owns: ``-o`` may not set them behind the flag's back.
+_FLAG_OWNED = {"model": "-m/--model", "stream": "--no-stream", "stream_options": "--no-stream-options",
+               "messages": "the prompt", "tools": "--tools"}
+#: Fields ``-o`` may set when their flag is not given (``-o temperature 0.5``, as ``llm`` takes it).
+_FLAG_FIELDS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
+
+
 def _completion_options(args: argparse.Namespace) -> Any:
-    from .._messages import CompletionOptions
+    from .._config import completion_options
 
     extra = {key: _option_value(value) for key, value in args.option}
-    if args.temperature is None and args.max_tokens is None and not extra:
+    for key in extra:
+        if key in _FLAG_OWNED:
+            raise ConfigError(f"-o {key} is not an option here: use {_FLAG_OWNED[key]} instead")
+        if key in _FLAG_FIELDS and getattr(args, key) is not None:
+            raise ConfigError(f"-o {key} and {_FLAG_FIELDS[key]} both set {key}; pass one of them")
+    fields = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    fields = {key: value for key, value in fields.items() if value is not None}
+    if not fields and not extra:
         return None
-    return CompletionOptions(temperature=args.temperature, max_tokens=args.max_tokens, extra=extra or None)
+    return completion_options({**extra, **fields}, "-o/--option")
 
 
 def _tools(specs: Sequence[str]) -> List[Any]:
@@ -194,12 +216,16 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
         config["tool_timeout"] = args.tool_timeout
     if getattr(args, "failover_after_tokens", False):
         config["failover_after_tokens"] = True
+    if getattr(args, "tool_mode", None):
+        config["tool_mode"] = args.tool_mode
     options = _completion_options(args)
     if options is not None:
         config["options"] = options
     engine_config = EngineConfig(**config)
     tools = _tools(args.tools)
     client = build_client(args, env, connect)
+    if getattr(args, "stream", True) is False:
+        client = WholeAnswers(client)
     try:
         return StreamingEngine(client, tools, engine_config)
     except BaseException:
@@ -255,6 +281,24 @@ def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], head
     base_url = args.base_url or environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE_URL
     api_key = args.api_key or environ.get("ANTHROPIC_API_KEY") or None
     return client_class(base_url=base_url, api_key=api_key, **kwargs)
+
+
+class WholeAnswers(LlmClient):
+    """``--no-stream``: the client without its stream, so the engine asks for whole answers.
+
+    The engine picks the buffered call path for a client that cannot stream;
+    wrapping is the one switch that needs no flag in every layer below.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.inner = client
+        self.base_url = getattr(client, "base_url", None)
+
+    def complete(self, messages: Any, tools: Any = None, options: Any = None, cancel: Any = None) -> Any:
+        return self.inner.complete(messages, tools=tools, options=options, cancel=cancel)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def close_engine(engine: Any) -> None:

@@ -16,62 +16,93 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
+import select
+import sqlite3
 import sys
 import time
 from typing import Any, Dict, List, Optional, TextIO
 
+from .._messages import LLM_WARNING, PROG
+from .._validation import one_line
 from .build import UsageError, build_engine, close_engine
-from .output import LLM_WARNING, EventPrinter, JsonEventPrinter, strip_markup, use_color, write, write_error
+from .log import RunLog, default_log, logging_enabled
+from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
 
-__all__ = ["cmd_chat", "is_terminal"]
+__all__ = ["EXIT_NOT_WHOLE", "cmd_chat", "final_answer", "is_terminal"]
 
 
-def is_terminal(stream: Any) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(callable(isatty) and isatty())
-    except ValueError:  # a closed stream
-        return False
+#: How long a piped stdin may stay silent before ``chat "PROMPT"`` goes on without it.
+STDIN_WAIT_S = 0.5
 
 
 def _prompt(args: argparse.Namespace, stdin: TextIO) -> Optional[str]:
-    """The question: the argument, or stdin when it is piped or the argument is ``-``.
+    """The question: piped text first, then the argument (as ``llm`` combines them).
 
     ``None`` means "no prompt and a person at the keyboard": the interactive mode.
+    With no argument (or ``-``) stdin *is* the prompt and is read to its end.
+    With an argument, stdin is extra context, read only when it is not a
+    terminal *and* has data (or its end) within :data:`STDIN_WAIT_S`: a cron
+    job or a CI step whose stdin is an open pipe nobody writes to must not
+    hang, and ``select`` is the one check that tells "nothing yet" apart
+    without reading.
     """
-    if args.prompt is not None and args.prompt != "-":
-        text = args.prompt
-    elif args.prompt is None and is_terminal(stdin):
+    if args.prompt is None and is_terminal(stdin):
         return None
-    else:
+    if args.prompt is None or args.prompt == "-":
         text = stdin.read()
+    else:
+        piped = stdin.read() if not is_terminal(stdin) and _readable_soon(stdin) else ""
+        text = piped.rstrip("\n") + "\n\n" + args.prompt if piped.strip() else args.prompt
     if not text.strip():
         raise UsageError('the prompt is empty; pass it as an argument (streamengine chat "...") or on stdin')
     return text
 
 
+def _readable_soon(stream: TextIO) -> bool:
+    """Whether reading ``stream`` will not block: data or its end within STDIN_WAIT_S.
+
+    A stream without a file descriptor (a StringIO) never blocks.  Where
+    ``select`` cannot watch it (a Windows pipe) stdin is not read: a missing
+    context is better than a hung job.
+    """
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], STDIN_WAIT_S)
+    except (OSError, ValueError):
+        return False
+    return bool(ready)
+
+
 def cmd_chat(args: argparse.Namespace, hooks: Any) -> int:
     stdin, out, err = sys.stdin, sys.stdout, sys.stderr
     prompt = _prompt(args, stdin)
+    log = Conversation.open(args, err)
     engine = build_engine(args)
     try:
-        history: List[Dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+        system = log.system = args.system or log.system  # a continued conversation keeps its system message
+        history: List[Dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        history += log.history
         if prompt is None:
-            return _conversation(engine, history, args, out, err)
-        status, _ = _answer(engine, history + [{"role": "user", "content": prompt}], args, out, err)
+            return _conversation(engine, history, args, out, err, log)
+        status, _ = _answer(engine, history + [{"role": "user", "content": prompt}], args, out, err, log)
         return status
     finally:
         close_engine(engine)
 
 
 def _conversation(engine: Any, history: List[Dict[str, str]], args: argparse.Namespace,
-                  out: TextIO, err: TextIO) -> int:
+                  out: TextIO, err: TextIO, log: "Conversation") -> int:
     """Read a line, answer it with the whole conversation so far; Ctrl-D (or 'exit') ends it."""
     try:
         importlib.import_module("readline")  # line editing and history for input()
     except ImportError:  # pragma: no cover - Windows
         pass
-    write(err, f"streamengine chat with {', '.join(engine.config.models)}: type a message, "
+    write(err, f"{PROG} chat with {', '.join(engine.config.models)}: type a message, "
                f"Ctrl-D or 'exit' to end\n")
     while True:
         try:
@@ -85,7 +116,7 @@ def _conversation(engine: Any, history: List[Dict[str, str]], args: argparse.Nam
             continue
         history.append({"role": "user", "content": line})
         try:
-            _, answer = _answer(engine, history, args, out, err)
+            _, answer = _answer(engine, history, args, out, err, log)
         except KeyboardInterrupt:  # stops this answer, not the conversation
             write(err, "\n[interrupted]\n")
             answer = None
@@ -105,20 +136,21 @@ def _read_line(out: TextIO, err: TextIO) -> str:
 
 
 def _answer(engine: Any, messages: List[Dict[str, str]], args: argparse.Namespace,
-            out: TextIO, err: TextIO) -> "tuple[int, Optional[str]]":
+            out: TextIO, err: TextIO, log: "Conversation") -> "tuple[int, Optional[str]]":
     """Run once and print it; returns the exit status and the final answer (None on failure)."""
     t0 = time.monotonic()
     models = engine.config.models
+    tools = bool(engine.registry.names)
     # Text shown live may be revised (a later round) or taken back (failover after tokens):
     # then a pipe or file gets the final answer once it is known, and drafts go to stderr.
-    revisable = (bool(engine.registry.names) and engine.config.max_continuations > 0) \
+    revisable = (tools and engine.config.max_continuations > 0) \
         or (engine.config.failover_after_tokens and len(models) > 1)
     live = args.json or is_terminal(out) or not revisable
     if args.json:
         printer: Any = JsonEventPrinter(out, t0=t0)
     else:
         printer = EventPrinter(out if live else err, err, color=use_color(out if live else err, err), t0=t0,
-                               hide_markup=revisable, models=models)
+                               hide_markup=tools, models=models)
     events = engine.run(messages)
     try:
         for event in events:
@@ -127,7 +159,7 @@ def _answer(engine: Any, messages: List[Dict[str, str]], args: argparse.Namespac
         events.close()  # on Ctrl-C: cancels the provider stream and the tools
     result = printer.result
     failed = result is None or result.error is not None or bool(printer.errors)
-    answer = _final_answer(result)
+    answer = final_answer(result)
     if not args.json:
         if not live and answer:
             write(out, answer + "\n")
@@ -136,10 +168,81 @@ def _answer(engine: Any, messages: List[Dict[str, str]], args: argparse.Namespac
             printer.note(summary)
     elif printer.errors:
         write_error(err, printer.errors[-1], models)
-    return (1 if failed else 0), (None if failed else answer)
+    if failed:
+        return 1, None
+    log.record(messages[-1]["content"], answer, result)
+    return (EXIT_NOT_WHOLE if _not_whole(result, err, args.json) else 0), answer
 
 
-def _final_answer(result: Any) -> str:
+#: The exit status of an answer that is not whole: cut off (``length``, ``content_filter``) or refused.
+EXIT_NOT_WHOLE = 3
+
+
+def _not_whole(result: Any, err: TextIO, quiet: bool) -> bool:
+    """Say (on stderr) why the answer is not whole; True when it is not."""
+    cut = result.cut_off
+    if not quiet and cut is not None:
+        write(err, f"{PROG}: warning: {CUT_OFF_ADVICE.get(cut, cut)} (finish reason {cut})\n")
+    if not quiet and result.refusal:
+        write(err, f"{PROG}: warning: the model refused: {one_line(result.refusal)}\n")
+    return cut is not None or bool(result.refusal)
+
+
+#: What to tell a person whose answer was cut off, by finish reason.
+CUT_OFF_ADVICE = {
+    "length": "the answer was cut off at the token limit; raise --max-tokens",
+    "content_filter": "the provider's content filter cut the answer off",
+}
+
+
+def final_answer(result: Any) -> str:
+    """What stdout promises: the last round's answer, without tool markup or the engine's warning.
+
+    A run that stopped at ``max_continuations_reached`` carries every draft
+    joined in ``answer``; only the last round is an answer to the question.
+    """
     if result is None or not result.answer or result.answer.startswith(LLM_WARNING):
         return ""
-    return strip_markup(result.answer).strip()
+    text = result.answer
+    if result.telemetry.stop_reason == "max_continuations_reached" and result.rounds:
+        text = result.rounds[-1]
+    return strip_markup(text).strip()
+
+
+class Conversation:
+    """The run log for this command: the history ``-c`` continues, and where each answer is recorded."""
+
+    def __init__(self, log: Optional[RunLog], conversation: Optional[str], system: Optional[str],
+                 history: List[Dict[str, str]], model: Optional[str], err: TextIO) -> None:
+        self.log, self.conversation, self.system, self.history = log, conversation, system, history
+        self.model, self.err = model, err
+
+    @classmethod
+    def open(cls, args: argparse.Namespace, err: TextIO) -> "Conversation":
+        model = (args.model or [None])[0]
+        if not logging_enabled(os.environ, getattr(args, "no_log", False)):
+            if getattr(args, "continue_", False):
+                raise UsageError("-c/--continue needs the run log, which --no-log or STREAMENGINE_LOG=0 "
+                                 "turned off")
+            return cls(None, None, None, [], model, err)
+        log = default_log()
+        if not getattr(args, "continue_", False):
+            return cls(log, None, None, [], model, err)
+        conversation = log.last_conversation()
+        if conversation is None:
+            raise UsageError(f"-c/--continue: there is no earlier conversation in {log.path}")
+        system, history = log.messages(conversation)
+        return cls(log, conversation, system, history, model, err)
+
+    def record(self, prompt: str, answer: str, result: Any) -> None:
+        if self.log is None:
+            return
+        reasons = result.finish_reasons
+        try:
+            self.conversation = self.log.record(
+                self.conversation, model=result.telemetry.model_used or self.model, system=self.system,
+                prompt=prompt, answer=answer, stop_reason=result.telemetry.stop_reason,
+                finish_reason=reasons[-1] if reasons else None)
+        except (OSError, sqlite3.Error) as exc:  # the answer was given; a log that fails is only a warning
+            write(self.err, f"{PROG}: warning: could not write the run log {self.log.path}: {exc} "
+                            f"(--no-log or STREAMENGINE_LOG=0 turns it off)\n")

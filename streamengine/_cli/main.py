@@ -9,7 +9,13 @@ mistake or an unreachable provider: those end as a line on stderr,
   something (a port in use);
 * 2: a usage error (bad flags, no model configured, ``--tools`` that does not
   import);
+* 3: the answer is not whole: cut off by the token limit or a content filter
+  (finish reason ``length`` / ``content_filter``), or the model refused;
 * 130: interrupted (Ctrl-C).
+
+As ``llm`` users expect: a bare ``streamengine "prompt"`` runs ``chat``;
+``-o KEY VALUE`` works as well as ``-o KEY=VALUE``; flags are never
+abbreviated (``--no-stream`` is not ``--no-stream-options``).
 
 ``-v`` adds the library's log lines and, for an error, the chain of causes
 underneath it.  Options may come before or after the command
@@ -29,20 +35,30 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .. import __version__
 from .build import PROVIDERS, UsageError, add_provider_flags, build_engine, close_engine, positive_seconds
+from .argv import llm_style
 from .chat import cmd_chat
+from .logs import cmd_logs
 from .output import (
     BOLD, RESET, EventPrinter, JsonEventPrinter, attempt_lines, error_lines, use_color, write, write_error,
 )
 from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
+from .._messages import PROG
 from .._validation import one_line as _one_line
 
 __all__ = ["EventPrinter", "JsonEventPrinter", "PROVIDERS", "build_parser", "main"]
 
-PROG = "streamengine"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line, not a usage block plus a message."""
+    """argparse, but a usage error is one line, and no flag is ever abbreviated.
+
+    ``allow_abbrev`` would take ``--no-stream`` (or even ``--no``) for
+    ``--no-stream-options``: a typo must be an error, not another flag.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -60,7 +76,7 @@ def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
         # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
         app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
                             heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
-                            max_streams=max(1, args.threads - 4))
+                            max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors)
         banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
@@ -172,7 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("prompt", nargs="?", help="the question ('-' or omitted with a pipe: read stdin)")
     chat.add_argument("--json", action="store_true",
                       help="print one JSON object per event per line (done carries the telemetry)")
+    chat.add_argument("-c", "--continue", dest="continue_", action="store_true",
+                      help="continue the last conversation in the run log")
+    chat.add_argument("--no-log", action="store_true",
+                      help="do not record this run in the run log (env STREAMENGINE_LOG=0 turns it off)")
     chat.set_defaults(handler=cmd_chat)
+
+    logs = sub.add_parser("logs", parents=[common], help="list past runs from the run log",
+                          description="The last runs of chat from the local SQLite run log "
+                                      "($XDG_DATA_HOME/streamengine/logs.db, else ~/.local/share/streamengine/"
+                                      "logs.db).")
+    logs.add_argument("-n", "--count", type=int, default=3, help="how many runs (default 3)")
+    logs.add_argument("--path", action="store_true", help="print where the log is and stop")
+    logs.add_argument("--json", action="store_true", help="one JSON object per run per line")
+    logs.set_defaults(handler=cmd_logs)
 
     serve = sub.add_parser("serve", parents=[common, provider], help="serve the engine as SSE over HTTP (waitress)",
                            description="Serve POST /v1/chat/stream (SSE), GET /healthz and a page at /.")
@@ -186,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "bound address); needed behind a proxy or with --host 0.0.0.0")
     serve.add_argument("--heartbeat", metavar="S", type=positive_seconds, default=15.0,
                        help="seconds of silence before a ': ping' frame (default 15)")
+    serve.add_argument("--expose-errors", action="store_true",
+                       help="send error details to the browser, not only to the log (development only)")
     serve.set_defaults(handler=_cmd_serve)
 
     demo = sub.add_parser("demo", parents=[common], help="a scripted run with tools mid-answer (no key, no network)",
@@ -227,7 +258,7 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
     err = sys.stderr
     parser = build_parser()
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(llm_style(list(sys.argv[1:] if argv is None else argv)))
     except UsageError as exc:
         write_error(err, str(exc))
         return 2
@@ -236,7 +267,9 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
     if not getattr(args, "handler", None):
         parser.print_help(err)
         return 2
-    log_handler = _start_logging(args.verbose)
+    # serve logs warnings and errors (with their request id) without -v: the page says
+    # "details are in the server log", so there must be one.
+    log_handler = _start_logging(args.verbose, floor="WARNING" if args.command == "serve" else None)
     try:
         return _run(args, _Hooks(stop, ready), err)
     finally:
@@ -261,11 +294,13 @@ def _run(args: argparse.Namespace, hooks: "_Hooks", err: Any) -> int:
         return 130
 
 
-def _start_logging(verbose: int) -> Optional[int]:
-    if not verbose:
+def _start_logging(verbose: int, floor: Optional[str] = None) -> Optional[int]:
+    """Logging for this command: ``-v`` info, ``-vv`` debug, else ``floor`` (None: silent)."""
+    level = "DEBUG" if verbose > 1 else "INFO" if verbose else floor
+    if level is None:
         return None
     from .._logs import enable_logging
-    return enable_logging("DEBUG" if verbose > 1 else "INFO")
+    return enable_logging(level)
 
 
 def _stop_logging(handler: int) -> None:

@@ -16,15 +16,16 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .._engine.events import (
-    DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+    DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    ToolStartEvent,
 )
+from .._messages import LLM_WARNING, PROG
 from .._validation import one_line as _one_line
 
-__all__ = ["EventPrinter", "JsonEventPrinter", "MarkupFilter", "attempt_lines", "error_lines", "strip_markup", "write",
+__all__ = ["EventPrinter", "JsonEventPrinter", "MarkupFilter", "attempt_lines", "error_lines", "is_terminal",
+           "strip_markup", "write",
            "write_error", "use_color"]
 
-PROG = "streamengine"
-LLM_WARNING = "\u26a0\ufe0f LLM error: "  # the engine's visible warning token (round.py)
 _DIM, _BOLD, _RED, _RESET = "\x1b[2m", "\x1b[1m", "\x1b[31m", "\x1b[0m"
 BOLD, RESET = _BOLD, _RESET
 
@@ -92,6 +93,7 @@ def _split_attempts(message: str, models: Sequence[str]) -> List[Tuple[str, str]
 #: A complete inline tool block, as the engine releases it (whole, in one token).
 _BLOCK = re.compile(r"[ \t]*<tool\s[^>]*?(?:/>|>.*?</tool>)", re.S)
 _TRAILING_SPACE = re.compile(r"[ \t]+$")
+_WORD_GAP = re.compile(r"[ \t]*\n|[ \t]+")
 
 
 def strip_markup(text: str) -> str:
@@ -118,6 +120,14 @@ class MarkupFilter:
     def flush(self) -> str:
         space, self._space = self._space, ""
         return space
+
+
+def is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(callable(isatty) and isatty())
+    except ValueError:  # a closed stream
+        return False
 
 
 def use_color(*streams: TextIO) -> bool:
@@ -151,7 +161,10 @@ class EventPrinter:
         self.errors: List[str] = []
         self._at_line_start = True
         self._held: Optional[str] = None
-        self._space_due = False
+        # Answer and notices share one screen: a notice that comes mid-word waits for the
+        # word's end and takes a line of its own, instead of "Me [tool weather ok] anwhile".
+        self._one_screen = info is out or (is_terminal(out) and is_terminal(info))
+        self._notices: List[str] = []
 
     def handle(self, event: Event, t: float) -> None:
         held, self._held = self._held, None
@@ -166,6 +179,9 @@ class EventPrinter:
             self._info(f"tool {event.call.name} started +{t:.2f}s")
         elif isinstance(event, ToolResultEvent):
             self._info(self._result_line(event.result))
+        elif isinstance(event, RefusalEvent):
+            self._newline()
+            write(self.info_stream, f"{PROG}: the model refused: {_one_line(event.text)}\n")
         elif isinstance(event, RoundEvent) and event.round > 1:
             self._newline()
             self._info(f"round {event.round}: revised answer +{t:.2f}s")
@@ -196,41 +212,47 @@ class EventPrinter:
     def _text(self, text: str) -> None:
         if self.markup is not None:
             text = self.markup.feed(text)
-            if self._at_line_start and not self.color:
+            if self._at_line_start:
                 text = text.lstrip(" \t")  # after a tool line, the space that preceded the block
         if not text:
             return
-        if self._space_due and not text[0].isspace():
-            text = " " + text
-        self._space_due = False
+        gap = _WORD_GAP.search(text) if self._notices else None
+        if gap is not None:  # a word ends here: the waiting notices get their own line
+            write(self.out, text[:gap.start()] + "\n")
+            self._at_line_start = True
+            self._flush_notices()
+            text = text[gap.end():]
+            if not text:
+                return
         write(self.out, text)
         self._at_line_start = text.endswith("\n")
 
     def _newline(self) -> None:
         if self.markup is not None:
             self.markup.flush()  # spaces before a line break are not worth a line of their own
-        self._space_due = False
         if not self._at_line_start:
             write(self.out, "\n")
             self._at_line_start = True
+        self._flush_notices()
 
     def note(self, message: str) -> None:
         """A line of tool activity (or any remark) on the info stream."""
         self._info(message)
 
     def _info(self, message: str) -> None:
-        if self.color:
-            if self.info_stream is not self.out:
-                self.out.flush()
-            if self._at_line_start:
-                write(self.info_stream, f"{_DIM}[{message}]{_RESET}\n")
-            else:  # inline, in the text flow; the space after it waits for the next text
-                write(self.info_stream, f"{'' if self._space_due else ' '}{_DIM}[{message}]{_RESET}")
-                self._space_due = True
+        line = f"{_DIM}[{message}]{_RESET}\n" if self.color else f"[{message}]\n"
+        if self._one_screen and not self._at_line_start:
+            self._notices.append(line)  # mid-line: on its own line once this one ends
             return
-        if self.info_stream is self.out:
-            self._newline()
-        write(self.info_stream, f"[{message}]\n")
+        if self.info_stream is not self.out:
+            self.out.flush()
+        write(self.info_stream, line)
+
+    def _flush_notices(self) -> None:
+        notices, self._notices = self._notices, []
+        if notices:
+            self.out.flush()
+            write(self.info_stream, "".join(notices))
 
     def summary(self) -> Optional[str]:
         r = self.result
@@ -268,6 +290,8 @@ class JsonEventPrinter:
                     "started_s": self._offset(r.started_at), "ended_s": self._offset(r.ended_at)}
         if isinstance(event, RoundEvent):
             return {"round": event.round}
+        if isinstance(event, RefusalEvent):
+            return {"text": event.text, "round": event.round}
         if isinstance(event, ResetEvent):
             return {"round": event.round, "reason": event.reason}
         if isinstance(event, ErrorEvent):
@@ -277,7 +301,9 @@ class JsonEventPrinter:
         if isinstance(event, DoneEvent):
             self.result = done = event.result
             return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,
-                    "telemetry": dataclasses.asdict(done.telemetry), "usage": dataclasses.asdict(done.usage) if done.usage else None}
+                    "refusal": done.refusal, "finish_reasons": list(done.finish_reasons),
+                    "telemetry": dataclasses.asdict(done.telemetry),
+                    "usage": dataclasses.asdict(done.usage) if done.usage else None}
         return {}
 
     def _offset(self, stamp: float) -> Optional[float]:

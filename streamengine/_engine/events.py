@@ -48,6 +48,20 @@ class ToolResultEvent:
 
 
 @dataclass(frozen=True)
+class RefusalEvent:
+    """The model refused (OpenAI's ``refusal``): ``text`` is what it said, sent once per round.
+
+    Its own event, not a token: a refusal is not the answer, and a caller
+    that shows only tokens would otherwise show an empty answer that
+    finished normally.
+    """
+
+    name: ClassVar[str] = "refusal"
+    text: str
+    round: int = 1
+
+
+@dataclass(frozen=True)
 class RoundEvent:
     """A new model round began (round 1 is the first answer, 2 the first continuation)."""
 
@@ -101,9 +115,10 @@ class HeartbeatEvent:
     name: ClassVar[str] = "heartbeat"
 
 
-Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, ResetEvent, ErrorEvent, DoneEvent,
-              HeartbeatEvent]
+Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent,
+              DoneEvent, HeartbeatEvent]
 
 __all__ = [
-    "DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ResetEvent", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent",
+    "DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent", "TokenEvent",
+    "ToolResultEvent", "ToolStartEvent",
 ]

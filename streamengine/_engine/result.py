@@ -1,8 +1,8 @@
 """What a run hands back: the answer, each round's text, tool results, telemetry."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 from .._messages import ToolResult, Usage
 
@@ -31,6 +31,10 @@ class Telemetry:
     #: ``llm_error``, ``llm_error_after_tokens``, ``max_continuations_reached``,
     #: ``internal_error``.
     stop_reason: Optional[str] = None
+    #: Each model round's finish reason, in order (``stop``, ``tool_calls``, ``length``,
+    #: ``content_filter``; None when the provider sent none).  ``length`` or
+    #: ``content_filter`` means that round's answer was cut off.
+    finish_reasons: List[Optional[str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class EngineResult:
 
     ``usage`` adds up the token counts of every model call, or is None when
     the provider reported none (zeros would claim a free answer).
+    ``refusal`` is what the model said when it refused (OpenAI's
+    ``refusal``), None when it did not: apart from ``answer``, so an empty
+    answer is never mistaken for a finished one.
     """
 
     answer: str
@@ -47,3 +54,19 @@ class EngineResult:
     telemetry: Telemetry
     usage: Optional[Usage] = None
     error: Optional[str] = None
+    refusal: Optional[str] = None
+
+    @property
+    def finish_reasons(self) -> Tuple[Optional[str], ...]:
+        """Each model round's finish reason (see :attr:`Telemetry.finish_reasons`)."""
+        return tuple(self.telemetry.finish_reasons)
+
+    @property
+    def cut_off(self) -> Optional[str]:
+        """``length`` or ``content_filter`` when the last round's answer was cut off, else None."""
+        reasons = self.telemetry.finish_reasons
+        return reasons[-1] if reasons and reasons[-1] in CUT_OFF_FINISH_REASONS else None
+
+
+#: Finish reasons that mean the answer was cut off, not finished.
+CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})

@@ -20,15 +20,15 @@ from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
 from .._errors import LlmCancelledError, LlmError
 from .events import (
-    DoneEvent, ErrorEvent, Event, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+    DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    ToolStartEvent,
 )
 from .._calls.failover import ModelFailover
 from .._inline.scanner import InlineToolScanner, tool_instructions
-from .._messages import Chunk, Message, ToolCall, ToolResult, Usage
-from .result import EngineResult, Telemetry
+from .._messages import LLM_WARNING, Chunk, Message, ToolCall, ToolResult, Usage
+from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry
 from ..tools import ToolExecutor, ToolHandle, ToolRegistry
 
-CUT_OFF_FINISH_REASONS = frozenset({"length", "content_filter"})
 CANCEL_POLL_S = 0.05
 
 
@@ -74,6 +74,7 @@ class RunState:
     usage: Optional[Usage] = None  # None until the provider reports usage
     answer: Optional[str] = None
     error: Optional[str] = None
+    refusal: Optional[str] = None
     done: bool = False
 
 
@@ -296,9 +297,14 @@ class RoundRunner:
         telemetry = self.state.telemetry
         telemetry.model_used = outcome.model
         telemetry.failovers += outcome.failovers
+        telemetry.finish_reasons.append(outcome.response.finish_reason)
         usage = outcome.response.usage
         if usage is not None:
             self.state.usage = usage if self.state.usage is None else self.state.usage + usage
+        refusal = outcome.response.refusal
+        if refusal:
+            self.state.refusal = _joined([self.state.refusal or "", refusal])
+            self.state.emit(RefusalEvent(refusal, self._round_no))
 
     def _join_round(self) -> List[ToolResult]:
         """The round's results in call order (each was already sent as it finished)."""
@@ -369,7 +375,7 @@ class RoundRunner:
             return
         self.state.error = str(exc)
         if not stream.committed:
-            warning = f"\u26a0\ufe0f LLM error: {exc}"
+            warning = f"{LLM_WARNING}{exc}"
             self.show(stream, warning)
             self.state.emit(ErrorEvent(str(exc)))
             self._stop("llm_error")
@@ -410,7 +416,8 @@ class RoundRunner:
         telemetry.total_s = time.monotonic() - state.started
         answer = state.answer if state.answer is not None else _joined(state.rounds)
         result = EngineResult(answer=answer, rounds=tuple(state.rounds), tool_results=tuple(state.results),
-                              telemetry=telemetry, usage=state.usage, error=state.error)
+                              telemetry=telemetry, usage=state.usage, error=state.error,
+                              refusal=state.refusal)
         state.done = True
         state.emit(DoneEvent(result))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
@@ -24,22 +25,38 @@ from .._calls.strategies import make_call_strategy
 from .._cancel import CancelToken, on_cancel
 from .channel import EventChannel
 from .._clients.base import LlmClient
-from .._config import EngineConfig
-from .._errors import ConfigError
+from .._config import EngineConfig, completion_options
+from .._errors import ConfigError, LlmError
 from .events import DoneEvent, Event, HeartbeatEvent
 from .._calls.hooks import EventEmitter
 from .._calls.failover import ErrorClassifier, ModelFailover
 from .._logs import component_logger
-from .._messages import Message, MessageLike, ToolCall, as_messages
+from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, ToolCall, as_messages
 from .result import EngineResult, Telemetry
 from .rounds import RoundRunner, RunDeps, RunState
 from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
-__all__ = ["EngineConfig", "EngineResult", "StreamingEngine", "Telemetry"]
+__all__ = ["EngineConfig", "EngineResult", "RunFailedError", "StreamingEngine", "Telemetry"]
 
 #: Heartbeats carry nothing: one frozen instance serves every empty drain (a served
 #: stream asks for one per flush, so this is on the per-burst path).
 _HEARTBEAT = HeartbeatEvent()
+#: Stop reasons of a run that produced no answer: ``complete()`` raises for them.
+_NOTHING_PRODUCED = frozenset({"llm_error", "internal_error"})
+
+
+def _produced_nothing(result: EngineResult) -> bool:
+    """The run failed and no round has text but the engine's warning: there is no answer at all."""
+    return (result.error is not None and result.telemetry.stop_reason in _NOTHING_PRODUCED
+            and not any(text and not text.startswith(LLM_WARNING) for text in result.rounds))
+
+
+class RunFailedError(LlmError):
+    """``complete()`` of a run that produced no answer; ``result`` is what the run did get."""
+
+    def __init__(self, result: EngineResult) -> None:
+        self.result = result
+        super().__init__(result.error or "the run failed")
 
 
 class StreamingEngine:
@@ -89,8 +106,12 @@ class StreamingEngine:
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
                                       completion_timeout=self.config.completion_timeout,
                                       observers=observers, emitter=self.emitter, logger=logger)
-        failover = ModelFailover(strategy, list(self.config.models), classifier=classifier,
-                                 max_retries=self.config.max_retries, logger=logger)
+        # A client built with the SDK's max_retries= keeps its say over the retries of a rate limit.
+        retries = getattr(client, "max_retries", None)
+        self._failover_for = lambda models: ModelFailover(  # noqa: E731 - per-run model overrides use it too
+            strategy, list(models), classifier=classifier, logger=logger,
+            max_retries=self.config.max_retries if retries is None else retries)
+        failover = self._failover_for(self.config.models)
         # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
         # One pool for every run of this engine, shared fairly: a run never holds more
         # workers than its per-round cap, and waiting calls are served run by run.
@@ -109,13 +130,16 @@ class StreamingEngine:
 
     # --- public API --------------------------------------------------------------
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
-            heartbeat_s: Optional[float] = None) -> Iterator[Event]:
+            heartbeat_s: Optional[float] = None, model: Optional[str] = None,
+            options: Any = None) -> Iterator[Event]:
         """Yield events as they happen; ``DoneEvent`` is always last.
 
         Stopping iteration early (``break``, ``close()``, garbage collection) or
         setting ``cancel`` shuts the provider stream down, cancels the tools and
         ends every thread the run started.  With ``heartbeat_s``, a
         ``HeartbeatEvent`` is yielded whenever nothing happened for that long.
+        ``model`` (one model, no failover) and ``options`` (a CompletionOptions
+        or a dict, set fields on top of the engine's) hold for this run only.
         """
         if self._closed:
             raise ConfigError("this StreamingEngine is closed; create a new one")
@@ -124,15 +148,37 @@ class StreamingEngine:
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
-        return self._events(conversation, cancel, heartbeat_s)
+        return self._events(conversation, cancel, heartbeat_s, self._deps_for(model, options))
 
-    def complete(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None) -> EngineResult:
-        """Run to the end and return the result (no events)."""
+    def _deps_for(self, model: Optional[str], options: Any) -> RunDeps:
+        """The engine's run dependencies, or a copy with this run's model and options."""
+        if model is None and options is None:
+            return self._deps
+        extra = completion_options(options, "run(options=...)")
+        base = completion_options(self.config.options, "EngineConfig.options") or CompletionOptions()
+        models = (validation.name(model, "run(model=...)"),) if model else self.config.models
+        config = dataclasses.replace(self.config, options=base.merged(extra), models=models)
+        failover = self._failover_for(config.models) if model else self._deps.failover
+        return dataclasses.replace(self._deps, config=config, failover=failover)
+
+    def complete(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
+                 model: Optional[str] = None, options: Any = None, raise_on_error: bool = True) -> EngineResult:
+        """Run to the end and return the result (no events).
+
+        A run that failed before producing any answer raises its error
+        (:class:`RunFailedError`, an :class:`LlmError`; ``.result`` holds the
+        partial result), so a script does not go on with a warning as its
+        answer.  ``raise_on_error=False`` returns that result instead, with
+        ``answer`` the visible ``⚠️ LLM error: ...`` and ``error`` set.
+        """
         # run() always ends with DoneEvent; a deque of length 1 keeps it and
         # consumes the rest in C, not one Python loop step per token.
-        last = collections.deque(self.run(messages, cancel), maxlen=1)
+        last = collections.deque(self.run(messages, cancel, model=model, options=options), maxlen=1)
         assert last and isinstance(last[0], DoneEvent)
-        return last[0].result
+        result = last[0].result
+        if raise_on_error and _produced_nothing(result):
+            raise RunFailedError(result)
+        return result
 
     def close(self) -> None:
         """Stop the tool pool; runs still going get their tools cancelled."""
@@ -147,13 +193,13 @@ class StreamingEngine:
 
     # --- one run -------------------------------------------------------------------
     def _events(self, conversation: List[Message], cancel: Optional[threading.Event],
-                heartbeat_s: Optional[float]) -> Iterator[Event]:
+                heartbeat_s: Optional[float], deps: RunDeps) -> Iterator[Event]:
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel(cancel=token)
         state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic())
-        runner = RoundRunner(self._deps, state)
+        runner = RoundRunner(deps, state)
         worker = threading.Thread(target=self._drive, args=(runner, channel), name="streamengine-run",
                                   daemon=True)
         worker.start()

@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
-from .._messages import Message
+from .._messages import LLM_WARNING, Message
 from ._public_errors import PublicErrors
 from ._guard import ClientKey, HostCheck, StreamLimiter, client_address
 from ._http import Headers, HttpError, StartResponse, json_response, status_line
@@ -141,10 +141,12 @@ class StreamApp:
     # --- routes -------------------------------------------------------------------------
     def _page_response(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
         stream_url = (environ.get("SCRIPT_NAME") or "").rstrip("/") + STREAM_PATH
-        # ?autorun=PROMPT starts a run on load; a link from another site may only fill the box.
-        autorun = "off" if _cross_site(environ) else "on"
+        # ?autorun=PROMPT starts a run on load only for a same-origin or typed (Sec-Fetch-Site
+        # "none") request; a link from another site, or a browser that does not say, only fills the box.
+        autorun = "on" if environ.get("HTTP_SEC_FETCH_SITE") in ("same-origin", "none") else "off"
         body = (self._page.replace("__STREAM_URL__", html.escape(stream_url, quote=True))
-                .replace("__AUTORUN__", autorun).encode("utf-8"))
+                .replace("__AUTORUN__", autorun)
+                .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))
         return status_line(200), [
             ("Content-Type", "text/html; charset=utf-8"),
             ("Content-Length", str(len(body))),

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Tuple
 
 from .._logs import component_logger
-from ._sse import LLM_WARNING, _named_frame, _public_message, encode_event, encode_token
+from .._messages import LLM_WARNING
+from ._sse import _named_frame, _public_message, done_frame, encode_event, encode_token, tool_result_frame
 
 __all__ = ["PublicErrors"]
 
@@ -64,14 +65,7 @@ class PublicErrors:
         if error:
             what = "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed"
             error = self.public(f"{what}: {getattr(result, 'name', '?')}", error)
-        return _named_frame(b"event: tool_result\ndata: ", {
-            "call_id": getattr(result, "call_id", None),
-            "name": getattr(result, "name", None),
-            "ok": getattr(result, "ok", None),
-            "text": getattr(result, "text", None),
-            "error": error,
-            "duration_s": getattr(result, "duration_s", None),
-        })
+        return tool_result_frame(result, error)
 
     def _done(self, event: Any) -> bytes:
         result = getattr(event, "result", None)
@@ -79,11 +73,7 @@ class PublicErrors:
         if isinstance(answer, str):
             for warning, shown in self._warnings:  # the answer repeats the warning token
                 answer = answer.replace(warning, shown)
-        return _named_frame(b"event: done\ndata: ", {
-            "answer": answer,
-            "telemetry": getattr(result, "telemetry", None),
-            "usage": getattr(result, "usage", None),
-        })
+        return done_frame(result, answer)
 
     def failure(self, exc: BaseException) -> bytes:
         self._log.opt(exception=exc).error("request {}: event stream failed: {}", self.request_id, exc)

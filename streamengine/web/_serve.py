@@ -14,10 +14,10 @@ import threading
 from typing import Any, Callable, Dict, Optional, Sequence, TextIO
 
 from .._errors import ConfigError
+from .._messages import PROG
 
 __all__ = ["serve_app"]
 
-PROG = "streamengine"
 
 
 def _write(out: TextIO, text: str) -> None:

@@ -16,9 +16,9 @@ Why it is built this way:
   engine (``run(heartbeat_s=...)`` yields ``HeartbeatEvent``); this module only
   renders them as the comment ``: ping``.
 * **Duck-typed**: events are recognised by their ``name`` ClassVar and read
-  with ``getattr``, so this module depends only on the standard library and
-  the logger (layering: ``sse`` sits beside ``messages``/``errors``, below the
-  engine whose events it renders).
+  with ``getattr``, so this module depends only on the standard library, the
+  logger and ``LLM_WARNING`` (layering: ``sse`` sits beside
+  ``messages``/``errors``, below the engine whose events it renders).
 
 Frames::
 
@@ -27,9 +27,10 @@ Frames::
     event: tool_start   data: {"id","name","arguments"}
     event: tool_result  data: {"call_id","name","ok","text","error","duration_s"}
     event: round        data: {"round": n}
+    event: refusal      data: {"text": "...", "round": n}   (the model refused; not the answer)
     event: reset        data: {"round": n, "reason": "..."}   (clear round n's text)
     event: error        data: {"message": "...", "request_id": "..."}   (request_id with PublicErrors)
-    event: done         data: {"answer", "telemetry", "usage"}
+    event: done         data: {"answer", "refusal", "telemetry", "usage"}
     : ping                                           heartbeat
     data: [DONE]                                     DONE_FRAME (always last)
 """
@@ -44,17 +45,15 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iter
 
 from .._errors import StreamEngineError
 from .._logs import component_logger
+from .._messages import LLM_WARNING
 
 if TYPE_CHECKING:
     from ._public_errors import PublicErrors
 
 __all__ = [
-    "DONE_FRAME", "EVENT_NAMES", "LLM_WARNING", "OK_FRAME", "PING_FRAME",
+    "DONE_FRAME", "EVENT_NAMES", "OK_FRAME", "PING_FRAME",
     "encode_event", "encode_stream", "encode_token",
 ]
-
-#: How the engine starts the visible warning token it puts into an answer when the model fails.
-LLM_WARNING = "\u26a0\ufe0f LLM error: "
 
 #: Always the last frame of a stream; OpenAI-style clients stop on it.
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -133,18 +132,29 @@ def _tool_start(event: Any) -> bytes:
 
 def _tool_result(event: Any) -> bytes:
     result = getattr(event, "result", None)
+    return tool_result_frame(result, getattr(result, "error", None))
+
+
+def tool_result_frame(result: Any, error: Any) -> bytes:
+    """The ``tool_result`` frame of ``result`` with ``error`` as the text its error is shown as."""
     return _named_frame(b"event: tool_result\ndata: ", {
         "call_id": getattr(result, "call_id", None),
         "name": getattr(result, "name", None),
         "ok": getattr(result, "ok", None),
         "text": getattr(result, "text", None),
-        "error": getattr(result, "error", None),
+        "error": error,
         "duration_s": getattr(result, "duration_s", None),
     })
 
 
 def _round(event: Any) -> bytes:
     return _named_frame(b"event: round\ndata: ", {"round": getattr(event, "round", None)})
+
+
+def _refusal(event: Any) -> bytes:
+    """The model refused: its words, apart from the answer's tokens."""
+    return _named_frame(b"event: refusal\ndata: ", {"text": getattr(event, "text", None),
+                                                     "round": getattr(event, "round", None)})
 
 
 def _reset(event: Any) -> bytes:
@@ -160,8 +170,14 @@ def _error(event: Any) -> bytes:
 
 def _done(event: Any) -> bytes:
     result = getattr(event, "result", None)
+    return done_frame(result, getattr(result, "answer", None))
+
+
+def done_frame(result: Any, answer: Any) -> bytes:
+    """The ``done`` frame of ``result`` with ``answer`` as the answer shown."""
     return _named_frame(b"event: done\ndata: ", {
-        "answer": getattr(result, "answer", None),
+        "answer": answer,
+        "refusal": getattr(result, "refusal", None),
         "telemetry": getattr(result, "telemetry", None),
         "usage": getattr(result, "usage", None),
     })
@@ -178,6 +194,7 @@ _ENCODERS: Dict[str, Callable[[Any], bytes]] = {
     "tool_start": _tool_start,
     "tool_result": _tool_result,
     "round": _round,
+    "refusal": _refusal,
     "reset": _reset,
     "error": _error,
     "done": _done,

@@ -190,26 +190,30 @@ def test_a_200_that_is_not_an_event_stream_is_a_protocol_error(client, fp, conte
 # --- in-band errors -------------------------------------------------------------------------------
 
 IN_BAND = [
-    # message, type, code, overloaded
-    ("Overloaded", "overloaded_error", None, True),
-    ("Rate limit reached for requests", "requests", "rate_limit_exceeded", True),
-    ("The server is at capacity", None, 503, True),
-    ("bad tool schema", "invalid_request_error", "bad_schema", False),
-    ("The model produced invalid content", "server_error", None, False),
+    # message, type, code, the error it becomes, overloaded (stream errors), what failover does
+    ("Overloaded", "overloaded_error", None, LlmStreamError, True, ErrorClass.TRANSIENT_ADVANCE),
+    ("Rate limit reached for requests", "requests", "rate_limit_exceeded", LlmHttpError, None,
+     ErrorClass.TRANSIENT_RETRY),
+    ("The server is at capacity", None, 503, LlmStreamError, True, ErrorClass.TRANSIENT_ADVANCE),
+    ("bad tool schema", "invalid_request_error", "bad_schema", LlmHttpError, None, ErrorClass.FATAL),
+    ("The model produced invalid content", "server_error", None, LlmStreamError, False,
+     ErrorClass.TRANSIENT_ADVANCE),
 ]
 
 
-@pytest.mark.parametrize("message, kind, code, overloaded", IN_BAND, ids=[m for m, *_ in IN_BAND])
-def test_in_band_error_frames_mid_stream(client, fp, message, kind, code, overloaded):
+@pytest.mark.parametrize("message, kind, code, expected, overloaded, verdict", IN_BAND,
+                         ids=[m for m, *_ in IN_BAND])
+def test_in_band_error_frames_mid_stream(client, fp, message, kind, code, expected, overloaded, verdict):
     seen = []
     fp.add_turn(s.text("some "), s.text("text "), s.error_frame(message, type=kind, code=code), s.text("more"))
-    with pytest.raises(LlmStreamError) as info:
+    with pytest.raises(Exception) as info:
         streaming(client, 5.0, 10.0).call(MESSAGES, on_chunk=seen.append)
     error = info.value
-    assert type(error) is LlmStreamError
+    assert type(error) is expected
     assert message in str(error) and "in the stream after 2 events" in str(error)
-    assert error.overloaded is overloaded
-    assert classify(error) is ErrorClass.TRANSIENT_ADVANCE
+    if overloaded is not None:
+        assert error.overloaded is overloaded
+    assert classify(error) is verdict
     assert "".join(c.content or "" for c in seen) == "some text "  # nothing after the error frame
 
 

@@ -25,6 +25,7 @@ from ..._errors import ConfigError, LlmError
 from ..._messages import CompletionOptions, MessageLike, Response, ToolSpec
 from .format import chat_body, error_from_payload, http_error, response_from_json
 from .stream import AnthropicStreamParser
+from ..http.extras import RequestExtras, sdk_settings
 from ..http.transport import HttpProviderClient, content_headers
 
 __all__ = ["AnthropicClient"]
@@ -35,7 +36,7 @@ DEFAULT_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 
-class AnthropicClient(HttpProviderClient):
+class AnthropicClient(RequestExtras, HttpProviderClient):
     """Claude through the Messages API, over one ``requests.Session``.
 
     ``base_url`` is the API root without ``/v1`` (``https://api.anthropic.com``,
@@ -43,7 +44,9 @@ class AnthropicClient(HttpProviderClient):
     out as ``x-api-key``, never shown in errors or logs.  ``default_max_tokens``
     is sent when ``CompletionOptions.max_tokens`` is not set.  A ``session``
     you pass is used as is (a cancellable adapter is mounted for ``base_url``)
-    and not closed by :meth:`close`.
+    and not closed by :meth:`close`.  The anthropic SDK's ``default_headers=``,
+    ``timeout=`` and ``max_retries=`` and the options' ``extra_body``,
+    ``extra_headers`` and ``extra_query`` are understood (:mod:`..http.extras`).
     """
 
     chat_path = "/v1/messages"
@@ -61,8 +64,13 @@ class AnthropicClient(HttpProviderClient):
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         session: Optional[requests.Session] = None,
         headers: Optional[Mapping[str, str]] = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: Optional[float] = None,
+        default_headers: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        max_retries: Optional[int] = None,
     ) -> None:
+        headers, connect, self.max_retries = sdk_settings(headers, default_headers, connect_timeout, timeout,
+                                                          max_retries)
         if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int) or default_max_tokens < 1:
             raise ConfigError(f"default_max_tokens must be a positive integer, got {default_max_tokens!r}")
         if not isinstance(anthropic_version, str) or not re.fullmatch(r"[0-9A-Za-z.-]+", anthropic_version):
@@ -71,7 +79,7 @@ class AnthropicClient(HttpProviderClient):
         self.default_max_tokens = default_max_tokens
         super().__init__(base_url, api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"),
                          key_source="ANTHROPIC_API_KEY", session=session, headers=headers,
-                         connect_timeout=connect_timeout)
+                         connect_timeout=connect)
 
     # -- the wire format ---------------------------------------------------------------
 

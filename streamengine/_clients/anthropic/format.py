@@ -20,13 +20,13 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..._errors import ConfigError, LlmHttpError, LlmProtocolError, LlmStreamError
+from ..._errors import ConfigError, LlmHttpError, LlmProtocolError
 from ..._messages import (
     CompletionOptions, Message, MessageLike, Response, ToolCall, ToolSpec, Usage, as_messages,
 )
-from ..http.errors import status_error
+from ..http.errors import in_band_error, in_band_status, status_error
 
-__all__ = ["ERROR_STATUSES", "FINISH_REASONS", "chat_body", "error_from_payload", "finish_reason",
+__all__ = ["FINISH_REASONS", "chat_body", "error_from_payload", "finish_reason",
            "http_error", "merge_usage", "response_from_json", "usage_of"]
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
@@ -38,21 +38,6 @@ FINISH_REASONS = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
     "refusal": "content_filter",
-}
-
-#: The HTTP status each documented error ``type`` comes with, so an error sent
-#: in the stream is sorted (transient or fatal) exactly as the same HTTP error.
-ERROR_STATUSES = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "billing_error": 402,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
 }
 
 # Tool results the engine failed to produce start with this (continuation.result_content).
@@ -240,21 +225,16 @@ def http_error(status: int, reason: str, url: str, text: str, headers: Mapping[s
 def error_from_payload(payload: Any, where: str, redact: Any) -> Exception:
     """The exception for an in-band error event, classified like the HTTP status it stands for.
 
-    A server-side type (``overloaded_error``, ``api_error``, an unknown one)
-    is a broken stream: fail over.  A request-side type keeps its status in
-    an :class:`LlmHttpError` (``invalid_request_error`` is fatal as a 400
-    is; ``rate_limit_error`` is retried as a 429 is).
+    The one rule for every wire (:func:`..http.errors.in_band_error`): a
+    request-side type keeps its status in an :class:`LlmHttpError`
+    (``invalid_request_error`` is fatal as a 400 is; ``rate_limit_error`` is
+    retried as a 429 is); a server-side type (``overloaded_error``,
+    ``api_error``) or an unknown one is a broken stream: fail over.
     """
     kind, message = error_details(payload)
-    status = ERROR_STATUSES.get(kind or "")
     described = f"{where}: {kind or 'error'}: {message or json.dumps(payload)[:300]}"
-    if status is not None and status < 500:
-        return LlmHttpError(status, json.dumps(payload), message=redact(
-            f"{described} (the same as an HTTP {status}; {hint(status)})"))
-    overloaded = kind == "overloaded_error"
-    return LlmStreamError(redact(described + ("; the provider is overloaded, retry later or fail over"
-                                              if overloaded else "; retry or fail over")),
-                          overloaded=overloaded)
+    return in_band_error(described, in_band_status(kind=kind, message=message or ""), json.dumps(payload),
+                         redact, hint)
 
 
 _HINTS = {

@@ -10,11 +10,12 @@ from __future__ import annotations
 import email.utils
 import re
 import time
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from ..._errors import LlmHttpError
+from ..._errors import LlmError, LlmHttpError, LlmStreamError
 
-__all__ = ["MAX_RETRY_AFTER_S", "parse_retry_after", "short_cause", "status_error"]
+__all__ = ["ERROR_TYPE_STATUSES", "MAX_RETRY_AFTER_S", "in_band_error", "in_band_status", "parse_retry_after",
+           "short_cause", "status_error"]
 
 MAX_RETRY_AFTER_S = 86400.0
 
@@ -79,3 +80,85 @@ def _finite(value: Optional[str]) -> Optional[float]:
 
 def _sane(seconds: float) -> Optional[float]:
     return seconds if 0.0 <= seconds <= MAX_RETRY_AFTER_S else None
+
+
+
+# -- in-band errors: one classification for every wire ---------------------------------
+
+#: Error ``type`` (or string ``code``) names that providers send in a body or a
+#: stream -> the HTTP status they stand for.  OpenAI, Groq, Mistral and
+#: OpenRouter use OpenAI's names; Anthropic its own; vLLM and llama.cpp the
+#: exception class or a short word.  The status decides what failover does.
+ERROR_TYPE_STATUSES = {
+    "invalid_request_error": 400, "badrequesterror": 400, "bad_request": 400,
+    "context_length_exceeded": 400, "invalid_value": 400,
+    "authentication_error": 401, "invalid_api_key": 401, "authenticationerror": 401,
+    "billing_error": 402, "insufficient_quota": 402,
+    "permission_error": 403, "permissiondeniederror": 403,
+    "not_found_error": 404, "notfounderror": 404, "model_not_found": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429, "rate_limit_exceeded": 429, "ratelimiterror": 429, "tokens": 429, "requests": 429,
+    "api_error": 500, "server_error": 500, "internal_error": 500, "internalservererror": 500,
+    "service_unavailable": 503, "unavailable_error": 503,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+#: Words of an error that says "too busy" without a type we know.  "rate" alone
+#: would match "generate"; these are the words providers use.
+_RATE_LIMITED = re.compile(r"rate[ _-]?limit|too many requests", re.I)
+_OVERLOAD = re.compile(r"overload|capacity", re.I)
+_OVERLOADED_STATUSES = frozenset({429, 503, 529})
+_BUSY_STATUS_IN_TEXT = re.compile(r"\b(429|503|529)\b")
+
+
+def _status_number(value: Any) -> Optional[int]:
+    """An HTTP error status sent as a number or digits (``400``, ``"503"``); anything else is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and 400 <= value <= 599 else None
+
+
+def in_band_status(*, status: Any = None, kind: Any = None, code: Any = None, message: str = "") -> Optional[int]:
+    """The HTTP status an in-band error stands for, or None when nothing says.
+
+    In order: a status the provider sent (``status``, or a numeric ``code``
+    as vLLM and OpenRouter send), the error's ``type`` or string ``code``
+    (:data:`ERROR_TYPE_STATUSES`), then a busy status (429/503/529), "rate
+    limit" words (a 429) or "overloaded" words (a 529) in the text.
+    """
+    for candidate in (status, code):
+        number = _status_number(candidate)
+        if number is not None:
+            return number
+    for name in (kind, code):
+        if isinstance(name, str) and name.lower() in ERROR_TYPE_STATUSES:
+            return ERROR_TYPE_STATUSES[name.lower()]
+    words = " ".join(str(v) for v in (kind, code, message) if v is not None)
+    said = _BUSY_STATUS_IN_TEXT.search(words)
+    if said:
+        return int(said.group(1))
+    if _RATE_LIMITED.search(words):
+        return 429
+    return 529 if _OVERLOAD.search(words) else None
+
+
+def in_band_error(described: str, status: Optional[int], body: str, redact: Callable[[str], str],
+                  hint: Callable[[int], str]) -> LlmError:
+    """The exception for an error sent inside a 200 answer, classified like the status it stands for.
+
+    4xx-like (the request is wrong: a bad schema, a key, a model name) is an
+    :class:`LlmHttpError` with that status, so failover treats it exactly as
+    the same HTTP answer: fatal, except 429 (retried) and 404/408 (next
+    model).  5xx-like, overloaded or unknown is a broken stream
+    (:class:`LlmStreamError`): fail over.  ``described`` is where and what
+    ("... sent an error in the stream after 3 events: type: message").
+    """
+    if status is not None and status < 500:
+        return LlmHttpError(status, body, message=redact(f"{described} (the same as an HTTP {status}; {hint(status)})"))
+    overloaded = status in _OVERLOADED_STATUSES
+    return LlmStreamError(redact(described + ("; the provider is overloaded, retry later or fail over"
+                                              if overloaded else "; retry or fail over")),
+                          overloaded=overloaded)

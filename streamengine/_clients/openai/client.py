@@ -19,12 +19,13 @@ from ..http.errors import parse_retry_after
 from .errors import connection_error_message, http_error, raise_in_band_error
 from .parse import StreamParser, response_from_json, vectors_from_json
 from .request import DEFAULT_BASE_URL, chat_body, check_query, env_api_key, env_base_url, request_headers
+from ..http.extras import RequestExtras, sdk_settings
 from ..http.transport import HttpProviderClient, encode_body
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAICompatibleClient", "parse_retry_after"]
 
 
-class OpenAICompatibleClient(HttpProviderClient):
+class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
     """Chat completions (streamed or not) and embeddings over one ``requests.Session``.
 
     ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1``; requests go
@@ -44,6 +45,13 @@ class OpenAICompatibleClient(HttpProviderClient):
     ``query`` (or a query string in ``base_url``) is sent with every request:
     Azure's ``api-version``.  ``stream_options=False`` stops asking for the
     usage frame (``stream_options``), for servers that refuse the field.
+
+    As with the openai SDK: without ``base_url`` it is ``STREAMENGINE_BASE_URL``,
+    else ``OPENAI_BASE_URL``, else OpenAI's (and the key
+    ``STREAMENGINE_API_KEY``/``OPENAI_API_KEY``); ``default_headers=``,
+    ``timeout=`` and ``max_retries=`` are taken, and ``extra_body``,
+    ``extra_headers`` and ``extra_query`` in the options go where the SDK puts
+    them (see :mod:`..http.extras`).
     """
 
     chat_path = "/chat/completions"
@@ -54,18 +62,25 @@ class OpenAICompatibleClient(HttpProviderClient):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: Optional[str] = None,
         api_key: Optional[str] = None,
         *,
         session: Optional[requests.Session] = None,
         headers: Optional[Mapping[str, str]] = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: Optional[float] = None,
         query: Optional[Mapping[str, str]] = None,
         api_key_header: str = "Authorization",
         stream_options: bool = True,
+        default_headers: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        max_retries: Optional[int] = None,
     ) -> None:
+        headers, connect, self.max_retries = sdk_settings(headers, default_headers, connect_timeout, timeout,
+                                                          max_retries)
+        if base_url is None:
+            base_url, api_key = env_base_url(), api_key if api_key is not None else env_api_key()
         super().__init__(base_url, api_key, key_source="STREAMENGINE_API_KEY or OPENAI_API_KEY", session=session,
-                         headers=headers, connect_timeout=connect_timeout)
+                         headers=headers, connect_timeout=connect)
         self._query.update(check_query(query))
         check_headers({api_key_header: "x"} if isinstance(api_key_header, str) else {None: "x"})  # type: ignore[dict-item]
         self._api_key_header = api_key_header

@@ -15,13 +15,11 @@ from urllib.parse import urlsplit
 
 import requests
 
-from ..._errors import LlmHttpError, LlmStreamError
-from ..http.errors import short_cause, status_error
+from ..._errors import LlmHttpError
+from ..http.errors import in_band_error, in_band_status, short_cause, status_error
 
 __all__ = ["connection_error_message", "http_error", "provider_message", "raise_in_band_error"]
 
-# "rate" alone would match "generate"; these are the words providers use.
-_OVERLOAD = re.compile(r"overload|rate[ _-]?limit|too many requests|capacity|\b(?:429|503|529)\b", re.I)
 _HINTS = {
     400: "the provider rejected the request; check the model name, messages and options",
     401: "check the API key (STREAMENGINE_API_KEY or OPENAI_API_KEY)",
@@ -29,6 +27,8 @@ _HINTS = {
     404: "check base_url and the model name",
     429: "rate limited by the provider; slow down or retry later",
 }
+NO_JINJA_HINT = ("the server cannot take native tools (llama-server without --jinja): start it with --jinja, "
+                 "or call tools inline with EngineConfig(tool_mode='inline') (CLI: --tool-mode inline)")
 NO_STREAM_OPTIONS_HINT = ("the server does not accept 'stream_options': turn it off with "
                           "OpenAICompatibleClient(..., stream_options=False) (CLI: --no-stream-options)")
 
@@ -45,13 +45,13 @@ def _hint(status: int, text: str, base_url: str, sent_stream_options: bool) -> s
     if sent_stream_options and 400 <= status < 500 and status not in (401, 403, 404, 429) \
             and "stream_options" in text:
         return NO_STREAM_OPTIONS_HINT
+    if "--jinja" in text:
+        return NO_JINJA_HINT
     if status == 404:
         suggestion = _with_v1(base_url)
         if suggestion:
             return f"the base URL has no /v1: did you mean {suggestion}?"
-    return _HINTS.get(status) or (
-        "the provider failed; retry later or fail over to another model"
-        if status >= 500 else "the request was not accepted")
+    return _hint_for_status(status)
 
 
 def _with_v1(base_url: str) -> Optional[str]:
@@ -129,20 +129,29 @@ def provider_message(text: str) -> Optional[str]:
 
 
 def raise_in_band_error(payload: Any, url: str, redact: Any, after: Optional[int] = None) -> None:
+    """Raise for an ``{"error": ...}`` object in a 200 answer or stream; nothing otherwise.
+
+    Classified by :func:`..http.errors.in_band_error` like every wire: the
+    provider's status (``status``, ``status_code``, a numeric ``code``) or
+    its type decides, so Groq's ``invalid_request_error`` with status 400 is
+    as fatal as an HTTP 400.
+    """
     if not isinstance(payload, dict) or not payload.get("error"):
         return
     error = payload["error"]
     if isinstance(error, dict):
         message = str(error.get("message") or error)
         kind, code = error.get("type"), error.get("code")
+        status = error.get("status_code", error.get("status", payload.get("status_code")))
     else:
-        message, kind, code = str(error), None, None
+        message, kind, code, status = str(error), None, None, payload.get("status_code")
     facts = ", ".join(f"{k}={v}" for k, v in (("type", kind), ("code", code)) if v is not None)
-    overloaded = bool(_OVERLOAD.search(" ".join(str(v) for v in (kind, code, message) if v is not None)))
     where = f"in the stream after {after} events" if after is not None else "in its answer"
-    raise LlmStreamError(
-        redact(f"provider at {url} sent an error {where}: {message}"
-               + (f" ({facts})" if facts else "")
-               + ("; it is overloaded, retry later or fail over" if overloaded else "; retry or fail over")),
-        overloaded=overloaded,
-    )
+    described = f"provider at {url} sent an error {where}: {message}" + (f" ({facts})" if facts else "")
+    raise in_band_error(described, in_band_status(status=status, kind=kind, code=code, message=message),
+                        json.dumps(payload)[:1024], redact, _hint_for_status)
+
+
+def _hint_for_status(status: int) -> str:
+    return _HINTS.get(status) or ("the provider failed; retry later or fail over to another model"
+                                  if status >= 500 else "the request was not accepted")

@@ -117,29 +117,61 @@ class StreamParser(SseStreamParser):
         else:
             finish = None
         content = delta.get("content")
-        if type(content) is not str or not content:
-            content = _text_or_none(content)
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning is not None:
             reasoning = _text_or_none(reasoning)
+        refusal = delta.get("refusal")
+        if refusal is not None:
+            refusal = _text_or_none(refusal)
+        if type(content) is list:
+            content, reasoning, refusal = _typed_parts(content, reasoning, refusal)
+        elif type(content) is not str or not content:
+            content = None
         tool_calls = delta.get("tool_calls")
         return Chunk(content, reasoning, () if tool_calls is None else _tool_call_deltas(tool_calls),
-                     False, usage, finish, self.model)
+                     False, usage, finish, self.model, refusal)
 
 
 def _text_or_none(value: Any) -> Optional[str]:
-    """Delta text: a string, or a list of text parts (``[{"type": "text", "text": ...}]``).
+    """Text: a string, or the text of a list of parts (``[{"type": "text", "text": ...}]``).
 
     Anything else (a number, an object) is not text and is ignored.
     """
     if isinstance(value, str):
         return value or None
     if isinstance(value, list):
-        parts = [part.get("text") for part in value
-                 if isinstance(part, dict) and part.get("type", "text") == "text"]
-        joined = "".join(p for p in parts if isinstance(p, str))
-        return joined or None
+        return _typed_parts(value, None, None)[0]
     return None
+
+
+#: Where each typed content part keeps its text, and what it is to the caller.
+_PART_TEXT = {"text": ("text", 0), "output_text": ("text", 0), "thinking": ("thinking", 1),
+              "reasoning": ("reasoning", 1), "refusal": ("refusal", 2)}
+
+
+def _typed_parts(parts: List[Any], reasoning: Optional[str],
+                 refusal: Optional[str]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """``(content, reasoning, refusal)`` of a list of typed parts, read as the provider means them.
+
+    ``text`` parts are the answer; ``thinking`` parts are reasoning --
+    Magistral sends ``{"type": "thinking", "thinking": [{"type": "text",
+    "text": ...}]}`` -- and ``refusal`` parts (OpenAI) are a refusal.
+    Reasoning or a refusal the delta already carries comes first.  A part of
+    an unknown type is ignored: guessing would show internals as the answer.
+    """
+    found: List[List[str]] = [[], [reasoning] if reasoning else [], [refusal] if refusal else []]
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        key, slot = _PART_TEXT.get(part.get("type", "text"), (None, 0))
+        if key is None:
+            continue
+        value = part.get(key)
+        text = value if isinstance(value, str) else (_text_or_none(value) if isinstance(value, list) else None)
+        if text:
+            found[slot].append(text)
+    content, thought, refused = ("".join(texts) or None for texts in found)
+    return content, thought, refused
 
 
 def _choice_index(choice: Dict[str, Any]) -> Optional[int]:
@@ -250,8 +282,16 @@ def response_from_json(payload: Any, redact: Any) -> Response:
                               name=_string_or_none(function.get("name")) or "",
                               arguments=_arguments_text(function.get("arguments")) or "{}"))
     finish = choice.get("finish_reason")
+    raw_content = message.get("content")
+    reasoning = _text_or_none(message.get("reasoning_content") or message.get("reasoning"))
+    refusal = _text_or_none(message.get("refusal"))
+    content: Optional[str] = raw_content if isinstance(raw_content, str) else None
+    if isinstance(raw_content, list):
+        content, reasoning, refusal = _typed_parts(raw_content, reasoning, refusal)
     return Response(
-        content=_text_or_none(message.get("content")) or "",
+        content=content or "",
+        reasoning=reasoning,
+        refusal=refusal,
         tool_calls=tuple(calls),
         usage=_usage(payload.get("usage")),
         model=payload.get("model") if isinstance(payload.get("model"), str) else None,
