@@ -22,7 +22,8 @@ __all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_provider_flags", "build_e
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
 NO_CAP_S = 30 * 86400.0
-DEFAULT_TIMEOUT_S = 600.0
+#: The library's own cap (EngineConfig.completion_timeout), so a served run is bounded as a library run is.
+DEFAULT_TIMEOUT_S = 60.0
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 PROVIDERS = ("openai", "anthropic")
 
@@ -108,7 +109,7 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--idle-timeout", metavar="S", type=positive_seconds,
                    help="longest silence between meaningful chunks (env STREAMENGINE_IDLE_TIMEOUT; default 30)")
     t.add_argument("--timeout", metavar="S", type=_cap_seconds,
-                   help="cap on one model call, 0 = none (env STREAMENGINE_TIMEOUT; default 600)")
+                   help="cap on one model call, 0 = none (env STREAMENGINE_TIMEOUT; default 60)")
     t.add_argument("--connect-timeout", metavar="S", type=positive_seconds,
                    help="TCP/TLS connect (env STREAMENGINE_CONNECT_TIMEOUT; default 10)")
     t.add_argument("--tool-timeout", metavar="S", type=positive_seconds,
