@@ -5,12 +5,8 @@ and talks to it with raw sockets, the way a slow or hostile client does.
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import queue
 import socket
-import threading
-from typing import Iterator, List
+from typing import List
 
 import pytest
 import requests
@@ -20,26 +16,13 @@ from streamengine._config import EngineConfig
 from streamengine._cli.build import DEFAULT_TIMEOUT_S
 from streamengine.testing import FakeProvider
 from streamengine.web import make_wsgi_app
-from streamengine.web._serve import CHANNEL_TIMEOUT_S, OUTBUF_HIGH_WATERMARK, serve_app, server_limits
+from serve_support import served
+from streamengine.web._serve import CHANNEL_TIMEOUT_S, OUTBUF_HIGH_WATERMARK, server_limits
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.run import StreamingEngine
 
 HALF_SENT = (b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
              b"Content-Length: 100\r\n\r\n{\"messages\"")
-
-
-@contextlib.contextmanager
-def served(app, threads: int = 8, **options) -> Iterator[str]:
-    stop, urls = threading.Event(), queue.Queue()
-    thread = threading.Thread(target=serve_app, args=(app,), name="test-serve-limits", kwargs=dict(
-        host="127.0.0.1", port=0, threads=threads, out=io.StringIO(), stop=stop, ready=urls.put, **options))
-    thread.start()
-    try:
-        yield urls.get(timeout=10)
-    finally:
-        stop.set()
-        thread.join(15)
-        assert not thread.is_alive()
 
 
 @pytest.fixture
