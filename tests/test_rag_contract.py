@@ -32,6 +32,25 @@ def stores(request, tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# Scopes: a search sees only its own scope's rows
+# ---------------------------------------------------------------------------
+
+
+def test_a_search_sees_only_its_scope_whatever_it_asks(stores):
+    store = stores.new(embedder=HashingEmbedder())
+    store.add_chunks("tool:mail:a", ["alice: bank PIN is 4711, SECRET-TOKEN"], scope="conversation:alice")
+    store.add_chunks("tool:mail:b", ["bob: bank holiday on monday"], scope="conversation:bob")
+    store.add_chunks("tool:mail:old", ["old bank PIN row"])  # no scope: ''
+    for scope, expected in [("conversation:alice", ["tool:mail:a"]), ("conversation:bob", ["tool:mail:b"]),
+                            ("", ["tool:mail:old"]), ("conversation:carol", [])]:
+        hits = store.search("bank PIN SECRET-TOKEN holiday", k=10, scope=scope)
+        assert [h.source for h in hits] == expected, scope
+    assert store.search("bank", k=10, source="tool:mail:a", scope="conversation:bob") == []
+    with pytest.raises(ConfigError, match="scope"):
+        store.add_chunks("s", ["x"], scope=None)
+
+
+# ---------------------------------------------------------------------------
 # Keyword meaning
 # ---------------------------------------------------------------------------
 

@@ -193,7 +193,7 @@ with FakeProvider() as fp:
     fp.add_turn(s.text("Fetched."))
     engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch_page], EngineConfig(models=["m"]), rag=store)
     with engine:
-        result = engine.complete([{{"role": "user", "content": "fetch it"}}])
+        result = engine.complete([{{"role": "user", "content": "fetch it"}}], conversation_id="shared")
 store.close()
 print(json.dumps({{"answer": result.answer, "call_id": result.tool_results[0].call_id}}))
 """
@@ -222,7 +222,9 @@ def test_a_result_filed_by_an_engine_in_one_process_is_found_by_rag_search_in_an
             fp.add_turn(s.text("Herons nest by quartzite cliffs."))
             engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [], EngineConfig(models=["m"]), rag=store)
             with engine:
-                result = engine.complete([{"role": "user", "content": "where do herons nest?"}])
+                # The same conversation in both processes: the scope both file into and search.
+                result = engine.complete([{"role": "user", "content": "where do herons nest?"}],
+                                         conversation_id="shared")
     finally:
         watcher.join(timeout=70)
         store.close()
@@ -232,3 +234,48 @@ def test_a_result_filed_by_an_engine_in_one_process_is_found_by_rag_search_in_an
     search = result.tool_results[0]
     assert search.name == "rag_search" and search.ok
     assert PHRASE in search.text and f"tool:fetch_page:{filing['call_id']}" in search.text
+
+
+# ---------------------------------------------------------------------------
+# Scopes on a table from before them; every wait bounded
+# ---------------------------------------------------------------------------
+
+
+def test_a_table_from_before_scopes_gets_the_column_and_its_rows_are_seen_by_no_run(dsn, table):
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                     f"source text NOT NULL, text text NOT NULL, tsv tsvector GENERATED ALWAYS AS "
+                     f"(to_tsvector('english', text)) STORED, embed_model text, vector float8[])")
+        conn.execute(f"INSERT INTO {table} (source, text) VALUES ('tool:mail:1', 'the PIN is 4711 SECRET')")
+    store = PostgresRagStore(dsn, table=table)
+    try:
+        assert [h.source for h in store.search("PIN SECRET")] == ["tool:mail:1"]  # scope ''
+        assert store.search("PIN SECRET", scope="conversation:c-1") == []
+        store.add_chunks("tool:mail:2", ["the PIN is 1234 SECRET"], scope="conversation:c-1")
+        assert [h.source for h in store.search("PIN", scope="conversation:c-1")] == ["tool:mail:2"]
+        with psycopg.connect(dsn) as conn:
+            indexes = [row[0] for row in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s",
+                                                      [table])]
+        assert f"{table}_scope" in indexes
+    finally:
+        store.close()
+
+
+def test_a_locked_table_fails_a_filing_within_the_statement_timeout(dsn, table):
+    import psycopg
+
+    store = PostgresRagStore(dsn, table=table, statement_timeout=0.5)
+    locker = psycopg.connect(dsn)
+    try:
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")  # held until the rollback below
+        with pytest.raises(StreamEngineError, match="could not store") as caught:
+            store.add_chunks("s", ["blocked"], scope="x")
+        assert "lock timeout" in str(caught.value) or "statement timeout" in str(caught.value)
+        with pytest.raises(StreamEngineError, match="could not search"):
+            store.search("blocked", scope="x")
+    finally:
+        locker.rollback()
+        locker.close()
+        store.close()
