@@ -265,6 +265,11 @@ def test_cancelling_while_a_tool_runs_after_the_stream_ended_does_not_wait_for_f
             assert finished.wait(5)  # a guard: the filing_timeout of 30 s is not waited for
             release.set()
             thread.join(5)
+        # The engine closed: the tool returned after it was told as cancelled.  That late
+        # result is not told again: not counted, not filed.
+        assert store.count() == 0
     result = done(events)
     assert result.telemetry.stop_reason == "cancelled" and result.telemetry.filing_errors == 0
     assert [e.result.call_id for e in of(events, ToolResultEvent)] == ["call_inline_r1_1"]
+    telemetry = result.telemetry
+    assert (telemetry.tools_started, telemetry.tools_failed, telemetry.tools_ok) == (1, 1, 0)
