@@ -273,3 +273,26 @@ def test_cancelling_while_a_tool_runs_after_the_stream_ended_does_not_wait_for_f
     assert [e.result.call_id for e in of(events, ToolResultEvent)] == ["call_inline_r1_1"]
     telemetry = result.telemetry
     assert (telemetry.tools_started, telemetry.tools_failed, telemetry.tools_ok) == (1, 1, 0)
+
+
+def test_native_arguments_refuse_duplicate_keys_as_inline_blocks_do():
+    ran = []
+
+    @tool(side_effects=True)
+    def send(to: str) -> str:
+        """Sends."""
+        ran.append(to)
+        return f"sent to {to}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.tool_call(0, id="c1", name="send", arguments='{"to": "bob", "to": "eve"}'),
+                    s.finish("tool_calls"))
+        fp.add_turn(s.text(block("send", {"to": "x"})[:-len("</tool>")].replace('{"to": "x"}',
+                                                                             '{"to": "bob", "to": "eve"}') + "</tool>"))
+        fp.add_turn(s.text("refused twice"))
+        with make(fp, [send]) as engine:
+            result = engine.complete(ASK)
+    assert ran == []
+    native, inline = result.tool_results
+    assert "appears twice" in native.error and "appears twice" in inline.error
+    assert result.telemetry.parse_errors == 2
