@@ -296,3 +296,49 @@ def test_native_arguments_refuse_duplicate_keys_as_inline_blocks_do():
     native, inline = result.tool_results
     assert "appears twice" in native.error and "appears twice" in inline.error
     assert result.telemetry.parse_errors == 2
+
+
+# --- amplification ----------------------------------------------------------------------------------
+
+def test_thousands_of_blocks_are_summed_up_not_told_one_by_one():
+    from streamengine._engine.dispatch import MAX_TOLD_STOPPED
+
+    @tool
+    def look(q: str) -> str:
+        """Looks."""
+        return f"found {q}"
+
+    blocks = "".join(block("look", {"q": str(n)}) for n in range(2000))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(blocks))
+        fp.add_turn(s.text("ok"))
+        with make(fp, [look], max_tools_per_round=3, max_tools_total=5) as engine:
+            events = list(engine.run(ASK))
+    told = of(events, ToolResultEvent)
+    assert len(told) == 3 + MAX_TOLD_STOPPED
+    telemetry = done(events).telemetry
+    assert telemetry.cap_skipped == 2000 - 3 and telemetry.tools_started == 3
+    summary = [e for e in of(events, ErrorEvent) if "counted, not told one by one" in e.message]
+    assert len(summary) == 1 and f"{2000 - 3 - MAX_TOLD_STOPPED} more" in summary[0].message
+    continuation = fp.requests[1].json["messages"][-1]["content"]
+    assert f"[+{2000 - 3 - MAX_TOLD_STOPPED}] further tool calls were not run" in continuation
+    assert len(continuation) < 10_000 and continuation.count("(call id") == 3 + MAX_TOLD_STOPPED
+
+
+def test_native_calls_past_the_bound_are_not_sent_back_but_summed_up():
+    @tool
+    def look(q: str) -> str:
+        """Looks."""
+        return f"found {q}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(*[s.tool_call(n, id=f"n{n}", name="look", arguments=json.dumps({"q": str(n)}))
+                      for n in range(40)], s.finish("tool_calls"))
+        fp.add_turn(s.text("ok"))
+        with make(fp, [look], tool_mode="native", max_tools_per_round=3) as engine:
+            engine.complete(ASK)
+    messages = fp.requests[1].json["messages"]
+    assistant = next(m for m in messages if m["role"] == "assistant")
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert [c["id"] for c in assistant["tool_calls"]] == answered and len(answered) == 13
+    assert "[+27] further tool calls were not run" in messages[-1]["content"]

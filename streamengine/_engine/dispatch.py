@@ -42,6 +42,11 @@ Key = Tuple[str, str]
 Approve = Callable[[ToolCall], object]
 
 
+#: Calls a gate stopped (caps, duplicates, unknown tools, unreadable) that are told one by one
+#: per round; past it they are only counted and summed up in one line (5,000 blocks in an
+#: answer must not become 5,000 events and a megabyte of continuation).
+MAX_TOLD_STOPPED = 10
+
 #: The :class:`Telemetry` counters the gates write (on the run thread); a failover replay rewinds them.
 GATE_COUNTERS = ("tools_started", "dedup_skipped", "cap_skipped", "disallowed", "parse_errors", "refused")
 
@@ -129,6 +134,8 @@ class ToolDispatcher:
         self._held: List[Tuple[int, Key, Tool, ToolCall]] = []
         self._round_started: Dict[Key, ToolHandle] = {}
         self._round_ids: List[str] = []
+        self.untold_stopped = 0  # stopped calls past MAX_TOLD_STOPPED this round: counted, not told
+        self._told_stopped = 0
         self._counters_at_round_start = {name: getattr(self.counters, name) for name in GATE_COUNTERS}
         self._total_at_round_start = self._total
 
@@ -165,15 +172,17 @@ class ToolDispatcher:
         self._round_ids.append(call.id)
         return call
 
-    def dispatch(self, call: ToolCall) -> ToolCall:
+    def dispatch(self, call: ToolCall) -> Optional[ToolCall]:
         """Run the gates for one completed call; start it unless a gate stops it.
 
         Returns the call under the id the run knows it by (see :meth:`own_id`):
-        a native call must be sent back to the provider under that id.
+        a native call must be sent back to the provider under that id.  None:
+        the call was stopped past ``MAX_TOLD_STOPPED`` and is only summed up.
         """
         call = self.own_id(call)
+        untold = self.untold_stopped
         self._gate(call)
-        return call
+        return call if self.untold_stopped == untold else None
 
     def _gate(self, call: ToolCall) -> None:
         try:
@@ -210,6 +219,10 @@ class ToolDispatcher:
         self._settle_now(self.own_id(call), reason)
 
     def _settle_now(self, call: ToolCall, reason: str) -> None:
+        if self._told_stopped >= MAX_TOLD_STOPPED:
+            self.untold_stopped += 1
+            return
+        self._told_stopped += 1
         result = ToolResult.error_result(call, reason)
         self._round.append(result)
         self._on_result(result, False)

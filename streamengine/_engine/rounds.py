@@ -115,8 +115,11 @@ class _RoundStream:
         self.runner.dispatcher.poll_deadlines()
 
     def _dispatch_native(self, call: ToolCall) -> None:
-        # Under the id the run gave it: a repeated provider id is renamed, and sent back renamed.
-        self.native_calls.append(self.runner.dispatcher.dispatch(call))
+        # Under the id the run gave it (a repeated provider id is renamed, and sent back renamed);
+        # a call only summed up (None) is not sent back at all.
+        dispatched = self.runner.dispatcher.dispatch(call)
+        if dispatched is not None:
+            self.native_calls.append(dispatched)
 
     def finish(self) -> None:
         """The stream completed: release held-back text, dispatch the last native calls."""
@@ -283,6 +286,10 @@ class RoundRunner:
         else:
             self.dispatcher.drop_held()
         self.dispatcher.cancel_unused_replays()
+        if self.dispatcher.untold_stopped:
+            self.state.emit(ErrorEvent(f"{self.dispatcher.untold_stopped} more tool calls of this round were "
+                                       f"not run (limits, duplicates or unreadable blocks); they are counted, "
+                                       f"not told one by one", fatal=False))
         text = stream.text
         self.state.rounds.append(text)
         results = self._join_round()
@@ -362,8 +369,10 @@ class RoundRunner:
         native = [r for r in results if r.call_id in native_ids]
         inline = [r for r in results if r.call_id not in native_ids]
         self.messages.extend(tool_result_messages(native))
-        if inline or not native:
-            self.messages.append(Message(role="user", content=build_continuation_message(inline or results)))
+        untold = self.dispatcher.untold_stopped
+        if inline or not native or untold:
+            self.messages.append(Message(role="user", content=build_continuation_message(inline, untold=untold)
+                                         if native else build_continuation_message(results, untold=untold)))
 
     # --- endings ----------------------------------------------------------------------------
     def _count_parse_errors(self, stream: _RoundStream) -> None:
