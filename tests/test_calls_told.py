@@ -40,6 +40,19 @@ def make(fp, tools, rag=None, **config):
     return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config), rag=rag)
 
 
+def recording_sender():
+    """A side-effect tool and the list of whom it sent to."""
+    ran = []
+
+    @tool(side_effects=True)
+    def send(to: str) -> str:
+        """Sends."""
+        ran.append(to)
+        return f"sent to {to}"
+
+    return send, ran
+
+
 # --- a busy refusal is told -----------------------------------------------------------------------
 
 def test_a_call_refused_as_pool_busy_gets_its_tool_result_and_is_counted():
@@ -104,13 +117,7 @@ def test_a_tool_given_up_and_returning_later_is_told_once():
 # --- side effects ----------------------------------------------------------------------------------
 
 def test_a_side_effect_call_repeated_in_its_round_runs_once():
-    ran = []
-
-    @tool(side_effects=True)
-    def send(to: str) -> str:
-        """Sends."""
-        ran.append(to)
-        return f"sent to {to}"
+    send, ran = recording_sender()
 
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("send", {"to": "bob"}) + " and again " + block("send", {"to": "bob"})))
@@ -276,19 +283,12 @@ def test_cancelling_while_a_tool_runs_after_the_stream_ended_does_not_wait_for_f
 
 
 def test_native_arguments_refuse_duplicate_keys_as_inline_blocks_do():
-    ran = []
-
-    @tool(side_effects=True)
-    def send(to: str) -> str:
-        """Sends."""
-        ran.append(to)
-        return f"sent to {to}"
+    send, ran = recording_sender()
 
     with FakeProvider() as fp:
         fp.add_turn(s.tool_call(0, id="c1", name="send", arguments='{"to": "bob", "to": "eve"}'),
                     s.finish("tool_calls"))
-        fp.add_turn(s.text(block("send", {"to": "x"})[:-len("</tool>")].replace('{"to": "x"}',
-                                                                             '{"to": "bob", "to": "eve"}') + "</tool>"))
+        fp.add_turn(s.text('<tool name="send">{"to": "bob", "to": "eve"}</tool>'))
         fp.add_turn(s.text("refused twice"))
         with make(fp, [send]) as engine:
             result = engine.complete(ASK)

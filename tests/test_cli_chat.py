@@ -183,7 +183,7 @@ def engine_for(*argv, environ=None):
 
 
 @pytest.mark.parametrize("argv, environ, idle, cap, connect", [
-    ((), {}, 30.0, 600.0, 10.0),
+    ((), {}, 30.0, 60.0, 10.0),
     (("--timeout", "0"), {}, 30.0, NO_CAP_S, 10.0),
     (("--idle-timeout", "90", "--timeout", "1200", "--connect-timeout", "3"), {}, 90.0, 1200.0, 3.0),
     ((), {"STREAMENGINE_IDLE_TIMEOUT": "45", "STREAMENGINE_TIMEOUT": "0", "STREAMENGINE_CONNECT_TIMEOUT": "2.5"},
