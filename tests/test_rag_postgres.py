@@ -279,3 +279,47 @@ def test_a_locked_table_fails_a_filing_within_the_statement_timeout(dsn, table):
         locker.rollback()
         locker.close()
         store.close()
+
+
+def test_runs_on_a_locked_table_never_hold_a_tool_worker_and_each_filing_counts_once(dsn, table):
+    """The finding: 12 runs on a locked table held all 8 workers and a new run's tool never ran."""
+    import psycopg
+    from streamengine import tool
+    from streamengine._engine.events import DoneEvent, ToolStartEvent
+
+    @tool
+    def fetch(n: int) -> str:
+        """Fetches."""
+        return f"page {n} about herons"
+
+    store = PostgresRagStore(dsn, table=table, statement_timeout=0.3)
+    locker = psycopg.connect(dsn)
+    try:
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        with FakeProvider() as fp:
+            fp.respond_with(lambda request: [s.text('<tool name="fetch">{"n": 1}</tool>')]
+                            if request["messages"][-1]["content"] == "go" else [s.text("done")])
+            engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch],
+                                     EngineConfig(models=["m"], pool_size=8, filing_timeout=0.5,
+                                                  max_continuations=1), rag=store)
+            with engine:
+                runs = []
+                threads = [threading.Thread(target=lambda: runs.append(list(engine.run(
+                    [{"role": "user", "content": "go"}])))) for _ in range(12)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(30)
+                started = threading.Event()
+                late = [e for e in engine.run([{"role": "user", "content": "go"}])
+                        if not (isinstance(e, ToolStartEvent) and started.set())]
+                assert started.is_set() and engine.executor.stuck_workers() == 0
+    finally:
+        locker.rollback()
+        locker.close()
+        store.close()
+    assert len(runs) == 12
+    for events in runs + [late]:
+        result = events[-1].result
+        assert isinstance(events[-1], DoneEvent) and result.answer == "done"
+        assert result.telemetry.filing_errors == 1 and result.telemetry.tools_ok == 1

@@ -12,6 +12,7 @@ import sqlite3
 import pytest
 import requests
 
+from rag_stores import STORE_KINDS, StoreMaker
 from serve_support import served
 from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine._errors import ConfigError
@@ -70,8 +71,16 @@ def test_over_http_bob_never_finds_what_alices_run_filed():
             assert "SECRET-TOKEN" in last_continuation(fp)
 
 
-def test_runs_without_a_conversation_id_are_each_their_own_scope():
-    with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
+@pytest.fixture(params=STORE_KINDS)
+def stores(request, tmp_path):
+    maker = StoreMaker(request.param, tmp_path)
+    yield maker
+    maker.cleanup()
+
+
+def test_runs_without_a_conversation_id_are_each_their_own_scope(stores):
+    store = stores.new()
+    with FakeProvider() as fp, engine_for(fp, store) as engine:
         fp.add_turn(s.text(block("read_mail")))
         fp.add_turn(s.text("read"))
         engine.complete([{"role": "user", "content": "mail?"}])
