@@ -24,7 +24,7 @@ def test_a_tool_whose_dask_worker_dies_runs_once_and_says_so(tmp_path, monkeypat
     monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))  # workers import remote_tools
     log = tmp_path / "starts.log"
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  protocol="tcp://", dashboard_address=None, silence_logs=50) as cluster, \
+                                  protocol="tcp://", dashboard_address=":0", silence_logs=50) as cluster, \
             distributed.Client(cluster) as client:
         with FakeProvider() as fp:
             fp.add_turn(s.text(f'<tool name="die_mid_call">{json.dumps({"log": str(log)})}</tool>'))
@@ -36,4 +36,5 @@ def test_a_tool_whose_dask_worker_dies_runs_once_and_says_so(tmp_path, monkeypat
     assert len(starts) == 1, starts  # without the mark: one start per allowed failure, then KilledWorker
     outcome = result.tool_results[0]
     assert not outcome.ok and "at most once" in outcome.error and "died" in outcome.error
+    assert "rescheduled it onto tcp://127.0.0.1:" in outcome.error
     assert result.answer == "it could not run"

@@ -109,15 +109,16 @@ def _mark_started_on_dask(token: str, tool_name: str) -> Any:
     """
     try:
         from distributed import Event, get_worker
-        get_worker()
+        worker = get_worker()
     except (ImportError, ValueError):
         return None
     mark = Event(f"streamengine-call-{token}")
     if mark.is_set():
         raise RemoteToolError(
-            f"tool {tool_name!r} was already started on a Dask worker that died (or was lost) while running it; "
-            f"it is not run a second time, since remote tools run at most once: check the worker's log, then "
-            f"call it again only if it has no side effects that may already have happened")
+            f"tool {tool_name!r} was already started on a Dask worker that died (or was lost) while running it, "
+            f"and the scheduler rescheduled it onto {worker.address}; it is not run a second time, since remote "
+            f"tools run at most once: check the dead worker's log, then call it again only if it has no side "
+            f"effects that may already have happened")
     mark.set()
     return mark
 
