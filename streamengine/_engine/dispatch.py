@@ -343,6 +343,11 @@ class ToolDispatcher:
         listing = ", ".join(names) if names else "none"
         return f"tool '{call.name}' is not available; available tools: {listing}"
 
+    def untold_summary(self) -> str:
+        """The one line that stands for this round's calls stopped past ``MAX_TOLD_STOPPED``."""
+        return (f"{self.untold_stopped} more tool calls of this round were not run (limits, duplicates or "
+                f"unreadable blocks); they are counted, not told one by one")
+
     def round_ids(self) -> List[str]:
         """The ids of this round's calls, in the order they were found."""
         return list(self._round_ids)

@@ -177,11 +177,20 @@ class FilingQueue:
         return None
 
 
-def wait_filed(tickets: Sequence[FilingTicket], timeout: float, cancel: threading.Event) -> Sequence[FilingTicket]:
-    """Wait until every ticket is done, ``timeout`` passes or ``cancel`` is set; the tickets still open."""
+def wait_filed(tickets: Sequence[FilingTicket], timeout: float, cancel: threading.Event) -> None:
+    """Wait until every ticket is done, ``timeout`` passes or ``cancel`` is set.
+
+    A ticket still open then (unless cancelled) is reported late: one filing
+    error, never counted again if the store fails it afterwards.
+    """
     deadline = time.monotonic() + timeout
     for ticket in tickets:
         while not ticket.done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if cancel.is_set() or time.monotonic() >= deadline:
-                return [t for t in tickets if not t.done.is_set()]
-    return []
+            if cancel.is_set():
+                return
+            if time.monotonic() >= deadline:
+                break
+    for ticket in tickets:
+        if not ticket.done.is_set():
+            ticket.late(f"filing tool results in the RAG store took longer than {timeout:g}s; "
+                        f"the next round may not find them")

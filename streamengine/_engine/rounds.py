@@ -287,9 +287,7 @@ class RoundRunner:
             self.dispatcher.drop_held()
         self.dispatcher.cancel_unused_replays()
         if self.dispatcher.untold_stopped:
-            self.state.emit(ErrorEvent(f"{self.dispatcher.untold_stopped} more tool calls of this round were "
-                                       f"not run (limits, duplicates or unreadable blocks); they are counted, "
-                                       f"not told one by one", fatal=False))
+            self.state.emit(ErrorEvent(self.dispatcher.untold_summary(), fatal=False))
         text = stream.text
         self.state.rounds.append(text)
         results = self._join_round()
@@ -332,10 +330,7 @@ class RoundRunner:
         self.dispatcher.wait_until_reported(timeout, cancel)  # on_result has queued each filing
         with self._lock:
             tickets = [self._tickets.pop(i) for i in self.dispatcher.round_ids() if i in self._tickets]
-        for ticket in wait_filed(tickets, timeout, cancel):
-            if not cancel.is_set():
-                ticket.late(f"filing tool results in the RAG store took longer than {timeout:g}s; "
-                            f"the next round may not find them")
+        wait_filed(tickets, timeout, cancel)
 
     def _await(self, entry: Any) -> ToolResult:
         """The entry's result at its deadline at the latest; at once if the run is cancelled."""
