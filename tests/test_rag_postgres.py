@@ -323,3 +323,94 @@ def test_runs_on_a_locked_table_never_hold_a_tool_worker_and_each_filing_counts_
         result = events[-1].result
         assert isinstance(events[-1], DoneEvent) and result.answer == "done"
         assert result.telemetry.filing_errors == 1 and result.telemetry.tools_ok == 1
+
+
+class _CuttableProxy:
+    """A TCP forwarder to the test server; ``cut()`` makes the server look down (refused, connections dead)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets = []
+        self._threads = [threading.Thread(target=self._accept, name="pg-proxy-accept")]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                pump = threading.Thread(target=self._pump, args=(src, dst), name="pg-proxy-pump")
+                self._threads.append(pump)
+                pump.start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone would not on Linux
+        except OSError:
+            pass
+        self._listener.close()
+        for sock in list(self._sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+def test_a_server_gone_down_is_a_bounded_filing_error_and_tools_keep_running(dsn, table):
+    """The finding: with PostgreSQL down each add_chunks held its tool worker for the pool's 30 s."""
+    import psycopg
+    from streamengine import tool
+
+    @tool
+    def fetch() -> str:
+        """Fetches."""
+        return "a page about herons"
+
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    PostgresRagStore(dsn, table=table).close()  # the table exists before the proxy goes down
+    proxy = _CuttableProxy(info.get("host", "127.0.0.1"), int(info.get("port", 5432)))
+    store = PostgresRagStore(psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port)),
+                             table=table, connect_timeout=1.0, statement_timeout=1.0)
+    try:
+        proxy.cut()
+        with FakeProvider() as fp:
+            fp.add_turn(s.text('<tool name="fetch">{}</tool> <tool name="rag_search">{"query": "herons"}</tool>'))
+            fp.add_turn(s.text("done"))
+            engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch],
+                                     EngineConfig(models=["m"], filing_timeout=5, tool_timeout=10), rag=store)
+            with engine:
+                result = engine.complete([{"role": "user", "content": "go"}])
+                assert engine.executor.stuck_workers() == 0
+    finally:
+        proxy.cut()
+        store.close()
+    fetched, search = result.tool_results
+    assert fetched.ok and not search.ok and "could not search" in search.error
+    assert not search.timed_out  # bounded by connect_timeout, well inside the tool's deadline
+    assert result.answer == "done" and result.telemetry.filing_errors == 1
