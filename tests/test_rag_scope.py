@@ -147,3 +147,25 @@ def test_the_tool_description_says_what_it_searches():
     with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
         spec = next(spec for spec in engine.registry.specs() if spec.name == "rag_search")
         assert "this conversation" in spec.description
+
+
+def test_each_run_gets_a_copy_of_one_template_and_an_applications_own_rag_search_runs_as_is():
+    with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
+        template = engine.registry.get("rag_search")
+        bound = engine._scoped_tools("conversation:x")["rag_search"]
+        assert bound is not template and bound.spec == template.spec
+        assert bound._signature is template._signature  # the schema is built once per engine, not per run
+
+    @tool(name="rag_search")
+    def own_search(query: str) -> str:
+        """The application's own search."""
+        return f"own answer to {query}"
+
+    with FakeProvider() as fp, SqliteRagStore() as store:
+        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [read_mail, own_search],
+                                 EngineConfig(models=["m"]), rag=store)
+        with engine:
+            fp.add_turn(s.text(block("rag_search", {"query": "pins"})))
+            fp.add_turn(s.text("ok"))
+            result = engine.complete([{"role": "user", "content": "q"}])
+    assert result.tool_results[0].text == "own answer to pins"

@@ -83,10 +83,7 @@ class StreamingEngine:
                               f"got {type(approve).__name__}")
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.rag = rag
-        self._registered_search = None
-        if rag is not None:
-            self._register_rag_search(rag)
-            self._registered_search = self.registry.get("rag_search")
+        self._registered_search = self._register_rag_search(rag) if rag is not None else None
         self._log = component_logger("streamengine._engine.run.StreamingEngine", logger)
         self.emitter = emitter if emitter is not None else EventEmitter()
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
@@ -106,16 +103,21 @@ class StreamingEngine:
                              run_tools=self._scoped_tools if rag is not None else None, approve=approve)
         self._closed = False
 
-    def _register_rag_search(self, rag: Any) -> None:
+    def _register_rag_search(self, rag: Any) -> Any:
+        """Our ``rag_search`` template (its spec is what the model sees), or None if the app has its own."""
         from ..rag._search_tool import make_rag_search_tool
-        if "rag_search" not in self.registry:  # for its spec; each run calls its own, bound to its scope
-            self.registry.register(make_rag_search_tool(rag, scope=None))
+        if "rag_search" in self.registry:
+            return None
+        template = make_rag_search_tool(rag, scope=None)  # each run calls a copy bound to its scope
+        self.registry.register(template)
+        return template
 
     def _scoped_tools(self, scope: str) -> dict:
-        from ..rag._search_tool import make_rag_search_tool
-        if self.registry.get("rag_search") is not self._registered_search:
-            return {}  # the application registered its own rag_search
-        return {"rag_search": make_rag_search_tool(self.rag, scope=scope)}
+        from ..rag._search_tool import bound_to_scope
+        template = self._registered_search
+        if template is None or self.registry.get("rag_search") is not template:
+            return {}  # the application's own rag_search (registered before or after the engine) runs as is
+        return {"rag_search": bound_to_scope(template, self.rag, scope)}
 
     # --- public API --------------------------------------------------------------
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
