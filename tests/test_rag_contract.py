@@ -12,21 +12,14 @@ import threading
 
 import pytest
 
-from rag_stores import (  # noqa: F401 - warnings_log is a fixture
-    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, STORE_KINDS, StoreMaker, fill, spec_json,
-    warnings_log, writer_script,
+from rag_stores import (  # noqa: F401 - stores and warnings_log are fixtures
+    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, fill, spec_json,
+    stores, warnings_log, writer_script,
 )
 from streamengine._errors import ConfigError, StreamEngineError
 from streamengine.rag import HashingEmbedder, Hit, RagStore, _base as rag_base
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
-
-
-@pytest.fixture(params=STORE_KINDS)
-def stores(request, tmp_path):
-    maker = StoreMaker(request.param, tmp_path)
-    yield maker
-    maker.cleanup()
 
 
 

@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 import requests
 
-from rag_stores import STORE_KINDS, StoreMaker
+from rag_stores import stores  # noqa: F401 - a fixture: one StoreMaker per store kind
 from serve_support import served
 from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine._errors import ConfigError
@@ -69,13 +69,6 @@ def test_over_http_bob_never_finds_what_alices_run_filed():
             search_turn(fp)
             ask("alice")
             assert "SECRET-TOKEN" in last_continuation(fp)
-
-
-@pytest.fixture(params=STORE_KINDS)
-def stores(request, tmp_path):
-    maker = StoreMaker(request.param, tmp_path)
-    yield maker
-    maker.cleanup()
 
 
 def test_runs_without_a_conversation_id_are_each_their_own_scope(stores):
