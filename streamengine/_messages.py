@@ -26,6 +26,20 @@ MAX_ARGUMENT_DEPTH = 128
 _NESTING_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
 
 
+def unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook`` for tool arguments: a key given twice is an error.
+
+    With plain ``json.loads`` the last one wins silently, so ``{"to": "bob", "to": "eve"}``
+    would mean something else to a reader (or a reviewing approver) than to the tool.
+    """
+    obj: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
 def too_deep(text: str, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
     """Whether JSON ``text`` nests brackets deeper than ``limit``; linear, no recursion.
 
@@ -70,7 +84,7 @@ class ToolCall:
                 f"than {MAX_ARGUMENT_DEPTH} levels; expected a JSON object such as {{\"query\": \"...\"}}"
             )
         try:
-            value = json.loads(text)
+            value = json.loads(text, object_pairs_hook=unique_keys)  # the inline blocks' rule, too
         except (ValueError, RecursionError) as exc:
             raise ToolError(
                 f"arguments of tool call {self.name!r} are not valid JSON ({exc}); "

@@ -32,6 +32,14 @@ def warnings_log():
     logger.disable("streamengine")
 
 
+@pytest.fixture(params=STORE_KINDS)
+def stores(request, tmp_path):
+    """A :class:`StoreMaker` for each store kind (import it into a test module); its stores close after."""
+    maker = StoreMaker(request.param, tmp_path)
+    yield maker
+    maker.cleanup()
+
+
 def postgres_dsn() -> str:
     """The test server's DSN; skips (fails under CI=true) when there is none."""
     dsn = os.environ.get(PG_DSN_ENV)

@@ -103,3 +103,11 @@ def read_note_when(path: Path, done: bool) -> str:
             return path.read_text()
         time.sleep(0.01)
     return path.read_text() if path.exists() else "(no note)"
+
+
+@tool(executor="remote", side_effects=False)
+def die_mid_call(log: str) -> str:
+    """Notes each start in ``log``, then kills the worker process running it (a crash mid-tool)."""
+    with open(log, "a") as out:
+        out.write(f"{os.getpid()}\n")
+    os._exit(1)

@@ -221,7 +221,7 @@ def test_max_continuations_zero_is_one_round_with_tools_running(tmp_path):
             events = collect(engine)
         assert len(fp.requests) == 1
         assert [r.text for r in results(events)] == ["found wombats here"]
-        assert store.search("wombats", k=1)  # filed, though no round reads it
+        assert store.count() >= 1  # filed, though no round reads it
 
 
 # --- 5. the answer keeps what was shown ----------------------------------------------------------------
@@ -244,12 +244,12 @@ class BrokenStore:
     def __init__(self, block_until=None):
         self.block_until = block_until
 
-    def add_chunks(self, source, chunks, embed_model=None):
+    def add_chunks(self, source, chunks, embed_model=None, *, scope=""):
         if self.block_until is not None:
             self.block_until.wait(10)
         raise RuntimeError("database is locked")
 
-    def search(self, query, k=5, source=None):
+    def search(self, query, k=5, source=None, *, scope=""):
         return []
 
 
@@ -274,7 +274,7 @@ def test_a_lost_filing_is_told_in_telemetry_and_an_event(blocking):
     assert notices and all(not n.fatal for n in notices)
     assert "RAG store" in notices[0].message
     result = done(events)
-    assert result.telemetry.filing_errors >= 1 and result.error is None and result.answer == "done"
+    assert result.telemetry.filing_errors == 1 and result.error is None and result.answer == "done"
 
 
 # --- 8. failover after tokens, opt-in ----------------------------------------------------------------------

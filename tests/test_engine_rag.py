@@ -60,8 +60,8 @@ def test_search_in_the_same_round_finds_a_result_ingested_mid_stream():
     ingested = threading.Event()
 
     class SignallingStore(SqliteRagStore):
-        def add_chunks(self, source, chunks, embed_model=None):
-            n = super().add_chunks(source, chunks, embed_model)
+        def add_chunks(self, source, chunks, embed_model=None, *, scope=""):
+            n = super().add_chunks(source, chunks, embed_model, scope=scope)
             ingested.set()
             return n
 

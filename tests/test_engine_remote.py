@@ -293,8 +293,8 @@ def test_remote_results_are_filed_and_found_by_rag_search_next_round(provider, r
         fetched, search = result.tool_results
         assert [fetched.name, search.name] == ["fetch_notes", "rag_search"]
         assert store.count(source=f"tool:fetch_notes:{fetched.call_id}") > 1
-        # Filed on our own short-lived thread, never on the pool's manager or Dask's event loop.
-        assert filed_on == ["streamengine-remote-result"]
+        # Filed on the store's own filing thread, never on a tool worker, the pool's manager or Dask's loop.
+        assert filed_on == ["streamengine-filing"]
     assert search.ok and PHRASE in search.text
     assert PHRASE in continuation(provider, round_no=3)
 

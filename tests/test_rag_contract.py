@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from rag_stores import (  # noqa: F401 - warnings_log is a fixture
-    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, STORE_KINDS, StoreMaker, fill, spec_json,
-    warnings_log, writer_script,
+from rag_stores import (  # noqa: F401 - stores and warnings_log are fixtures
+    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, fill, spec_json,
+    stores, warnings_log, writer_script,
 )
 from streamengine._errors import ConfigError, StreamEngineError
 from streamengine.rag import HashingEmbedder, Hit, RagStore, _base as rag_base
@@ -22,13 +22,25 @@ from streamengine.rag import HashingEmbedder, Hit, RagStore, _base as rag_base
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 
-@pytest.fixture(params=STORE_KINDS)
-def stores(request, tmp_path):
-    maker = StoreMaker(request.param, tmp_path)
-    yield maker
-    maker.cleanup()
 
 
+# ---------------------------------------------------------------------------
+# Scopes: a search sees only its own scope's rows
+# ---------------------------------------------------------------------------
+
+
+def test_a_search_sees_only_its_scope_whatever_it_asks(stores):
+    store = stores.new(embedder=HashingEmbedder())
+    store.add_chunks("tool:mail:a", ["alice: bank PIN is 4711, SECRET-TOKEN"], scope="conversation:alice")
+    store.add_chunks("tool:mail:b", ["bob: bank holiday on monday"], scope="conversation:bob")
+    store.add_chunks("tool:mail:old", ["old bank PIN row"])  # no scope: ''
+    for scope, expected in [("conversation:alice", ["tool:mail:a"]), ("conversation:bob", ["tool:mail:b"]),
+                            ("", ["tool:mail:old"]), ("conversation:carol", [])]:
+        hits = store.search("bank PIN SECRET-TOKEN holiday", k=10, scope=scope)
+        assert [h.source for h in hits] == expected, scope
+    assert store.search("bank", k=10, source="tool:mail:a", scope="conversation:bob") == []
+    with pytest.raises(ConfigError, match="scope"):
+        store.add_chunks("s", ["x"], scope=None)
 
 
 # ---------------------------------------------------------------------------

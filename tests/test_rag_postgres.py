@@ -193,7 +193,7 @@ with FakeProvider() as fp:
     fp.add_turn(s.text("Fetched."))
     engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch_page], EngineConfig(models=["m"]), rag=store)
     with engine:
-        result = engine.complete([{{"role": "user", "content": "fetch it"}}])
+        result = engine.complete([{{"role": "user", "content": "fetch it"}}], conversation_id="shared")
 store.close()
 print(json.dumps({{"answer": result.answer, "call_id": result.tool_results[0].call_id}}))
 """
@@ -222,7 +222,9 @@ def test_a_result_filed_by_an_engine_in_one_process_is_found_by_rag_search_in_an
             fp.add_turn(s.text("Herons nest by quartzite cliffs."))
             engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [], EngineConfig(models=["m"]), rag=store)
             with engine:
-                result = engine.complete([{"role": "user", "content": "where do herons nest?"}])
+                # The same conversation in both processes: the scope both file into and search.
+                result = engine.complete([{"role": "user", "content": "where do herons nest?"}],
+                                         conversation_id="shared")
     finally:
         watcher.join(timeout=70)
         store.close()
@@ -232,3 +234,183 @@ def test_a_result_filed_by_an_engine_in_one_process_is_found_by_rag_search_in_an
     search = result.tool_results[0]
     assert search.name == "rag_search" and search.ok
     assert PHRASE in search.text and f"tool:fetch_page:{filing['call_id']}" in search.text
+
+
+# ---------------------------------------------------------------------------
+# Scopes on a table from before them; every wait bounded
+# ---------------------------------------------------------------------------
+
+
+def test_a_table_from_before_scopes_gets_the_column_and_its_rows_are_seen_by_no_run(dsn, table):
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                     f"source text NOT NULL, text text NOT NULL, tsv tsvector GENERATED ALWAYS AS "
+                     f"(to_tsvector('english', text)) STORED, embed_model text, vector float8[])")
+        conn.execute(f"INSERT INTO {table} (source, text) VALUES ('tool:mail:1', 'the PIN is 4711 SECRET')")
+    store = PostgresRagStore(dsn, table=table)
+    try:
+        assert [h.source for h in store.search("PIN SECRET")] == ["tool:mail:1"]  # scope ''
+        assert store.search("PIN SECRET", scope="conversation:c-1") == []
+        store.add_chunks("tool:mail:2", ["the PIN is 1234 SECRET"], scope="conversation:c-1")
+        assert [h.source for h in store.search("PIN", scope="conversation:c-1")] == ["tool:mail:2"]
+        with psycopg.connect(dsn) as conn:
+            indexes = [row[0] for row in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s",
+                                                      [table])]
+        assert f"{table}_scope" in indexes
+    finally:
+        store.close()
+
+
+def test_a_locked_table_fails_a_filing_within_the_statement_timeout(dsn, table):
+    import psycopg
+
+    store = PostgresRagStore(dsn, table=table, statement_timeout=0.5)
+    locker = psycopg.connect(dsn)
+    try:
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")  # held until the rollback below
+        with pytest.raises(StreamEngineError, match="could not store") as caught:
+            store.add_chunks("s", ["blocked"], scope="x")
+        assert "lock timeout" in str(caught.value) or "statement timeout" in str(caught.value)
+        with pytest.raises(StreamEngineError, match="could not search"):
+            store.search("blocked", scope="x")
+    finally:
+        locker.rollback()
+        locker.close()
+        store.close()
+
+
+def test_runs_on_a_locked_table_never_hold_a_tool_worker_and_each_filing_counts_once(dsn, table):
+    """The finding: 12 runs on a locked table held all 8 workers and a new run's tool never ran."""
+    import psycopg
+    from streamengine import tool
+    from streamengine._engine.events import DoneEvent, ToolStartEvent
+
+    @tool
+    def fetch(n: int) -> str:
+        """Fetches."""
+        return f"page {n} about herons"
+
+    store = PostgresRagStore(dsn, table=table, statement_timeout=0.3)
+    locker = psycopg.connect(dsn)
+    try:
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        with FakeProvider() as fp:
+            fp.respond_with(lambda request: [s.text('<tool name="fetch">{"n": 1}</tool>')]
+                            if request["messages"][-1]["content"] == "go" else [s.text("done")])
+            engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch],
+                                     EngineConfig(models=["m"], pool_size=8, filing_timeout=0.5,
+                                                  max_continuations=1), rag=store)
+            with engine:
+                runs = []
+                threads = [threading.Thread(target=lambda: runs.append(list(engine.run(
+                    [{"role": "user", "content": "go"}])))) for _ in range(12)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(30)
+                started = threading.Event()
+                late = [e for e in engine.run([{"role": "user", "content": "go"}])
+                        if not (isinstance(e, ToolStartEvent) and started.set())]
+                assert started.is_set() and engine.executor.stuck_workers() == 0
+    finally:
+        locker.rollback()
+        locker.close()
+        store.close()
+    assert len(runs) == 12
+    for events in runs + [late]:
+        result = events[-1].result
+        assert isinstance(events[-1], DoneEvent) and result.answer == "done"
+        assert result.telemetry.filing_errors == 1 and result.telemetry.tools_ok == 1
+
+
+class _CuttableProxy:
+    """A TCP forwarder to the test server; ``cut()`` makes the server look down (refused, connections dead)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets = []
+        self._threads = [threading.Thread(target=self._accept, name="pg-proxy-accept")]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                pump = threading.Thread(target=self._pump, args=(src, dst), name="pg-proxy-pump")
+                self._threads.append(pump)
+                pump.start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone would not on Linux
+        except OSError:
+            pass
+        self._listener.close()
+        for sock in list(self._sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+def test_a_server_gone_down_is_a_bounded_filing_error_and_tools_keep_running(dsn, table):
+    """The finding: with PostgreSQL down each add_chunks held its tool worker for the pool's 30 s."""
+    import psycopg
+    from streamengine import tool
+
+    @tool
+    def fetch() -> str:
+        """Fetches."""
+        return "a page about herons"
+
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    PostgresRagStore(dsn, table=table).close()  # the table exists before the proxy goes down
+    proxy = _CuttableProxy(info.get("host", "127.0.0.1"), int(info.get("port", 5432)))
+    store = PostgresRagStore(psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port)),
+                             table=table, connect_timeout=1.0, statement_timeout=1.0)
+    try:
+        proxy.cut()
+        with FakeProvider() as fp:
+            fp.add_turn(s.text('<tool name="fetch">{}</tool> <tool name="rag_search">{"query": "herons"}</tool>'))
+            fp.add_turn(s.text("done"))
+            engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), [fetch],
+                                     EngineConfig(models=["m"], filing_timeout=5, tool_timeout=10), rag=store)
+            with engine:
+                result = engine.complete([{"role": "user", "content": "go"}])
+                assert engine.executor.stuck_workers() == 0
+    finally:
+        proxy.cut()
+        store.close()
+    fetched, search = result.tool_results
+    assert fetched.ok and not search.ok and "could not search" in search.error
+    assert not search.timed_out  # bounded by connect_timeout, well inside the tool's deadline
+    assert result.answer == "done" and result.telemetry.filing_errors == 1

@@ -17,6 +17,7 @@ from streamengine._engine.events import (
 )
 from streamengine._calls.failover import ModelFailover
 from streamengine._messages import Chunk, Message, ToolCallDelta, Usage
+from streamengine._engine.filing import FilingTicket
 from streamengine._engine.rounds import RoundRunner, RunDeps, RunState
 from streamengine.tools import ToolExecutor, ToolRegistry, tool
 
@@ -27,6 +28,21 @@ pytestmark = pytest.mark.usefixtures("no_thread_leak")
 def lookup(city: str) -> str:
     """Weather for a city."""
     return f"sunny in {city}"
+
+
+class _ListFiling:
+    """A FilingQueue stand-in: hands each result to ``ingest`` at once, on the caller's thread."""
+
+    def __init__(self, ingest):
+        self._ingest = ingest
+
+    def file(self, result, scope, on_problem):
+        if not result.ok:
+            return None
+        self._ingest(result)
+        ticket = FilingTicket(on_problem)
+        ticket.done.set()
+        return ticket
 
 
 class Run:
@@ -42,7 +58,7 @@ class Run:
                                       completion_timeout=self.config.completion_timeout)
         self.deps = RunDeps(config=self.config, registry=ToolRegistry(list(tools)), executor=self.executor,
                             failover=ModelFailover(strategy, list(self.config.models), max_retries=0),
-                            log=logger, ingest=ingest)
+                            log=logger, filing=_ListFiling(ingest) if ingest is not None else None)
         self.events = []
         self.cancel = CancelToken()
         self.state = RunState(conversation=[Message(role="user", content="weather?")], cancel=self.cancel,
@@ -178,4 +194,4 @@ def test_an_unexpected_bug_still_ends_with_error_and_done():
 
 def test_deps_are_all_a_run_needs_no_engine():
     fields = set(RunDeps.__dataclass_fields__)
-    assert fields == {"config", "registry", "executor", "failover", "log", "ingest", "approve"}
+    assert fields == {"config", "registry", "executor", "failover", "log", "filing", "run_tools", "approve"}

@@ -29,6 +29,9 @@ def post(app, **extra):
     ("127.0.0.1:8000", True), ("localhost", True), ("LOCALHOST:80", True), ("[::1]:8000", True),
     ("testserver:80", True),  # SERVER_NAME: the name the server was bound to (wsgiref's default here)
     ("evil.example", False), ("evil.example:8000", False), ("127.0.0.1.evil.example", False), ("", False),
+    # userinfo is not part of a Host header, and a port is digits only
+    ("127.0.0.1:80@evil.example", False), ("user@localhost", False), ("localhost:abc", False),
+    ("localhost:", False), ("[::1]:x", False), ("[::1", False), ("localhost:\u0661", False),
 ])
 def test_default_hosts_are_loopback_and_the_servers_own_name(host, allowed):
     engine = Silent()
@@ -53,10 +56,11 @@ def test_allowed_hosts_replace_the_defaults_and_health_is_exempt():
             make_wsgi_app(Unused(), allowed_hosts=bad)
 
 
-def test_a_rebound_name_is_refused_by_a_real_server():
+@pytest.mark.parametrize("host", ["attacker.example", "127.0.0.1:80@evil.example", "localhost:abc"])
+def test_a_rebound_name_is_refused_by_a_real_server(host):
     with FakeProvider() as fp, make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
         resp = requests.post(f"{url}/v1/chat/stream", data=ASK, timeout=10,
-                             headers={"Host": "attacker.example", "Content-Type": "application/json"})
+                             headers={"Host": host, "Content-Type": "application/json"})
         assert resp.status_code == 400 and resp.json()["field"] == "Host"
         assert fp.request_count == 0
 

@@ -13,8 +13,16 @@ model may ask for it again.  Tools with side effects wait at the last gate
 until the round's stream has finished normally, then pass ``approve`` (when
 given) before they run.
 
-Results are reported the moment they exist: ``on_result`` runs on the
-worker that produced the result (or, for a call that never ran, at once).
+Results are reported the moment they exist, exactly once per call:
+``on_result`` runs in the thread that fixed the result -- the worker when the
+tool returned, the thread that noticed a deadline, queue limit or cancel, or
+at once for a call a gate stopped.
+
+Call ids are the run's: the provider's id is kept when it is new in the run,
+and a repeated one (two native calls ``dup``, or a native id that equals an
+inline call's ``call_inline_r1_1``) is renamed ``dup_2``, ``dup_3``, ... --
+the renamed id is what the continuation sends back, so the provider sees
+each call answered once under the id it is shown with.
 """
 from __future__ import annotations
 
@@ -23,26 +31,24 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .._errors import ToolError
 from .._messages import ToolCall, ToolResult
 from ..tools import Tool, ToolExecutor, ToolHandle, ToolRegistry
+from .result import Telemetry
 
 Key = Tuple[str, str]
 Approve = Callable[[ToolCall], object]
 
 
-@dataclass
-class DispatchCounters:
-    """How many calls each gate let through or stopped, for the run's telemetry."""
+#: Calls a gate stopped (caps, duplicates, unknown tools, unreadable) that are told one by one
+#: per round; past it they are only counted and summed up in one line (5,000 blocks in an
+#: answer must not become 5,000 events and a megabyte of continuation).
+MAX_TOLD_STOPPED = 10
 
-    tools_started: int = 0
-    dedup_skipped: int = 0
-    cap_skipped: int = 0
-    disallowed: int = 0
-    parse_errors: int = 0
-    refused: int = 0
+#: The :class:`Telemetry` counters the gates write (on the run thread); a failover replay rewinds them.
+GATE_COUNTERS = ("tools_started", "dedup_skipped", "cap_skipped", "disallowed", "parse_errors", "refused")
 
 
 @dataclass
@@ -93,12 +99,17 @@ class ToolDispatcher:
     worker), so ``tool_start`` never precedes a wait in the pool's queue.
     ``on_result(result, ran)`` runs once per call the moment its result is
     fixed; ``ran`` is False for a call a gate stopped (it never reached the pool).
+    The gates count into ``telemetry`` (the run's one counter record).
+    ``tools`` overrides registry entries for this run only (``rag_search``
+    bound to the run's scope).
     """
 
     def __init__(self, registry: ToolRegistry, executor: ToolExecutor, limits: DispatchLimits,
                  cancel: threading.Event, on_start: Callable[[ToolCall], None],
-                 on_result: Callable[[ToolResult, bool], None], approve: Optional[Approve] = None) -> None:
+                 on_result: Callable[[ToolResult, bool], None], approve: Optional[Approve] = None,
+                 telemetry: Optional[Telemetry] = None, tools: Optional[Dict[str, Tool]] = None) -> None:
         self._registry = registry
+        self._run_tools = dict(tools or {})
         self._executor = executor
         self._limits = limits
         self._cancel = cancel
@@ -106,23 +117,26 @@ class ToolDispatcher:
         self._on_result = on_result
         self._approve = approve
         self._owner = object()  # this request, for the pool's fair share
-        self._reported: List[threading.Event] = []
         self._started: Dict[Key, ToolHandle] = {}
         self._replayable: Dict[Key, ToolHandle] = {}
+        self._ids: Set[str] = set()  # every call id of the run so far
         self._total = 0
         self._pending: List[ToolHandle] = []  # started, result maybe not fixed yet
-        self._never_started: Dict[ToolHandle, Callable[[ToolHandle], None]] = {}
         self._next_deadline = float("inf")
-        self.counters = DispatchCounters()
+        self.counters = telemetry if telemetry is not None else Telemetry()
         self.begin_round()
 
     # --- per round -------------------------------------------------------
     def begin_round(self) -> None:
         self._round: List[Entry] = []  # one entry per call found this round, in order
         self._round_count = 0
+        self._reported: List[threading.Event] = []  # this round's started calls: set once on_result returned
         self._held: List[Tuple[int, Key, Tool, ToolCall]] = []
         self._round_started: Dict[Key, ToolHandle] = {}
-        self._counters_at_round_start = DispatchCounters(**vars(self.counters))
+        self._round_ids: List[str] = []
+        self.untold_stopped = 0  # stopped calls past MAX_TOLD_STOPPED this round: counted, not told
+        self._told_stopped = 0
+        self._counters_at_round_start = {name: getattr(self.counters, name) for name in GATE_COUNTERS}
         self._total_at_round_start = self._total
 
     def reset_round(self) -> None:
@@ -134,8 +148,10 @@ class ToolDispatcher:
         for key, handle in self._round_started.items():
             self._started.pop(key, None)
             self._replayable[key] = handle
+        self._ids.difference_update(self._round_ids)  # the replay's calls may take the same ids again
         self._total = self._total_at_round_start
-        self.counters = DispatchCounters(**vars(self._counters_at_round_start))
+        for name, value in self._counters_at_round_start.items():
+            setattr(self.counters, name, value)
         self.begin_round()
 
     @property
@@ -146,8 +162,29 @@ class ToolDispatcher:
     def started_any(self) -> bool:
         return bool(self._round_started)
 
-    def dispatch(self, call: ToolCall) -> None:
-        """Run the gates for one completed call; start it unless a gate stops it."""
+    def own_id(self, call: ToolCall) -> ToolCall:
+        """The call under an id no other call of the run has: its own, or its own plus ``_2``, ``_3``, ..."""
+        wanted, n = call.id, 1
+        while call.id in self._ids:
+            n += 1
+            call = dataclasses.replace(call, id=f"{wanted}_{n}")
+        self._ids.add(call.id)
+        self._round_ids.append(call.id)
+        return call
+
+    def dispatch(self, call: ToolCall) -> Optional[ToolCall]:
+        """Run the gates for one completed call; start it unless a gate stops it.
+
+        Returns the call under the id the run knows it by (see :meth:`own_id`):
+        a native call must be sent back to the provider under that id.  None:
+        the call was stopped past ``MAX_TOLD_STOPPED`` and is only summed up.
+        """
+        call = self.own_id(call)
+        untold = self.untold_stopped
+        self._gate(call)
+        return call if self.untold_stopped == untold else None
+
+    def _gate(self, call: ToolCall) -> None:
         try:
             key = canonical_key(call)
         except ToolError as exc:
@@ -163,7 +200,7 @@ class ToolDispatcher:
             self.counters.cap_skipped += 1
             self._settle_now(call, self._cap_reason(call))
             return
-        tool = self._registry.get(call.name)
+        tool = self._run_tools.get(call.name) or self._registry.get(call.name)
         allowed = self._limits.allowed_tools
         if tool is None or (allowed is not None and call.name not in allowed):
             self.counters.disallowed += 1
@@ -179,9 +216,13 @@ class ToolDispatcher:
 
     def reject(self, call: ToolCall, reason: str) -> None:
         """A block the model wrote but that cannot be a call (the scanner counted it): the model reads why."""
-        self._settle_now(call, reason)
+        self._settle_now(self.own_id(call), reason)
 
     def _settle_now(self, call: ToolCall, reason: str) -> None:
+        if self._told_stopped >= MAX_TOLD_STOPPED:
+            self.untold_stopped += 1
+            return
+        self._told_stopped += 1
         result = ToolResult.error_result(call, reason)
         self._round.append(result)
         self._on_result(result, False)
@@ -194,7 +235,7 @@ class ToolDispatcher:
         self.counters.tools_started += 1
         reported = threading.Event()
         self._reported.append(reported)
-        on_result, on_start = self._on_result, self._on_start
+        on_result = self._on_result
 
         def deliver(done: ToolHandle) -> None:
             try:
@@ -202,27 +243,20 @@ class ToolDispatcher:
             finally:
                 reported.set()
 
-        def entered(handle: ToolHandle) -> None:
-            # Registered on the worker as the function is entered, so a result
-            # (and its filing) is always delivered there, never on the run thread.
-            handle.add_done_callback(deliver)
-            on_start(call)
-
         # The tool's own timeout wins over the engine default: that rule lives in ToolExecutor.submit.
-        handle = self._executor.submit(tool, call, self._limits.tool_timeout, cancel=self._cancel, on_start=entered,
-                                       owner=self._owner)
-        self._never_started[handle] = deliver
-        self.settle_unstarted(handle)  # refused at submit (invalid arguments): reported at once
+        handle = self._executor.submit(tool, call, self._limits.tool_timeout, cancel=self._cancel,
+                                       on_start=self._entered, owner=self._owner)
+        # Registered at submit, whatever fixes the result (return, deadline, busy
+        # refusal, cancel, refusal at submit): each call is told exactly once.
+        handle.add_done_callback(deliver)
         self._started[key] = self._round_started[key] = handle
         self._pending.append(handle)
         self._next_deadline = min(self._next_deadline, handle.next_limit)
         return handle
 
-    def settle_unstarted(self, handle: ToolHandle) -> None:
-        """Report a call whose result was fixed before its function was entered (queue timeout, cancel)."""
-        deliver = self._never_started.pop(handle, None)
-        if deliver is not None and handle.started_at is None and handle.done():
-            deliver(handle)
+    def _entered(self, handle: ToolHandle) -> None:
+        """On the worker, as the tool's function is entered."""
+        self._on_start(handle.call)
 
     def poll_deadlines(self) -> None:
         """Fix the result of a call whose deadline passed, so its ``tool_result`` goes out now.
@@ -231,19 +265,22 @@ class ToolDispatcher:
         """
         if not self._pending or time.monotonic() < self._next_deadline:
             return
-        still = []
-        for handle in self._pending:
-            if handle.done():
-                self.settle_unstarted(handle)
-            else:
-                still.append(handle)
+        still = [handle for handle in self._pending if not handle.done()]  # done() fixes a lapsed result
         self._pending = still
         self._next_deadline = min((h.next_limit for h in still), default=float("inf"))
 
-    def wait_until_reported(self, timeout: float) -> bool:
-        """Block until every started call's ``on_result`` has returned (or ``timeout``)."""
+    def wait_until_reported(self, timeout: float, cancel: Optional[threading.Event] = None) -> bool:
+        """Block until each of this round's started calls has had its ``on_result`` return (or ``timeout``).
+
+        ``on_result`` only emits and queues (it never files), so this is short;
+        a set ``cancel`` ends the wait at once.
+        """
         deadline = time.monotonic() + timeout
-        return all(ev.wait(max(0.0, deadline - time.monotonic())) for ev in self._reported)
+        for event in self._reported:
+            while not event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                if (cancel is not None and cancel.is_set()) or time.monotonic() >= deadline:
+                    return event.is_set()
+        return True
 
     def release_side_effects(self) -> None:
         """The stream finished normally: ask ``approve``, then start the side-effect tools held back."""
@@ -305,6 +342,15 @@ class ToolDispatcher:
         names = sorted(self.available_names())
         listing = ", ".join(names) if names else "none"
         return f"tool '{call.name}' is not available; available tools: {listing}"
+
+    def untold_summary(self) -> str:
+        """The one line that stands for this round's calls stopped past ``MAX_TOLD_STOPPED``."""
+        return (f"{self.untold_stopped} more tool calls of this round were not run (limits, duplicates or "
+                f"unreadable blocks); they are counted, not told one by one")
+
+    def round_ids(self) -> List[str]:
+        """The ids of this round's calls, in the order they were found."""
+        return list(self._round_ids)
 
     def available_names(self) -> List[str]:
         allowed = self._limits.allowed_tools

@@ -9,7 +9,15 @@ from .._messages import ToolResult, Usage
 
 @dataclass
 class Telemetry:
-    """What happened in one run; counters a dashboard or a test can read."""
+    """What happened in one run; counters a dashboard or a test can read.
+
+    The one counter record of a run: the dispatcher's gates count into it as
+    they decide (``tools_started``, ``dedup_skipped``, ``cap_skipped``,
+    ``disallowed``, ``parse_errors``, ``refused``), tool outcomes and filing
+    errors are counted as they happen.  Every call that reached the pool
+    ends as exactly one of ``tools_ok``, ``tools_failed`` (a busy refusal
+    and a cancel included) or ``tools_timed_out``.
+    """
 
     rounds: int = 0
     tools_started: int = 0

@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, Optional, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 from .._accumulate import TextBuffer, ToolCallAccumulator
 from .._cancel import CancelToken
 from .._config import EngineConfig
 from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
+from .filing import wait_filed
 from .._errors import LlmCancelledError, LlmError
 from .events import (
     DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
@@ -45,10 +46,10 @@ class RunDeps:
     """What a run needs from the engine that started it, and nothing more.
 
     Shared by every run of one engine; each field is safe to use from many
-    runs at once.  ``ingest`` files a successful tool result in the RAG store
-    and says what went wrong, if anything (None: no store, nothing filed); it
-    runs on the tool's worker thread.  ``approve`` is asked before a
-    side-effect tool runs.
+    runs at once.  ``filing`` (a :class:`~.filing.FilingQueue`; None without a
+    store: no filing, no filing wait) files successful results off the tool
+    workers; ``run_tools(scope)`` gives the tools bound to one run's RAG scope
+    (``rag_search``).  ``approve`` is asked before a side-effect tool runs.
     """
 
     config: EngineConfig
@@ -56,7 +57,8 @@ class RunDeps:
     executor: ToolExecutor
     failover: ModelFailover
     log: Any
-    ingest: Optional[Callable[[ToolResult], Optional[str]]] = None
+    filing: Any = None
+    run_tools: Optional[Callable[[str], Dict[str, Any]]] = None
     approve: Optional[Callable[[ToolCall], object]] = None
 
 
@@ -68,6 +70,7 @@ class RunState:
     cancel: CancelToken
     emit: Callable[[Event], None]
     started: float
+    scope: str = ""  # the RAG scope this run files into and searches: its conversation, or itself
     telemetry: Telemetry = field(default_factory=Telemetry)
     rounds: List[str] = field(default_factory=list)
     results: List[ToolResult] = field(default_factory=list)
@@ -113,8 +116,11 @@ class _RoundStream:
         self.runner.dispatcher.poll_deadlines()
 
     def _dispatch_native(self, call: ToolCall) -> None:
-        self.native_calls.append(call)
-        self.runner.dispatcher.dispatch(call)
+        # Under the id the run gave it (a repeated provider id is renamed, and sent back renamed);
+        # a call only summed up (None) is not sent back at all.
+        dispatched = self.runner.dispatcher.dispatch(call)
+        if dispatched is not None:
+            self.native_calls.append(dispatched)
 
     def finish(self) -> None:
         """The stream completed: release held-back text, dispatch the last native calls."""
@@ -152,13 +158,15 @@ class RoundRunner:
         self.use_native = has_tools and self.config.uses_native_tools
         self._lock = threading.Lock()  # telemetry counters and reports written from tool workers
         self._reported: Set[str] = set()  # call ids whose tool_result went out
+        self._tickets: Dict[str, Any] = {}  # call id -> its FilingTicket
         self._round_no = 0
         self.dispatcher = ToolDispatcher(
             deps.registry, deps.executor,
             DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
                            self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
             state.cancel, on_start=self._on_tool_start, on_result=self._on_tool_result,
-            approve=deps.approve)
+            approve=deps.approve, telemetry=state.telemetry,
+            tools=deps.run_tools(state.scope) if deps.run_tools is not None else None)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
 
@@ -206,9 +214,11 @@ class RoundRunner:
             return
         if ran:
             self._count_tool_outcome(result)
-        problem = self.deps.ingest(result) if self.deps.ingest is not None else None
-        if problem is not None:
-            self._filing_failed(problem)
+        filing = self.deps.filing
+        ticket = filing.file(result, self.state.scope, self._filing_failed) if filing is not None else None
+        if ticket is not None:
+            with self._lock:
+                self._tickets[result.call_id] = ticket
 
     def _report_once(self, result: ToolResult) -> bool:
         """Send ``tool_result`` for a call once: a tool given up on may still return later."""
@@ -277,6 +287,8 @@ class RoundRunner:
         else:
             self.dispatcher.drop_held()
         self.dispatcher.cancel_unused_replays()
+        if self.dispatcher.untold_stopped:
+            self.state.emit(ErrorEvent(self.dispatcher.untold_summary(), fatal=False))
         text = stream.text
         self.state.rounds.append(text)
         results = self._join_round()
@@ -310,12 +322,21 @@ class RoundRunner:
         """The round's results in call order (each was already sent as it finished)."""
         results = [self._await(entry) for entry in self.dispatcher.entries()]
         self.state.results.extend(results)
-        # Filed results must be searchable when the next round starts; a store
-        # that takes longer than filing_timeout is reported, not waited for.
-        if not self.dispatcher.wait_until_reported(self.config.filing_timeout):
-            self._filing_failed(f"filing tool results in the RAG store took longer than "
-                                f"{self.config.filing_timeout:g}s; the next round may not find them")
+        if self.deps.filing is not None:
+            self._wait_for_filing()
         return results
+
+    def _wait_for_filing(self) -> None:
+        """This round's filed results must be searchable when the next round starts.
+
+        Only this round's calls are waited for, and a filing slower than
+        ``filing_timeout`` is one filing error, never waited for again.
+        """
+        timeout, cancel = self.config.filing_timeout, self.state.cancel
+        self.dispatcher.wait_until_reported(timeout, cancel)  # on_result has queued each filing
+        with self._lock:
+            tickets = [self._tickets.pop(i) for i in self.dispatcher.round_ids() if i in self._tickets]
+        wait_filed(tickets, timeout, cancel)
 
     def _await(self, entry: Any) -> ToolResult:
         """The entry's result at its deadline at the latest; at once if the run is cancelled."""
@@ -328,9 +349,8 @@ class RoundRunner:
                 handle.cancel()
                 if not handle.done():
                     result = _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
-                    self._report_once(result)
+                    self._on_tool_result(result, True)
                     return result
-        self.dispatcher.settle_unstarted(handle)
         return entry_result(entry)
 
     def _count_tool_outcome(self, result: ToolResult) -> None:
@@ -350,8 +370,10 @@ class RoundRunner:
         native = [r for r in results if r.call_id in native_ids]
         inline = [r for r in results if r.call_id not in native_ids]
         self.messages.extend(tool_result_messages(native))
-        if inline or not native:
-            self.messages.append(Message(role="user", content=build_continuation_message(inline or results)))
+        untold = self.dispatcher.untold_stopped
+        if inline or not native or untold:
+            self.messages.append(Message(role="user", content=build_continuation_message(inline, untold=untold)
+                                         if native else build_continuation_message(results, untold=untold)))
 
     # --- endings ----------------------------------------------------------------------------
     def _count_parse_errors(self, stream: _RoundStream) -> None:
@@ -391,12 +413,10 @@ class RoundRunner:
         for entry in self.dispatcher.entries():
             handle = entry_handle(entry)
             if handle is None or handle.done():
-                if handle is not None:
-                    self.dispatcher.settle_unstarted(handle)
                 self.state.results.append(entry_result(entry))
             else:
                 result = _abandoned(handle, "cancelled: the round ended before the tool finished")
-                self._report_once(result)
+                self._on_tool_result(result, True)
                 self.state.results.append(result)
 
     def _stop(self, reason: str) -> None:
@@ -405,14 +425,9 @@ class RoundRunner:
 
     def _finish(self) -> None:
         state = self.state
-        counters = self.dispatcher.counters
-        telemetry = state.telemetry
-        telemetry.tools_started = counters.tools_started
-        telemetry.dedup_skipped = counters.dedup_skipped
-        telemetry.cap_skipped = counters.cap_skipped
-        telemetry.disallowed = counters.disallowed
-        telemetry.refused = counters.refused
-        telemetry.parse_errors = counters.parse_errors + self._parser_errors
+        telemetry = state.telemetry  # the dispatcher counted into it; the scanner's errors are added here
+        telemetry.parse_errors += self._parser_errors
+        self._parser_errors = 0
         telemetry.total_s = time.monotonic() - state.started
         answer = state.answer if state.answer is not None else _joined(state.rounds)
         result = EngineResult(answer=answer, rounds=tuple(state.rounds), tool_results=tuple(state.results),

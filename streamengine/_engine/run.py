@@ -33,6 +33,7 @@ from .._calls.failover import ErrorClassifier, ModelFailover
 from .._logs import component_logger
 from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, ToolCall, as_messages
 from .result import EngineResult, Telemetry
+from .filing import FilingQueue, run_scope
 from .rounds import RoundRunner, RunDeps, RunState
 from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
@@ -99,8 +100,7 @@ class StreamingEngine:
                               f"got {type(approve).__name__}")
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.rag = rag
-        if rag is not None:
-            self._register_rag_search(rag)
+        self._registered_search = self._register_rag_search(rag) if rag is not None else None
         self._log = component_logger("streamengine._engine.run.StreamingEngine", logger)
         self.emitter = emitter if emitter is not None else EventEmitter()
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
@@ -118,20 +118,32 @@ class StreamingEngine:
         self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger,
                                      queue_timeout=self.config.tool_queue_timeout,
                                      max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
+        self.filing = FilingQueue(rag, self.config, self._log) if rag is not None else None
         self._deps = RunDeps(config=self.config, registry=self.registry, executor=self.executor,
-                             failover=failover, log=self._log,
-                             ingest=self.ingest if rag is not None else None, approve=approve)
+                             failover=failover, log=self._log, filing=self.filing,
+                             run_tools=self._scoped_tools if rag is not None else None, approve=approve)
         self._closed = False
 
-    def _register_rag_search(self, rag: Any) -> None:
+    def _register_rag_search(self, rag: Any) -> Any:
+        """Our ``rag_search`` template (its spec is what the model sees), or None if the app has its own."""
         from ..rag._search_tool import make_rag_search_tool
-        if "rag_search" not in self.registry:
-            self.registry.register(make_rag_search_tool(rag))
+        if "rag_search" in self.registry:
+            return None
+        template = make_rag_search_tool(rag, scope=None)  # each run calls a copy bound to its scope
+        self.registry.register(template)
+        return template
+
+    def _scoped_tools(self, scope: str) -> dict:
+        from ..rag._search_tool import bound_to_scope
+        template = self._registered_search
+        if template is None or self.registry.get("rag_search") is not template:
+            return {}  # the application's own rag_search (registered before or after the engine) runs as is
+        return {"rag_search": bound_to_scope(template, self.rag, scope)}
 
     # --- public API --------------------------------------------------------------
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None, model: Optional[str] = None,
-            options: Any = None) -> Iterator[Event]:
+            options: Any = None, conversation_id: Optional[str] = None) -> Iterator[Event]:
         """Yield events as they happen; ``DoneEvent`` is always last.
 
         Stopping iteration early (``break``, ``close()``, garbage collection) or
@@ -140,15 +152,22 @@ class StreamingEngine:
         ``HeartbeatEvent`` is yielded whenever nothing happened for that long.
         ``model`` (one model, no failover) and ``options`` (a CompletionOptions
         or a dict, set fields on top of the engine's) hold for this run only.
+
+        ``conversation_id`` is the run's RAG scope: ``rag_search`` finds what
+        runs with the same id filed, and nothing else.  Without one the run
+        is its own scope.  Runs of one user, or one tenant, share a store's
+        filings only by passing the same id (the application chooses it,
+        never the browser).
         """
         if self._closed:
             raise ConfigError("this StreamingEngine is closed; create a new one")
         heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
+        scope = run_scope(conversation_id)
         conversation = as_messages(messages)
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
-        return self._events(conversation, cancel, heartbeat_s, self._deps_for(model, options))
+        return self._events(conversation, cancel, heartbeat_s, self._deps_for(model, options), scope)
 
     def _deps_for(self, model: Optional[str], options: Any) -> RunDeps:
         """The engine's run dependencies, or a copy with this run's model and options."""
@@ -162,7 +181,8 @@ class StreamingEngine:
         return dataclasses.replace(self._deps, config=config, failover=failover)
 
     def complete(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
-                 model: Optional[str] = None, options: Any = None, raise_on_error: bool = True) -> EngineResult:
+                 model: Optional[str] = None, options: Any = None, conversation_id: Optional[str] = None,
+                 raise_on_error: bool = True) -> EngineResult:
         """Run to the end and return the result (no events).
 
         A run that failed before producing any answer raises its error
@@ -170,10 +190,12 @@ class StreamingEngine:
         partial result), so a script does not go on with a warning as its
         answer.  ``raise_on_error=False`` returns that result instead, with
         ``answer`` the visible ``⚠️ LLM error: ...`` and ``error`` set.
+        ``model``, ``options`` and ``conversation_id`` are as for :meth:`run`.
         """
         # run() always ends with DoneEvent; a deque of length 1 keeps it and
         # consumes the rest in C, not one Python loop step per token.
-        last = collections.deque(self.run(messages, cancel, model=model, options=options), maxlen=1)
+        events = self.run(messages, cancel, model=model, options=options, conversation_id=conversation_id)
+        last = collections.deque(events, maxlen=1)
         assert last and isinstance(last[0], DoneEvent)
         result = last[0].result
         if raise_on_error and _produced_nothing(result):
@@ -184,6 +206,8 @@ class StreamingEngine:
         """Stop the tool pool; runs still going get their tools cancelled."""
         self._closed = True
         self.executor.shutdown(wait=True)
+        if self.filing is not None:
+            self.filing.close(self.config.filing_timeout)
 
     def __enter__(self) -> "StreamingEngine":
         return self
@@ -193,12 +217,13 @@ class StreamingEngine:
 
     # --- one run -------------------------------------------------------------------
     def _events(self, conversation: List[Message], cancel: Optional[threading.Event],
-                heartbeat_s: Optional[float], deps: RunDeps) -> Iterator[Event]:
+                heartbeat_s: Optional[float], deps: RunDeps, scope: str) -> Iterator[Event]:
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel(cancel=token)
-        state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic())
+        state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic(),
+                         scope=scope)
         runner = RoundRunner(deps, state)
         worker = threading.Thread(target=self._drive, args=(runner, channel), name="streamengine-run",
                                   daemon=True)
@@ -231,24 +256,3 @@ class StreamingEngine:
             runner.fail_unexpectedly(exc)
         finally:
             channel.close()
-
-    def ingest(self, result: ToolResult) -> Optional[str]:
-        """File a successful tool result in the RAG store (on the tool's worker); what went wrong, if anything.
-
-        The store is an aid: a failure never fails the request, but it is
-        reported (telemetry ``filing_errors`` and a non-fatal ``error`` event),
-        since a later ``rag_search`` will not find the result.
-        """
-        if self.rag is None or not self.config.ingest_tool_results or not result.ok or not result.text:
-            return None
-        if result.name == "rag_search":
-            return None  # re-filing search hits would only duplicate what the store already has
-        from ..rag import chunks_for_ingest
-        try:
-            chunks = chunks_for_ingest(result.text, self.config.chunk_size, self.config.chunk_overlap)
-            self.rag.add_chunks(f"tool:{result.name}:{result.call_id}", chunks, self.config.embed_model)
-        except Exception as exc:
-            self._log.opt(exception=True).warning("could not file result of tool {!r}: {}", result.name, exc)
-            return (f"the result of tool '{result.name}' could not be filed in the RAG store "
-                    f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
-        return None

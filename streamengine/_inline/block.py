@@ -26,7 +26,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._messages import too_deep
+from .._messages import too_deep, unique_keys
 
 __all__ = ["BlockError", "parse_block"]
 
@@ -143,7 +143,7 @@ def _parse_body(body: str, max_depth: int) -> Dict[str, Any]:
     try:
         # strict=False: models often write raw newlines/tabs inside JSON strings
         # (code, multi-line text); the canonical form re-escapes them.
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant,
+        value = json.loads(text, object_pairs_hook=unique_keys, parse_constant=_reject_constant,
                            parse_float=_finite_float, strict=False)
     except RecursionError as exc:
         raise BlockError(f"tool arguments nest deeper than {max_depth} levels") from exc
@@ -152,15 +152,6 @@ def _parse_body(body: str, max_depth: int) -> Dict[str, Any]:
     if not isinstance(value, dict):
         raise BlockError(f"tool arguments must be a JSON object, got {type(value).__name__}")
     return value
-
-
-def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    obj: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"key {key!r} appears twice in one object")
-        obj[key] = value
-    return obj
 
 
 def _finite_float(text: str) -> float:

@@ -46,12 +46,19 @@ class Hit:
 class RagStore(Protocol):
     """What the engine needs from a retrieval store; small so pgvector can implement it."""
 
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
-        """Store ``chunks`` under ``source``; returns how many were stored."""
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
+                   scope: str = "") -> int:
+        """Store ``chunks`` under ``source`` in ``scope``; returns how many were stored."""
         ...
 
-    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
-        """The ``k`` best chunks for ``query``, best first, optionally from one ``source``."""
+    def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
+        """The ``k`` best chunks of ``scope`` for ``query``, best first, optionally from one ``source``.
+
+        Only rows filed with the same ``scope`` are seen, whatever the query:
+        the engine passes each run's scope (its conversation), so one user's
+        filings never answer another's search.  ``''`` is the scope of rows
+        filed without one (and of rows from before scopes existed).
+        """
         ...
 
     def close(self) -> None:
@@ -72,12 +79,19 @@ class Embedder(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def _check_search_args(query: Any, k: Any, source: Any) -> None:
+def _check_search_args(query: Any, k: Any, source: Any, scope: Any) -> None:
     if not isinstance(query, str):
         raise ConfigError(f"search query must be a str, got {type(query).__name__}")
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise ConfigError(f"k must be a positive int (how many hits), got {k!r}")
     _check_source(source, allow_none=True)
+    _check_scope(scope)
+
+
+def _check_scope(scope: Any) -> None:
+    if not isinstance(scope, str) or "\x00" in scope:
+        raise ConfigError(f"scope must be a str without NUL, such as 'conversation:42' or 'tenant:acme', "
+                          f"got {scope!r}")
 
 
 def _candidate_depth(k: int) -> int:
@@ -170,10 +184,11 @@ class _StoreBase:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def _checked_chunks(self, source: Any, chunks: Any, embed_model: Optional[str],
+    def _checked_chunks(self, source: Any, chunks: Any, embed_model: Optional[str], scope: Any,
                         ) -> Tuple[List[str], List[Optional[List[float]]], Optional[str]]:
         """The non-blank texts to store, their unit vectors (or None) and the vectors' label."""
         _check_source(source, allow_none=False)
+        _check_scope(scope)
         texts = _clean_chunks(chunks)
         if not texts:
             return [], [], None
@@ -181,9 +196,9 @@ class _StoreBase:
         vectors, label = self._embedding.for_storage(source, texts, embed_model)
         return texts, vectors, label
 
-    def _checked_query(self, query: Any, k: Any, source: Any) -> Tuple[bool, Optional[List[float]]]:
+    def _checked_query(self, query: Any, k: Any, source: Any, scope: Any) -> Tuple[bool, Optional[List[float]]]:
         """Whether there is anything to search for, and the query's unit vector (None: keywords only)."""
-        _check_search_args(query, k, source)
+        _check_search_args(query, k, source, scope)
         if not query.strip():
             return False, None
         self._require_open()  # before a possibly slow query embedding

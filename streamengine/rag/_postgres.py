@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
+from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
 from .._logs import component_logger
 
@@ -30,17 +31,21 @@ _SCHEMA = (
     " text text NOT NULL,"
     " tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED,"
     " embed_model text,"
-    " vector float8[])",
+    " vector float8[],"
+    " scope text NOT NULL DEFAULT '')",
+    # A table made before scopes existed: its rows get scope '', which no run searches.
+    "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT ''",
     "CREATE INDEX IF NOT EXISTS {table_tsv} ON {table} USING gin (tsv)",
     "CREATE INDEX IF NOT EXISTS {table_source} ON {table} (source)",
+    "CREATE INDEX IF NOT EXISTS {table_scope} ON {table} (scope, id)",
 )
-# One row per distinct query term: its tsquery and a BM25 idf over the whole
-# table (as FTS5 does, whatever the source filter), never negative.
+# One row per distinct query term: its tsquery and a BM25 idf over the scope
+# (whatever the source filter; another scope's words never weigh in), never negative.
 _TERMS = (
     "SELECT t.q::text, ln(1 + (n.total - d.df + 0.5) / (d.df + 0.5))::float8"
     " FROM (SELECT DISTINCT plainto_tsquery('english', token) AS q FROM unnest(%(tokens)s::text[]) AS token) AS t"
-    " CROSS JOIN LATERAL (SELECT count(*) AS df FROM {table} WHERE tsv @@ t.q) AS d"
-    " CROSS JOIN (SELECT count(*) AS total FROM {table}) AS n"
+    " CROSS JOIN LATERAL (SELECT count(*) AS df FROM {table} WHERE tsv @@ t.q AND scope = %(scope)s) AS d"
+    " CROSS JOIN (SELECT count(*) AS total FROM {table} WHERE scope = %(scope)s) AS n"
     " WHERE numnode(t.q) > 0"
 )
 # Any term matches (the GIN index finds the rows); each term adds idf * ts_rank,
@@ -48,7 +53,7 @@ _TERMS = (
 _KEYWORD_RANKING = (
     "SELECT c.id, (SELECT sum(w.idf * ts_rank(c.tsv, w.q::tsquery, 1))"
     " FROM unnest(%(terms)s::text[], %(idfs)s::float8[]) AS w(q, idf)) AS score"
-    " FROM {table} AS c WHERE c.tsv @@ %(any)s::tsquery{source_filter}"
+    " FROM {table} AS c WHERE c.tsv @@ %(any)s::tsquery AND c.scope = %(scope)s{source_filter}"
     " ORDER BY score DESC, c.id LIMIT %(depth)s"
 )
 # Stored vectors are unit length, so the dot product is the cosine.
@@ -56,7 +61,7 @@ _COSINE_ARRAYS = "(SELECT sum(a * b) FROM unnest(c.vector, %(vector)s::float8[])
 _COSINE_PGVECTOR = "(1 - (c.vector::vector <=> %(vector)s::float8[]::vector))"
 _COSINE_RANKING = (
     "SELECT id, score FROM (SELECT c.id, {cosine} AS score FROM {table} AS c"
-    " WHERE c.embed_model = %(label)s AND cardinality(c.vector) = %(dim)s{source_filter}) AS s"
+    " WHERE c.scope = %(scope)s AND c.embed_model = %(label)s AND cardinality(c.vector) = %(dim)s{source_filter}) AS s"
     " WHERE score > 0 ORDER BY score DESC, id LIMIT %(depth)s"
 )
 
@@ -97,6 +102,12 @@ class PostgresRagStore(_StoreBase):
       ``vector`` extension is installed (or installable) in the database,
       else as a dot product over ``unnest`` of the arrays.  Fused with the
       keyword ranking by RRF exactly as the SQLite store does.
+    - Every row has a ``scope``; a search sees only its own scope's rows (the
+      filter is in each query, on the ``(scope, id)`` index).  A table from
+      before scopes gets the column on first open, its rows scope ``''``.
+    - Every wait is bounded: a pooled connection by ``connect_timeout``, a
+      statement or lock by ``statement_timeout`` (the server's
+      ``statement_timeout`` and ``lock_timeout``).
     - Each ``add_chunks`` is one transaction on a pooled connection
       (``psycopg_pool.ConnectionPool``, ``pool_size`` connections at most), so
       concurrent writers in any number of processes lose nothing.
@@ -117,6 +128,7 @@ class PostgresRagStore(_StoreBase):
         table: str = "streamengine_rag_chunks",
         pool_size: int = 4,
         connect_timeout: float = 5.0,
+        statement_timeout: float = 5.0,
         logger: Any = None,
         _force_no_pgvector: bool = False,
     ) -> None:
@@ -127,6 +139,7 @@ class PostgresRagStore(_StoreBase):
         self.table = _check_table(table)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size <= 0:
             raise ConfigError(f"pool_size must be a positive int (connections per process), got {pool_size!r}")
+        self.statement_timeout = validation.seconds(statement_timeout, "statement_timeout")
         self._psycopg, psycopg_pool = _import_psycopg()
         self._lock = threading.Lock()
         self.uses_pgvector = self._create_schema(max(2, int(connect_timeout)), _force_no_pgvector)
@@ -140,6 +153,7 @@ class PostgresRagStore(_StoreBase):
         return sql.SQL(template).format(
             table=sql.Identifier(self.table), table_tsv=sql.Identifier(f"{self.table}_tsv"),
             table_source=sql.Identifier(f"{self.table}_source"), source_filter=sql.SQL(source_filter),
+            table_scope=sql.Identifier(f"{self.table}_scope"),
             cosine=sql.SQL(_COSINE_PGVECTOR if self.uses_pgvector else _COSINE_ARRAYS),
         )
 
@@ -182,9 +196,14 @@ class PostgresRagStore(_StoreBase):
         options: dict = {}
         if hasattr(psycopg_pool.ConnectionPool, "check_connection"):  # psycopg_pool >= 3.2
             options["check"] = psycopg_pool.ConnectionPool.check_connection  # survives a server restart
+        # Every wait is bounded: for a pooled connection (server down) by connect_timeout, for
+        # a statement or a lock (a locked table) by statement_timeout, enforced by the server.
+        millis = max(1, int(self.statement_timeout * 1000))
         pool = psycopg_pool.ConnectionPool(
-            self.dsn, min_size=1, max_size=pool_size, open=False, num_workers=1, timeout=30.0,
-            name=f"streamengine-rag-{self.table}", kwargs={"connect_timeout": max(2, int(connect_timeout))},
+            self.dsn, min_size=1, max_size=pool_size, open=False, num_workers=1, timeout=float(connect_timeout),
+            name=f"streamengine-rag-{self.table}",
+            kwargs={"connect_timeout": max(2, int(connect_timeout)),
+                    "options": f"-c statement_timeout={millis} -c lock_timeout={millis}"},
             **options,
         )
         try:
@@ -218,39 +237,41 @@ class PostgresRagStore(_StoreBase):
 
     # -- RagStore ------------------------------------------------------------
 
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
-        """Store the non-blank ``chunks`` under ``source`` in one transaction; how many were stored.
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
+                   scope: str = "") -> int:
+        """Store the non-blank ``chunks`` under ``source`` in ``scope``, in one transaction; how many were stored.
 
         Embedding failures never raise (the text is stored without vectors);
         database errors raise StreamEngineError.
         """
-        texts, vectors, label = self._checked_chunks(source, chunks, embed_model)
+        texts, vectors, label = self._checked_chunks(source, chunks, embed_model, scope)
         if not texts:
             return 0
-        rows = [(_storable(source), text, None if vector is None else label, vector)
+        rows = [(_storable(source), text, None if vector is None else label, vector, scope)
                 for text, vector in zip(texts, vectors)]
-        insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector) VALUES (%s, %s, %s, %s)")
+        insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector, scope) "
+                           "VALUES (%s, %s, %s, %s, %s)")
         with self._connection(f"store {len(texts)} chunk(s) of {source!r}") as conn:
             with conn.cursor() as cursor:
                 cursor.executemany(insert, rows)
         return len(texts)
 
-    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
-        """The ``k`` best chunks for ``query``, best first; never raises for odd query text.
+    def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
+        """The ``k`` best chunks of ``scope`` for ``query``, best first; never raises for odd query text.
 
         Keywords only without an embedder (``score`` = the idf-weighted rank);
         with one, keyword and cosine rankings fused by RRF (``score`` = fused
         score).  If the query cannot be embedded, keywords alone answer.
         """
-        searchable, query_vector = self._checked_query(query, k, source)
+        searchable, query_vector = self._checked_query(query, k, source, scope)
         if not searchable:
             return []
         depth = _candidate_depth(k)
         tokens = _query_tokens(query)
-        scope = None if source is None else _storable(source)
+        within = (scope, None if source is None else _storable(source))
         with self._connection("search") as conn:
-            keyword = self._keyword_ranking(conn, tokens, depth, scope) if tokens else []
-            semantic = None if query_vector is None else self._cosine_ranking(conn, query_vector, depth, scope)
+            keyword = self._keyword_ranking(conn, tokens, depth, within) if tokens else []
+            semantic = None if query_vector is None else self._cosine_ranking(conn, query_vector, depth, within)
             return self._hits(conn, _fuse_or_keywords(keyword, semantic, k))
 
     def close(self) -> None:
@@ -280,21 +301,23 @@ class PostgresRagStore(_StoreBase):
     # -- ranking --------------------------------------------------------------
 
     def _keyword_ranking(self, conn: Any, tokens: List[str], depth: int,
-                         source: Optional[str]) -> List[Tuple[int, float]]:
-        terms = conn.execute(self._sql(_TERMS), {"tokens": tokens}).fetchall()
+                         within: Tuple[str, Optional[str]]) -> List[Tuple[int, float]]:
+        scope, source = within
+        terms = conn.execute(self._sql(_TERMS), {"tokens": tokens, "scope": scope}).fetchall()
         if not terms:  # only stop words
             return []
         params = {
             "terms": [term for term, _ in terms], "idfs": [idf for _, idf in terms],
-            "any": " | ".join(f"({term})" for term, _ in terms), "depth": depth, "source": source,
+            "any": " | ".join(f"({term})" for term, _ in terms), "depth": depth, "source": source, "scope": scope,
         }
         sql = self._sql(_KEYWORD_RANKING, "" if source is None else " AND c.source = %(source)s")
         return [(row_id, score) for row_id, score in conn.execute(sql, params).fetchall()]
 
     def _cosine_ranking(self, conn: Any, vector: List[float], depth: int,
-                        source: Optional[str]) -> List[Tuple[int, float]]:
+                        within: Tuple[str, Optional[str]]) -> List[Tuple[int, float]]:
+        scope, source = within
         params = {"vector": vector, "dim": len(vector), "label": self._embedding.label(),
-                  "depth": depth, "source": source}
+                  "depth": depth, "source": source, "scope": scope}
         sql = self._sql(_COSINE_RANKING, "" if source is None else " AND c.source = %(source)s")
         return [(row_id, score) for row_id, score in conn.execute(sql, params).fetchall()]
 

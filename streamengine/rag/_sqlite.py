@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
+from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
 from .._logs import component_logger
 
@@ -30,12 +31,15 @@ from ._base import (
 # SQLite store
 # ---------------------------------------------------------------------------
 
-_SCHEMA_VERSION = 1
+#: 2: every row has a ``scope`` (rows of version 1 get ``''``, the scope no run searches).
+_SCHEMA_VERSION = 2
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS chunks (id INTEGER PRIMARY KEY, source TEXT NOT NULL, "
-    "text TEXT NOT NULL, embed_model TEXT, vector BLOB)",
+    "text TEXT NOT NULL, embed_model TEXT, vector BLOB, scope TEXT NOT NULL DEFAULT '')",
     "CREATE INDEX IF NOT EXISTS chunks_by_source ON chunks(source)",
 )
+_SCOPE_COLUMN = "ALTER TABLE chunks ADD COLUMN scope TEXT NOT NULL DEFAULT ''"
+_SCOPE_INDEX = "CREATE INDEX IF NOT EXISTS chunks_by_scope ON chunks(scope, source)"
 # A regular (not external-content) FTS5 table: it keeps its own copy of the
 # text, which lets a store reopened with FTS5 index rows that a store without
 # FTS5 added meanwhile (rowid > max indexed rowid), with no bookkeeping table.
@@ -73,7 +77,11 @@ class SqliteRagStore(_StoreBase):
       lock (``:memory:`` databases cannot be shared by per-thread
       connections anyway); embedding calls run outside the lock so a slow
       provider never blocks other searches.  File databases use WAL and a
-      busy timeout, so several processes may use one file.
+      busy timeout (``busy_timeout``, 2 s: a file locked longer by another
+      process fails that call, as a filing error or an empty search, rather
+      than holding the caller), so several processes may use one file.
+    - Every row has a ``scope``; a search sees only its own scope's rows
+      (the filter is in the query, on an index).
     - Without FTS5 in this Python's SQLite it logs a warning and falls back
       to a LIKE scan ranked by BM25 computed in Python -- slower, never a crash.
     """
@@ -85,9 +93,11 @@ class SqliteRagStore(_StoreBase):
         embed_model: Optional[str] = None,
         *,
         logger: Any = None,
+        busy_timeout: float = 2.0,
         _force_no_fts: bool = False,
     ) -> None:
         self._log = component_logger("streamengine.rag.SqliteRagStore", logger)
+        self.busy_timeout = validation.seconds(busy_timeout, "busy_timeout")
         self._embedding = _StoreEmbedding(embedder, embed_model, self._log)
         self.path = os.fspath(path)
         self._lock = threading.Lock()
@@ -107,7 +117,8 @@ class SqliteRagStore(_StoreBase):
             # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a
             # writer takes the write lock up front instead of failing to
             # upgrade a read lock when another process writes.
-            conn = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, check_same_thread=False,
+                                   isolation_level=None)
         except sqlite3.Error as exc:
             raise ConfigError(
                 f"cannot open the RAG store at {self.path!r} ({exc}); check the directory exists and is writable"
@@ -138,6 +149,9 @@ class SqliteRagStore(_StoreBase):
                 )
             for statement in _SCHEMA:  # not executescript(): it would COMMIT our BEGIN first
                 conn.execute(statement)
+            if "scope" not in [row[1] for row in conn.execute("PRAGMA table_info(chunks)")]:
+                conn.execute(_SCOPE_COLUMN)  # a version 1 store: its rows keep scope ''
+            conn.execute(_SCOPE_INDEX)
             if self.uses_fts:
                 conn.execute(_FTS_SCHEMA)
                 conn.execute(_FTS_CATCH_UP)
@@ -155,13 +169,14 @@ class SqliteRagStore(_StoreBase):
 
     # -- RagStore ------------------------------------------------------------
 
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None) -> int:
-        """Store the non-blank ``chunks`` under ``source``; returns how many were stored.
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
+                   scope: str = "") -> int:
+        """Store the non-blank ``chunks`` under ``source`` in ``scope``; returns how many were stored.
 
         Embedding failures never raise: they are logged and the text is
         stored without vectors.  Database errors do raise (StreamEngineError).
         """
-        texts, vectors, label = self._checked_chunks(source, chunks, embed_model)
+        texts, vectors, label = self._checked_chunks(source, chunks, embed_model, scope)
         if not texts:
             return 0
         blobs = [None if vector is None else _to_blob(vector) for vector in vectors]
@@ -172,8 +187,8 @@ class SqliteRagStore(_StoreBase):
                 try:
                     for text, blob in zip(texts, blobs):
                         row = conn.execute(
-                            "INSERT INTO chunks(source, text, embed_model, vector) VALUES (?, ?, ?, ?)",
-                            (source, text, label if blob is not None else None, blob),
+                            "INSERT INTO chunks(source, text, embed_model, vector, scope) VALUES (?, ?, ?, ?, ?)",
+                            (source, text, label if blob is not None else None, blob, scope),
                         )
                         if self.uses_fts:
                             conn.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?, ?)", (row.lastrowid, text))
@@ -188,22 +203,22 @@ class SqliteRagStore(_StoreBase):
                 ) from exc
         return len(texts)
 
-    def search(self, query: str, k: int = 5, source: Optional[str] = None) -> List[Hit]:
-        """The ``k`` best chunks for ``query``, best first; never raises for odd query text.
+    def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
+        """The ``k`` best chunks of ``scope`` for ``query``, best first; never raises for odd query text.
 
         BM25 only without an embedder (``score`` = -bm25); with one, cosine
         and BM25 rankings fused by RRF (``score`` = fused score).  If the
         query cannot be embedded, BM25 alone answers.
         """
-        searchable, query_vector = self._checked_query(query, k, source)
+        searchable, query_vector = self._checked_query(query, k, source, scope)
         if not searchable:
             return []
         depth = _candidate_depth(k)
         label = self._embedding.label()
         with self._lock:
             conn = self._require_open()
-            keyword = self._keyword_ranking(conn, query, depth, source)
-            vector_rows = self._vector_rows(conn, label, source) if query_vector is not None else []
+            keyword = self._keyword_ranking(conn, query, depth, source, scope)
+            vector_rows = self._vector_rows(conn, label, source, scope) if query_vector is not None else []
         semantic = None if query_vector is None else _cosine_ranking(query_vector, vector_rows, depth)
         return self._hits(_fuse_or_keywords(keyword, semantic, k))
 
@@ -233,14 +248,14 @@ class SqliteRagStore(_StoreBase):
     # -- ranking --------------------------------------------------------------
 
     def _keyword_ranking(self, conn: sqlite3.Connection, query: str, depth: int,
-                         source: Optional[str]) -> List[Tuple[int, float]]:
+                         source: Optional[str], scope: str) -> List[Tuple[int, float]]:
         tokens = _query_tokens(query)
         if not tokens:
             return []
         try:
             if self.uses_fts:
-                return _fts_ranking(conn, tokens, depth, source)
-            return _like_ranking(conn, tokens, depth, source)
+                return _fts_ranking(conn, tokens, depth, source, scope)
+            return _like_ranking(conn, tokens, depth, source, scope)
         except sqlite3.Error as exc:
             # Quoting makes this unreachable for query text; kept so that a
             # surprise (a corrupt index, an SQLite quirk) degrades to no
@@ -249,9 +264,9 @@ class SqliteRagStore(_StoreBase):
             return []
 
     def _vector_rows(self, conn: sqlite3.Connection, label: Optional[str],
-                     source: Optional[str]) -> List[Tuple[int, bytes]]:
-        sql = "SELECT id, vector FROM chunks WHERE vector IS NOT NULL AND embed_model IS ?"
-        params: List[Any] = [label]
+                     source: Optional[str], scope: str) -> List[Tuple[int, bytes]]:
+        sql = "SELECT id, vector FROM chunks WHERE scope = ? AND vector IS NOT NULL AND embed_model IS ?"
+        params: List[Any] = [scope, label]
         if source is not None:
             sql += " AND source = ?"
             params.append(source)
@@ -281,25 +296,21 @@ def _fts_expression(tokens: Sequence[str]) -> str:
 
 
 def _fts_ranking(conn: sqlite3.Connection, tokens: Sequence[str], depth: int,
-                 source: Optional[str]) -> List[Tuple[int, float]]:
+                 source: Optional[str], scope: str) -> List[Tuple[int, float]]:
     expression = _fts_expression(tokens)
-    if source is None:
-        rows = conn.execute(
-            "SELECT rowid, rank FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank, rowid LIMIT ?",
-            (expression, depth),
-        ).fetchall()
-    else:
-        rows = conn.execute(
-            "SELECT chunks_fts.rowid, chunks_fts.rank FROM chunks_fts JOIN chunks ON chunks.id = chunks_fts.rowid "
-            "WHERE chunks_fts MATCH ? AND chunks.source = ? ORDER BY chunks_fts.rank, chunks_fts.rowid LIMIT ?",
-            (expression, source, depth),
-        ).fetchall()
+    sql = ("SELECT chunks_fts.rowid, chunks_fts.rank FROM chunks_fts JOIN chunks ON chunks.id = chunks_fts.rowid "
+           "WHERE chunks_fts MATCH ? AND chunks.scope = ?")
+    params: List[Any] = [expression, scope]
+    if source is not None:
+        sql += " AND chunks.source = ?"
+        params.append(source)
+    rows = conn.execute(sql + " ORDER BY chunks_fts.rank, chunks_fts.rowid LIMIT ?", params + [depth]).fetchall()
     # bm25() is "lower is better" and negative; flip it so higher is better.
     return [(row_id, -rank) for row_id, rank in rows]
 
 
 def _like_ranking(conn: sqlite3.Connection, tokens: Sequence[str], depth: int,
-                  source: Optional[str]) -> List[Tuple[int, float]]:
+                  source: Optional[str], scope: str) -> List[Tuple[int, float]]:
     """The no-FTS5 fallback: LIKE finds candidates, BM25 computed here ranks them.
 
     Same formula as FTS5's ``bm25()`` but without stemming, and document
@@ -308,14 +319,17 @@ def _like_ranking(conn: sqlite3.Connection, tokens: Sequence[str], depth: int,
     """
     where = " OR ".join("text LIKE ? ESCAPE '\\'" for _ in tokens)
     params: List[Any] = ["%" + _like_escape(token) + "%" for token in tokens]
-    total_sql = "SELECT count(*) FROM chunks"
-    sql = f"SELECT id, text FROM chunks WHERE ({where})"
+    total_sql = "SELECT count(*) FROM chunks WHERE scope = ?"
+    sql = f"SELECT id, text FROM chunks WHERE ({where}) AND scope = ?"
+    params.append(scope)
+    total_params: List[Any] = [scope]
     if source is not None:
         sql += " AND source = ?"
-        total_sql += " WHERE source = ?"
+        total_sql += " AND source = ?"
         params.append(source)
+        total_params.append(source)
     rows = conn.execute(sql, params).fetchall()
-    total = conn.execute(total_sql, () if source is None else (source,)).fetchone()[0]
+    total = conn.execute(total_sql, total_params).fetchone()[0]
     matches: List[Tuple[int, Dict[str, int], int]] = []
     document_frequency: Counter = Counter()
     for row_id, text in rows:

@@ -14,6 +14,14 @@ stops a call still queued remotely; one already running there runs on (no
 executor can stop a Python function) and its result is discarded.  When the
 executor runs the call in *this* process (a thread pool, Dask with
 ``processes=False``), the tool also sees the real cancel flag.
+
+At most once: Dask re-runs the task of a worker that died on another worker
+(the scheduler's ``allowed-failures``, 3 by default, which ``retries=`` does
+not cover), so a side-effect tool could run four times.  On a Dask worker a
+call therefore marks its start in a ``distributed.Event`` named by its
+token, and a second start of the same call refuses with an error naming the
+dead worker's fate instead of running the tool again.  The mark is cleared
+when the tool returns (a finished call is never rescheduled).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import itertools
 import os
 import pickle
 import threading
+import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Tuple
@@ -59,7 +68,8 @@ def remote_reference(fn: Callable[..., Any], name: str) -> Tuple[str, str]:
 
 def share_cancel_event(event: threading.Event) -> str:
     """A token by which a call that runs in *this* process finds the real cancel flag."""
-    token = f"{os.getpid()}-{next(_tokens)}"
+    # Unique across the processes and machines that share one cluster (the pid alone is not).
+    token = f"{os.getpid()}-{next(_tokens)}-{uuid.uuid4().hex}"
     _events[token] = event
     return token
 
@@ -82,10 +92,35 @@ class RemoteCall:
         event = _events.get(self.token) if pid == str(os.getpid()) else None
         if event is not None:  # same process: the tool can see the cancel flag
             context = ToolContext(event, context.deadline)
+        started = _mark_started_on_dask(self.token, self.tool_name)
         try:
             return tool._invoke(dict(self.args), context)
         except Exception as exc:
             raise _sendable(exc) from None
+        finally:
+            if started is not None:
+                started.clear()
+
+
+def _mark_started_on_dask(token: str, tool_name: str) -> Any:
+    """On a Dask worker: mark the call started cluster-wide (the mark, to clear), or refuse a second start.
+
+    Elsewhere (a process pool, which never re-runs a call) there is nothing to mark: None.
+    """
+    try:
+        from distributed import Event, get_worker
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    mark = Event(f"streamengine-call-{token}")
+    if mark.is_set():
+        raise RemoteToolError(
+            f"tool {tool_name!r} was already started on a Dask worker that died (or was lost) while running it, "
+            f"and the scheduler rescheduled it onto {worker.address}; it is not run a second time, since remote "
+            f"tools run at most once: check the dead worker's log, then call it again only if it has no side "
+            f"effects that may already have happened")
+    mark.set()
+    return mark
 
 
 class RemoteToolError(Exception):

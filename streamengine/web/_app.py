@@ -53,6 +53,10 @@ class StreamApp:
     Trust: ``system_prompt`` is the app's; requests may send only user and
     assistant text unless ``trusted_messages=True`` (your own backend).
     ``authorize(environ)``: falsy -> 401, raise ``PermissionError`` -> 403.
+    ``scope(environ)``: the RAG scope of the request's run (``conversation_id``),
+    e.g. the signed-in user's or tenant's id; runs with the same scope search
+    each other's tool results.  None (or no hook): each run is its own scope.
+    It comes from the application, never from the request body.
     ``allowed_hosts``: Host names served (default: loopback + the server's
     name; ``["*"]`` = any).  ``allow_origin``: ``"*"``, one origin or a
     collection -> CORS for POST (``"*"`` lets every site start runs from its
@@ -72,7 +76,7 @@ class StreamApp:
                  max_streams: int = 32, max_streams_per_client: int = 4, client_key: Optional[ClientKey] = None,
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
-                 max_body_bytes: int = 1_000_000) -> None:
+                 max_body_bytes: int = 1_000_000, scope: Optional[Callable[[dict], Optional[str]]] = None) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -81,6 +85,8 @@ class StreamApp:
         if authorize is not None and not callable(authorize):
             raise ConfigError(f"authorize must be a function environ -> bool, got {type(authorize).__name__}")
         validation.count(max_body_bytes, "max_body_bytes", minimum=1)
+        if scope is not None and not callable(scope):
+            raise ConfigError(f"scope must be a function environ -> str or None, got {type(scope).__name__}")
         self.engine = engine
         self.system_prompt = system_prompt
         self.trusted_messages = bool(trusted_messages)
@@ -89,6 +95,7 @@ class StreamApp:
         self.heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         self.max_body_bytes = max_body_bytes
         self._authorize = authorize
+        self._scope = scope
         self._hosts = HostCheck(allowed_hosts)
         self._origins = _check_origins(allow_origin)
         self._limiter = StreamLimiter(max_streams, max_streams_per_client, client_key or client_address,
@@ -198,7 +205,7 @@ class StreamApp:
             response = SseResponse(self.engine, messages, heartbeat_s=self.heartbeat_s,
                                    disconnected=probe if callable(probe) else None, on_close=closed,
                                    errors=PublicErrors(request_id, expose=self.expose_errors, logger=self._log),
-                                   logger=self._log)
+                                   logger=self._log, run_options=self._run_options(environ))
         except ConfigError as exc:  # the messages were checked: this is the engine refusing (closed)
             release()
             raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
@@ -230,6 +237,21 @@ class StreamApp:
                             "ask the operator to look at the server log", 500) from exc
         if not allowed:
             raise HttpError("not authorized: sign in (or send your credentials) and retry", 401)
+
+    def _run_options(self, environ: dict) -> Dict[str, Any]:
+        """``conversation_id`` from the application's ``scope`` hook (nothing without one)."""
+        if self._scope is None:
+            return {}
+        try:
+            scope = self._scope(environ)
+            if scope is not None and (not isinstance(scope, str) or not scope.strip()):
+                raise TypeError(f"the scope hook must return a non-empty str or None, got {scope!r}")
+            return {"conversation_id": scope}
+        except Exception as exc:
+            request_id = uuid.uuid4().hex[:12]
+            self._log.opt(exception=exc).error("request {}: the scope hook failed: {}", request_id, exc)
+            raise HttpError(f"the request's scope could not be determined (request id {request_id}); try again "
+                            "later or ask the operator to look at the server log", 500) from exc
 
     def _read_body(self, environ: dict) -> bytes:
         media_type = (environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()

@@ -59,9 +59,9 @@ class HostCheck:
         if self._any:
             return
         raw = environ.get("HTTP_HOST") or ""
-        host = _bare(_strip_port(raw.strip().lower()))
+        host = _host_of(raw.strip().lower())
         allowed = self._configured if self._configured is not None else self._defaults(environ)
-        if host not in allowed:
+        if host is None or host not in allowed:
             raise HttpError(f"Host {raw or '(none)'!r} is not served here (DNS rebinding guard); allowed: "
                             f"{', '.join(sorted(allowed))}. Serving under another name? "
                             "Pass make_wsgi_app(engine, allowed_hosts=[...])", 400, field="Host")
@@ -72,11 +72,27 @@ class HostCheck:
         return LOOPBACK_HOSTS | ({server} if server not in _WILDCARDS else set())
 
 
-def _strip_port(host: str) -> str:
-    if host.startswith("["):
-        end = host.find("]")
-        return host[:end + 1] if end > 0 else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+def _host_of(header: str) -> Optional[str]:
+    """The host name of a ``Host`` header, or None when it is not ``host[:port]``.
+
+    A Host header carries no userinfo (RFC 9110 7.2), so ``127.0.0.1:80@evil.example``
+    is refused rather than read as "127.0.0.1"; the port, when present, must be digits.
+    """
+    if "@" in header:
+        return None
+    if header.startswith("["):
+        end = header.find("]")
+        if end < 0:
+            return None
+        host, rest = header[:end + 1], header[end + 1:]
+    elif header.count(":") == 1:
+        host, port = header.split(":")
+        rest = ":" + port
+    else:
+        host, rest = header, ""  # a bare IPv6 address without brackets has several colons and no port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit() and rest[1:].isascii()):
+        return None
+    return _bare(host)
 
 
 def _bare(host: str) -> str:

@@ -59,13 +59,14 @@ class SseResponse:
 
     def __init__(self, engine: Any, messages: Sequence[Message], *, heartbeat_s: Optional[float],
                  disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
-                 errors: Optional[PublicErrors] = None, logger: Any = None) -> None:
+                 errors: Optional[PublicErrors] = None, logger: Any = None,
+                 run_options: Optional[dict] = None) -> None:
         self.cancel = CancelToken()
         tick = heartbeat_s
         if disconnected is not None:
             tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
         # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
-        events = engine.run(messages, self.cancel, heartbeat_s=tick)
+        events = engine.run(messages, self.cancel, heartbeat_s=tick, **(run_options or {}))  # conversation_id
         self._batches = _batches(events, heartbeat_s, disconnected, errors)
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")

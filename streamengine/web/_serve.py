@@ -16,8 +16,26 @@ from typing import Any, Callable, Dict, Optional, Sequence, TextIO
 from .._errors import ConfigError
 from .._messages import PROG
 
-__all__ = ["serve_app"]
+__all__ = ["serve_app", "server_limits"]
 
+
+#: Open connections at most (each a file descriptor and a little memory, no thread):
+#: far above any stream cap, so connections that sit half-sent never starve
+#: ``/healthz``; past it a client gets a 503 at once (see ``_RefuseOverLimit``).
+CONNECTION_LIMIT = 1000
+#: Bytes a channel buffers for a client that does not read before the app's
+#: write blocks (waitress's default is 16 MiB: 71 MB of RSS per idle reader measured).
+OUTBUF_HIGH_WATERMARK = 1 << 20
+#: A connection with no request in progress and no activity for this long is closed
+#: (a request half sent counts as none in progress).  Open streams send a
+#: heartbeat well within it, and are never closed by it.
+CHANNEL_TIMEOUT_S = 30
+#: The request body waitress accepts when the app does not say: the app's own default cap.
+DEFAULT_BODY_LIMIT = 1_000_000
+
+_REFUSAL_BODY = b"the server is at its connection limit; retry in 5 s\n"
+_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Retry-After: 5\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(_REFUSAL_BODY)) + _REFUSAL_BODY
 
 
 def _write(out: TextIO, text: str) -> None:
@@ -25,13 +43,61 @@ def _write(out: TextIO, text: str) -> None:
     out.flush()
 
 
+def server_limits(app: Any, threads: int, connection_limit: Optional[int] = None) -> Dict[str, Any]:
+    """Waitress's options for an internet-facing stream server (its defaults suit neither).
+
+    The body limit is the app's ``max_body_bytes``, so an oversized body is
+    refused while it arrives instead of being spooled to disk first.  ``poll``
+    instead of ``select``: select cannot watch more than 1024 descriptors.
+    """
+    limit = CONNECTION_LIMIT if connection_limit is None else connection_limit
+    return {
+        "threads": threads, "channel_request_lookahead": 1, "ident": PROG,
+        # waitress's own limit (which stops accepting: clients hang in the backlog) sits past ours
+        "connection_limit": limit + 8, "asyncore_use_poll": True,
+        "max_request_body_size": int(getattr(app, "max_body_bytes", DEFAULT_BODY_LIMIT)),
+        "outbuf_high_watermark": OUTBUF_HIGH_WATERMARK, "channel_timeout": CHANNEL_TIMEOUT_S,
+        "cleanup_interval": max(1, CHANNEL_TIMEOUT_S // 3),
+    }
+
+
+class _RefuseOverLimit:
+    """Stands in for the server's channel class: past ``limit`` open connections, answer 503 and close.
+
+    Waitress at its own limit stops calling ``accept()``, so the next clients
+    sit in the kernel's backlog with no answer at all; a quick refusal lets
+    a client (or a load balancer) go elsewhere.
+    """
+
+    def __init__(self, server: Any, limit: int) -> None:
+        self._server = server
+        self._channel_class = server.channel_class
+        self._limit = limit
+
+    def __call__(self, server: Any, conn: socket.socket, addr: Any, adj: Any, map: Any = None) -> Any:
+        if len(self._server.active_channels) < self._limit:
+            return self._channel_class(server, conn, addr, adj, map=map)
+        try:
+            conn.settimeout(0)
+            conn.send(_REFUSAL)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        return None
+
+
 def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, banner: Sequence[str] = (),
-              stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None) -> None:
+              stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None,
+              connection_limit: Optional[int] = None) -> None:
     """Serve a WSGI app under waitress until Ctrl-C or until ``stop`` is set.
 
     Every open SSE stream holds one waitress thread for its whole length, so
     ``threads`` must exceed the concurrent streams you expect.
     ``channel_request_lookahead`` lets waitress notice a closed tab at once.
+    The other limits (connections, body size, output buffer, idle channels)
+    are :func:`server_limits`.
     """
     try:
         from waitress import wasyncore
@@ -41,7 +107,8 @@ def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, bann
     sock = _listen_socket(host, port)
     try:
         # Bound here, not by waitress: a busy port then fails before waitress starts its threads.
-        server = create_server(app, sockets=[sock], threads=threads, channel_request_lookahead=1, ident=PROG)
+        server = create_server(app, sockets=[sock], **server_limits(app, threads, connection_limit))
+        server.channel_class = _RefuseOverLimit(server, server.adj.connection_limit - 8)
     except BaseException:
         sock.close()
         raise

@@ -1,0 +1,101 @@
+"""``serve`` sets waitress's limits: connections, request body, output buffer, idle channels.
+
+Each test runs the real ``serve_app`` (waitress) on 127.0.0.1 in a thread
+and talks to it with raw sockets, the way a slow or hostile client does.
+"""
+from __future__ import annotations
+
+import socket
+from typing import List
+
+import pytest
+import requests
+
+from conftest import wait_for
+from streamengine._config import EngineConfig
+from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from streamengine.testing import FakeProvider
+from streamengine.web import make_wsgi_app
+from serve_support import served
+from streamengine.web._serve import CHANNEL_TIMEOUT_S, OUTBUF_HIGH_WATERMARK, server_limits
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.run import StreamingEngine
+
+HALF_SENT = (b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 100\r\n\r\n{\"messages\"")
+
+
+@pytest.fixture
+def app():
+    with FakeProvider() as fp:
+        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), config=EngineConfig(model="m"))
+        try:
+            yield make_wsgi_app(engine, max_streams=4)
+        finally:
+            engine.close()
+
+
+def port_of(url: str) -> int:
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def half_sent(port: int, count: int) -> List[socket.socket]:
+    sockets = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(HALF_SENT)
+        sockets.append(sock)
+    return sockets
+
+
+def close_all(sockets: List[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
+
+
+def test_healthz_answers_while_120_connections_sit_half_sent(app, no_thread_leak):
+    with served(app) as url:
+        waiting = half_sent(port_of(url), 120)
+        try:
+            health = requests.get(url + "healthz", timeout=10)
+            assert health.status_code == 200 and health.json() == {"status": "ok"}
+        finally:
+            close_all(waiting)
+
+
+def test_past_the_connection_limit_a_client_is_refused_not_left_hanging(app, no_thread_leak):
+    with served(app, connection_limit=4) as url:
+        waiting = half_sent(port_of(url), 4)
+        try:
+            extra = socket.create_connection(("127.0.0.1", port_of(url)), timeout=10)
+            with extra:
+                try:
+                    answer = extra.recv(4096)  # the refusal comes without our sending anything
+                except ConnectionResetError:  # the kernel may turn the close into a reset: still refused
+                    answer = b"reset"
+            assert answer.startswith(b"HTTP/1.1 503 ") or answer == b"reset", answer
+        finally:
+            close_all(waiting)
+        # Below the limit again (once the server has seen the closes), it serves as before.
+        assert wait_for(lambda: requests.get(url + "healthz", timeout=10).status_code == 200)
+
+
+def test_a_body_over_the_apps_cap_is_refused_before_it_is_read(app, no_thread_leak):
+    with served(app) as url:
+        with socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 200000000\r\n\r\n{")
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer
+
+
+def test_server_limits_follow_the_app_and_bound_buffers(app):
+    limits = server_limits(app, threads=8)
+    assert limits["max_request_body_size"] == app.max_body_bytes
+    assert limits["outbuf_high_watermark"] == OUTBUF_HIGH_WATERMARK == 1 << 20
+    assert limits["channel_timeout"] == CHANNEL_TIMEOUT_S and limits["asyncore_use_poll"] is True
+    assert limits["connection_limit"] > 100 * 8  # well above any stream cap of an 8-thread server
+
+
+def test_cli_timeout_default_is_the_librarys():
+    assert DEFAULT_TIMEOUT_S == EngineConfig(model="m").completion_timeout
