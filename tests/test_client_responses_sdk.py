@@ -104,7 +104,7 @@ def test_the_sdk_reads_the_fake_stream_as_our_client_does(pair, name):
 
 def test_every_event_names_its_type_in_the_event_line(pair):
     fp, _, _ = pair
-    fp.add_turn(*SCRIPTS["reasoning-text-calls"], s.error_frame("late", type="server_error"))
+    fp.add_turn(*SCRIPTS["reasoning-text-calls"], s.error_frame("late", type="server_error"), s.end())
     body = requests.post(fp.base_url + "/responses", json={"model": MODEL, "input": INPUT, "stream": True},
                          timeout=10).text
     frames = [f for f in body.split("\n\n") if f.strip()]
