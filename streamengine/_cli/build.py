@@ -228,6 +228,10 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
     if getattr(args, "stream", True) is False:
         client = WholeAnswers(client)
     try:
+        if options is not None and args.provider == "openai-responses":
+            from .._clients.responses.request import responses_body
+
+            responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
         return StreamingEngine(client, tools, engine_config)
     except BaseException:
         client.close()
