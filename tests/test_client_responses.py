@@ -156,6 +156,29 @@ def test_streams_without_event_lines_or_sequence_numbers_read_the_same(fp, clien
     assert (chunks[-1].finish_reason, chunks[-1].usage, chunks[-1].model) == ("stop", Usage(3, 2, 5), "gpt-x")
 
 
+def test_a_refusal_is_its_own_field_not_the_answer(fp, client):
+    fp.add_turn(s.text("Sure, "), s.Step("delta", {"refusal": "I can't help "}),
+                s.Step("delta", {"refusal": "with that."}))
+    chunks = collect(client)
+    assert text_of(chunks) == "Sure, "
+    assert "".join(c.refusal or "" for c in chunks) == "I can't help with that."
+    assert all(c.is_meaningful for c in chunks if c.refusal)
+    aggregator = ResponseAggregator()
+    for chunk in chunks:
+        aggregator.add(chunk)
+    assert (aggregator.response().content, aggregator.response().refusal) == ("Sure, ", "I can't help with that.")
+
+
+def test_a_buffered_answer_keeps_its_refusal_and_reasoning(fp, client):
+    output = [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "policy"}]},
+              {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}]
+    body = {"id": "resp_1", "object": "response", "status": "completed", "model": "gpt-x", "output": output,
+            "error": None, "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+    fp.add_turn(s.raw(json.dumps(body)))
+    response = client.complete(MESSAGES, options=OPTIONS)
+    assert (response.content, response.refusal, response.reasoning) == ("", "No.", "policy")
+
+
 def test_usage_keeps_cached_and_reasoning_tokens(fp, client):
     usage = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 64}, "output_tokens": 30,
              "output_tokens_details": {"reasoning_tokens": 20}, "total_tokens": 130}
@@ -223,25 +246,31 @@ def test_the_connection_is_reused_after_response_completed(fp, client):
 # -- errors -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("error_event, says, verdict", [
+@pytest.mark.parametrize("error_event, says, status, verdict", [
     ({"type": "error", "code": "rate_limit_exceeded", "message": "Rate limit reached for gpt-x", "param": None},
-     "Rate limit reached", ErrorClass.TRANSIENT_ADVANCE),
+     "Rate limit reached", 429, ErrorClass.TRANSIENT_RETRY),
     ({"type": "error", "error": {"type": "server_error", "code": "server_error", "message": "The server had an error"}},
-     "The server had an error", ErrorClass.TRANSIENT_ADVANCE),
+     "The server had an error", None, ErrorClass.TRANSIENT_ADVANCE),
     ({"type": "error", "error": {"type": "invalid_request_error", "code": "context_length_exceeded",
                                  "message": "Your input exceeds the context window"}},
-     "exceeds the context window", None),
-], ids=["flat-rate-limit", "nested-server-error", "nested-context-length"])
-def test_error_events_flat_and_nested_then_response_failed(fp, client, error_event, says, verdict):
+     "exceeds the context window", 400, ErrorClass.FATAL),
+    # Looks like a rate limit ("exceeded your current quota"), but waiting does not help: not transient.
+    ({"type": "error", "code": "insufficient_quota", "param": None,
+      "message": "You exceeded your current quota, please check your plan and billing details"},
+     "exceeded your current quota", 402, ErrorClass.FATAL),
+    ({"type": "error", "error": {"type": "tokens", "code": "rate_limit_exceeded", "message": "Too many tokens"}},
+     "Too many tokens", 429, ErrorClass.TRANSIENT_RETRY),
+], ids=["flat-rate-limit", "nested-server-error", "nested-context-length", "flat-insufficient-quota",
+        "nested-rate-limit"])
+def test_error_events_flat_and_nested_then_response_failed(fp, client, error_event, says, status, verdict):
     failed = event("response.failed", response={"id": "resp_1", "status": "failed",
                                                 "error": {"code": "server_error", "message": "the failed event"}})
     error = failing(client, fp, created(), event("response.output_text.delta", item_id="m", output_index=0,
                                                  content_index=0, delta="partial"),
                     event("error", **error_event), failed)
-    assert isinstance(error, LlmStreamError if verdict else (LlmStreamError, LlmHttpError)), error
+    assert isinstance(error, LlmStreamError if status is None else LlmHttpError), error
     assert says in str(error) and "the failed event" not in str(error) and "after 2 events" in str(error)
-    if verdict is not None:
-        assert classify(error) is verdict
+    assert getattr(error, "status_code", None) == status and classify(error) is verdict
 
 
 def test_response_failed_alone_is_an_error_with_its_message(fp, client):
@@ -381,8 +410,9 @@ def test_complete_returns_the_whole_answer(fp, client):
 
 def test_complete_errors(fp, client):
     fp.add_turn(s.error_frame("quota gone", type="insufficient_quota"))
-    with pytest.raises((LlmStreamError, LlmHttpError), match="quota gone"):
+    with pytest.raises(LlmHttpError, match="quota gone") as info:
         client.complete(MESSAGES, options=OPTIONS)
+    assert info.value.status_code == 402 and classify(info.value) is ErrorClass.FATAL
     fp.add_turn(s.raw('{"object": "list"}'))
     with pytest.raises(LlmProtocolError, match="'output' list"):
         client.complete(MESSAGES, options=OPTIONS)

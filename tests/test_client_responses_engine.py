@@ -23,7 +23,7 @@ from streamengine import OpenAIResponsesClient
 from streamengine._cli.main import main
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._clients.routed import RoutedClient
-from streamengine._engine.events import DoneEvent, TokenEvent, ToolStartEvent
+from streamengine._engine.events import DoneEvent, RefusalEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider, Stamp, steps as s
 from streamengine.tools import ToolContext, tool
@@ -155,6 +155,15 @@ def test_cancel_mid_stream_stops_the_tool_and_closes_the_connection():
             assert saw_cancel.wait(5)
             assert fp.wait_for_client_disconnects(1, 5)
     assert events[-1].result.telemetry.fallback_reason == "cancelled"
+
+
+def test_a_refusal_reaches_the_caller_as_a_refusal_event_and_result_field():
+    with FakeProvider(wire="responses") as fp:
+        fp.add_turn(s.Step("delta", {"refusal": "I can't help with that."}))
+        with make_engine(OpenAIResponsesClient(fp.base_url)) as engine:
+            events, result = run(engine)
+    assert [e.text for e in events if isinstance(e, RefusalEvent)] == ["I can't help with that."]
+    assert (result.answer, result.refusal) == ("", "I can't help with that.")
 
 
 # --- failover, also across wires ------------------------------------------------------------------------

@@ -36,8 +36,9 @@ SCRIPTS = {
     "keep-alives": [s.comment(), s.text("a"), s.empty_delta(), s.text("b"),
                     s.usage(prompt=2, completion=2)],
     "cut-off": [s.text("half an ans"), s.finish("length"), s.usage(prompt=3, completion=8)],
+    "refusal": [s.text("Well."), s.Step("delta", {"refusal": "I can't "}), s.Step("delta", {"refusal": "do that."})],
 }
-Answer = Tuple[str, List[Tuple[str, str, Dict[str, Any]]], Tuple[int, int], str]
+Answer = Tuple[str, str, List[Tuple[str, str, Dict[str, Any]]], Tuple[int, int], str]
 STATUS_OF_FINISH = {"stop": "completed", "tool_calls": "completed", "length": "incomplete"}
 
 
@@ -45,16 +46,17 @@ def ours(response: Response) -> Answer:
     calls = [(c.id, c.name, c.args()) for c in response.tool_calls]
     usage = response.usage
     assert usage is not None
-    return response.content, calls, (usage.prompt_tokens, usage.completion_tokens), \
+    return response.content, response.refusal or "", calls, (usage.prompt_tokens, usage.completion_tokens), \
         STATUS_OF_FINISH[response.finish_reason or ""]
 
 
 def theirs(response: Any) -> Answer:
     calls = [(item.call_id, item.name, json.loads(item.arguments or "{}"))
              for item in response.output if item.type == "function_call"]
-    text = "".join(part.text for item in response.output if item.type == "message"
-                   for part in item.content if part.type == "output_text")
-    return text, calls, (response.usage.input_tokens, response.usage.output_tokens), response.status
+    parts = [part for item in response.output if item.type == "message" for part in item.content]
+    text = "".join(part.text for part in parts if part.type == "output_text")
+    refusal = "".join(part.refusal for part in parts if part.type == "refusal")
+    return text, refusal, calls, (response.usage.input_tokens, response.usage.output_tokens), response.status
 
 
 @pytest.fixture
@@ -94,12 +96,14 @@ def test_the_sdk_reads_the_fake_stream_as_our_client_does(pair, name):
     assert numbers == list(range(len(numbers)))  # every event numbered, in order, from 0
     assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
     if name == "reasoning-text-calls":
-        assert theirs(final)[1] == [("call_01", "lookup", {"q": "rain in Oslo", "days": 3}),
+        assert theirs(final)[2] == [("call_01", "lookup", {"q": "rain in Oslo", "days": 3}),
                                     ("call_02", "clock", {})]
         summary = [part.text for item in final.output if item.type == "reasoning" for part in item.summary]
         assert summary == ["think"]
     if name == "cut-off":
         assert final.incomplete_details.reason == "max_output_tokens"
+    if name == "refusal":
+        assert theirs(final)[:2] == ("Well.", "I can't do that.")
 
 
 def test_every_event_names_its_type_in_the_event_line(pair):

@@ -13,6 +13,7 @@ step                   Responses events
                        ``content_part.added``, ``output_text.delta``
 ``reasoning``          a ``reasoning`` item: ``reasoning_summary_part.added``,
                        ``reasoning_summary_text.delta``
+``{"refusal": ...}``   a ``message`` item with a ``refusal`` part: ``refusal.delta``
 ``tool_call``          a ``function_call`` item per call (a new OpenAI index or id
                        starts one; ``call_id`` is the id, the item id is
                        ``fc_...``), ``function_call_arguments.delta`` per fragment
@@ -160,6 +161,10 @@ class ResponsesEncoder:
             out.append(self._item_event("response.reasoning_summary_text.delta", summary_index=0,
                                         delta=delta["reasoning_content"]))
             self.open["summary"][0]["text"] += delta["reasoning_content"]
+        if delta.get("refusal"):
+            out += self._into(("refusal", None, None))
+            out.append(self._item_event("response.refusal.delta", content_index=0, delta=delta["refusal"]))
+            self.open["content"][0]["refusal"] += delta["refusal"]
         if delta.get("content"):
             out += self._into(("message", None, None))
             out.append(self._item_event("response.output_text.delta", content_index=0, delta=delta["content"],
@@ -194,7 +199,7 @@ class ResponsesEncoder:
             return []
         out = self._close()
         index = len(self.output)
-        if key[0] == "message":
+        if key[0] in ("message", "refusal"):
             item: Dict[str, Any] = {"id": f"msg_fake_{index}", "type": "message", "status": "in_progress",
                                     "role": "assistant", "content": []}
         elif key[0] == "reasoning":
@@ -206,6 +211,10 @@ class ResponsesEncoder:
         self.open, self.open_key = item, key
         if key[0] == "message":
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out.append(self._item_event("response.content_part.added", content_index=0, part=dict(part)))
+            item["content"].append(part)
+        elif key[0] == "refusal":
+            part = {"type": "refusal", "refusal": ""}
             out.append(self._item_event("response.content_part.added", content_index=0, part=dict(part)))
             item["content"].append(part)
         elif key[0] == "reasoning":
@@ -227,6 +236,11 @@ class ResponsesEncoder:
             part = item["content"][0]
             out.append(self._item_event("response.output_text.done", content_index=0, text=part["text"],
                                         logprobs=[]))
+            out.append(self._item_event("response.content_part.done", content_index=0, part=part))
+            item["status"] = "completed"
+        elif key[0] == "refusal":
+            part = item["content"][0]
+            out.append(self._item_event("response.refusal.done", content_index=0, refusal=part["refusal"]))
             out.append(self._item_event("response.content_part.done", content_index=0, part=part))
             item["status"] = "completed"
         elif key[0] == "reasoning":

@@ -9,7 +9,7 @@ same exception for the same error on either OpenAI wire.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 from ..._errors import LlmProtocolError
 from ..._messages import Response, ToolCall, Usage
@@ -81,27 +81,47 @@ def response_from_json(payload: Any, url: str, redact: Redact) -> Response:
             f"{redact(json.dumps(payload)[:300])}; is base_url an API root that serves /responses (ending in /v1)?")
     if payload.get("status") == "failed" or payload.get("error"):
         raise_error(payload.get("error") or {"message": "the response failed"}, url, redact)
-    text, calls = output_of(payload["output"])
+    found = output_of(payload["output"])
     model = payload.get("model")
-    return Response(content=text, tool_calls=tuple(calls), usage=usage_of(payload.get("usage")),
+    return Response(content=found.text, tool_calls=tuple(found.calls), usage=usage_of(payload.get("usage")),
                     model=model if isinstance(model, str) and model else None,
-                    finish_reason=finish_reason_of(payload, bool(calls)))
+                    finish_reason=finish_reason_of(payload, bool(found.calls)),
+                    refusal=found.refusal or None, reasoning=found.reasoning or None)
 
 
-def output_of(items: List[Any]) -> Tuple[str, List[ToolCall]]:
-    """The text of the ``message`` items and the ``function_call`` items, in order."""
-    text: List[str] = []
+class Output(NamedTuple):
+    """What a response's ``output`` items hold, by kind."""
+
+    text: str
+    refusal: str
+    reasoning: str
+    calls: List[ToolCall]
+
+
+def output_of(items: List[Any]) -> Output:
+    """The ``message`` items' text and refusals, the ``reasoning`` items' summaries (or text), the calls."""
+    parts: Dict[str, List[str]] = {"output_text": [], "refusal": [], "reasoning": []}
     calls: List[ToolCall] = []
     for position, item in enumerate(items):
         if not isinstance(item, Mapping):
             continue
-        if item.get("type") == "message":
-            text.extend(part["text"] for part in item.get("content") or ()
-                        if isinstance(part, Mapping) and part.get("type") == "output_text"
-                        and isinstance(part.get("text"), str))
-        elif item.get("type") == "function_call":
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or ():
+                if isinstance(part, Mapping) and part.get("type") in ("output_text", "refusal"):
+                    _add_text(parts[part["type"]], part.get("text" if part["type"] == "output_text" else "refusal"))
+        elif kind == "reasoning":
+            for part in (item.get("summary") or item.get("content") or ()):
+                if isinstance(part, Mapping):
+                    _add_text(parts["reasoning"], part.get("text"))
+        elif kind == "function_call":
             calls.append(call_of(item, position))
-    return "".join(text), calls
+    return Output("".join(parts["output_text"]), "".join(parts["refusal"]), "".join(parts["reasoning"]), calls)
+
+
+def _add_text(into: List[str], value: Any) -> None:
+    if isinstance(value, str):
+        into.append(value)
 
 
 def call_of(item: Mapping[str, Any], position: int) -> ToolCall:

@@ -6,7 +6,8 @@ per output item ``response.output_item.added``, its deltas and
 ``response.incomplete``); ``response.failed`` and ``error`` end it badly.
 
 * ``output_text.delta`` is content; ``reasoning_summary_text.delta`` and
-  ``reasoning_text.delta`` (vLLM, Ollama) are reasoning.  Structural events
+  ``reasoning_text.delta`` (vLLM, Ollama) are reasoning; ``refusal.delta``
+  is the refusal (``Chunk.refusal``: model output, not the answer).  Structural events
   (``created``, ``in_progress``, ``content_part.*``, ``*.done`` texts) yield
   nothing, so they never reset the idle timer -- nor do SSE comments;
 * a ``function_call`` item is one native call.  Its ToolCallDelta index is
@@ -121,6 +122,8 @@ class ResponsesStreamParser(SseStreamParser):
             return self._text(frame.get("delta"), None)
         if kind in _REASONING_DELTAS:
             return self._text(None, frame.get("delta"))
+        if kind == "response.refusal.delta":
+            return self._refusal(frame.get("delta"))
         if kind == "response.function_call_arguments.delta":
             return self._arguments(frame, frame.get("delta"), whole=False)
         if kind == "response.function_call_arguments.done":
@@ -151,6 +154,12 @@ class ResponsesStreamParser(SseStreamParser):
             return None
         self._shown = self._shown or content is not None
         return Chunk(content=content, reasoning=reasoning)
+
+    def _refusal(self, text: Any) -> Optional[Chunk]:
+        if not isinstance(text, str) or not text:
+            return None
+        self._shown = True
+        return Chunk(refusal=text)
 
     def _note_model(self, response: Any) -> None:
         if isinstance(response, Mapping) and isinstance(response.get("model"), str) and response["model"]:
@@ -237,10 +246,12 @@ class ResponsesStreamParser(SseStreamParser):
             self.finish_reason = finish_reason_of(response, self._call_count > 0)
             return None
         # Nothing was streamed: a server that sends the answer only in the final object.
-        text, calls = output_of(output)
-        self.finish_reason = finish_reason_of(response, bool(calls))
-        deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments) for i, call in enumerate(calls))
-        return Chunk(content=text or None, tool_calls=deltas) if text or deltas else None
+        found = output_of(output)
+        self.finish_reason = finish_reason_of(response, bool(found.calls))
+        deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments) for i, call in enumerate(found.calls))
+        if not (found.text or deltas or found.refusal):
+            return None
+        return Chunk(content=found.text or None, tool_calls=deltas, refusal=found.refusal or None)
 
 
 def _is_index(value: Any) -> bool:
