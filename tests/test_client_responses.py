@@ -194,9 +194,12 @@ def test_an_incomplete_response_ends_with_its_reason_and_usage(fp, client, reaso
     assert (chunks[-1].finish_reason, chunks[-1].usage) == (expected, Usage(4, 9, 13))
 
 
-@pytest.mark.parametrize("reason, expected", [("max_output_tokens", "length"), ("content_filter", "content_filter")])
+@pytest.mark.parametrize("reason, expected", [("max_output_tokens", "length"), ("content_filter", "content_filter"),
+                                              (None, "length")])
 def test_incomplete_details_reason_is_the_finish_reason(fp, client, reason, expected):
-    fp.add_turn(created(), completed(status="incomplete", incomplete_details={"reason": reason}), auto_finish=False)
+    ending = completed(status="incomplete", incomplete_details={"reason": reason}) if reason else event(
+        "response.incomplete", response={"usage": {"input_tokens": 3, "output_tokens": 2}})  # no status, no reason
+    fp.add_turn(created(), ending, auto_finish=False)
     chunks = collect(client)
     assert (chunks[-1].finish_reason, chunks[-1].usage) == (expected, Usage(3, 2, 5))
 

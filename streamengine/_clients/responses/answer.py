@@ -45,11 +45,15 @@ def _detail(raw: Mapping[str, Any], group: str, name: str) -> int:
     return count or 0
 
 
-def finish_reason_of(response: Mapping[str, Any], made_calls: bool) -> str:
-    """The finish reason of a finished response object: ``length``, ``content_filter``, ``tool_calls`` or ``stop``."""
+def finish_reason_of(response: Mapping[str, Any], made_calls: bool, incomplete: bool = False) -> str:
+    """The finish reason of a finished response: ``length``, ``content_filter``, ``tool_calls`` or ``stop``.
+
+    ``incomplete`` says it came with ``response.incomplete``: cut off even
+    when the object does not say why (``length``, the usual reason).
+    """
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, Mapping) else None
-    if response.get("status") == "incomplete" or reason:
+    if incomplete or response.get("status") == "incomplete" or reason:
         return INCOMPLETE_REASONS.get(reason, reason) if isinstance(reason, str) and reason else "length"
     return "tool_calls" if made_calls else "stop"
 

@@ -136,7 +136,7 @@ class ResponsesStreamParser(SseStreamParser):
             self._note_model(frame.get("response"))
             return None
         if kind in ("response.completed", "response.incomplete"):
-            return self._finished(frame.get("response"))
+            return self._finished(frame.get("response"), incomplete=kind == "response.incomplete")
         if kind == "response.failed":
             response = frame.get("response") if isinstance(frame.get("response"), Mapping) else {}
             raise_error(response.get("error") or {"message": "the response failed"}, self.url, self.redact,
@@ -236,18 +236,18 @@ class ResponsesStreamParser(SseStreamParser):
 
     # -- the end -----------------------------------------------------------------------
 
-    def _finished(self, response: Any) -> Optional[Chunk]:
+    def _finished(self, response: Any, incomplete: bool) -> Optional[Chunk]:
         response = response if isinstance(response, Mapping) else {}
         self._note_model(response)
         self.usage = usage_of(response.get("usage")) or self.usage
         self.ended = True
         output = response.get("output")
         if self._shown or not isinstance(output, list):
-            self.finish_reason = finish_reason_of(response, self._call_count > 0)
+            self.finish_reason = finish_reason_of(response, self._call_count > 0, incomplete)
             return None
         # Nothing was streamed: a server that sends the answer only in the final object.
         found = output_of(output)
-        self.finish_reason = finish_reason_of(response, bool(found.calls))
+        self.finish_reason = finish_reason_of(response, bool(found.calls), incomplete)
         deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments) for i, call in enumerate(found.calls))
         if not (found.text or deltas or found.refusal):
             return None
