@@ -15,6 +15,7 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -264,3 +265,11 @@ def test_the_web_app_streams_a_responses_run_over_waitress():
     assert done["answer"] == "It is sunny."
     assert fp.requests[1].json["input"][-1] == {"type": "function_call_output", "call_id": "call_w",
                                                 "output": "sunny in Oslo"}
+
+
+def test_the_docs_testing_example_runs_as_written():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "responses.md").read_text(encoding="utf-8")
+    example = doc.split("## Testing without the network", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(example, "docs/responses.md", "exec"), namespace)
+    assert namespace["answer"].content == "Hello"

@@ -8,13 +8,14 @@ same exception for the same error on either OpenAI wire.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 from ..._errors import LlmProtocolError
 from ..._messages import Response, ToolCall, Usage
 from ..openai.errors import raise_in_band_error
-from ..openai.parse import _token_count
+from ..openai.parse import _token_count, _usage
 
 __all__ = ["INCOMPLETE_REASONS", "finish_reason_of", "raise_error", "response_from_json", "usage_of"]
 
@@ -26,17 +27,11 @@ Redact = Callable[[str], str]
 
 def usage_of(raw: Any) -> Optional[Usage]:
     """A Responses ``usage`` object as :class:`Usage`; absurd counts (``-5``, ``"x"``) mean no usage."""
-    if not isinstance(raw, Mapping):
+    usage = _usage(raw, "input_tokens", "output_tokens")
+    if usage is None:
         return None
-    prompt = _token_count(raw.get("input_tokens") or 0)
-    completion = _token_count(raw.get("output_tokens") or 0)
-    if prompt is None or completion is None:
-        return None
-    total = _token_count(raw.get("total_tokens") or prompt + completion)
-    cached = _detail(raw, "input_tokens_details", "cached_tokens")
-    reasoning = _detail(raw, "output_tokens_details", "reasoning_tokens")
-    return Usage(prompt, completion, prompt + completion if total is None else total,
-                 cached_tokens=cached, reasoning_tokens=reasoning)
+    return dataclasses.replace(usage, cached_tokens=_detail(raw, "input_tokens_details", "cached_tokens"),
+                               reasoning_tokens=_detail(raw, "output_tokens_details", "reasoning_tokens"))
 
 
 def _detail(raw: Mapping[str, Any], group: str, name: str) -> int:

@@ -35,15 +35,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from typing import Any, Dict, Generator, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
-import requests
-
-from ..._errors import LlmProtocolError
 from ..._messages import Chunk, ToolCallDelta
-from ..http.connection import RequestTracker
-from ..http.transport import SseStreamParser
+from ..http.typed_events import TypedEventParser
 from .answer import call_of, finish_reason_of, output_of, raise_error, usage_of
 
 __all__ = ["ProgressChunk", "ResponsesStreamParser"]
@@ -74,10 +69,11 @@ class _Call:
         self.argued = False  # some argument text was sent
 
 
-class ResponsesStreamParser(SseStreamParser):
+class ResponsesStreamParser(TypedEventParser):
     """The events of one streamed response -> chunks; ``run`` returns the completing chunk."""
 
     end_marker = "response.completed or response.incomplete"
+    wire_name = "the Responses"
 
     def __init__(self, url: str, redact: Any, max_event_bytes: int) -> None:
         super().__init__(url, redact, max_event_bytes)
@@ -85,38 +81,12 @@ class ResponsesStreamParser(SseStreamParser):
         self._call_count = 0
         self._shown = False  # text or a call was streamed (else response.completed's output is the answer)
 
-    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
-            for name, data in events:
-                if is_cancelled():
-                    break
-                self.events += 1
-                chunk = self._chunk(name, self._frame(name, data))
-                if chunk is not None:
-                    yield chunk
-                if self.ended:
-                    return self.completed()
-        return self.unfinished(cancel, tracker)
+    def plain_error(self, text: str) -> Dict[str, Any]:
+        return {"type": "error", "message": text}
 
     # -- one event ---------------------------------------------------------------------
 
-    def _frame(self, name: str, data: str) -> Dict[str, Any]:
-        try:
-            frame = json.loads(data)
-        except ValueError as exc:
-            if name == "error":  # a plain-text error event still says what went wrong
-                return {"type": "error", "message": data}
-            raise LlmProtocolError(
-                f"{self.url} sent a stream event that is not JSON ({exc}): {self.redact(data[:200])!r}; "
-                f"the provider does not speak the Responses stream format") from exc
-        if not isinstance(frame, dict):
-            raise LlmProtocolError(
-                f"{self.url} sent a stream event that is not a JSON object: {self.redact(data[:200])!r}; "
-                f"the provider does not speak the Responses stream format")
-        return frame
-
-    def _chunk(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
+    def chunk_of(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
         kind = frame.get("type") if isinstance(frame.get("type"), str) else name
         if kind == "response.output_text.delta":
             return self._text(frame.get("delta"), None)
