@@ -108,7 +108,7 @@ def test_an_inline_tool_runs_while_the_model_talks():
         fp.add_turn(s.text("Checking. "), s.text('<tool name="lookup">{"city": "Oslo"}</tool>'),
                     s.wait(started, timeout=5), s.text(" still talking"))
         fp.add_turn(s.text("It is sunny in Oslo."))
-        with make_engine(OpenAIResponsesClient(fp.base_url), [lookup], tool_mode="xml") as engine:
+        with make_engine(OpenAIResponsesClient(fp.base_url), [lookup], tool_mode="inline") as engine:
             events, result = run(engine)
     assert started.is_set() and result.answer == "It is sunny in Oslo."
     later = next(i for i, e in enumerate(events) if isinstance(e, TokenEvent) and "still talking" in e.text)
@@ -155,7 +155,7 @@ def test_cancel_mid_stream_stops_the_tool_and_closes_the_connection():
                     cancel.set()
             assert saw_cancel.wait(5)
             assert fp.wait_for_client_disconnects(1, 5)
-    assert events[-1].result.telemetry.fallback_reason == "cancelled"
+    assert events[-1].result.telemetry.stop_reason == "cancelled"
 
 
 def test_a_refusal_reaches_the_caller_as_a_refusal_event_and_result_field():
@@ -241,7 +241,10 @@ def test_the_cli_refuses_what_the_responses_api_cannot_take(responses_fp, monkey
     assert main(base + ["--no-stream-options"]) == 2
     assert "--no-stream-options only applies to --provider openai" in capsys.readouterr().err
     assert main(base + ["-o", "stop=[\"x\"]"]) == 2
-    assert "the option 'stop' cannot be sent to the Responses API" in capsys.readouterr().err
+    assert "stop cannot be sent to the Responses API: the Responses API has no stop sequences" in \
+        capsys.readouterr().err
+    assert main(base + ["-o", "n=2"]) == 2
+    assert "the option 'n' cannot be sent to the Responses API" in capsys.readouterr().err
     assert responses_fp.request_count == 0
 
 
