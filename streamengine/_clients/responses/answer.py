@@ -127,7 +127,7 @@ def call_of(item: Mapping[str, Any], position: int) -> ToolCall:
     """A ``function_call`` item as a call: its ``call_id`` (not the ``fc_`` item id) is the call's id."""
     arguments = item.get("arguments")
     if not isinstance(arguments, str):
-        arguments = json.dumps(arguments) if isinstance(arguments, Dict) else "{}"
+        arguments = json.dumps(arguments) if isinstance(arguments, dict) else "{}"
     return ToolCall(id=_text(item.get("call_id")) or _text(item.get("id")) or f"call_{position}",
                     name=_text(item.get("name")) or "", arguments=arguments or "{}")
 

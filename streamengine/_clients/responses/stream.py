@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..._messages import Chunk, ToolCallDelta
 from ..http.typed_events import TypedEventParser
@@ -44,8 +44,8 @@ from .answer import call_of, finish_reason_of, output_of, raise_error, usage_of
 __all__ = ["ProgressChunk", "ResponsesStreamParser"]
 
 # Hosted tools' progress: response.web_search_call.searching, response.code_interpreter_call_code.delta...
-_HOSTED_PROGRESS = re.compile(r"response\.(?!function_call_arguments\.)\w+_call(?:_\w+)?\.\w+")
-_HOSTED_ITEM = re.compile(r"\w+_call")
+_HOSTED_PROGRESS = re.compile(r"response\.(?!function_call_arguments\.)(?:\w+_call(?:_\w+)?|mcp_list_tools)\.\w+")
+_HOSTED_ITEM = re.compile(r"\w+_call|mcp_list_tools")
 _REASONING_DELTAS = frozenset({"response.reasoning_summary_text.delta", "response.reasoning_text.delta"})
 _LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 
@@ -153,7 +153,8 @@ class ResponsesStreamParser(TypedEventParser):
             return _PROGRESS
         return None
 
-    def _start(self, frame: Mapping[str, Any], item: Mapping[str, Any]) -> Any:
+    def _start(self, frame: Mapping[str, Any], item: Mapping[str, Any]) -> Tuple[_Call, List[ToolCallDelta]]:
+        """A new call for a ``function_call`` item, findable by its item id and output index."""
         call = _Call(self._call_count)
         self._call_count += 1
         self._shown = True
@@ -188,7 +189,7 @@ class ResponsesStreamParser(TypedEventParser):
         if kind != "function_call":
             return _PROGRESS if isinstance(kind, str) and _HOSTED_ITEM.fullmatch(kind) else None
         call = self._call_at({"item_id": item.get("id"), "output_index": frame.get("output_index")})
-        deltas = []
+        deltas: List[ToolCallDelta] = []
         if call is None:  # a server that announces the call only when it is done
             call, deltas = self._start(frame, item)
         self._forget(call)
