@@ -40,7 +40,7 @@ import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._steps import Step
+from ._steps import Step, continues_call
 
 __all__ = ["INCOMPLETE_REASONS", "ResponsesEncoder", "failed_body", "response_body"]
 
@@ -179,10 +179,7 @@ class ResponsesEncoder:
     def _tool_call(self, call: Dict[str, Any]) -> List[bytes]:
         out: List[bytes] = []
         function = call.get("function", {})
-        key = self.open_key
-        same = (key is not None and key[0] == "function_call" and key[1] == call["index"]
-                and call.get("id") in (None, key[2]))
-        if not same:
+        if not continues_call(self.open_key, "function_call", call):
             call_id = call.get("id") or f"call_fake_{self.calls}"
             self.calls += 1
             out += self._into(("function_call", call["index"], call_id), name=function.get("name") or "")
