@@ -132,9 +132,11 @@ def test_a_server_without_argument_deltas_gives_them_in_arguments_done_or_item_d
     fp.add_turn(created(),
                 event("response.output_item.added", output_index=0, item=function_item("fc_1", "call_1", "a")),
                 event("response.function_call_arguments.done", item_id="fc_1", output_index=0, arguments='{"x": 1}'),
-                event("response.output_item.done", output_index=0, item=function_item("fc_1", "call_1", "a", '{"x": 1}')),
+                event("response.output_item.done", output_index=0,
+                      item=function_item("fc_1", "call_1", "a", '{"x": 1}')),
                 event("response.output_item.added", output_index=1, item=function_item("fc_2", "call_2", "b")),
-                event("response.output_item.done", output_index=1, item=function_item("fc_2", "call_2", "b", '{"y": 2}')),
+                event("response.output_item.done", output_index=1,
+                      item=function_item("fc_2", "call_2", "b", '{"y": 2}')),
                 event("response.output_item.done", output_index=2, item=function_item("fc_3", "call_3", "c", '{}')),
                 completed(), auto_finish=False)
     chunks = collect(client)

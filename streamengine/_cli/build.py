@@ -270,7 +270,7 @@ def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], head
                                            ("--query", bool(args.query)),
                                            ("--api-key-header", bool(args.api_key_header))) if used]
     if openai_only:
-        raise ConfigError(f"{', '.join(openai_only)} only apply to --provider openai")
+        raise ConfigError(f"{', '.join(openai_only)} only apply to --provider openai and openai-responses")
     try:
         module = importlib.import_module("streamengine._clients.anthropic.client")
     except ModuleNotFoundError as exc:

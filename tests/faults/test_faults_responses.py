@@ -203,7 +203,8 @@ def test_server_side_statuses_fail_over_to_the_next_model(fp, client, status):
 @pytest.mark.parametrize("status, hint", [(400, "check the model name"), (401, "OPENAI_API_KEY"),
                                           (403, "not allowed")])
 def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, hint):
-    fp.add_turn(s.http_error(status, {"error": {"message": f"provider says {status}", "type": "invalid_request_error"}}))
+    body = {"error": {"message": f"provider says {status}", "type": "invalid_request_error"}}
+    fp.add_turn(s.http_error(status, body))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
         failover(client).call(MESSAGES)
