@@ -400,6 +400,15 @@ def test_the_openai_clients_options_apply(fp, monkeypatch):
         assert isinstance(client, OpenAIResponsesClient)
         collect(client)
     assert fp.requests[1].headers["Authorization"] == "Bearer sk-env"
+    fp.add_turn(s.text("ok"))
+    extras = {"extra_body": {"max_tokens": 7, "top_k": 3}, "extra_headers": {"X-Run": "r1"},
+              "extra_query": {"trace": "1"}}
+    with OpenAIResponsesClient(timeout=3, max_retries=1) as client:  # base_url and key as the SDK finds them
+        collect(client, options=CompletionOptions(model="m", extra=extras))
+    request = fp.requests[2]
+    assert request.path == "/v1/responses?trace=1" and request.headers["X-Run"] == "r1"
+    assert (request.json["max_output_tokens"], request.json["top_k"]) == (7, 3)
+    assert request.headers["Authorization"] == "Bearer sk-env" and client.connect_timeout == 3
 
 
 def test_complete_returns_the_whole_answer(fp, client):

@@ -25,9 +25,11 @@ __all__ = ["OpenAIResponsesClient"]
 class OpenAIResponsesClient(OpenAICompatibleClient):
     """OpenAI's Responses API (and the servers that speak it: vLLM, Ollama, llama.cpp, LM Studio, OpenRouter, Azure).
 
-    ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1``; requests
+    ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1`` (without
+    one: ``STREAMENGINE_BASE_URL``, ``OPENAI_BASE_URL`` or OpenAI's); requests
     go to ``{base_url}/responses``.  The options are
-    :class:`OpenAICompatibleClient`'s; ``stream_options`` is accepted for the
+    :class:`OpenAICompatibleClient`'s (``extra_body``/``extra_headers``/
+    ``extra_query``, ``timeout=``, ``max_retries=`` included); ``stream_options`` is accepted for the
     same signature and ignored: this API always reports usage with
     ``response.completed`` and refuses ``stream_options.include_usage``.
 
@@ -43,7 +45,7 @@ class OpenAIResponsesClient(OpenAICompatibleClient):
     log_name = "streamengine._clients.responses.client.OpenAIResponsesClient"
     parser_class = ResponsesStreamParser
 
-    def __init__(self, base_url: str, api_key: Optional[str] = None, **kwargs: Any) -> None:
+    def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__(base_url, api_key, **kwargs)
         self.stream_options = False  # nothing to turn off here: no hint about it in error messages
 
