@@ -31,6 +31,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["ErrorClass", "ErrorClassifier"], "._calls.failover"),
     **dict.fromkeys(["LlmClient", "StreamingLlmClient"], "._clients.base"),
     **dict.fromkeys(["OpenAICompatibleClient"], "._clients.openai.client"),
+    **dict.fromkeys(["OpenAIResponsesClient"], "._clients.responses.client"),
     **dict.fromkeys(["AnthropicClient"], "._clients.anthropic.client"),
     **dict.fromkeys(["RoutedClient"], "._clients.routed"),
     **dict.fromkeys(["ScriptedClient"], "._clients.scripted"),
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._clients.base import LlmClient, StreamingLlmClient
     from ._clients.http.connection import CancellableAdapter
     from ._clients.openai.client import OpenAICompatibleClient
+    from ._clients.responses.client import OpenAIResponsesClient
     from ._clients.routed import RoutedClient
     from ._clients.scripted import ScriptedClient
     from ._cancel import CancelToken

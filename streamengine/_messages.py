@@ -112,15 +112,22 @@ class ToolCallDelta:
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts; ``cached_tokens`` (of the prompt) and ``reasoning_tokens`` (of the completion) are
+    the parts a provider reports separately, 0 where it does not."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def __add__(self, other: "Usage") -> "Usage":
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.total_tokens + other.total_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
 

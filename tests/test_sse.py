@@ -333,7 +333,8 @@ def test_done_frame_carries_answer_telemetry_and_usage():
         "answer": "\n\ndata: [DONE]\n\n",
         "refusal": None,
         "telemetry": expected_telemetry,
-        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                  "cached_tokens": 0, "reasoning_tokens": 0},
     }
 
 
@@ -600,7 +601,8 @@ def test_real_result_types_encode():
     payload = json.loads(only_event(encode_event(DoneEvent(done))).data)
     assert payload["answer"] == "a\n\nb"
     assert payload["telemetry"] == json.loads(json.dumps(dataclasses.asdict(telemetry)))
-    assert payload["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert payload["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3,
+                                "cached_tokens": 0, "reasoning_tokens": 0}
 
 
 def test_reset_frames_name_the_round_and_reason():

@@ -25,7 +25,7 @@ __all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_provider_flags", "build_e
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
 NO_CAP_S = 30 * 86400.0
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
-PROVIDERS = ("openai", "anthropic")
+PROVIDERS = ("openai", "anthropic", "openai-responses")
 
 
 class UsageError(Exception):
@@ -87,7 +87,8 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
     """Where the model is, which model, how long to wait, what to send: chat and serve share them."""
     g = p.add_argument_group("provider")
     g.add_argument("--provider", choices=PROVIDERS,
-                   help="API dialect (default openai: any OpenAI-compatible server)")
+                   help="API dialect (default openai: any OpenAI-compatible server; openai-responses: "
+                        "the Responses API, /v1/responses)")
     g.add_argument("--base-url", metavar="URL",
                    help="API root, e.g. http://127.0.0.1:8080/v1 (env STREAMENGINE_BASE_URL or OPENAI_BASE_URL; "
                         "default https://api.openai.com/v1; anthropic: ANTHROPIC_BASE_URL, https://api.anthropic.com)")
@@ -227,6 +228,10 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
     if getattr(args, "stream", True) is False:
         client = WholeAnswers(client)
     try:
+        if options is not None and args.provider == "openai-responses":
+            from .._clients.responses.request import responses_body
+
+            responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
         return StreamingEngine(client, tools, engine_config)
     except BaseException:
         client.close()
@@ -246,11 +251,16 @@ def build_client(args: argparse.Namespace, environ: Mapping[str, str], connect_t
     if args.api_key_header:
         kwargs["api_key_header"] = args.api_key_header
     if args.stream_options is False:
+        if provider == "openai-responses":
+            raise ConfigError("--no-stream-options only applies to --provider openai "
+                              "(the Responses API reports usage without being asked)")
         kwargs["stream_options"] = False
-    from .._clients.openai.client import OpenAICompatibleClient
+    if provider == "openai-responses":
+        from .._clients.responses.client import OpenAIResponsesClient as client_class
+    else:
+        from .._clients.openai.client import OpenAICompatibleClient as client_class
 
-    return OpenAICompatibleClient(args.base_url or env_base_url(environ), args.api_key or env_api_key(environ),
-                                  **kwargs)
+    return client_class(args.base_url or env_base_url(environ), args.api_key or env_api_key(environ), **kwargs)
 
 
 def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], headers: Dict[str, str],
@@ -260,7 +270,7 @@ def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], head
                                            ("--query", bool(args.query)),
                                            ("--api-key-header", bool(args.api_key_header))) if used]
     if openai_only:
-        raise ConfigError(f"{', '.join(openai_only)} only apply to --provider openai")
+        raise ConfigError(f"{', '.join(openai_only)} only apply to --provider openai and openai-responses")
     try:
         module = importlib.import_module("streamengine._clients.anthropic.client")
     except ModuleNotFoundError as exc:

@@ -8,6 +8,10 @@ name::
                           default="openai")
     EngineConfig(models=["anthropic:claude-sonnet-4-5", "openai:gpt-4o-mini", "llama3"])
 
+Two wires of one vendor are two routes: ``{"responses": OpenAIResponsesClient(url),
+"openai": OpenAICompatibleClient(url)}`` with ``models=["responses:gpt-5-mini",
+"openai:gpt-4o-mini"]`` fails over from the Responses API to Chat Completions.
+
 ``"anthropic:claude-sonnet-4-5"`` goes to the ``anthropic`` client as model
 ``claude-sonnet-4-5``; a name without a known prefix goes, unchanged, to
 the default client (so ``"llama3:8b"``, an Ollama tag, is not mistaken for
@@ -43,7 +47,7 @@ class RoutedClient(StreamingLlmClient):
                 raise ConfigError(f"route names are non-empty words without ':' or spaces, got {name!r}")
             if not isinstance(client, StreamingLlmClient):
                 raise ConfigError(f"the client for route {name!r} must be a StreamingLlmClient "
-                                  f"(e.g. OpenAICompatibleClient or AnthropicClient), got {type(client).__name__}")
+                                  f"(e.g. OpenAICompatibleClient, OpenAIResponsesClient or AnthropicClient), got {type(client).__name__}")
         if default is not None and default not in clients:
             raise ConfigError(f"default route {default!r} is not one of the routes {sorted(clients)}")
         self.clients: Dict[str, StreamingLlmClient] = dict(clients)  # type: ignore[arg-type]

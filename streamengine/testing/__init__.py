@@ -3,7 +3,8 @@
 Public, for streamengine's own tests, its demo and CLI harness, and your tests.
 
 - ``provider``: :class:`FakeProvider`, a real threaded HTTP/1.1 server on
-  127.0.0.1 that answers from scripted turns;
+  127.0.0.1 that answers from scripted turns, on the Chat Completions,
+  Anthropic (``wire="anthropic"``) or Responses (``wire="responses"``) wire;
 - ``steps``: what a turn does (``s.text``, ``s.delay``, ``s.drop``...);
 - ``scenario``: JSON scenario files run against the engine (``streamengine harness``);
 - ``junit``: JUnit XML for CI servers.

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._steps import Step
+from ._steps import Step, continues_call
 
 __all__ = ["AnthropicEncoder", "STOP_REASONS", "error_body", "message_body"]
 
@@ -128,10 +128,7 @@ class AnthropicEncoder:
     def _tool_call(self, call: Dict[str, Any]) -> List[bytes]:
         out: List[bytes] = []
         function = call.get("function", {})
-        open_ = self.open
-        same = (open_ is not None and open_[0] == "tool_use" and open_[1] == call["index"]
-                and call.get("id") in (None, open_[2]))
-        if not same:
+        if not continues_call(self.open, "tool_use", call):
             call_id = call.get("id") or f"toolu_fake_{self.blocks}"
             out += self._into(("tool_use", call["index"], call_id),
                               {"type": "tool_use", "id": call_id, "name": function.get("name") or "", "input": {}})

@@ -26,7 +26,9 @@ when the turn has tool calls, else ``"stop"``), ``usage`` and ``[DONE]``
 appended, leaving out the ones the turn already has.
 
 ``FakeProvider(wire="anthropic")`` serves ``POST /v1/messages`` instead and
-speaks the same steps as the Anthropic Messages API (``anthropic_wire.py``).
+speaks the same steps as the Anthropic Messages API (``anthropic_wire.py``);
+``FakeProvider(wire="responses")`` serves ``POST /v1/responses`` and speaks
+them as OpenAI's Responses API (``_responses_wire.py``).
 
 Response headers go out at once, like a real provider, unless the first
 step that is not a timing step (``delay``/``wait``/``signal``) is
@@ -54,6 +56,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 from requests.structures import CaseInsensitiveDict
 from ._anthropic_wire import AnthropicEncoder, error_body, message_body
+from ._responses_wire import ResponsesEncoder, failed_body, response_body
 from ._steps import (
     Step, _flatten, _DROP_PHANTOM_BYTES, _FOREVER_PHANTOM_BYTES, _FRAMES, _POLL_S, _PRE_HEADER, _TERMINAL,
     _TIMING, delay, done, finish, raw, usage,
@@ -129,11 +132,15 @@ def fake_embedding(text: str, dim: int = 16) -> List[float]:
 # -- the server ------------------------------------------------------------------------
 
 
-WIRES = ("openai", "anthropic")
+WIRES = ("openai", "anthropic", "responses")
+_CHAT_PATHS = {"openai": "/chat/completions", "anthropic": "/messages", "responses": "/responses"}
+_ID_PREFIXES = {"openai": "chatcmpl-fake-", "anthropic": "msg_fake_", "responses": "resp_fake_"}
 
 
 class FakeProvider:
-    """A scripted OpenAI-compatible (or ``wire="anthropic"``: Anthropic) server on ``127.0.0.1:<free port>``.
+    """A scripted OpenAI-compatible (or ``wire="anthropic"``: Anthropic; ``"responses"``: OpenAI Responses) server.
+
+    It listens on ``127.0.0.1:<free port>``.
 
     ``framing`` picks how streamed bodies are delimited: ``"chunked"``,
     ``"close"`` (the connection ends the body) or ``"length"``
@@ -339,7 +346,7 @@ class FakeProvider:
             return self._embedding_failures.popleft() if self._embedding_failures else None
 
     def _next_id(self) -> str:
-        return f"{'msg_fake_' if self.wire == 'anthropic' else 'chatcmpl-fake-'}{next(self._ids)}"
+        return f"{_ID_PREFIXES[self.wire]}{next(self._ids)}"
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -410,9 +417,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         payload = self._read_and_record()
         path = self.path.split("?", 1)[0].rstrip("/")
-        if path.endswith("/messages" if self.provider.wire == "anthropic" else "/chat/completions"):
+        if path.endswith(_CHAT_PATHS[self.provider.wire]):
             _Exchange(self, payload).run()
-        elif path.endswith("/embeddings") and self.provider.wire == "openai":
+        elif path.endswith("/embeddings") and self.provider.wire != "anthropic":
             self._embeddings(payload)
         else:
             self._send_json(404, {"error": {"message": f"FakeProvider: no route for POST {self.path}"}})
@@ -516,6 +523,7 @@ class _Exchange:
         self.framing = self.provider.framing
         self.pending: List[bytes] = []
         self.anthropic: Optional[AnthropicEncoder] = None
+        self.responses: Optional[ResponsesEncoder] = None
 
     def run(self) -> None:
         turn = self.provider._next_turn(self.payload)
@@ -526,6 +534,8 @@ class _Exchange:
             return
         if self.provider.wire == "anthropic":
             self.anthropic = AnthropicEncoder(self.id, self.model, turn.steps)
+        elif self.provider.wire == "responses":
+            self.responses = ResponsesEncoder(self.id, self.model, turn.steps)
         try:
             if self.payload.get("stream"):
                 self._stream(list(turn.steps))
@@ -579,6 +589,8 @@ class _Exchange:
     def _frame(self, step: Step) -> bytes:
         if self.anthropic is not None:
             return self.anthropic.frame(step)
+        if self.responses is not None:
+            return self.responses.frame(step)
         if step.kind in ("raw", "sse"):
             return step.value
         if step.kind == "done":
@@ -662,7 +674,8 @@ class _Exchange:
 
     def _declared_length(self, body: List[Step]) -> int:
         total = 0
-        encoder = self.anthropic.fresh() if self.anthropic is not None else None
+        wire = self.anthropic or self.responses
+        encoder = wire.fresh() if wire is not None else None
         for step in body:
             if step.kind in _FRAMES:
                 total += len(encoder.frame(step) if encoder is not None else self._frame(step))
@@ -709,6 +722,8 @@ class _Exchange:
                 agg.add(raw(step.value))
             elif step.kind == "error_frame":
                 error = step.value["error"]
+                if self.responses is not None:
+                    return self.h._send_json(200, failed_body(self.id, self.model, self.created, error))
                 return self.h._send_json(200, step.value if self.anthropic is None
                                          else error_body(error["message"], error.get("type")))
             else:
@@ -718,6 +733,10 @@ class _Exchange:
         if self.anthropic is not None:
             return self.h._send_json(200, message_body(
                 self.id, self.model, "".join(agg.content), "".join(agg.reasoning), agg.calls,
+                agg.finish_reason, agg.usage))
+        if self.responses is not None:
+            return self.h._send_json(200, response_body(
+                self.id, self.model, self.created, "".join(agg.content), "".join(agg.reasoning), agg.calls,
                 agg.finish_reason, agg.usage))
         self.h._send_json(200, agg.completion(self.id, self.created, self.model))
 

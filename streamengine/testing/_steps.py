@@ -195,6 +195,17 @@ def reply(s: str, pieces: int = 1) -> List[Step]:
     return [text(s[i:i + size]) for i in range(0, len(s), size)] if s else [text("")]
 
 
+def continues_call(open_call: Optional[Sequence[Any]], kind: str, call: Mapping[str, Any]) -> bool:
+    """Whether a ``tool_call`` fragment belongs to the call a wire encoder has open.
+
+    ``open_call`` is the encoder's ``(kind, OpenAI index, id)`` of its open
+    block or item; a fragment continues it on the same index without a new id.
+    The Anthropic and Responses wires both start a new block or item otherwise.
+    """
+    return (open_call is not None and open_call[0] == kind and open_call[1] == call["index"]
+            and call.get("id") in (None, open_call[2]))
+
+
 def _flatten(items: Sequence[Any]) -> List[Step]:
     out: List[Step] = []
     for item in items:

@@ -28,16 +28,11 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
 from __future__ import annotations
 
 import json
-import threading
-from typing import Any, Dict, Generator, Optional
+from typing import Any, Dict, Optional
 
-import requests
-
-from ..._errors import LlmProtocolError
 from ..._messages import Chunk, ToolCallDelta
 from .format import error_from_payload, finish_reason, merge_usage, usage_of
-from ..http.connection import RequestTracker
-from ..http.transport import SseStreamParser
+from ..http.typed_events import TypedEventParser
 
 __all__ = ["AnthropicStreamParser"]
 
@@ -51,10 +46,11 @@ class _ToolBlock:
         self.start_input = start_input
 
 
-class AnthropicStreamParser(SseStreamParser):
+class AnthropicStreamParser(TypedEventParser):
     """The events of one streamed response -> chunks; ``run`` returns the completing chunk."""
 
     end_marker = "message_stop or a stop reason"
+    wire_name = "the Anthropic"
 
     def __init__(self, url: str, redact: Any, max_event_bytes: int) -> None:
         super().__init__(url, redact, max_event_bytes)
@@ -62,38 +58,12 @@ class AnthropicStreamParser(SseStreamParser):
         self._tools: Dict[int, _ToolBlock] = {}  # content block index -> its tool call
         self._tool_count = 0
 
-    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
-            for name, data in events:
-                if is_cancelled():
-                    break
-                self.events += 1
-                chunk = self._chunk(name, self._frame(name, data))
-                if chunk is not None:
-                    yield chunk
-                if self.ended:
-                    return self.completed()
-        return self.unfinished(cancel, tracker)
+    def plain_error(self, text: str) -> Dict[str, Any]:
+        return {"type": "error", "error": {"type": None, "message": text}}
 
     # -- one event ---------------------------------------------------------------------
 
-    def _frame(self, name: str, data: str) -> Dict[str, Any]:
-        try:
-            frame = json.loads(data)
-        except ValueError as exc:
-            if name == "error":  # a plain-text error event still says what went wrong
-                return {"type": "error", "error": {"type": None, "message": data}}
-            raise LlmProtocolError(
-                f"{self.url} sent a stream event that is not JSON ({exc}): {self.redact(data[:200])!r}; "
-                f"the provider does not speak the Anthropic stream format") from exc
-        if not isinstance(frame, dict):
-            raise LlmProtocolError(
-                f"{self.url} sent a stream event that is not a JSON object: {self.redact(data[:200])!r}; "
-                f"the provider does not speak the Anthropic stream format")
-        return frame
-
-    def _chunk(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
+    def chunk_of(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
         kind = frame.get("type") if isinstance(frame.get("type"), str) else name
         if kind == "content_block_delta":
             return self._delta(frame)

@@ -212,12 +212,16 @@ def _token_count(value: Any) -> Optional[int]:
     return None
 
 
-def _usage(raw: Any) -> Optional[Usage]:
-    """Usage numbers; a frame with absurd ones (``1e400``, ``"x"``, ``-5``) carries no usage."""
+def _usage(raw: Any, prompt_key: str = "prompt_tokens", completion_key: str = "completion_tokens") -> Optional[Usage]:
+    """Usage numbers; a frame with absurd ones (``1e400``, ``"x"``, ``-5``) carries no usage.
+
+    The keys are Chat Completions'; the Responses wire passes its own
+    (``input_tokens``, ``output_tokens``).
+    """
     if not isinstance(raw, dict):
         return None
-    prompt = _token_count(raw.get("prompt_tokens") or 0)
-    completion = _token_count(raw.get("completion_tokens") or 0)
+    prompt = _token_count(raw.get(prompt_key) or 0)
+    completion = _token_count(raw.get(completion_key) or 0)
     if prompt is None or completion is None:
         return None
     total = _token_count(raw.get("total_tokens") or (prompt + completion))

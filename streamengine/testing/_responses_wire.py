@@ -1,0 +1,281 @@
+"""FakeProvider's Responses wire: the same scripted steps, spoken as ``POST /v1/responses`` speaks.
+
+``FakeProvider(wire="responses")`` serves ``POST /v1/responses`` (and
+``/v1/embeddings``).  A turn's steps are the OpenAI-shaped ones and are
+encoded here, so one script plays on every wire.  Every event carries its
+``sequence_number`` (0, 1, ...) and an ``event:`` line equal to its ``type``:
+
+=====================  ==========================================================
+step                   Responses events
+=====================  ==========================================================
+(first frame)          ``response.created``, ``response.in_progress``
+``text``               a ``message`` item: ``output_item.added``,
+                       ``content_part.added``, ``output_text.delta``
+``reasoning``          a ``reasoning`` item: ``reasoning_summary_part.added``,
+                       ``reasoning_summary_text.delta``
+``{"refusal": ...}``   a ``message`` item with a ``refusal`` part: ``refusal.delta``
+``tool_call``          a ``function_call`` item per call (a new OpenAI index or id
+                       starts one; ``call_id`` is the id, the item id is
+                       ``fc_...``), ``function_call_arguments.delta`` per fragment
+``empty_delta``        ``response.in_progress`` (nothing meaningful)
+``finish``             the open item's ``*.done`` events and ``output_item.done``,
+                       then ``response.completed`` -- or, for ``length`` /
+                       ``content_filter``, ``response.incomplete`` with
+                       ``incomplete_details.reason`` ``max_output_tokens`` /
+                       ``content_filter``; both with the turn's usage
+``usage``              nothing of its own: its counts go into the final event
+``done``               ``response.completed`` if ``finish`` did not end it, else nothing
+``error_frame``        an ``error`` event (``{"type": "error", "error": {...}}``,
+                       as the API sends it), then ``response.failed``
+``comment``/``ping``   as they are
+``raw``                the bytes, verbatim (no ``response.created`` before them)
+=====================  ==========================================================
+
+The encoder is stateful (an item stays open across steps), so each answer
+gets its own, and a length-framed answer measures itself with a fresh one.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ._steps import Step, continues_call
+
+__all__ = ["INCOMPLETE_REASONS", "ResponsesEncoder", "failed_body", "response_body"]
+
+#: OpenAI finish reasons (what ``s.finish`` takes) -> ``incomplete_details.reason``.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def _usage_of(steps: Sequence[Step]) -> Tuple[int, int]:
+    for step in steps:
+        if step.kind == "usage":
+            return step.value
+    return (1, 1)
+
+
+def usage_object(prompt: int, completion: int) -> Dict[str, Any]:
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
+
+
+def response_object(response_id: str, model: str, created_at: int, status: str, output: List[Dict[str, Any]],
+                    usage: Optional[Tuple[int, int]] = None, incomplete: Optional[str] = None,
+                    error: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A ``response`` object as the API returns it (and embeds in its lifecycle events)."""
+    return {"id": response_id, "object": "response", "created_at": created_at, "status": status,
+            "model": model, "output": output, "error": error,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": None, "metadata": {}, "parallel_tool_calls": True, "temperature": 1.0,
+            "top_p": 1.0, "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},
+            "usage": usage_object(*usage) if usage is not None else None}
+
+
+def _status_of(finish: Optional[str]) -> Tuple[str, Optional[str]]:
+    incomplete = INCOMPLETE_REASONS.get(finish or "")
+    return ("incomplete", incomplete) if incomplete else ("completed", None)
+
+
+class ResponsesEncoder:
+    """Encodes one answer's frame steps; ``frame(step)`` returns the bytes for that step."""
+
+    def __init__(self, response_id: str, model: str, steps: Sequence[Step]) -> None:
+        self.response_id = response_id
+        self.model = model
+        self.steps = tuple(steps)
+        self.usage = _usage_of(self.steps)
+        self.created_at = int(time.time())
+        self.sequence = 0
+        self.started = False
+        self.ended = False
+        self.output: List[Dict[str, Any]] = []  # finished items, for the final response object
+        self.open: Optional[Dict[str, Any]] = None  # the item being streamed
+        self.open_key: Optional[Tuple[str, Any, Any]] = None  # ("message"|"reasoning"|"function_call", index, id)
+        self.calls = 0
+
+    def fresh(self) -> "ResponsesEncoder":
+        """A new encoder for the same answer (to measure a Content-Length without spending this one)."""
+        return ResponsesEncoder(self.response_id, self.model, self.steps)
+
+    def frame(self, step: Step) -> bytes:
+        if step.kind == "raw":
+            return step.value
+        out = [] if self.started else self._start()
+        self.started = True
+        out.extend(self._events(step))
+        return b"".join(out)
+
+    # -- events ------------------------------------------------------------------------
+
+    def event(self, kind: str, **payload: Any) -> bytes:
+        """One event: ``event: TYPE`` and ``data: {"type": TYPE, "sequence_number": N, ...}``."""
+        data = json.dumps({"type": kind, "sequence_number": self.sequence, **payload},
+                          ensure_ascii=False, separators=(",", ":"))
+        self.sequence += 1
+        return f"event: {kind}\ndata: {data}\n\n".encode("utf-8")
+
+    def _response(self, status: str, **extra: Any) -> Dict[str, Any]:
+        return response_object(self.response_id, self.model, self.created_at, status, list(self.output), **extra)
+
+    def _start(self) -> List[bytes]:
+        return [self.event("response.created", response=self._response("in_progress")),
+                self.event("response.in_progress", response=self._response("in_progress"))]
+
+    def _events(self, step: Step) -> List[bytes]:
+        kind = step.kind
+        if kind == "sse":
+            return [step.value]
+        if kind == "delta":
+            return self._delta(step.value)
+        if kind == "finish":
+            return self._end(step.value)
+        if kind == "usage":
+            return []
+        if kind == "done":
+            return [] if self.ended else self._end("stop")
+        if kind == "error_frame":
+            return self._error(step.value["error"])
+        raise ValueError(f"FakeProvider's Responses wire cannot encode a {kind!r} step")
+
+    def _end(self, finish: str) -> List[bytes]:
+        out = self._close()
+        status, incomplete = _status_of(finish)
+        self.ended = True
+        response = self._response(status, usage=self.usage, incomplete=incomplete)
+        return out + [self.event(f"response.{status}", response=response)]
+
+    def _error(self, error: Dict[str, Any]) -> List[bytes]:
+        code = error.get("code") if error.get("code") is not None else error.get("type")
+        nested = {"type": error.get("type") or "server_error", "code": code, "message": error["message"],
+                  "param": None}
+        self.ended = True
+        failed = self._response("failed", error={"code": code or "server_error", "message": error["message"]})
+        return [self.event("error", error=nested), self.event("response.failed", response=failed)]
+
+    def _delta(self, delta: Dict[str, Any]) -> List[bytes]:
+        out: List[bytes] = []
+        if delta.get("reasoning_content"):
+            out += self._into(("reasoning", None, None))
+            out.append(self._item_event("response.reasoning_summary_text.delta", summary_index=0,
+                                        delta=delta["reasoning_content"]))
+            self.open["summary"][0]["text"] += delta["reasoning_content"]
+        if delta.get("refusal"):
+            out += self._into(("refusal", None, None))
+            out.append(self._item_event("response.refusal.delta", content_index=0, delta=delta["refusal"]))
+            self.open["content"][0]["refusal"] += delta["refusal"]
+        if delta.get("content"):
+            out += self._into(("message", None, None))
+            out.append(self._item_event("response.output_text.delta", content_index=0, delta=delta["content"],
+                                        logprobs=[]))
+            self.open["content"][0]["text"] += delta["content"]
+        for call in delta.get("tool_calls", ()):
+            out += self._tool_call(call)
+        if not out and not delta.get("tool_calls"):  # an empty delta: nothing meaningful happens
+            out.append(self.event("response.in_progress", response=self._response("in_progress")))
+        return out
+
+    def _tool_call(self, call: Dict[str, Any]) -> List[bytes]:
+        out: List[bytes] = []
+        function = call.get("function", {})
+        if not continues_call(self.open_key, "function_call", call):
+            call_id = call.get("id") or f"call_fake_{self.calls}"
+            self.calls += 1
+            out += self._into(("function_call", call["index"], call_id), name=function.get("name") or "")
+        if function.get("arguments"):
+            out.append(self._item_event("response.function_call_arguments.delta", delta=function["arguments"]))
+            self.open["arguments"] += function["arguments"]
+        return out
+
+    # -- items -------------------------------------------------------------------------
+
+    def _into(self, key: Tuple[str, Any, Any], name: str = "") -> List[bytes]:
+        """Open an item of ``key``'s kind unless one is open (calls: that very call); close the open one."""
+        if self.open_key is not None and self.open_key[0] == key[0] and key[0] != "function_call":
+            return []
+        out = self._close()
+        index = len(self.output)
+        if key[0] in ("message", "refusal"):
+            item: Dict[str, Any] = {"id": f"msg_fake_{index}", "type": "message", "status": "in_progress",
+                                    "role": "assistant", "content": []}
+        elif key[0] == "reasoning":
+            item = {"id": f"rs_fake_{index}", "type": "reasoning", "summary": []}
+        else:
+            item = {"id": f"fc_fake_{index}", "type": "function_call", "status": "in_progress",
+                    "call_id": key[2], "name": name, "arguments": ""}
+        out.append(self.event("response.output_item.added", output_index=index, item=json.loads(json.dumps(item))))
+        self.open, self.open_key = item, key
+        if key[0] == "message":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out.append(self._item_event("response.content_part.added", content_index=0, part=dict(part)))
+            item["content"].append(part)
+        elif key[0] == "refusal":
+            part = {"type": "refusal", "refusal": ""}
+            out.append(self._item_event("response.content_part.added", content_index=0, part=dict(part)))
+            item["content"].append(part)
+        elif key[0] == "reasoning":
+            part = {"type": "summary_text", "text": ""}
+            out.append(self._item_event("response.reasoning_summary_part.added", summary_index=0, part=dict(part)))
+            item["summary"].append(part)
+        return out
+
+    def _item_event(self, kind: str, **payload: Any) -> bytes:
+        assert self.open is not None
+        return self.event(kind, item_id=self.open["id"], output_index=len(self.output), **payload)
+
+    def _close(self) -> List[bytes]:
+        item, key = self.open, self.open_key
+        if item is None or key is None:
+            return []
+        out: List[bytes] = []
+        if key[0] == "message":
+            part = item["content"][0]
+            out.append(self._item_event("response.output_text.done", content_index=0, text=part["text"],
+                                        logprobs=[]))
+            out.append(self._item_event("response.content_part.done", content_index=0, part=part))
+            item["status"] = "completed"
+        elif key[0] == "refusal":
+            part = item["content"][0]
+            out.append(self._item_event("response.refusal.done", content_index=0, refusal=part["refusal"]))
+            out.append(self._item_event("response.content_part.done", content_index=0, part=part))
+            item["status"] = "completed"
+        elif key[0] == "reasoning":
+            part = item["summary"][0]
+            out.append(self._item_event("response.reasoning_summary_text.done", summary_index=0, text=part["text"]))
+            out.append(self._item_event("response.reasoning_summary_part.done", summary_index=0, part=part))
+        else:
+            out.append(self._item_event("response.function_call_arguments.done", name=item["name"],
+                                        arguments=item["arguments"]))
+            item["status"] = "completed"
+        out.append(self._item_event("response.output_item.done", item=item))
+        self.output.append(item)
+        self.open = self.open_key = None
+        return out
+
+
+def response_body(response_id: str, model: str, created_at: int, content: str, reasoning: str,
+                  calls: Dict[int, Dict[str, Any]], finish_reason: Optional[str],
+                  usage: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+    """A non-streamed ``response`` object from a turn's aggregated steps."""
+    output: List[Dict[str, Any]] = []
+    if reasoning:
+        output.append({"id": "rs_fake_0", "type": "reasoning",
+                       "summary": [{"type": "summary_text", "text": reasoning}]})
+    if content:
+        output.append({"id": f"msg_fake_{len(output)}", "type": "message", "status": "completed",
+                       "role": "assistant",
+                       "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}]})
+    for position, call in sorted(calls.items()):
+        output.append({"id": f"fc_fake_{len(output)}", "type": "function_call", "status": "completed",
+                       "call_id": call["id"] or f"call_fake_{position}", "name": call["name"] or "",
+                       "arguments": call["arguments"]})
+    status, incomplete = _status_of(finish_reason)
+    return response_object(response_id, model, created_at, status, output, usage or (1, 1), incomplete)
+
+
+def failed_body(response_id: str, model: str, created_at: int, error: Dict[str, Any]) -> Dict[str, Any]:
+    """A non-streamed failed ``response`` (what an ``error_frame`` step is when not streaming)."""
+    code = error.get("code") if error.get("code") is not None else error.get("type")
+    return response_object(response_id, model, created_at, "failed", [],
+                           error={"code": code or "server_error", "message": error["message"]})
