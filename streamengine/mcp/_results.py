@@ -1,8 +1,9 @@
 """An MCP ``CallToolResult`` as the text the model reads.
 
-Text blocks are joined; ``structuredContent``, when the server sends it, is
-the result as JSON (the spec has servers repeat it as text for old clients,
-so the text blocks are then left out); images, audio and resources become a
+Text blocks are joined; ``structuredContent`` is the result as JSON when
+the server sent no text (the spec has servers repeat structured content as
+text, and that text is what the server chose to show, e.g. the SDK's
+``{"result": ...}`` wrapper around a plain string is left out); images, audio and resources become a
 short line naming what came back (and the resource's URI), since the model
 cannot read base64.  ``isError`` makes the server's text the error result.
 """
@@ -26,10 +27,10 @@ def result_text(result: Any, tool_name: str) -> str:
         detail = "\n".join(texts + described).strip() or "the server gave no reason"
         raise McpToolError(f"tool '{tool_name}' failed: {detail}")
     parts: List[str] = []
-    if result.structured_content is not None:
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
-    else:
+    if texts:
         parts.extend(texts)
+    elif result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
     parts.extend(described)
     return "\n".join(parts)
 

@@ -69,6 +69,7 @@ class Connection:
         self._stop = asyncio.Event()
         ready: "asyncio.Future[Client]" = asyncio.get_running_loop().create_future()
         self._ready = ready
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())  # read even if we gave up
         self._runner = asyncio.create_task(self._hold(ready, self._stop))
         try:
             client = await asyncio.wait_for(asyncio.shield(ready), self.startup_timeout)
@@ -95,7 +96,10 @@ class Connection:
                     await stop.wait()
         except BaseException as exc:  # noqa: B036 - the runner reports every ending; cancellation re-raised
             if not ready.done():
-                ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                if isinstance(exc, Exception):
+                    ready.set_exception(exc)
+                else:
+                    ready.cancel()
             elif self._broken is None and not stop.is_set():
                 self._broken = f"{self.endpoint.label} disconnected: {_reason(exc)}"
             if isinstance(exc, asyncio.CancelledError):

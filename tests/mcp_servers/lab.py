@@ -59,7 +59,7 @@ def exit_now(code: int) -> str:
     os._exit(code)
 
 
-@server.tool(structured_output=False)
+@server.tool()
 def plain(text: str) -> str:
     """A tool without annotations: the spec's defaults make it a side-effect tool."""
     note("plain", text)
