@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-pytest.importorskip("mcp") if sys.version_info < (3, 10) else None
+if sys.version_info < (3, 10):
+    pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
 from streamengine._errors import ConfigError, ToolError
 from streamengine._messages import ToolCall
