@@ -138,3 +138,31 @@ def test_mcp_tools_beside_python_tools_and_results_filed_in_the_rag_store():
     assert {r.name for r in results} == {"get_current_time", "shout", "rag_search"}
     assert all(r.ok for r in results), [r.error for r in results]
     assert "Asia/Tokyo" in next(r for r in results if r.name == "rag_search").text
+
+
+def test_the_readme_example_calls_the_time_server():
+    import re
+    from pathlib import Path
+
+    from streamengine import EngineConfig as Config, OpenAICompatibleClient as Client
+
+    readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text(encoding="utf-8")
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", readme)
+    (code,) = ["\n".join(line[3:] for line in b.splitlines()) for b in blocks if "streamengine.mcp" in b]
+
+    @tool
+    def weather(city: str) -> str:
+        """Current weather for a city."""
+        return f"sunny in {city}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("get_current_time", {"timezone": "Europe/Paris"})))
+        fp.add_turn(s.text("It is evening in Paris."))
+        client = Client(fp.base_url)
+        namespace = {"client": client, "weather": weather, "EngineConfig": Config, "StreamingEngine": StreamingEngine}
+        try:
+            exec(compile(code, "README.rst", "exec"), namespace)
+        finally:
+            client.close()
+    assert json.loads(namespace["times"][0])["timezone"] == "Europe/Paris"
+    assert namespace["reply"].answer == "It is evening in Paris."

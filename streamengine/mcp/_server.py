@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import shutil
+import sys
 import threading
 import urllib.parse
 from typing import Any, Collection, Dict, List, Optional
@@ -63,7 +65,7 @@ class McpServer:
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("McpServer.stdio env must map names to string values, e.g. env={'TZ': 'UTC'}")
         label = check_name(name, "McpServer name") if name is not None else os.path.basename(command)
-        return cls(StdioEndpoint(label, command, list(args), env, cwd), startup_timeout, logger)
+        return cls(StdioEndpoint(label, _find_command(command), list(args), env, cwd), startup_timeout, logger)
 
     @classmethod
     def http(cls, url: str, headers: Optional[Dict[str, str]] = None, name: Optional[str] = None,
@@ -160,6 +162,14 @@ class McpServer:
 
         result = await self._connection.call(tool.remote_name, arguments, _async(progress))
         return result_text(result, tool.name)
+
+
+def _find_command(command: str) -> str:
+    """On PATH, else beside this Python: a server installed in an environment that is not activated
+    (``.venv/bin/python app.py``) is found as ``mcp-server-time`` all the same."""
+    if os.sep in command:
+        return command
+    return shutil.which(command) or shutil.which(command, path=os.path.dirname(sys.executable)) or command
 
 
 def _async(fn: Any) -> Any:
