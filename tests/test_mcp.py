@@ -220,3 +220,12 @@ def test_close_leaves_no_thread_and_no_process(record):
     assert all(process_gone(pid) for pid in pids)
     with pytest.raises(ConfigError, match="closed"):
         servers[0].tools()
+
+
+def test_a_tool_the_server_does_not_know_is_an_error_result(lab_http):
+    from streamengine.mcp import McpTool
+
+    with McpServer.http(lab_http.url, name="lab") as lab:
+        ghost = McpTool(lab, "no_such_tool", "ghost", "", {"type": "object"}, False, None)
+        result = call(ghost, {})
+    assert not result.ok and "no_such_tool" in result.error

@@ -166,3 +166,16 @@ def test_the_readme_example_calls_the_time_server():
             client.close()
     assert json.loads(namespace["times"][0])["timezone"] == "Europe/Paris"
     assert namespace["reply"].answer == "It is evening in Paris."
+
+
+def test_closing_the_run_cancels_the_mcp_request_on_the_server(lab_http, record):
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.text(block("slow", {"seconds": 30, "tag": "abandoned"})), s.forever(s.comment()))
+        with engine_for(fp, lab.tools()) as engine:
+            run = engine.run(Q)
+            for event in run:
+                if isinstance(event, ToolStartEvent):
+                    break
+            assert record.wait("start", "abandoned")
+            run.close()  # the caller walks away mid-stream
+        assert record.wait("cancelled", "abandoned"), record.events()
