@@ -229,3 +229,17 @@ def test_a_tool_the_server_does_not_know_is_an_error_result(lab_http):
         ghost = McpTool(lab, "no_such_tool", "ghost", "", {"type": "object"}, False, None)
         result = call(ghost, {})
     assert not result.ok and "no_such_tool" in result.error
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(transport, lab_http, record):
+    from conftest import wait_for
+
+    server = (McpServer.http(lab_http.url) if transport == "http"
+              else McpServer.stdio(*lab_stdio_args(record)))
+    with server:
+        assert "sprout" not in by_name(server.tools())
+        assert call(by_name(server.tools(eager=True))["grow"], {"name": "sprout"}).ok
+        assert wait_for(lambda: "sprout" in by_name(server.tools()), timeout=10), [t.name for t in server.tools()]
+        sprout = by_name(server.tools())["sprout"]
+        assert sprout.side_effects is False and call(sprout, {}).text == "sprout was added at run time"

@@ -84,6 +84,17 @@ def picture() -> Image:
     return Image(data=png, format="png")
 
 
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool called ``name`` and tell listening clients that the tool list changed."""
+    def added() -> str:
+        return f"{name} was added at run time"
+
+    server.add_tool(added, name=name, description="A tool added while the server runs.", annotations=READ_ONLY)
+    await ctx.notify_tools_changed()
+    return f"added {name}"
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
