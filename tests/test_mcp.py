@@ -14,7 +14,7 @@ if sys.version_info < (3, 10):
 from streamengine._errors import ConfigError, ToolError
 from streamengine._messages import ToolCall
 from streamengine.mcp import McpServer, McpToolError, _loop
-from streamengine.tools import ToolExecutor, ToolRegistry
+from streamengine.tools import Tool, ToolExecutor, ToolRegistry
 
 from mcp_servers.support import (  # noqa: F401 - fixtures
     lab_http, lab_stdio_args, no_mcp_leak, process_gone, record, server_command,
@@ -243,3 +243,18 @@ def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(transport, l
         assert wait_for(lambda: "sprout" in by_name(server.tools()), timeout=10), [t.name for t in server.tools()]
         sprout = by_name(server.tools())["sprout"]
         assert sprout.side_effects is False and call(sprout, {}).text == "sprout was added at run time"
+
+
+def test_closing_the_server_ends_calls_in_flight_with_an_error(lab_http, record):
+    lab = McpServer.http(lab_http.url, name="lab")
+    with ToolExecutor() as executor:
+        slow = by_name(lab.tools(timeout=60))["slow"]
+        assert slow.timeout == 60.0
+        handle = executor.submit(slow, ToolCall("c1", "slow", json.dumps({"seconds": 30, "tag": "open"})))
+        assert record.wait("start", "open")
+        lab.close()
+        result = handle.result()
+    assert not result.ok and "closed during the call to 'slow'" in result.error
+    assert record.wait("cancelled", "open")
+    with pytest.raises(ToolError, match="McpServer.tools"):
+        Tool.from_function(slow, timeout=5)  # an MCP tool's options are set where it is made

@@ -34,7 +34,12 @@ class _LoopThread:
         self.loop.call_soon(started.set)
         try:
             self.loop.run_forever()
-        finally:
+        finally:  # whatever a session left behind is cancelled, not destroyed while pending
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            if left:
+                self.loop.run_until_complete(asyncio.wait(left, timeout=_JOIN_S / 2))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 

@@ -129,15 +129,17 @@ class McpServer:
     # -- tools
 
     def tools(self, prefix: Optional[str] = None, include: Optional[Collection[str]] = None,
-              eager: Eager = None) -> List[McpTool]:
+              eager: Eager = None, timeout: Optional[float] = None) -> List[McpTool]:
         """The server's tools as engine tools, named ``prefix + name``.
 
         ``include`` keeps only those names; ``eager`` (``True`` or a set of
         names) lets tools start mid-stream although the server does not mark
         them ``readOnlyHint: true``.  Both take the names after ``prefix``.
+        ``timeout`` (seconds) replaces the engine's ``tool_timeout`` for these tools.
         """
         self.start()
-        return build_tools(self, list(self._listed), prefix, include, eager)
+        timeout = check_seconds(timeout, "McpServer.tools timeout", allow_none=True)
+        return build_tools(self, list(self._listed), prefix, include, eager, timeout)
 
     def list_tools(self) -> List[Dict[str, Any]]:
         """The server's ``tools/list`` as JSON objects (name, description, inputSchema, annotations...)."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Callable, List, Optional
+from typing import Any, AsyncIterator, Callable, List, Optional, Set
 
+import anyio
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -45,6 +46,8 @@ class Connection:
         self._ready: Optional["asyncio.Future[Client]"] = None
         self._lock: Optional[asyncio.Lock] = None
         self._broken: Optional[str] = None  # why the live session is unusable
+        self._calls: Set["asyncio.Task[Any]"] = set()  # in flight: cancelled by close()
+        self._closing = False
         self.restarts = 0
 
     # -- lifecycle
@@ -120,6 +123,13 @@ class Connection:
                 await runner
 
     async def close(self) -> None:
+        """End the session; calls still in flight end with an error saying so (their requests cancelled)."""
+        self._closing = True
+        calls = list(self._calls)
+        for task in calls:
+            task.cancel()
+        if calls:
+            await asyncio.wait(calls, timeout=self.endpoint.close_timeout)
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -145,6 +155,21 @@ class Connection:
 
     async def call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]] = None) -> Any:
         """``tools/call``; a crash or lost connection becomes :class:`McpUnavailable` naming what happened."""
+        if self._closing:
+            raise McpUnavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
+        try:
+            return await self._call(name, arguments, on_progress)
+        except asyncio.CancelledError:
+            if self._closing:  # close(), not the caller: say so instead of "cancelled"
+                raise McpUnavailable(f"{self.endpoint.label} was closed during the call to {name!r}") from None
+            raise
+        finally:
+            self._calls.discard(task)
+
+    async def _call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]]) -> Any:
         client = await self.ensure()
         try:
             return await client.call_tool(name, arguments, progress_callback=on_progress)
@@ -153,7 +178,7 @@ class Connection:
                 raise McpToolError(f"{self.endpoint.label} refused the call to {name!r}: {exc.error.message}") \
                     from exc
             raise await self._lost(name, exc) from exc
-        except (OSError, anyio_errors()) as exc:
+        except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise await self._lost(name, exc) from exc
 
     async def _lost(self, name: str, exc: BaseException) -> McpUnavailable:
@@ -195,12 +220,6 @@ class Connection:
             async with client.listen(tools_list_changed=True) as subscription:
                 async for _event in subscription:
                     await self._refresh_quietly(client)
-
-
-def anyio_errors() -> Any:
-    import anyio
-
-    return (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)
 
 
 def _reason(exc: BaseException) -> str:

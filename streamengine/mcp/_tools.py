@@ -28,9 +28,9 @@ class McpTool(Tool):
     rename_hint = "McpServer.tools(prefix='...') (e.g. prefix='crm_')"
 
     def __init__(self, server: Any, remote_name: str, name: str, description: str, schema: Dict[str, Any],
-                 side_effects: bool, annotations: Optional[Dict[str, Any]]) -> None:
+                 side_effects: bool, annotations: Optional[Dict[str, Any]], timeout: Optional[float] = None) -> None:
         super().__init__(self._call_blocking, name=name, description=description, side_effects=side_effects,
-                         parameters=schema)
+                         parameters=schema, timeout=timeout)
         object.__setattr__(self, "server", server)
         object.__setattr__(self, "remote_name", remote_name)
         object.__setattr__(self, "annotations", dict(annotations or {}))
@@ -61,7 +61,7 @@ class McpTool(Tool):
 
 
 def build_tools(server: Any, listed: List[Any], prefix: Optional[str], include: Optional[Collection[str]],
-                eager: Eager) -> List[McpTool]:
+                eager: Eager, timeout: Optional[float] = None) -> List[McpTool]:
     """The server's listed tools, named ``prefix + name``, filtered by ``include`` (names after prefix)."""
     prefix = _check_prefix(prefix)
     names = {prefix + t.name: t for t in listed}
@@ -79,7 +79,7 @@ def build_tools(server: Any, listed: List[Any], prefix: Optional[str], include: 
         read_only = annotations.get("readOnlyHint") is True  # the spec's default: false
         side_effects = not (read_only or shown in eager_names)
         made.append(McpTool(server, listed_tool.name, shown, listed_tool.description or listed_tool.title or "",
-                            listed_tool.input_schema, side_effects, annotations))
+                            listed_tool.input_schema, side_effects, annotations, timeout))
     return made
 
 

@@ -6,11 +6,10 @@ did not declare.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import json
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
@@ -20,6 +19,9 @@ from ._jsonschema import describe_value
 from ._remote import remote_reference
 from ._results import result_to_text
 from ._schema import _NAME_RE, _GivenSchema, _Signature
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 
 class Tool:
@@ -107,6 +109,9 @@ class Tool:
             if name is None and description is None and timeout is None and not side_effects \
                     and executor == "local":
                 return fn
+            if fn.starts_itself:
+                raise ToolError(f"tool {fn.name!r} is not a Python function; set its options where it is made "
+                                "(for an MCP tool: McpServer.tools(prefix=..., timeout=...))")
             fn = fn.fn
         return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects,
                    executor=executor)
