@@ -129,7 +129,7 @@ def test_a_timeout_cancels_the_handler_on_the_server(transport, lab_http, record
 def test_three_calls_to_one_server_run_at_once_without_holding_workers(lab_http, record):
     with McpServer.http(lab_http.url) as lab, ToolExecutor(max_workers=1) as executor:
         slow = by_name(lab.tools())["slow"]
-        handles = [executor.submit(slow, ToolCall(f"c{i}", "slow", json.dumps({"seconds": 1, "tag": f"t{i}"})),
+        handles = [executor.submit(slow, ToolCall(f"c{i}", "slow", json.dumps({"seconds": 2, "tag": f"t{i}"})),
                                    timeout=20) for i in range(3)]
         assert executor.threads_alive() == 0  # no pool worker waits on an MCP call
         results = [h.result() for h in handles]
@@ -190,13 +190,17 @@ def test_a_server_that_is_down_names_its_url():
     server.close()
 
 
-def test_an_http_server_that_goes_down_mid_session_gives_an_error_naming_the_url(lab_http):
-    with McpServer.http(lab_http.url) as lab:
+def test_an_http_server_that_goes_down_mid_call_gives_an_error_naming_the_url(lab_http, record):
+    with McpServer.http(lab_http.url) as lab, ToolExecutor() as executor:
         slow = by_name(lab.tools())["slow"]
-        assert call(slow, {"seconds": 0.01, "tag": "up"}).ok
-        lab_http.stop()
-        result = call(slow, {"seconds": 0.01, "tag": "down"}, timeout=20)
-    assert not result.ok and lab_http.url in result.error, result.error
+        handle = executor.submit(slow, ToolCall("c1", "slow", json.dumps({"seconds": 30, "tag": "up"})), timeout=30)
+        assert record.wait("start", "up")
+        lab_http.process.kill()
+        lab_http.process.wait(10)
+        in_flight = handle.result()
+        later = call(slow, {"seconds": 0.01, "tag": "down"}, timeout=20)
+    assert not in_flight.ok and not in_flight.timed_out and lab_http.url in in_flight.error, in_flight.error
+    assert not later.ok and lab_http.url in later.error, later.error
 
 
 def test_bad_construction_is_refused_with_what_to_do():

@@ -87,7 +87,7 @@ def test_a_tool_without_annotations_waits_for_the_stream_and_approve(lab_http, r
 
 def test_three_mcp_calls_in_one_round_run_at_once(lab_http, record):
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
-        fp.add_turn(s.text("".join(block("slow", {"seconds": 1, "tag": f"p{i}"}) for i in range(3))))
+        fp.add_turn(s.text("".join(block("slow", {"seconds": 2, "tag": f"p{i}"}) for i in range(3))))
         fp.add_turn(s.text("ok"))
         with engine_for(fp, lab.tools()) as engine:
             result = engine.complete(Q)
