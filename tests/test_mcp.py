@@ -38,6 +38,11 @@ def by_name(tools):
     return {t.name: t for t in tools}
 
 
+def lab_over(transport, lab_http, record):
+    """The lab server over streamable HTTP (already running) or stdio (started by the McpServer)."""
+    return McpServer.http(lab_http.url) if transport == "http" else McpServer.stdio(*lab_stdio_args(record))
+
+
 # --- the reference servers ------------------------------------------------------------------
 
 def test_time_server_tools_carry_the_servers_schema_unchanged_and_answer():
@@ -114,8 +119,7 @@ def test_results_text_structured_errors_and_images(lab_http):
 
 @pytest.mark.parametrize("transport", ["http", "stdio"])
 def test_a_timeout_cancels_the_handler_on_the_server(transport, lab_http, record):
-    server = (McpServer.http(lab_http.url) if transport == "http"
-              else McpServer.stdio(*lab_stdio_args(record)))
+    server = lab_over(transport, lab_http, record)
     with server:
         slow = by_name(server.tools())["slow"]
         result = call(slow, {"seconds": 30, "tag": transport}, timeout=1.0)
@@ -239,8 +243,7 @@ def test_a_tool_the_server_does_not_know_is_an_error_result(lab_http):
 def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(transport, lab_http, record):
     from conftest import wait_for
 
-    server = (McpServer.http(lab_http.url) if transport == "http"
-              else McpServer.stdio(*lab_stdio_args(record)))
+    server = lab_over(transport, lab_http, record)
     with server:
         assert "sprout" not in by_name(server.tools())
         assert call(by_name(server.tools(eager=True))["grow"], {"name": "sprout"}).ok

@@ -34,7 +34,7 @@ class McpUnavailable(McpToolError):
 
 
 class Connection:
-    """The live session to one server; ``tools`` is its latest ``tools/list``."""
+    """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``."""
 
     def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None]) -> None:
         self.endpoint = endpoint
@@ -52,11 +52,16 @@ class Connection:
 
     # -- lifecycle
 
-    async def ensure(self) -> Client:
-        """The live client, started (or restarted once after a crash) if needed."""
+    @property
+    def _guard(self) -> asyncio.Lock:
+        """Made on first use, on the loop thread: starts, restarts and closes happen one at a time."""
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:
+        return self._lock
+
+    async def ensure(self) -> Client:
+        """The live client, started (or restarted once after a crash) if needed."""
+        async with self._guard:
             if self._client is not None and self._broken is None:
                 return self._client
             if self._broken is not None:
@@ -130,9 +135,7 @@ class Connection:
             task.cancel()
         if calls:
             await asyncio.wait(calls, timeout=self.endpoint.close_timeout)
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        async with self._guard:
             await self._shutdown()
 
     # -- tools
