@@ -39,8 +39,16 @@ def by_name(tools):
 
 
 def lab_over(transport, lab_http, record):
-    """The lab server over streamable HTTP (already running) or stdio (started by the McpServer)."""
-    return McpServer.http(lab_http.url) if transport == "http" else McpServer.stdio(*lab_stdio_args(record))
+    """The lab server over streamable HTTP (already running) or stdio (started by the McpServer).
+
+    ``-legacy`` forces the initialize handshake (2025-11-25): cancellation is then a
+    ``notifications/cancelled`` on HTTP too, and a changed tool list a plain notification.
+    """
+    kind, _, era = transport.partition("-")
+    protocol = "legacy" if era == "legacy" else "auto"
+    if kind == "http":
+        return McpServer.http(lab_http.url, protocol=protocol)
+    return McpServer.stdio(*lab_stdio_args(record), protocol=protocol)
 
 
 # --- the reference servers ------------------------------------------------------------------
@@ -117,7 +125,7 @@ def test_results_text_structured_errors_and_images(lab_http):
         assert not bad.ok and "text" in bad.error
 
 
-@pytest.mark.parametrize("transport", ["http", "stdio"])
+@pytest.mark.parametrize("transport", ["http", "stdio", "http-legacy", "stdio-legacy"])
 def test_a_timeout_cancels_the_handler_on_the_server(transport, lab_http, record):
     server = lab_over(transport, lab_http, record)
     with server:
@@ -214,6 +222,8 @@ def test_bad_construction_is_refused_with_what_to_do():
         McpServer.stdio("mcp-server-time", startup_timeout=0)
     with pytest.raises(ConfigError, match="strings"):
         McpServer.stdio("mcp-server-time", 3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'legacy'"):
+        McpServer.http("http://127.0.0.1:1/mcp", protocol="2025-11-25")
 
 
 def test_close_leaves_no_thread_and_no_process(record):
@@ -239,7 +249,7 @@ def test_a_tool_the_server_does_not_know_is_an_error_result(lab_http):
     assert not result.ok and "no_such_tool" in result.error
 
 
-@pytest.mark.parametrize("transport", ["http", "stdio"])
+@pytest.mark.parametrize("transport", ["http", "stdio", "http-legacy", "stdio-legacy"])
 def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(transport, lab_http, record):
     from conftest import wait_for
 

@@ -14,6 +14,8 @@ class Endpoint:
     """The transport factory for one server, and the words its error messages use."""
 
     label = "MCP server"
+    #: The SDK's ``Client(mode=...)``: "auto", "legacy" (the initialize handshake) or a version.
+    protocol = "auto"
     #: Seconds a closing session gets before its runner task is cancelled outright.
     close_timeout = 8.0
 

@@ -36,9 +36,10 @@ class McpServer:
     ``StreamingEngine(tools=...)``, beside Python tools and other servers'.
     """
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Any = None) -> None:
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Any = None, protocol: str = "auto") -> None:
         self.name = endpoint.name  # type: ignore[attr-defined]
         self.startup_timeout = check_seconds(startup_timeout, "startup_timeout")
+        endpoint.protocol = _check_protocol(protocol)
         self._endpoint = endpoint
         self._log = component_logger("streamengine.mcp", logger)
         self._listed: List[Any] = []
@@ -51,7 +52,7 @@ class McpServer:
     @classmethod
     def stdio(cls, command: str, *args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
               name: Optional[str] = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-              logger: Any = None) -> "McpServer":
+              logger: Any = None, protocol: str = "auto") -> "McpServer":
         """A server started as ``command args...``, speaking MCP on its stdin/stdout.
 
         ``env`` is added to a minimal inherited environment (PATH, HOME, ...),
@@ -65,12 +66,18 @@ class McpServer:
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("McpServer.stdio env must map names to string values, e.g. env={'TZ': 'UTC'}")
         label = check_name(name, "McpServer name") if name is not None else os.path.basename(command)
-        return cls(StdioEndpoint(label, _find_command(command), list(args), env, cwd), startup_timeout, logger)
+        return cls(StdioEndpoint(label, _find_command(command), list(args), env, cwd), startup_timeout, logger,
+                   protocol)
 
     @classmethod
     def http(cls, url: str, headers: Optional[Dict[str, str]] = None, name: Optional[str] = None,
-             startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, logger: Any = None) -> "McpServer":
-        """A server at a streamable-HTTP endpoint (``http://host:port/mcp``); ``headers`` go with every request."""
+             startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, logger: Any = None,
+             protocol: str = "auto") -> "McpServer":
+        """A server at a streamable-HTTP endpoint (``http://host:port/mcp``); ``headers`` go with every request.
+
+        ``protocol`` (both constructors): ``"auto"`` asks the server (2026-07-28 when it speaks it, else the
+        initialize handshake); ``"legacy"`` forces the handshake, for servers that mishandle the probe.
+        """
         parsed = urllib.parse.urlsplit(url if isinstance(url, str) else "")
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"McpServer.http needs an http(s) URL such as http://127.0.0.1:8931/mcp, got {url!r}")
@@ -78,7 +85,7 @@ class McpServer:
             raise ConfigError("McpServer.http headers must map names to string values, "
                               "e.g. headers={'Authorization': 'Bearer ...'}")
         label = check_name(name, "McpServer name") if name is not None else parsed.netloc
-        return cls(HttpEndpoint(label, url, headers), startup_timeout, logger)
+        return cls(HttpEndpoint(label, url, headers), startup_timeout, logger, protocol)
 
     # -- lifecycle
 
@@ -164,6 +171,15 @@ class McpServer:
 
         result = await self._connection.call(tool.remote_name, arguments, _async(progress))
         return result_text(result, tool.name)
+
+
+def _check_protocol(protocol: Any) -> str:
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    allowed = ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS)
+    if protocol not in allowed:
+        raise ConfigError(f"protocol must be one of {', '.join(map(repr, allowed))}, got {protocol!r}")
+    return str(protocol)
 
 
 def _find_command(command: str) -> str:

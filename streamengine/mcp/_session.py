@@ -97,7 +97,8 @@ class Connection:
     async def _hold(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
         """The runner: keep the client's context open until ``stop`` (enter and exit in this one task)."""
         try:
-            async with Client(self.endpoint.transport(), message_handler=self._on_message) as client:
+            async with Client(self.endpoint.transport(), message_handler=self._on_message,
+                              mode=self.endpoint.protocol) as client:
                 if not ready.done():
                     ready.set_result(client)
                 async with self._listening(client):

@@ -19,6 +19,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp_types import ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 READ_ONLY = ToolAnnotations(readOnlyHint=True)
 RECORD = sys.argv[-1]
@@ -91,7 +92,10 @@ async def grow(name: str, ctx: Context) -> str:
         return f"{name} was added at run time"
 
     server.add_tool(added, name=name, description="A tool added while the server runs.", annotations=READ_ONLY)
-    await ctx.notify_tools_changed()
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await ctx.notify_tools_changed()  # to subscriptions/listen streams
+    else:
+        await ctx.session.send_tool_list_changed()  # the handshake era's plain notification
     return f"added {name}"
 
 
