@@ -4,7 +4,7 @@
 
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
                  6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
-                 10 where a CPU-bound tool runs, 11 import cost)
+                 10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -23,10 +23,11 @@ from typing import Any, Dict, List
 from . import (
     common, concurrency, executor, imports, latency, multirun, overlap, paced, report, scaling, served, slowconsumer, throughput,
 )
+from . import mcp_calls
 
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
             "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
-            "11": "imports"}
+            "11": "imports", "12": "mcp"}
 NEEDS_UPSTREAM = {"paced", "served", "slowconsumer"}
 
 
@@ -116,6 +117,7 @@ def main(argv: List[str]) -> int:
                 "multirun": lambda: multirun.run(server, min_calls=120 if q else 1000, fair_calls=60 if q else 120),
                 "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
                 "imports": lambda: imports.run(repeats=5 if q else 30),
+                "mcp": lambda: mcp_calls.run(quick=q),
             }
             for number in sorted(wanted, key=int):
                 name = SECTIONS[number]

@@ -115,6 +115,9 @@ def run_blocks(fp: FakeProvider, opened: List[Dict[str, Any]]) -> List[Dict[str,
     names: Dict[str, Any] = {"__name__": "readme_example"}
     results = []
     for code in python_blocks():
+        if "streamengine.mcp" in code and sys.version_info < (3, 10):  # the MCP SDK needs 3.10+
+            results.append({})
+            continue
         file_name = re.match(r"# ([\w.]+\.py)\n", code)
         if file_name:
             Path(file_name.group(1)).write_text(code, encoding="utf-8")

@@ -18,8 +18,8 @@ from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
 from .._errors import ConfigError
 from .._clients.base import LlmClient
 
-__all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_provider_flags", "build_engine", "close_engine", "models_from",
-           "positive_seconds"]
+__all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_mcp_flags", "add_provider_flags", "build_engine",
+           "close_engine", "close_mcp_servers", "models_from", "open_mcp_servers", "positive_seconds"]
 
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
@@ -137,6 +137,35 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--failover-after-tokens", action="store_true",
                    help="when a model fails mid-answer and another -m model is left, restart the round on it "
                         "(a marker on stderr says to discard the text shown)")
+    add_mcp_flags(p)
+
+
+def add_mcp_flags(p: argparse.ArgumentParser) -> None:
+    """``--mcp``/``--mcp-url``/``--mcp-header``: MCP servers' tools (chat, serve, harness, mcp list)."""
+    g = p.add_argument_group("MCP servers (tools; needs pip install 'streamengine[mcp]')")
+    g.add_argument("--mcp", metavar='"COMMAND ARGS..."', action="append", default=[],
+                   help="an MCP server to start over stdio, as one quoted argument (repeatable), "
+                        "e.g. --mcp \"mcp-server-time --local-timezone UTC\"")
+    g.add_argument("--mcp-url", metavar="URL", action="append", default=[],
+                   help="a streamable-HTTP MCP server, e.g. http://127.0.0.1:8931/mcp (repeatable)")
+    g.add_argument("--mcp-header", metavar="NAME:VALUE", action="append", default=[], type=_key_value(":"),
+                   help="a header for the --mcp-url servers (repeatable); --header and the API key never go there")
+
+
+def open_mcp_servers(args: argparse.Namespace) -> List[Any]:
+    """The started ``--mcp``/``--mcp-url`` servers (none without those flags); close with ``close_mcp_servers``."""
+    if not (getattr(args, "mcp", None) or getattr(args, "mcp_url", None) or getattr(args, "mcp_header", None)):
+        return []
+    try:
+        from ..mcp._cli import open_servers
+    except ImportError as exc:
+        raise ConfigError(f"--mcp/--mcp-url: {exc}") from exc
+    return open_servers(args.mcp, args.mcp_url, dict(args.mcp_header))
+
+
+def close_mcp_servers(servers: Sequence[Any]) -> None:
+    for server in servers:
+        server.close()
 
 
 # --------------------------------------------------------------------------- engine from flags
@@ -224,18 +253,25 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
         config["options"] = options
     engine_config = EngineConfig(**config)
     tools = _tools(args.tools)
-    client = build_client(args, env, connect)
-    if getattr(args, "stream", True) is False:
-        client = WholeAnswers(client)
+    servers = open_mcp_servers(args)
     try:
-        if options is not None and args.provider == "openai-responses":
-            from .._clients.responses.request import responses_body
+        client = build_client(args, env, connect)
+        if getattr(args, "stream", True) is False:
+            client = WholeAnswers(client)
+        try:
+            if options is not None and args.provider == "openai-responses":
+                from .._clients.responses.request import responses_body
 
-            responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
-        return StreamingEngine(client, tools, engine_config)
+                responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
+            engine = StreamingEngine(client, tools + [t for s in servers for t in s.tools()], engine_config)
+        except BaseException:
+            client.close()
+            raise
     except BaseException:
-        client.close()
+        close_mcp_servers(servers)
         raise
+    engine.mcp_servers = servers  # close_engine closes them after the engine
+    return engine
 
 
 def build_client(args: argparse.Namespace, environ: Mapping[str, str], connect_timeout: Optional[float]) -> Any:
@@ -315,4 +351,7 @@ def close_engine(engine: Any) -> None:
     try:
         engine.close()
     finally:
-        engine.client.close()
+        try:
+            engine.client.close()
+        finally:
+            close_mcp_servers(getattr(engine, "mcp_servers", ()))

@@ -1,4 +1,4 @@
-"""The ``streamengine`` command: ``chat``, ``serve``, ``demo`` and ``harness``.
+"""The ``streamengine`` command: ``chat``, ``serve``, ``demo``, ``harness`` and ``mcp list``.
 
 ``main(argv) -> int`` never lets a traceback reach the terminal for a user's
 mistake or an unreachable provider: those end as a line on stderr,
@@ -34,7 +34,10 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .. import __version__
-from .build import PROVIDERS, UsageError, add_provider_flags, build_engine, close_engine, positive_seconds
+from .build import (
+    PROVIDERS, UsageError, add_mcp_flags, add_provider_flags, build_engine, close_engine, close_mcp_servers,
+    open_mcp_servers, positive_seconds,
+)
 from .argv import llm_style
 from .chat import cmd_chat
 from .logs import cmd_logs
@@ -139,7 +142,11 @@ def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
         else:
             write(out, f"FAIL {result.name}: {_one_line(result.reason)}\n")
 
-    results = run_files(paths, report)
+    servers = open_mcp_servers(args)
+    try:
+        results = run_files(paths, report, extra_tools=[t for s in servers for t in s.tools()])
+    finally:
+        close_mcp_servers(servers)
     failed = sum(1 for r in results if not r.passed)
     write(out, f"{len(results) - failed} passed, {failed} failed ({time.monotonic() - started:.2f}s)\n")
     if args.junit:
@@ -148,6 +155,16 @@ def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
         except OSError as exc:
             raise OSError(f"cannot write --junit {args.junit}: {exc.strerror or exc}") from exc
     return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- mcp list
+
+def _cmd_mcp_list(args: argparse.Namespace, hooks: "_Hooks") -> int:
+    try:
+        from ..mcp._cli import cmd_list
+    except ImportError as exc:
+        raise ConfigError(f"streamengine mcp: {exc}") from exc
+    return cmd_list(args, sys.stdout)
 
 
 # --------------------------------------------------------------------------- the parser
@@ -235,7 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_argument("scenarios", nargs="+", metavar="SCENARIO.json",
                          help="scenario files (a directory = its *.json files)")
     harness.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    add_mcp_flags(harness)
     harness.set_defaults(handler=_cmd_harness)
+
+    mcp = sub.add_parser("mcp", help="inspect MCP servers").add_subparsers(dest="mcp_command", metavar="ACTION",
+                                                                          parser_class=_Parser, required=True)
+    listing = mcp.add_parser("list", parents=[common], help="print a server's tools and their JSON schemas",
+                             description="Start an MCP server (COMMAND ARGS..., or --mcp-url URL) and print its "
+                                         "tools: name, whether it starts mid-stream, description, schema.")
+    listing.add_argument("server", nargs=argparse.REMAINDER, metavar="COMMAND ...", help="the stdio server to start")
+    listing.add_argument("--json", action="store_true", help="print the raw tools/list entries as JSON")
+    add_mcp_flags(listing)
+    listing.set_defaults(handler=_cmd_mcp_list)
     return parser
 
 

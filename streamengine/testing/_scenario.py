@@ -742,13 +742,19 @@ def expand_paths(paths: Iterable[str]) -> List[str]:
     return out
 
 
-def run_files(paths: Sequence[str], report: Callable[[ScenarioResult], None]) -> List[ScenarioResult]:
-    """Load and run each file; an invalid file is a failed (errored) scenario, not a crash."""
+def run_files(paths: Sequence[str], report: Callable[[ScenarioResult], None],
+              extra_tools: Sequence[Tool] = ()) -> List[ScenarioResult]:
+    """Load and run each file; an invalid file is a failed (errored) scenario, not a crash.
+
+    ``extra_tools`` (the command line's ``--mcp`` servers' tools) are offered beside each file's own.
+    """
     results = []
     for path in paths:
         started = time.monotonic()
         try:
             scenario = load_scenario(path)
+            if extra_tools:
+                scenario = dataclasses.replace(scenario, imported=tuple(scenario.imported) + tuple(extra_tools))
         except ScenarioError as exc:
             name = os.path.splitext(os.path.basename(path))[0]
             result = ScenarioResult(name, path, time.monotonic() - started, error=f"invalid scenario: {exc}")

@@ -31,7 +31,7 @@ from .._logs import component_logger
 from .._messages import ToolCall, ToolContext, ToolResult
 from ._handle import PENDING, ToolHandle
 from ._remote import RemoteCall, share_cancel_event
-from ._results import ToolReturnError
+from ._results import ToolFailure
 from ._tool import Tool, _check_timeout
 
 
@@ -144,7 +144,7 @@ class ToolExecutor:
         handle = ToolHandle(tool, call, args, effective, queue_timeout=self.queue_timeout, on_start=on_start,
                             owner=owner, log=self._log)
         handle.link_cancel(cancel)
-        if tool.remote_ref is not None and self.remote is not None:
+        if tool.starts_itself or (tool.remote_ref is not None and self.remote is not None):
             self._hand_over(handle, tool)
             return handle
         refusal, spawn = self._place(handle)
@@ -361,8 +361,8 @@ class ToolExecutor:
 
     def _failure(self, handle: ToolHandle, exc: BaseException, started: float, ended: float) -> ToolResult:
         name, call_id = handle.call.name, handle.call.id
-        if isinstance(exc, ToolReturnError):
-            self._log.warning("tool {!r} (call {}) returned a value without a JSON form: {}", name, call_id, exc)
+        if isinstance(exc, ToolFailure):
+            self._log.warning("tool {!r} (call {}) failed: {}", name, call_id, exc)
             message = str(exc)
         else:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -374,17 +374,13 @@ class ToolExecutor:
     # -- remote
 
     def _hand_over(self, handle: ToolHandle, tool: Tool) -> None:
-        """Send the call to the remote executor; its future settles the handle."""
-        assert tool.remote_ref is not None and self.remote is not None
+        """Start the call off the worker threads (a remote executor, or the tool itself); its future settles it."""
         if not handle.set_running_or_notify_cancel():
             return
-        module, qualname = tool.remote_ref
-        job = RemoteCall(module, qualname, tool.name, handle.args,
-                         ToolContext(deadline=handle.deadline), share_cancel_event(handle.cancel_event))
         started = handle.started_at
         assert started is not None
         try:
-            future = self.remote.submit(job)
+            future = self._launch(handle, tool)
         except Exception as exc:  # shut down, cannot pickle the arguments, cluster gone
             handle.set_result(self._failure(handle, exc, started, time.monotonic()))
             return
@@ -410,6 +406,15 @@ class ToolExecutor:
                              daemon=True).start()
 
         future.add_done_callback(settle)
+
+    def _launch(self, handle: ToolHandle, tool: Tool) -> "concurrent.futures.Future[str]":
+        if tool.starts_itself:
+            return tool.start(handle.args, ToolContext(handle.cancel_event, handle.deadline))
+        assert tool.remote_ref is not None and self.remote is not None
+        module, qualname = tool.remote_ref
+        return self.remote.submit(RemoteCall(module, qualname, tool.name, handle.args,
+                                             ToolContext(deadline=handle.deadline),
+                                             share_cancel_event(handle.cancel_event)))
 
     def _join(self, workers: List[_Worker], until: float, began: float) -> None:
         """Join each worker until ``until``, but stop waiting for one the moment its tool is stuck.

@@ -17,12 +17,16 @@ from typing import Any
 
 from .._errors import ToolError
 
-__all__ = ["ToolReturnError", "result_to_text"]
+__all__ = ["ToolFailure", "ToolReturnError", "result_to_text"]
 
 _WHAT_TO_RETURN = "return str, a JSON value (dict/list/number/bool/None), a dataclass or a pydantic model"
 
 
-class ToolReturnError(ToolError):
+class ToolFailure(ToolError):
+    """A tool's failure already worded for the model (an MCP server's error): the result is its message as is."""
+
+
+class ToolReturnError(ToolFailure):
     """A tool returned a value that has no JSON form; the message says what to return instead."""
 
 

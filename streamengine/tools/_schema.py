@@ -199,6 +199,23 @@ class _Signature:
         return {self._names[f]: getattr(model, f) for f in model.model_fields_set}, []
 
 
+class _GivenSchema:
+    """A schema that comes ready-made (an MCP server's ``inputSchema``): sent as is, checked by its owner.
+
+    The server validates its own arguments and its error reaches the model as
+    the tool's result, so the only check here is the one every call needs:
+    the arguments are a JSON object.
+    """
+
+    context_param: Optional[str] = None
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.schema: Dict[str, Any] = json.loads(json.dumps(schema))
+
+    def check(self, args: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+        return dict(args), []
+
+
 def _unknown(args: Mapping[str, Any], properties: Mapping[str, Any]) -> List[str]:
     unknown = [key for key in args if key not in properties]
     if not unknown:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
@@ -18,7 +18,10 @@ from ._docstrings import parse_docstring
 from ._jsonschema import describe_value
 from ._remote import remote_reference
 from ._results import result_to_text
-from ._schema import _NAME_RE, _Signature
+from ._schema import _NAME_RE, _GivenSchema, _Signature
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 
 class Tool:
@@ -26,7 +29,18 @@ class Tool:
 
     Immutable after construction: its schema is shared by the spec the model
     sees and the validator that guards the function.
+
+    ``parameters`` (a JSON schema) replaces the one read from the signature:
+    for a tool whose arguments are declared elsewhere (an MCP server's), sent
+    to the model unchanged and validated by that owner, not here.
     """
+
+    #: A tool that starts its call itself and answers with a future (an MCP tool: the call
+    #: runs on an event loop) sets this and overrides :meth:`start`; the executor then holds
+    #: no worker thread while the call runs.
+    starts_itself: bool = False
+    #: How to rename this tool when two share a name (the registry's error says it).
+    rename_hint: str = "@tool(name='...')"
 
     def __init__(
         self,
@@ -37,6 +51,7 @@ class Tool:
         timeout: Optional[float] = None,
         side_effects: bool = False,
         executor: str = "local",
+        parameters: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if not callable(fn):
             raise ToolError(f"a tool must wrap a function, got {type(fn).__name__}")
@@ -45,7 +60,7 @@ class Tool:
         timeout = _check_timeout(timeout, f"tool {name!r}")
         remote_ref = _check_placement(fn, name, executor)
         summary, param_docs = parse_docstring(inspect.getdoc(fn))
-        signature = _Signature(fn, name, param_docs)
+        signature = _Signature(fn, name, param_docs) if parameters is None else _GivenSchema(parameters)
         # The attributes, declared here rather than in the class body: any annotation there
         # gives Tool a class ``__annotations__`` that instances would show in place of the
         # wrapped function's (typing.get_type_hints(tool) would then read Tool's own hints).
@@ -57,7 +72,7 @@ class Tool:
         self.executor: str
         self.remote_ref: Optional[Tuple[str, str]]
         self._schema: Dict[str, Any]
-        self._signature: _Signature
+        self._signature: Any  # _Signature, or _GivenSchema for ``parameters=``
         self._context_param: Optional[str]
         self._spec: ToolSpec
         set_ = object.__setattr__  # __setattr__ refuses assignment: Tool is immutable
@@ -94,6 +109,9 @@ class Tool:
             if name is None and description is None and timeout is None and not side_effects \
                     and executor == "local":
                 return fn
+            if fn.starts_itself:
+                raise ToolError(f"tool {fn.name!r} is not a Python function; set its options where it is made "
+                                "(for an MCP tool: McpServer.tools(prefix=..., timeout=...))")
             fn = fn.fn
         return cls(fn, name=name, description=description, timeout=timeout, side_effects=side_effects,
                    executor=executor)
@@ -139,6 +157,14 @@ class Tool:
     def run(self, args: Mapping[str, Any], context: Optional[ToolContext] = None) -> str:
         """Validate ``args``, call the function, and return its value as text."""
         return self._invoke(self.validate(args), context)
+
+    def start(self, checked: Dict[str, Any], context: ToolContext) -> "concurrent.futures.Future[str]":
+        """Start the call and return its future (only for ``starts_itself`` tools).
+
+        Cancelling the future must stop the call; the executor does so at the
+        deadline or on cancel.
+        """
+        raise NotImplementedError(f"tool {self.name!r} runs on a worker thread; it has no start()")
 
     def _invoke(self, checked: Dict[str, Any], context: Optional[ToolContext]) -> str:
         kwargs = dict(checked)
@@ -219,8 +245,9 @@ class ToolRegistry:
         made = Tool.from_function(item)
         with self._lock:
             if made.name in self._tools:
+                hints = dict.fromkeys([self._tools[made.name].rename_hint, made.rename_hint])
                 raise ToolError(f"two tools are named {made.name!r}; give one of them another name with "
-                                "@tool(name='...')")
+                                + " or ".join(hints))
             tools = dict(self._tools)
             tools[made.name] = made
             self._tools = tools  # copy-on-write: readers need no lock

@@ -1,0 +1,197 @@
+"""``McpServer``: an MCP server's tools for the engine, synchronous from the outside.
+
+A server is a command started over stdio or a streamable-HTTP URL.  It is
+started on ``__enter__`` or first use (``tools()``), shares the process's
+one MCP loop thread with every other server, and ``close()`` ends its
+session and its process; the last close ends the loop thread.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import sys
+import threading
+import urllib.parse
+from typing import Any, Collection, Dict, List, Optional
+
+from .._errors import ConfigError
+from .._logs import component_logger
+from .._validation import name as check_name
+from .._validation import seconds as check_seconds
+from . import _loop
+from ._endpoint import Endpoint, HttpEndpoint, StdioEndpoint
+from ._results import McpToolError, result_text
+from ._session import Connection
+from ._tools import Eager, McpTool, build_tools
+
+#: Default seconds a server gets to answer ``initialize`` (a first ``uvx`` download may take a while).
+DEFAULT_STARTUP_TIMEOUT = 30.0
+
+
+class McpServer:
+    """One MCP server.  Build with :meth:`stdio` or :meth:`http`; use as a context manager.
+
+    ``tools()`` gives :class:`~streamengine.tools.Tool` s for
+    ``StreamingEngine(tools=...)``, beside Python tools and other servers'.
+    """
+
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Any = None, protocol: str = "auto") -> None:
+        self.name = endpoint.name  # type: ignore[attr-defined]
+        self.startup_timeout = check_seconds(startup_timeout, "startup_timeout")
+        endpoint.protocol = _check_protocol(protocol)
+        self._endpoint = endpoint
+        self._log = component_logger("streamengine.mcp", logger)
+        self._listed: List[Any] = []
+        self._connection = Connection(endpoint, self.startup_timeout, self._note_tools)
+        self._lock = threading.Lock()
+        self._state = "new"  # new -> open -> closed
+
+    # -- construction
+
+    @classmethod
+    def stdio(cls, command: str, *args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+              name: Optional[str] = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+              logger: Any = None, protocol: str = "auto") -> "McpServer":
+        """A server started as ``command args...``, speaking MCP on its stdin/stdout.
+
+        ``env`` is added to a minimal inherited environment (PATH, HOME, ...),
+        as the SDK does: a server does not see the caller's API keys unless given them.
+        """
+        command = check_name(command, "McpServer.stdio command")
+        bad = [a for a in args if not isinstance(a, str)]
+        if bad:
+            raise ConfigError(f"McpServer.stdio arguments must be strings, got {bad!r}; e.g. "
+                              "McpServer.stdio('mcp-server-time', '--local-timezone', 'UTC')")
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ConfigError("McpServer.stdio env must map names to string values, e.g. env={'TZ': 'UTC'}")
+        label = check_name(name, "McpServer name") if name is not None else os.path.basename(command)
+        return cls(StdioEndpoint(label, _find_command(command), list(args), env, cwd), startup_timeout, logger,
+                   protocol)
+
+    @classmethod
+    def http(cls, url: str, headers: Optional[Dict[str, str]] = None, name: Optional[str] = None,
+             startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, logger: Any = None,
+             protocol: str = "auto") -> "McpServer":
+        """A server at a streamable-HTTP endpoint (``http://host:port/mcp``); ``headers`` go with every request.
+
+        ``protocol`` (both constructors): ``"auto"`` asks the server (2026-07-28 when it speaks it, else the
+        initialize handshake); ``"legacy"`` forces the handshake, for servers that mishandle the probe.
+        """
+        parsed = urllib.parse.urlsplit(url if isinstance(url, str) else "")
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"McpServer.http needs an http(s) URL such as http://127.0.0.1:8931/mcp, got {url!r}")
+        if headers is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise ConfigError("McpServer.http headers must map names to string values, "
+                              "e.g. headers={'Authorization': 'Bearer ...'}")
+        label = check_name(name, "McpServer name") if name is not None else parsed.netloc
+        return cls(HttpEndpoint(label, url, headers), startup_timeout, logger, protocol)
+
+    # -- lifecycle
+
+    def start(self) -> "McpServer":
+        """Start the server and its session (done by ``__enter__`` and ``tools()``); idempotent."""
+        with self._lock:
+            if self._state == "closed":
+                raise ConfigError(f"MCP server {self.name!r} is closed; open a new McpServer")
+            if self._state == "open":
+                return self
+            if _loop.in_loop_thread():
+                raise ConfigError("McpServer.start() cannot run on the MCP loop thread itself")
+            _loop.acquire()
+            try:
+                _loop.run(self._connection.ensure(), self.startup_timeout + self._endpoint.close_timeout)
+            except BaseException:
+                self._stop_connection()
+                raise
+            self._state = "open"
+            return self
+
+    def close(self) -> None:
+        """End the session and the server process; the last server closed ends the MCP loop thread."""
+        with self._lock:
+            if self._state == "closed":
+                return
+            was_open, self._state = self._state == "open", "closed"
+            if was_open:
+                self._stop_connection()
+
+    def _stop_connection(self) -> None:
+        try:
+            _loop.run(self._connection.close(), self._endpoint.close_timeout + 2.0)
+        except Exception as exc:  # never let a failing close leave the loop counted
+            self._log.warning("closing MCP server {!r} failed: {}", self.name, exc)
+        finally:
+            _loop.release()
+
+    def __enter__(self) -> "McpServer":
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"McpServer({self._endpoint.label}, {self._state})"
+
+    # -- tools
+
+    def tools(self, prefix: Optional[str] = None, include: Optional[Collection[str]] = None,
+              eager: Eager = None, timeout: Optional[float] = None) -> List[McpTool]:
+        """The server's tools as engine tools, named ``prefix + name``.
+
+        ``include`` keeps only those names; ``eager`` (``True`` or a set of
+        names) lets tools start mid-stream although the server does not mark
+        them ``readOnlyHint: true``.  Both take the names after ``prefix``.
+        ``timeout`` (seconds) replaces the engine's ``tool_timeout`` for these tools.
+        """
+        self.start()
+        timeout = check_seconds(timeout, "McpServer.tools timeout", allow_none=True)
+        return build_tools(self, list(self._listed), prefix, include, eager, timeout)
+
+    def list_tools(self) -> List[Dict[str, Any]]:
+        """The server's ``tools/list`` as JSON objects (name, description, inputSchema, annotations...)."""
+        self.start()
+        return [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in self._listed]
+
+    def _note_tools(self, listed: List[Any]) -> None:
+        self._listed = listed  # replaced whole: readers on other threads see one list or the other
+
+    def _start_call(self, tool: McpTool, arguments: Dict[str, Any]) -> "concurrent.futures.Future[str]":
+        """Submit one ``tools/call`` to the loop; the future's cancel cancels the request on the server."""
+        if self._state != "open":
+            future: "concurrent.futures.Future[str]" = concurrent.futures.Future()
+            future.set_exception(McpToolError(f"tool '{tool.name}' not run: MCP server {self.name!r} is "
+                                              f"{'closed' if self._state == 'closed' else 'not started'}"))
+            return future
+        return _loop.submit(self._call(tool, arguments))
+
+    async def _call(self, tool: McpTool, arguments: Dict[str, Any]) -> str:
+        def progress(done: float, total: Optional[float], message: Optional[str]) -> None:
+            self._log.debug("tool {!r}: progress {}/{} {}", tool.name, done, total, message or "")
+
+        result = await self._connection.call(tool.remote_name, arguments, _async(progress))
+        return result_text(result, tool.name)
+
+
+def _check_protocol(protocol: Any) -> str:
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    allowed = ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS)
+    if protocol not in allowed:
+        raise ConfigError(f"protocol must be one of {', '.join(map(repr, allowed))}, got {protocol!r}")
+    return str(protocol)
+
+
+def _find_command(command: str) -> str:
+    """On PATH, else beside this Python: a server installed in an environment that is not activated
+    (``.venv/bin/python app.py``) is found as ``mcp-server-time`` all the same."""
+    if os.sep in command:
+        return command
+    return shutil.which(command) or shutil.which(command, path=os.path.dirname(sys.executable)) or command
+
+
+def _async(fn: Any) -> Any:
+    async def call(*args: Any) -> None:
+        fn(*args)
+
+    return call

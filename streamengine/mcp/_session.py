@@ -1,0 +1,235 @@
+"""One MCP connection on the shared loop: start, list, call, restart once after a crash, close.
+
+Everything here runs on the loop thread (:mod:`._loop`).  The SDK's
+``Client`` is an async context whose task groups must be entered and left in
+one task, so each connection is held open by a *runner* task; calls are
+other tasks on the same loop, any number at once.  Cancelling a call's task
+is how a call is stopped: the SDK then cancels the request the way the
+negotiated protocol version does it (``notifications/cancelled`` on stdio
+and handshake-era versions; closing the request's response stream over
+streamable HTTP at 2026-07-28), so the server's handler is cancelled too.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator, Callable, List, Optional, Set
+
+import anyio
+import mcp_types as types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from ._endpoint import Endpoint
+from ._results import McpToolError
+
+#: Seconds to wait for a crashed server's exit status before describing it without one.
+_EXIT_WAIT_S = 1.0
+#: Restarts after a crash before calls fail for good ("once, then errors").
+MAX_RESTARTS = 1
+
+
+class McpUnavailable(McpToolError):
+    """The server cannot answer: it never started, crashed, or is unreachable."""
+
+
+class Connection:
+    """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``."""
+
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None]) -> None:
+        self.endpoint = endpoint
+        self.startup_timeout = startup_timeout
+        self._on_tools = on_tools
+        self._client: Optional[Client] = None
+        self._runner: Optional["asyncio.Task[None]"] = None
+        self._stop: Optional[asyncio.Event] = None
+        self._ready: Optional["asyncio.Future[Client]"] = None
+        self._lock: Optional[asyncio.Lock] = None
+        self._broken: Optional[str] = None  # why the live session is unusable
+        self._calls: Set["asyncio.Task[Any]"] = set()  # in flight: cancelled by close()
+        self._closing = False
+        self.restarts = 0
+
+    # -- lifecycle
+
+    @property
+    def _guard(self) -> asyncio.Lock:
+        """Made on first use, on the loop thread: starts, restarts and closes happen one at a time."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def ensure(self) -> Client:
+        """The live client, started (or restarted once after a crash) if needed."""
+        async with self._guard:
+            if self._client is not None and self._broken is None:
+                return self._client
+            if self._broken is not None:
+                if self.restarts >= MAX_RESTARTS:
+                    raise McpUnavailable(f"{self._broken}; it was restarted {self.restarts} time(s) already and "
+                                         "is not started again: fix the server, then open a new McpServer")
+                await self._shutdown()
+                self.restarts += 1
+                self._broken = None
+            return await self._start()
+
+    async def _start(self) -> Client:
+        self._stop = asyncio.Event()
+        ready: "asyncio.Future[Client]" = asyncio.get_running_loop().create_future()
+        self._ready = ready
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())  # read even if we gave up
+        self._runner = asyncio.create_task(self._hold(ready, self._stop))
+        try:
+            client = await asyncio.wait_for(asyncio.shield(ready), self.startup_timeout)
+        except asyncio.TimeoutError as exc:
+            await self._shutdown()
+            raise McpUnavailable(f"{self.endpoint.label} did not answer initialize within "
+                                 f"{self.startup_timeout:g}s (startup_timeout); {self.endpoint.describe_exit()}"
+                                 ) from exc
+        except Exception as exc:
+            await self._shutdown()
+            raise McpUnavailable(f"{self.endpoint.label} could not be started: {_reason(exc)}; "
+                                 f"{self.endpoint.describe_exit()}") from exc
+        self._client = client
+        await self._refresh_tools(client)
+        return client
+
+    async def _hold(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
+        """The runner: keep the client's context open until ``stop`` (enter and exit in this one task)."""
+        try:
+            async with Client(self.endpoint.transport(), message_handler=self._on_message,
+                              mode=self.endpoint.protocol) as client:
+                if not ready.done():
+                    ready.set_result(client)
+                async with self._listening(client):
+                    await stop.wait()
+        except BaseException as exc:  # noqa: B036 - the runner reports every ending; cancellation re-raised
+            if not ready.done():
+                if isinstance(exc, Exception):
+                    ready.set_exception(exc)
+                else:
+                    ready.cancel()
+            elif self._broken is None and not stop.is_set():
+                self._broken = f"{self.endpoint.label} disconnected: {_reason(exc)}"
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _shutdown(self) -> None:
+        runner, self._runner, self._client = self._runner, None, None
+        if runner is None:
+            return
+        assert self._stop is not None
+        self._stop.set()
+        if self._ready is not None and self._ready.done():  # a live session: let it close in order
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(runner), self.endpoint.close_timeout)
+        if not runner.done():  # still in its handshake, or slow to close: cancel it (the transport's
+            runner.cancel()  # own shutdown is shielded and bounded, so the process still ends)
+            with contextlib.suppress(BaseException):
+                await runner
+
+    async def close(self) -> None:
+        """End the session; calls still in flight end with an error saying so (their requests cancelled)."""
+        self._closing = True
+        calls = list(self._calls)
+        for task in calls:
+            task.cancel()
+        if calls:
+            await asyncio.wait(calls, timeout=self.endpoint.close_timeout)
+        async with self._guard:
+            await self._shutdown()
+
+    # -- tools
+
+    async def list_tools(self) -> List[Any]:
+        client = await self.ensure()
+        return await self._refresh_tools(client)
+
+    async def _refresh_tools(self, client: Client) -> List[Any]:
+        tools: List[Any] = []
+        cursor: Optional[str] = None
+        for _ in range(100):  # a paginator that never ends cannot hang the start
+            page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        self._on_tools(tools)
+        return tools
+
+    async def call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]] = None) -> Any:
+        """``tools/call``; a crash or lost connection becomes :class:`McpUnavailable` naming what happened."""
+        if self._closing:
+            raise McpUnavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
+        try:
+            return await self._call(name, arguments, on_progress)
+        except asyncio.CancelledError:
+            if self._closing:  # close(), not the caller: say so instead of "cancelled"
+                raise McpUnavailable(f"{self.endpoint.label} was closed during the call to {name!r}") from None
+            raise
+        finally:
+            self._calls.discard(task)
+
+    async def _call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]]) -> Any:
+        client = await self.ensure()
+        try:
+            return await client.call_tool(name, arguments, progress_callback=on_progress)
+        except MCPError as exc:
+            if exc.error.code != types.CONNECTION_CLOSED:
+                raise McpToolError(f"{self.endpoint.label} refused the call to {name!r}: {exc.error.message}") \
+                    from exc
+            raise await self._lost(name, exc) from exc
+        except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise await self._lost(name, exc) from exc
+
+    async def _lost(self, name: str, exc: BaseException) -> McpUnavailable:
+        await self.endpoint.wait_exit(_EXIT_WAIT_S)
+        self._broken = f"{self.endpoint.label} failed during the call to {name!r}: {self.endpoint.describe_exit()}"
+        return McpUnavailable(f"{self._broken} ({_reason(exc)}); the next call restarts it"
+                              if self.restarts < MAX_RESTARTS else self._broken)
+
+    # -- notifications
+
+    async def _on_message(self, message: Any) -> None:
+        """Handshake-era servers announce a changed tool list with a plain notification."""
+        if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
+            client = self._client
+            if client is not None:
+                asyncio.get_running_loop().create_task(self._refresh_quietly(client))
+
+    async def _refresh_quietly(self, client: Client) -> None:
+        with contextlib.suppress(Exception):
+            await self._refresh_tools(client)
+
+    @contextlib.asynccontextmanager
+    async def _listening(self, client: Client) -> AsyncIterator[None]:
+        """At 2026-07-28 a changed tool list arrives only on a ``subscriptions/listen`` stream: open one."""
+        capability = getattr(client.server_capabilities, "tools", None)
+        if not getattr(capability, "list_changed", False):
+            yield
+            return
+        task = asyncio.get_running_loop().create_task(self._follow_changes(client))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _follow_changes(self, client: Client) -> None:
+        with contextlib.suppress(Exception):
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _event in subscription:
+                    await self._refresh_quietly(client)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for an error, looking inside the exception groups anyio's task groups raise."""
+    inner = getattr(exc, "exceptions", None)
+    if inner:
+        return _reason(inner[0])
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,106 @@
+"""The MCP server the tests start: slow tools, a failing one, one that exits, one without annotations.
+
+Run as ``python lab.py http PORT RECORD`` (streamable HTTP on 127.0.0.1) or
+``python lab.py stdio RECORD``.  Every call of ``slow`` appends a JSON line
+to RECORD when it starts, when it ends, and when its handler is cancelled,
+so a test can see what the *server* did, not only what the client got.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+from typing import TypedDict
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.utilities.types import Image
+from mcp_types import ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+READ_ONLY = ToolAnnotations(readOnlyHint=True)
+RECORD = sys.argv[-1]
+server = MCPServer("lab")
+
+
+def note(event: str, tag: str) -> None:
+    with open(RECORD, "a", encoding="utf-8") as out:
+        out.write(json.dumps({"event": event, "tag": tag, "t": time.time(), "pid": os.getpid()}) + "\n")
+
+
+@server.tool(annotations=READ_ONLY, title="Slow lookup")
+async def slow(seconds: float, tag: str, ctx: Context) -> str:
+    """Wait ``seconds``, then answer; records start, end and cancellation."""
+    note("start", tag)
+    try:
+        steps = max(1, int(seconds / 0.25))
+        for step in range(steps):
+            await anyio.sleep(seconds / steps)
+            await ctx.report_progress(step + 1, steps)
+    except anyio.get_cancelled_exc_class():
+        note("cancelled", tag)
+        raise
+    note("end", tag)
+    return f"slow {tag} done"
+
+
+@server.tool(annotations=READ_ONLY)
+def boom(reason: str) -> str:
+    """Always fails, with the reason given (a ToolError: the SDK passes its text on)."""
+    raise ToolError(f"boom: {reason}")
+
+
+@server.tool(annotations=READ_ONLY)
+def exit_now(code: int) -> str:
+    """Ends the server process at once with exit status ``code``."""
+    print(f"lab server exiting with status {code} on request", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+@server.tool()
+def plain(text: str) -> str:
+    """A tool without annotations: the spec's defaults make it a side-effect tool."""
+    note("plain", text)
+    return text.upper()
+
+
+class Counts(TypedDict):
+    chars: int
+    words: int
+
+
+@server.tool(annotations=READ_ONLY, structured_output=True)
+def measure(text: str) -> Counts:
+    """Structured output: counts of ``text``."""
+    return {"chars": len(text), "words": len(text.split())}
+
+
+@server.tool(annotations=READ_ONLY)
+def picture() -> Image:
+    """An image result (a 1x1 PNG)."""
+    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=")
+    return Image(data=png, format="png")
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool called ``name`` and tell listening clients that the tool list changed."""
+    def added() -> str:
+        return f"{name} was added at run time"
+
+    server.add_tool(added, name=name, description="A tool added while the server runs.", annotations=READ_ONLY)
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await ctx.notify_tools_changed()  # to subscriptions/listen streams
+    else:
+        await ctx.session.send_tool_list_changed()  # the handshake era's plain notification
+    return f"added {name}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

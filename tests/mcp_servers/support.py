@@ -1,0 +1,144 @@
+"""Start the lab server (HTTP or stdio), find the reference servers, read what the lab server recorded."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+LAB = str(Path(__file__).with_name("lab.py"))
+
+
+def server_command(name: str) -> str:
+    """The reference server's console script in this venv; missing fails under CI, skips elsewhere."""
+    found = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
+    if found is None:
+        message = f"{name} is not installed: pip install -e '.[test]' (setup.cfg's test extra has it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class Record:
+    """The JSON lines the lab server appends for ``slow`` and ``plain`` calls."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def events(self) -> List[Dict[str, Any]]:
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def has(self, event: str, tag: str) -> bool:
+        return any(e["event"] == event and e["tag"] == tag for e in self.events())
+
+    def when(self, event: str, tag: str) -> Optional[float]:
+        return next((e["t"] for e in self.events() if e["event"] == event and e["tag"] == tag), None)
+
+    def wait(self, event: str, tag: str, timeout: float = 20.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.has(event, tag):
+                return True
+            time.sleep(0.01)
+        return self.has(event, tag)
+
+    def watch(self, event: str, tag: str, timeout: float = 20.0) -> threading.Event:
+        """An Event set once the server recorded ``event`` for ``tag`` (a FakeProvider can wait on it)."""
+        seen = threading.Event()
+
+        def poll() -> None:
+            if self.wait(event, tag, timeout):
+                seen.set()
+
+        threading.Thread(target=poll, name="pytest-mcp-record-watch", daemon=True).start()
+        return seen
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LabHttp:
+    """The lab server over streamable HTTP on 127.0.0.1, as a child process."""
+
+    def __init__(self, record: Record) -> None:
+        self.record = record
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.process = subprocess.Popen([sys.executable, LAB, "http", str(self.port), str(record.path)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the lab MCP server exited with status {self.process.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("the lab MCP server did not listen within 30 s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def lab_stdio_args(record: Record) -> List[str]:
+    return [sys.executable, LAB, "stdio", str(record.path)]
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie still answers kill(0); its state says it is dead
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+    return False
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Record:
+    return Record(tmp_path / "lab-record.jsonl")
+
+
+@pytest.fixture
+def lab_http(record: Record):
+    server = LabHttp(record)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def no_mcp_leak():
+    """After the test: no MCP loop thread, and every server process it started is gone."""
+    from streamengine.mcp import _loop
+
+    yield
+    deadline = time.monotonic() + 10
+    while _loop.alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _loop.alive() is None, "the MCP loop thread outlived every server"
+    assert not [t for t in threading.enumerate() if t.name == "streamengine-mcp-loop"]

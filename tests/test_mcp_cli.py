@@ -1,0 +1,119 @@
+"""The command line's MCP flags: --mcp / --mcp-url / --mcp-header for chat, serve and harness; mcp list."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+if sys.version_info < (3, 10):
+    pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
+
+from streamengine._cli.main import main
+from streamengine.testing import FakeProvider, steps as s
+
+from cli_support import clean_env  # noqa: F401  (fixture)
+from mcp_servers.support import (  # noqa: F401 - fixtures
+    lab_http, lab_stdio_args, no_mcp_leak, record, server_command,
+)
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
+
+
+def run(capsys, *argv, **hooks):
+    rc = main(list(argv), **hooks)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def block(name, args):
+    return f'<tool name="{name}">{json.dumps(args)}</tool>'
+
+
+def test_mcp_list_prints_tools_and_schemas(capsys):
+    rc, out, err = run(capsys, "mcp", "list", server_command("mcp-server-time"), "--local-timezone", "UTC")
+    assert rc == 0, err
+    assert "get_current_time  (read-only: starts mid-stream)" in out
+    assert '"title": "Timezone"' in out
+    rc, out, err = run(capsys, "mcp", "list", "--json", server_command("mcp-server-time"))
+    assert rc == 0, err
+    assert {t["name"] for t in json.loads(out)} == {"get_current_time", "convert_time"}
+
+
+def test_mcp_list_over_http_and_its_usage_errors(capsys, lab_http):
+    rc, out, err = run(capsys, "mcp", "list", "--mcp-url", lab_http.url)
+    assert rc == 0, err
+    assert "plain  (side effects: runs after the stream, then approve)" in out
+    rc, _, err = run(capsys, "mcp", "list")
+    assert rc == 2 and "needs one server" in err
+
+
+def test_chat_with_an_mcp_server_and_an_http_server_with_headers(capsys, lab_http, record):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Checking. " + block("get_current_time", {"timezone": "UTC"})
+                           + block("measure", {"text": "a b"})))
+        fp.add_turn(s.text("Done."))
+        rc, out, err = run(capsys, "chat", "time?", "--base-url", fp.base_url, "-m", "m1",
+                           "--header", "X-Provider-Only: secret",
+                           "--mcp", f"{server_command('mcp-server-time')} --local-timezone UTC",
+                           "--mcp-url", lab_http.url, "--mcp-header", "X-Lab: yes")
+    assert rc == 0, err
+    assert out == "Done.\n"
+    assert "[tool get_current_time ok" in err and "[tool measure ok" in err
+    second = fp.requests[1].json["messages"][-1]["content"]
+    assert '"timezone": "UTC"' in second and '"words": 2' in second
+    offered = {t["function"]["name"] for t in fp.requests[0].json["tools"]}
+    assert {"get_current_time", "convert_time", "slow", "plain"} <= offered
+
+
+def test_mcp_header_without_url_is_a_usage_error(capsys):
+    rc, _, err = run(capsys, "chat", "hi", "--base-url", "http://127.0.0.1:9/v1", "-m", "m",
+                     "--mcp-header", "A: b")
+    assert rc == 2 and "--mcp-header applies to --mcp-url" in err
+
+
+def test_a_server_that_cannot_start_is_one_error_line(capsys):
+    rc, _, err = run(capsys, "chat", "hi", "--base-url", "http://127.0.0.1:9/v1", "-m", "m",
+                     "--mcp", "/nonexistent/mcp-server --flag")
+    assert rc == 1, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("streamengine: error: ") and "/nonexistent/mcp-server" in lines[0]
+
+
+def test_harness_offers_the_mcp_servers_tools_to_each_scenario(capsys, tmp_path):
+    scenario = tmp_path / "time.json"
+    scenario.write_text(json.dumps({
+        "name": "mcp time",
+        "turns": [[{"text": block("get_current_time", {"timezone": "Europe/Paris"})}], [{"text": "ok"}]],
+        "expect": {"telemetry": {"tools_ok": 1}, "request_contains": {"1": ["Europe/Paris"]}},
+    }))
+    rc, out, err = run(capsys, "harness", str(scenario), "--mcp", server_command("mcp-server-time"))
+    assert rc == 0, out + err
+    assert "PASS mcp time" in out
+
+
+def test_serve_with_an_mcp_server_offers_its_tools(capsys):
+    import threading
+
+    import requests
+
+    stop, urls = threading.Event(), []
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("get_current_time", {"timezone": "Asia/Tokyo"})))
+        fp.add_turn(s.text("It is late in Tokyo."))
+
+        def ready(url):
+            urls.append(url)
+            try:
+                reply = requests.post(url.rstrip("/") + "/v1/chat/stream",
+                                      json={"messages": [{"role": "user", "content": "time?"}]}, timeout=30)
+                urls.append(reply.text)
+            finally:
+                stop.set()
+
+        rc, out, err = run(capsys, "serve", "--port", "0", "--base-url", fp.base_url, "-m", "m1",
+                           "--mcp", server_command("mcp-server-time"),
+                           stop=stop, ready=lambda url: threading.Thread(target=ready, args=(url,)).start())
+    assert rc == 0, err
+    assert "get_current_time" in out  # the banner lists the tools
+    assert "Asia/Tokyo" in urls[1] and "It is late in Tokyo." in urls[1]

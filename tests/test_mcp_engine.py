@@ -1,0 +1,181 @@
+"""MCP tools inside a run: started while the model still talks, gated when they may write, bounded, filed."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+if sys.version_info < (3, 10):
+    pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
+
+from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
+from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine.mcp import McpServer
+from streamengine.testing import FakeProvider, steps as s
+
+from mcp_servers.support import (  # noqa: F401 - fixtures
+    lab_http, lab_stdio_args, no_mcp_leak, record, server_command,
+)
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
+Q = [{"role": "user", "content": "question"}]
+
+
+def block(name, args=None):
+    return f'<tool name="{name}">{json.dumps(args or {})}</tool>'
+
+
+def engine_for(fp, tools, **config):
+    config.setdefault("models", ["m"])
+    config.setdefault("idle_timeout", 20.0)
+    config.setdefault("completion_timeout", 30.0)
+    approve = config.pop("approve", None)
+    rag = config.pop("rag", None)
+    return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config), approve=approve,
+                           rag=rag)
+
+
+def test_an_mcp_call_starts_on_the_server_before_the_stream_ends(lab_http, record):
+    started_on_server = record.watch("start", "early")
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        # The rest of round 1 is only sent once the *server* has entered the handler.
+        fp.add_turn(s.text("Looking. " + block("slow", {"seconds": 0.2, "tag": "early"})),
+                    s.wait(started_on_server, timeout=20), s.text(" still talking"))
+        fp.add_turn(s.text("Done."))
+        with engine_for(fp, lab.tools()) as engine:
+            events = list(engine.run(Q))
+    assert started_on_server.is_set()
+    start = next(i for i, e in enumerate(events) if isinstance(e, ToolStartEvent))
+    later = next(i for i, e in enumerate(events) if isinstance(e, TokenEvent) and "still talking" in e.text)
+    assert start < later
+    result = events[-1].result
+    assert isinstance(events[-1], DoneEvent) and result.answer == "Done."
+    assert result.tool_results[0].text == "slow early done"
+    assert "slow early done" in fp.requests[1].json["messages"][-1]["content"]
+
+
+def test_native_tool_calls_reach_mcp_tools_with_the_servers_schema(lab_http):
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.tool_call(0, id="call_1", name="measure", arguments=json.dumps({"text": "one two"})))
+        fp.add_turn(s.text("Two words."))
+        tools = lab.tools(include={"measure"})
+        with engine_for(fp, tools) as engine:
+            result = engine.complete(Q)
+    sent = fp.requests[0].json["tools"][0]["function"]
+    assert sent["parameters"] == tools[0].spec.parameters
+    assert json.loads(result.tool_results[0].text) == {"chars": 7, "words": 2}
+
+
+def test_a_tool_without_annotations_waits_for_the_stream_and_approve(lab_http, record):
+    asked = []
+    ended = s.Stamp()
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.text(block("plain", {"text": "write"})), s.text(" and more"), s.signal(ended))
+        fp.add_turn(s.text("ok"))
+
+        def approve(call):
+            asked.append(call.name)
+            return True
+
+        with engine_for(fp, lab.tools(), approve=approve) as engine:
+            result = engine.complete(Q)
+    assert asked == ["plain"] and result.tool_results[0].text == "WRITE"
+    assert record.when("plain", "write") is not None
+    assert result.tool_results[0].started_at >= ended.at  # gated until the stream had ended
+
+
+def test_three_mcp_calls_in_one_round_run_at_once(lab_http, record):
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.text("".join(block("slow", {"seconds": 2, "tag": f"p{i}"}) for i in range(3))))
+        fp.add_turn(s.text("ok"))
+        with engine_for(fp, lab.tools()) as engine:
+            result = engine.complete(Q)
+    assert [r.ok for r in result.tool_results] == [True] * 3
+    starts = [record.when("start", f"p{i}") for i in range(3)]
+    ends = [record.when("end", f"p{i}") for i in range(3)]
+    assert max(starts) < min(ends)
+
+
+def test_the_engines_tool_timeout_cancels_the_servers_handler(lab_http, record):
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.text(block("slow", {"seconds": 30, "tag": "late"})))
+        fp.add_turn(s.text("gave up"))
+        with engine_for(fp, lab.tools(), tool_timeout=1.0) as engine:
+            result = engine.complete(Q)
+    failed = result.tool_results[0]
+    assert not failed.ok and "timed out after 1s" in failed.error
+    assert record.wait("cancelled", "late"), record.events()
+    assert "timed out after 1s" in fp.requests[1].json["messages"][-1]["content"]
+
+
+def test_a_crash_mid_call_is_an_error_result_and_the_run_goes_on(record):
+    with McpServer.stdio(*lab_stdio_args(record), name="lab") as lab, FakeProvider() as fp:
+        fp.add_turn(s.text(block("exit_now", {"code": 7})))
+        fp.add_turn(s.text(block("slow", {"seconds": 0.01, "tag": "after"})))
+        fp.add_turn(s.text("recovered"))
+        with engine_for(fp, lab.tools()) as engine:
+            result = engine.complete(Q)
+    crashed, after = result.tool_results
+    assert not crashed.ok and "exit status 7" in crashed.error and "'lab'" in crashed.error
+    assert after.ok and result.answer == "recovered"
+
+
+def test_mcp_tools_beside_python_tools_and_results_filed_in_the_rag_store():
+    @tool
+    def shout(word: str) -> str:
+        """Upper-case a word."""
+        return word.upper()
+
+    with McpServer.stdio(server_command("mcp-server-time"), "--local-timezone", "UTC") as clock, \
+            FakeProvider() as fp, SqliteRagStore() as store:
+        fp.add_turn(s.text(block("get_current_time", {"timezone": "Asia/Tokyo"}) + block("shout", {"word": "hi"})))
+        fp.add_turn(s.text(block("rag_search", {"query": "Asia/Tokyo timezone"})))
+        fp.add_turn(s.text("ok"))
+        with engine_for(fp, [*clock.tools(), shout], rag=store) as engine:
+            events = list(engine.run(Q))
+    results = [e.result for e in events if isinstance(e, ToolResultEvent)]
+    assert {r.name for r in results} == {"get_current_time", "shout", "rag_search"}
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert "Asia/Tokyo" in next(r for r in results if r.name == "rag_search").text
+
+
+def test_the_readme_example_calls_the_time_server():
+    import re
+    from pathlib import Path
+
+    from streamengine import EngineConfig as Config, OpenAICompatibleClient as Client
+
+    readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text(encoding="utf-8")
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", readme)
+    (code,) = ["\n".join(line[3:] for line in b.splitlines()) for b in blocks if "streamengine.mcp" in b]
+
+    @tool
+    def weather(city: str) -> str:
+        """Current weather for a city."""
+        return f"sunny in {city}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("get_current_time", {"timezone": "Europe/Paris"})))
+        fp.add_turn(s.text("It is evening in Paris."))
+        client = Client(fp.base_url)
+        namespace = {"client": client, "weather": weather, "EngineConfig": Config, "StreamingEngine": StreamingEngine}
+        try:
+            exec(compile(code, "README.rst", "exec"), namespace)
+        finally:
+            client.close()
+    assert json.loads(namespace["times"][0])["timezone"] == "Europe/Paris"
+    assert namespace["reply"].answer == "It is evening in Paris."
+
+
+def test_closing_the_run_cancels_the_mcp_request_on_the_server(lab_http, record):
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.text(block("slow", {"seconds": 30, "tag": "abandoned"})), s.forever(s.comment()))
+        with engine_for(fp, lab.tools()) as engine:
+            run = engine.run(Q)
+            for event in run:
+                if isinstance(event, ToolStartEvent):
+                    break
+            assert record.wait("start", "abandoned")
+            run.close()  # the caller walks away mid-stream
+        assert record.wait("cancelled", "abandoned"), record.events()
