@@ -9,7 +9,7 @@ from typing import List
 
 __all__ = ["COMMANDS", "llm_style"]
 
-COMMANDS = ("chat", "serve", "demo", "harness", "logs")
+COMMANDS = ("chat", "serve", "demo", "harness", "logs", "mcp")
 _TOP_LEVEL = ("-h", "--help", "--version")
 
 
