@@ -25,7 +25,7 @@ def main() -> None:
         return f"found {query}"
 
     engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
-                             EngineConfig(models=[model], tool_mode="xml", pool_size=64))
+                             EngineConfig(models=[model], tool_mode="inline", pool_size=64))
     # every session comes from 127.0.0.1: the per-client cap must admit them all, or the burst gets 429s
     app = make_wsgi_app(engine, heartbeat_s=15.0, max_streams=threads, max_streams_per_client=threads)
     server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=threads + 100,

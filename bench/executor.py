@@ -113,7 +113,7 @@ def run(server: Server, streams: int = 8, tokens: int = TOKENS, repeats: int = 3
     n = cpu_tool.iterations_for(TOOL_S)
     prompts = {kind: [server.script(f"executor-{kind}-{s}", _script(s, streams, tokens, arg)) for s in range(streams)]
                for kind, arg in (("tool", n), ("baseline", None))}
-    config = EngineConfig(models=["bench-executor"], tool_mode="xml", max_continuations=1, pool_size=16)
+    config = EngineConfig(models=["bench-executor"], tool_mode="inline", max_continuations=1, pool_size=16)
     executors: Dict[str, Any] = {"baseline": None, "threads": None}
     closers: List[Callable[[], None]] = []
     result: Dict[str, Any] = {"streams": streams, "tokens": tokens, "gap_ms": GAP_S * 1e3, "tool_iterations": n,

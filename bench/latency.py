@@ -45,7 +45,7 @@ def _engine_latencies(server: Server, streams: int, calls: int, models: List[str
 
     latencies: List[float] = []
     for model in models:
-        config = EngineConfig(models=[model], tool_mode="xml", max_tools_per_round=calls,
+        config = EngineConfig(models=[model], tool_mode="inline", max_tools_per_round=calls,
                               max_tools_total=calls, max_continuations=1, pool_size=8)
         with StreamingEngine(OpenAICompatibleClient(server.base_url), [mark], config) as engine:
             server.marks(clear=True)

@@ -13,7 +13,7 @@ Two figures per call:
   by its arguments: run and call index); the consumer records the time it
   received that call's ``ToolResultEvent``.  The difference is how long a
   finished result waits before the caller sees it: the pool's hand-back, the
-  run thread, the event channel, the consumer's wake-up.
+  wake-up pipe and the consumer thread that drives the run.
 
 Also checked: every ``tool_start`` has exactly one ``tool_result`` and every
 call has a result.  The burst repeats until there are ``min_calls`` calls.
@@ -21,6 +21,12 @@ call has a result.  The burst repeats until there are ``min_calls`` calls.
 The fairness variant runs the same burst on a small pool (``pool_size=4``):
 the calls queue, and what matters is that no run waits much longer than
 another (max / min of the per-run median queue wait).
+
+The timeout variant calls a tool that outlives its ``timeout`` (it waits for
+its cancel flag) on a pool smaller than the burst, so some calls wait in the
+queue first: *late* is how long after its deadline (start + timeout) the
+timeout result was fixed (``ToolResult.ended_at``), and *told* how long
+after it the caller received that ``tool_result``.
 """
 from __future__ import annotations
 
@@ -42,7 +48,11 @@ def _duration_ms(run: int, i: int) -> int:
     return 100 + (run * CALLS + i) * 37 % 201  # 100-300 ms, different for each call
 
 
-def _script(run: int) -> List[Dict[str, Any]]:
+#: The timeout variant's tool: its own timeout, and how long it would run without one.
+OVERRUN_TIMEOUT_S = 0.1
+
+
+def _script(run: int, tool: str = "nap") -> List[Dict[str, Any]]:
     """``TOKENS`` paced tokens; a tool block replaces the token at 20%, 50% and 80% of the answer."""
     at = {TOKENS * (2 + 3 * i) // 10: i for i in range(CALLS)}
     segments = []
@@ -50,7 +60,7 @@ def _script(run: int) -> List[Dict[str, Any]]:
         if k in at:
             i = at[k]
             args = json.dumps({"run": run, "i": i, "ms": _duration_ms(run, i)})
-            text = f'<tool name="nap">{args}</tool>'
+            text = f'<tool name="{tool}">{args}</tool>'
         else:
             text = WORDS[k % len(WORDS)]
         segments.append(seg(content_frame(text), delay=GAP_S))
@@ -129,7 +139,7 @@ def _variant(server: Server, runs: int, pool_size: int, min_calls: int) -> Dict[
         return "ok"
 
     prompts = [server.script(f"multirun-{r}", _script(r)) for r in range(runs)]
-    config = EngineConfig(models=["bench-multirun"], tool_mode="xml", pool_size=pool_size,
+    config = EngineConfig(models=["bench-multirun"], tool_mode="inline", pool_size=pool_size,
                           max_tools_per_round=CALLS, max_tools_total=CALLS, max_continuations=1)
     delivery: List[float] = []
     per_run: Dict[int, List[float]] = {r: [] for r in range(runs)}
@@ -158,6 +168,48 @@ def _variant(server: Server, runs: int, pool_size: int, min_calls: int) -> Dict[
     }
 
 
+def _timeouts(server: Server, runs: int, pool_size: int, min_calls: int) -> Dict[str, Any]:
+    """Tools that outlive their timeout, some queued first: how late each timeout fires and is told."""
+    from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, ToolContext, ToolResultEvent, tool
+
+    @tool(name="overrun", timeout=OVERRUN_TIMEOUT_S)
+    def overrun(ctx: ToolContext, run: int, i: int, ms: int) -> str:
+        """Runs past its timeout unless told to stop."""
+        ctx.cancel_event.wait(2.0)
+        return "too late"
+
+    prompts = [server.script(f"timeouts-{r}", _script(r, "overrun")) for r in range(runs)]
+    config = EngineConfig(models=["bench-timeouts"], tool_mode="inline", pool_size=pool_size,
+                          max_tools_per_round=CALLS, max_tools_total=CALLS, max_continuations=1)
+    late: List[float] = []
+    told: List[float] = []
+    queued = 0
+    lock = threading.Lock()
+
+    def consume(engine: Any, prompt: str) -> None:
+        nonlocal queued
+        mine_late, mine_told, mine_queued = [], [], 0
+        for event in engine.run([{"role": "user", "content": prompt}]):
+            if isinstance(event, ToolResultEvent) and event.result.timed_out and event.result.started_at:
+                due = event.result.started_at + OVERRUN_TIMEOUT_S
+                mine_late.append(event.result.ended_at - due)
+                mine_told.append(time.monotonic() - due)
+                mine_queued += event.result.queue_wait_s > 0.001
+        with lock:
+            late.extend(mine_late)
+            told.extend(mine_told)
+            queued += mine_queued
+
+    with StreamingEngine(OpenAICompatibleClient(server.base_url), [overrun], config) as engine:
+        while len(late) < min_calls:
+            before = len(late)
+            run_together([functools.partial(consume, engine, p) for p in prompts], "timeouts")
+            if len(late) == before:
+                break  # nothing timed out: report what there is rather than loop
+    return {"runs": runs, "pool_size": pool_size, "timeout_ms": OVERRUN_TIMEOUT_S * 1e3, "queued": queued,
+            "late_ms": _pcts(late), "told_ms": _pcts(told)}
+
+
 def _pcts(values: List[float]) -> Dict[str, float]:
     if not values:
         return {"n": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
@@ -168,4 +220,5 @@ def _pcts(values: List[float]) -> Dict[str, float]:
 def run(server: Server, runs: int = 20, min_calls: int = 1000, fair_calls: int = 120) -> Dict[str, Any]:
     return {"tokens": TOKENS, "gap_ms": GAP_S * 1e3, "calls_per_run": CALLS,
             "shared": _variant(server, runs, 32, min_calls),
-            "small_pool": _variant(server, runs, 4, fair_calls)}
+            "small_pool": _variant(server, runs, 4, fair_calls),
+            "timeouts": _timeouts(server, runs, 16, min_calls)}

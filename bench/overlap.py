@@ -77,7 +77,7 @@ def _work(i: int, ms: int) -> str:
 def _run_engine(server: Server, model: str, k: int) -> Tuple[float, float]:
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
     from streamengine._engine.events import ToolResultEvent
-    config = EngineConfig(models=[model], tool_mode="xml", max_tools_per_round=k, max_tools_total=k,
+    config = EngineConfig(models=[model], tool_mode="inline", max_tools_per_round=k, max_tools_total=k,
                           pool_size=k + 1, max_continuations=1)
     with StreamingEngine(OpenAICompatibleClient(server.base_url), [tool(name="work")(_work)], config) as engine:
         t0 = time.monotonic()

@@ -69,7 +69,7 @@ def _engine(base_url: str, port: int) -> Callable[[str], str]:
         engine = engines.get(model)
         if engine is None:
             engine = engines[model] = StreamingEngine(OpenAICompatibleClient(base_url), [tool(bench_tool)],
-                                                      EngineConfig(models=[model], tool_mode="xml"))
+                                                      EngineConfig(models=[model], tool_mode="inline"))
         return "".join(e.text for e in engine.run(MESSAGES) if isinstance(e, TokenEvent))
 
     return run

@@ -26,6 +26,16 @@ def multirun(t: Dict[str, Any], verdict: Verdict) -> List[str]:
     out.append(f"   every tool_start has exactly one tool_result, every call a result: "
                + ("MET" if problems == 0 else f"MISSED ({problems} problems: "
                   + "; ".join((s["problems"] + f["problems"])[:3]) + ")"))
+    timeouts = t.get("timeouts")
+    if timeouts:
+        late, told = timeouts["late_ms"], timeouts["told_ms"]
+        out.append(f"   tools past their {timeouts['timeout_ms']:.0f} ms timeout, pool_size={timeouts['pool_size']} "
+                   f"({timeouts['queued']} of {late['n']} calls queued first): fixed after the deadline p50 "
+                   f"{late['p50']:.2f} p99 {late['p99']:.2f} max {late['max']:.2f} ms; told p50 {told['p50']:.2f} "
+                   f"p99 {told['p99']:.2f} ms")
+        out.append(f"   target timeout fires within 20 ms of its deadline (p99): "
+                   + (f"{verdict(late['p99'] < 20.0)} ({late['p99']:.2f} ms over {late['n']} calls)"
+                      if late["n"] >= 1000 else f"too few samples for a p99 ({late['n']} calls)"))
     spread = f["run_queue_p50_ms"]
     if spread:
         lo, hi = spread["min"], spread["max"]

@@ -91,7 +91,7 @@ def _engine(server: Server, model: str):
         return query
 
     return StreamingEngine(OpenAICompatibleClient(server.base_url), [lookup],
-                           EngineConfig(models=[model], tool_mode="xml", completion_timeout=600.0))
+                           EngineConfig(models=[model], tool_mode="inline", completion_timeout=600.0))
 
 
 def engine_times(server: Server, repeats: int = 9, base: int = 2_000) -> Dict[str, Any]:

@@ -87,7 +87,7 @@ def make_engine_app(upstream: str, model: str) -> Any:
         return f"found {query}"
 
     engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
-                             EngineConfig(models=[model], tool_mode="xml", pool_size=16))
+                             EngineConfig(models=[model], tool_mode="inline", pool_size=16))
     # every session comes from 127.0.0.1: the caps must admit the most sessions a level opens (200)
     return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS)
 

@@ -79,7 +79,7 @@ def _consume(port: int, tokens: int, mode: str, work_us: float) -> Dict[str, Any
     tag = f"slow-{mode}"
     model = f"paced:{tokens}:0:{tag}:0"
     engine = StreamingEngine(OpenAICompatibleClient(f"http://127.0.0.1:{port}/v1"), [tool(bench_tool)],
-                             EngineConfig(models=[model], tool_mode="xml", completion_timeout=600.0))
+                             EngineConfig(models=[model], tool_mode="inline", completion_timeout=600.0))
     consumed = [0]
     samples: List[Dict[str, float]] = []
     stop = threading.Event()

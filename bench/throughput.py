@@ -90,7 +90,7 @@ def bench_tool(query: str) -> str:
 
 
 def make_engine(server: Server) -> Tuple[Callable[[str], str], Callable[[], None]]:
-    """``StreamingEngine.complete`` with one registered tool and tool_mode "xml": the parser is on."""
+    """``StreamingEngine.complete`` with one registered tool and tool_mode "inline": the parser is on."""
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
     engines: Dict[str, Any] = {}  # an engine serves one model list: one per script
 
@@ -99,7 +99,7 @@ def make_engine(server: Server) -> Tuple[Callable[[str], str], Callable[[], None
         if engine is None:
             engine = engines[model] = StreamingEngine(
                 OpenAICompatibleClient(server.base_url), [tool(bench_tool)],
-                EngineConfig(models=[model], tool_mode="xml", completion_timeout=600.0))
+                EngineConfig(models=[model], tool_mode="inline", completion_timeout=600.0))
         result = engine.complete(MESSAGES)
         if result.error:
             raise RuntimeError(result.error)

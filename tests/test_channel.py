@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from streamengine._cancel import CancelToken
-from streamengine._engine.channel import EventChannel, request_flush
+from streamengine._engine.channel import EventChannel
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -54,18 +54,6 @@ def test_close_marks_the_end_and_drain_returns_everything_once():
         channel.put(i)
     channel.close()
     assert channel.drain(1) == [0, 1, 2] and channel.closed and channel.drain(1) == []
-
-
-def test_a_flush_request_makes_one_waiting_drain_return_at_once():
-    channel = EventChannel()
-    request_flush()
-    assert channel.drain(None) == []  # would wait forever without the flush request
-    channel.put("a")
-    request_flush()
-    assert channel.drain(None) == ["a"]  # items queued: the flag is left for the next wait
-    assert channel.drain(None) == []
-    request_flush(False)
-    assert channel.drain(0.05) == []
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])

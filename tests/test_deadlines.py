@@ -12,7 +12,7 @@ from streamengine._calls.strategies import StreamingCallStrategy
 from streamengine._cancel import CancelToken
 from streamengine._engine.channel import EventChannel
 from streamengine._clients.scripted import ScriptedClient
-from streamengine._errors import LlmTimeoutError
+from streamengine._errors import LlmCancelledError, LlmTimeoutError
 from streamengine._messages import Chunk
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -88,7 +88,8 @@ def test_one_thread_for_many_calls_ended_once_none_is_watched():
         assert token.wait(GUARD)
 
 
-def test_a_streaming_call_reads_in_the_calling_thread_and_starts_only_the_watcher():
+def test_a_streaming_call_reads_in_the_calling_thread_and_starts_no_thread():
+    """The client passes its waits up: the call keeps its own deadlines, no watcher thread."""
     before = {t.ident for t in threading.enumerate()}
     seen = []
 
@@ -98,7 +99,19 @@ def test_a_streaming_call_reads_in_the_calling_thread_and_starts_only_the_watche
 
     StreamingCallStrategy(ScriptedClient([["a", "b"]]), idle_timeout=GUARD, completion_timeout=GUARD).call(
         MESSAGES, on_chunk=on_chunk)
-    assert seen and all(in_caller and started == ["streamengine-deadlines"] for in_caller, started in seen)
+    assert seen and all(in_caller and started == [] for in_caller, started in seen)
+
+
+def test_a_client_that_blocks_in_its_reads_gets_the_watcher():
+    class Blocking(ScriptedClient):
+        def stream(self, messages, tools=None, options=None, cancel=None):
+            yield Chunk(content="a")
+            cancel.wait(GUARD)  # blocks: only the watcher's cancel ends it
+            raise LlmCancelledError("cancelled")
+
+    with pytest.raises(LlmTimeoutError, match="idle timeout"):
+        StreamingCallStrategy(Blocking(), idle_timeout=0.1, completion_timeout=GUARD).call(MESSAGES)
+    assert wait_for(lambda: not watcher_threads())
 
 
 def test_a_consumer_that_holds_the_run_back_does_not_fire_the_idle_timeout():

@@ -560,7 +560,10 @@ def test_done_callbacks_run_once_for_results_timeouts_and_settled_handles(make_e
     stuck = executor.submit(blocking_tool(release), call("stuck"), timeout=0.1)
     stuck.add_done_callback(lambda h: seen.append(h.result(timeout=0).error))
     stuck.add_done_callback(lambda h: 1 / 0)  # logged, does not break the others
-    stuck.result()
+    timed_out = stuck.result()  # may be called while the call is still queued: it wakes when the call starts
+    assert timed_out.timed_out and timed_out.started_at is not None
+    # fixed at start + timeout, never at the queue limit (10 s by default) the wait began with
+    assert stuck.deadline <= timed_out.ended_at < stuck.queue_limit
 
     invalid = executor.submit(tool(lambda n: "", name="needs_n"), call("needs_n"), timeout=GUARD_S)
     invalid.add_done_callback(lambda h: seen.append("invalid: " + h.result(timeout=0).error))
@@ -568,3 +571,19 @@ def test_done_callbacks_run_once_for_results_timeouts_and_settled_handles(make_e
     assert wait_until(lambda: executor.stuck_workers() == 0)
     assert seen == ["fine", "tool 'stuck' timed out after 0.1s",
                     "invalid: invalid arguments for tool 'needs_n': missing required argument 'n' (any value)"]
+
+
+def test_result_called_while_queued_returns_at_the_deadline_counted_from_the_start(make_executor, releases):
+    """A waiter that slept towards the queue limit wakes when the call starts, and gives up at its deadline."""
+    release_busy, release_queued, busy_started = releases(), releases(), threading.Event()
+    executor = make_executor(max_workers=1, queue_timeout=GUARD_S)
+    executor.submit(blocking_tool(release_busy, busy_started, name="busy"), call("busy"), timeout=GUARD_S)
+    assert busy_started.wait(GUARD_S)
+    queued = executor.submit(blocking_tool(release_queued, name="queued"), call("queued"), timeout=0.1)
+    assert queued.state == "pending"
+    freeing = threading.Timer(0.2, release_busy.set)  # the worker frees up while result() already waits
+    freeing.start()
+    result = queued.result()
+    freeing.join()
+    assert result.timed_out and result.queue_wait_s > 0 and result.started_at is not None
+    assert queued.deadline <= result.ended_at < queued.queue_limit  # not the queue limit it began waiting for

@@ -9,6 +9,7 @@ from loguru import logger
 
 from streamengine._calls.strategies import make_call_strategy
 from streamengine._cancel import CancelToken
+from streamengine._clients.base import run_blocking
 from streamengine._clients.scripted import ScriptedClient
 from streamengine._config import EngineConfig
 from streamengine._errors import LlmHttpError
@@ -66,7 +67,7 @@ class Run:
 
     def __call__(self):
         try:
-            RoundRunner(self.deps, self.state).run()
+            run_blocking(RoundRunner(self.deps, self.state).run())
         finally:
             self.executor.shutdown(wait=True)
         assert isinstance(self.events[-1], DoneEvent)
@@ -170,13 +171,13 @@ def test_successful_results_are_handed_to_ingest_before_the_next_round():
     filed = []
     seen_when_round_two_started = []
     run = Run([['<tool name="lookup">{"city": "Oslo"}</tool>'], ["ok"]], ingest=filed.append)
-    original = run.deps.failover.call
+    original = run.deps.failover.stream_call
 
     def call(*args, **kwargs):
         seen_when_round_two_started.append(list(filed))
         return original(*args, **kwargs)
 
-    run.deps.failover.call = call
+    run.deps.failover.stream_call = call
     run()
     assert [r.text for r in filed] == ["sunny in Oslo"]
     assert [len(seen) for seen in seen_when_round_two_started] == [0, 1]

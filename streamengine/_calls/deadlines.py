@@ -1,25 +1,26 @@
-"""One watcher thread per process that fires the streaming calls' timeouts.
+"""One watcher thread per process that fires the timeouts of calls whose client blocks in its reads.
 
-A streaming call reads the provider's socket in the run thread itself (no
-producer thread, so a token crosses no thread boundary before the run sees
-it).  A thread blocked in ``recv`` cannot time itself out, and a socket read
-timeout would be reset by every keep-alive, so the call's two limits (idle:
-no *meaningful* chunk for N s; cap: the whole stream) live here instead:
+The clients streamengine ships pass their waits up (``_clients.base.Wait``)
+and their calls keep their own deadlines in the run's one selector; this
+watcher is only for a ``StreamingLlmClient`` of your own whose ``stream()``
+blocks (``yields_waits`` False).  A thread blocked in ``recv`` cannot time
+itself out, and a socket read timeout would be reset by every keep-alive, so
+such a call's two limits (idle: no *meaningful* chunk for N s; cap: the
+whole stream) live here:
 
 * :func:`watch` registers a call's deadlines with the shared
   :class:`DeadlineWatcher`, a daemon thread started lazily by this module
   and ended by it as soon as no call is watched.
-* The run thread moves its idle deadline on each meaningful chunk by storing
-  a float (:attr:`Watch.idle_deadline`): no lock, no wake-up.  The watcher
-  re-checks the current value when it wakes and re-arms instead of firing if
-  the deadline moved.
+* The driving thread moves its idle deadline on each meaningful chunk by
+  storing a float (:attr:`Watch.idle_deadline`): no lock, no wake-up.  The
+  watcher re-checks the current value when it wakes and re-arms instead of
+  firing if the deadline moved.
 * When a deadline passes, the watcher records which (:attr:`Watch.fired`)
   and sets the call's :class:`CancelToken`: the client shuts its socket down,
   the blocked read raises at once, and the call turns that into the timeout.
-* While the run thread waits for its consumer (a full event channel:
-  backpressure), the model is not the one being slow: :func:`held` stops the
-  idle clock meanwhile and re-arms it with the time spent added.  The cap
-  keeps running.
+* While the driving thread waits for its consumer, the model is not the one
+  being slow: :func:`held` stops the idle clock meanwhile and re-arms it with
+  the time spent added.  The cap keeps running.
 
 The watcher runs cancel callbacks (a socket shutdown: microseconds); a
 callback that blocks would delay the other calls' timeouts, so keep them short.
@@ -36,7 +37,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from .._cancel import CancelToken
 
-__all__ = ["DeadlineWatcher", "Watch", "held", "watch", "watcher"]
+__all__ = ["DeadlineWatcher", "Watch", "held", "watch", "watched_here", "watcher"]
 
 IDLE, CAP = "idle", "cap"
 _NEVER = float("inf")
@@ -45,9 +46,9 @@ _current = threading.local()  # the Watch of the call the calling thread is stre
 
 
 class Watch:
-    """One call's deadlines, as seen by the run thread and the watcher.
+    """One call's deadlines, as seen by the driving thread and the watcher.
 
-    ``idle_deadline`` is written by the run thread only (``inf`` while held);
+    ``idle_deadline`` is written by the driving thread only (``inf`` while held);
     ``fired`` is written by the watcher only, before it sets the token, so a
     run that sees its token set can tell a timeout from a caller's cancel.
     """
@@ -83,7 +84,7 @@ class DeadlineWatcher:
         self._active = 0  # watched calls not yet finished
         self._thread: Optional[threading.Thread] = None
 
-    # --- the run thread's side -----------------------------------------------------------
+    # --- the driving thread's side -----------------------------------------------------------
     def add(self, item: Watch) -> None:
         with self._lock:
             self._active += 1
@@ -197,6 +198,11 @@ def watch(token: CancelToken, idle_s: float, cap_s: float, started: Optional[flo
     finally:
         _current.watch = previous
         _watcher.finish(item)
+
+
+def watched_here() -> bool:
+    """Whether the calling thread streams a call the watcher keeps (so :func:`held` has a clock to stop)."""
+    return getattr(_current, "watch", None) is not None
 
 
 @contextmanager

@@ -30,12 +30,13 @@ import enum
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Generator, List, Optional, Sequence, Tuple
 
 import tenacity
 
 from .. import _validation as validation
-from .strategies import CallStrategy
+from .strategies import CallStrategy, OnToolCalls
+from .._clients.base import Wait, run_blocking
 from .._errors import (
     AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
     LlmStreamError, LlmTimeoutError,
@@ -123,19 +124,31 @@ class ModelFailover:
              options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
              on_chunk: Optional[Callable[[Chunk], None]] = None,
              may_advance: Optional[Callable[[], bool]] = None,
-             on_attempt: Optional[Callable[[str, int], None]] = None) -> FailoverResult:
+             on_attempt: Optional[Callable[[str, int], None]] = None,
+             on_tool_calls: Optional[OnToolCalls] = None) -> FailoverResult:
         """Try each model in order; see the module docstring for what happens on each error.
 
         ``options.model`` is replaced by each candidate in turn.
         ``on_attempt(model, number)`` (optional) runs before every call,
         retries included, numbered from 1.
         """
+        return run_blocking(self.stream_call(messages, tools, options, cancel, on_chunk, may_advance, on_attempt,
+                                             on_tool_calls))
+
+    def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+                    on_chunk: Optional[Callable[[Chunk], None]] = None,
+                    may_advance: Optional[Callable[[], bool]] = None,
+                    on_attempt: Optional[Callable[[str, int], None]] = None,
+                    on_tool_calls: Optional[OnToolCalls] = None) -> Generator[Wait, None, FailoverResult]:
+        """:meth:`call` as a generator of the calls' waits (``CallStrategy.stream_call``)."""
         base = options if options is not None else CompletionOptions()
         attempts: List[Attempt] = []
         for position, model in enumerate(self.models):
             try:
-                response = self._call_model(model, position, messages, tools, base.with_model(model), cancel,
-                                            on_chunk, may_advance, on_attempt, attempts)
+                response = yield from self._call_model(model, position, messages, tools, base.with_model(model),
+                                                       cancel, on_chunk, may_advance, on_attempt, attempts,
+                                                       on_tool_calls)
             except Exception as exc:
                 self._after_failure(exc, model, position, cancel, may_advance, attempts)
                 continue
@@ -168,8 +181,11 @@ class ModelFailover:
                     tools: Optional[Sequence[ToolSpec]], options: CompletionOptions,
                     cancel: Optional[threading.Event], on_chunk: Optional[Callable[[Chunk], None]],
                     may_advance: Optional[Callable[[], bool]], on_attempt: Optional[Callable[[str, int], None]],
-                    attempts: List[Attempt]) -> Response:
-        """One model, retried on rate limits as tenacity decides; raises the model's last error."""
+                    attempts: List[Attempt], on_tool_calls: Optional[OnToolCalls]) -> Generator[Wait, None, Response]:
+        """One model, retried on rate limits as tenacity decides; raises the model's last error.
+
+        tenacity's loop form, so each attempt's waits pass up; its back-off sleeps block (a cancel ends them).
+        """
         policy = _RetryPolicy(self, model, has_next=position < len(self.models) - 1, cancel=cancel,
                               may_advance=may_advance, attempts=attempts)
         for attempt in policy.retrying():
@@ -178,7 +194,10 @@ class ModelFailover:
                     raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
                 if on_attempt is not None:
                     on_attempt(model, len(attempts) + 1)
-                return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
+                steps = getattr(self.strategy, "stream_call", None)
+                if steps is None:  # a strategy of your own with call() only: it blocks
+                    return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
+                return (yield from steps(messages, tools, options, cancel, on_chunk, on_tool_calls))
         raise AssertionError("unreachable: tenacity returns or re-raises")  # pragma: no cover
 
     def _asks_too_long(self, exc: BaseException) -> bool:

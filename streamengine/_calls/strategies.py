@@ -8,18 +8,24 @@ meaningful chunk (content, reasoning, a tool-call delta, the completion)
 resets it:
 
 ``StreamingCallStrategy``
-    The calling thread iterates ``client.stream()`` itself: a token crosses
-    no thread boundary here (a producer thread and its hand-off cost a
-    wake-up per token).  The two deadlines are kept by the process's one
-    watcher thread (``deadlines.py``): when one passes, it sets the call's
-    :class:`CancelToken`, the client shuts its socket down, and the blocked
-    read raises at once; the strategy turns that into the timeout below.  A
-    caller's cancel or an error in ``on_chunk`` sets the same token.  A
-    client that ignores cancel holds the calling thread until it returns
-    (the timeout is still raised then, with a warning).
+    The driving thread iterates the client's stream itself: a token crosses
+    no thread boundary here.  :meth:`CallStrategy.stream_call` is a
+    generator: where the client would block it yields a
+    :class:`~streamengine._clients.base.Wait`, which this strategy tightens
+    to its two deadlines (idle, which the consumer's time does not use up,
+    and the cap) before passing it up to the run's one selector; when the
+    wait comes back past a deadline, the call's :class:`CancelToken` is set
+    (the client shuts its socket down) and the timeout below is raised.  A
+    client that blocks in its reads instead (``yields_waits`` False) has its
+    deadlines kept by the process's watcher thread (``deadlines.py``), which
+    sets the same token.  A caller's cancel or an error in ``on_chunk`` sets
+    it too.
 ``BufferedCallStrategy``
     For clients that cannot stream: ``client.complete()`` runs in a worker
-    thread and the caller waits up to ``completion_timeout``.
+    thread and the call waits (a ``Wait`` without a socket, woken by the
+    worker) up to ``completion_timeout``.
+
+``call()`` drives ``stream_call()`` in the calling thread (``run_blocking``).
 
 A call is all or nothing: a stream that breaks before its completing chunk
 raises and returns no partial content (``on_chunk`` may already have seen
@@ -41,24 +47,28 @@ chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence, Union
 
 from . import deadlines
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._cancel import CancelToken, on_cancel
-from .._clients.base import LlmClient, StreamingLlmClient
+from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
 from .hooks import ModelChunkEvent, check_observers, notify_observers
 from .._logs import component_logger
-from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCallDelta, ToolSpec
+from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
 
 __all__ = ["BufferedCallStrategy", "CallStrategy", "StreamingCallStrategy", "make_call_strategy"]
 
 OnChunk = Callable[[Chunk], None]
+#: Native tool calls that became complete with a chunk (the call's one accumulator found them).
+OnToolCalls = Callable[[List[ToolCall]], None]
+Steps = Generator[Wait, None, Response]
 
 VERB_UNAVAILABLE = "unavailable"
 VERB_TIMED_OUT = "timed out"
@@ -92,16 +102,23 @@ class CallStrategy(abc.ABC):
         self.emitter = emitter
         self._log = component_logger(f"streamengine._calls.strategies.{type(self).__name__}", logger)
 
-    @abc.abstractmethod
     def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
              options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
-             on_chunk: Optional[OnChunk] = None) -> Response:
+             on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Response:
         """Call the model once; return the whole response or raise an :class:`LlmError`.
 
         ``on_chunk(chunk)`` runs in the calling thread for every chunk as it is
-        read.  ``cancel`` (a plain Event or a :class:`CancelToken`) aborts the
-        call with :class:`LlmCancelledError`.
+        read; ``on_tool_calls(calls)`` for the native tool calls a chunk
+        completed (the rest are in the response).  ``cancel`` (a plain Event
+        or a :class:`CancelToken`) aborts the call with :class:`LlmCancelledError`.
         """
+        return run_blocking(self.stream_call(messages, tools, options, cancel, on_chunk, on_tool_calls))
+
+    @abc.abstractmethod
+    def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+                    on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Steps:
+        """:meth:`call` as a generator: yields a :class:`Wait` wherever it would block, returns the response."""
 
     def _succeeded(self, response: Response, final_chunk: Chunk) -> None:
         if self.emitter is not None and self.emitter:
@@ -119,6 +136,12 @@ class CallStrategy(abc.ABC):
             self._log.warning(
                 "{} still running {:g}s after cancel: the client ignores cancel; thread abandoned (daemon)",
                 worker.name, self.join_timeout)
+
+
+def refuse_if_cancelled(cancel: Optional[threading.Event]) -> None:
+    """A call whose caller cancelled already never starts."""
+    if cancel is not None and cancel.is_set():
+        raise LlmCancelledError("LLM call cancelled by the caller before it started")
 
 
 def _model_of(options: Optional[CompletionOptions]) -> str:
@@ -163,19 +186,23 @@ class StreamingCallStrategy(CallStrategy):
                 "use BufferedCallStrategy or make_call_strategy()")
         self.idle_timeout = validation.seconds(idle_timeout, "idle_timeout")
 
-    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
-             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
-             on_chunk: Optional[OnChunk] = None) -> Response:
-        if cancel is not None and cancel.is_set():
-            raise LlmCancelledError("LLM call cancelled by the caller before it started")
+    def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+                    on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Steps:
+        refuse_if_cancelled(cancel)
         token = CancelToken()
         stop_following = on_cancel(cancel, token.set)
         started = time.monotonic()
+        client = self.client
+        waits = bool(getattr(client, "yields_waits", False))
         try:
-            with deadlines.watch(token, self.idle_timeout, self.completion_timeout, started) as watched:
+            # A client that blocks in its reads needs the watcher thread to cut them short.
+            with (_unwatched(token, self.idle_timeout, self.completion_timeout, started) if waits else
+                  deadlines.watch(token, self.idle_timeout, self.completion_timeout, started)) as watched:
                 try:
-                    response = self._read(watched, lambda: self.client.stream(  # type: ignore[attr-defined]
-                        messages, tools, options, cancel=token), options, on_chunk, started)
+                    opener = client.open_stream if waits else client.stream  # type: ignore[attr-defined]
+                    response = yield from self._read(watched, cancel, lambda: opener(
+                        messages, tools, options, cancel=token), options, on_chunk, on_tool_calls, started)
                 finally:
                     self._warn_if_deaf(watched)
         except _Stopped as stopped:
@@ -188,47 +215,64 @@ class StreamingCallStrategy(CallStrategy):
         return response
 
     def _warn_if_deaf(self, watched: deadlines.Watch) -> None:
-        """A timeout the client took long to honour held the run thread that long: say so."""
+        """A timeout the client took long to honour held the driving thread that long: say so."""
         late = time.monotonic() - watched.fired_at if watched.fired else 0.0
         if late > self.join_timeout:
             self._log.warning("the client ignores cancel: its stream returned {:.3f}s after the {} timeout fired "
                               "(a client must unblock its read when cancel is set)", late, watched.fired)
 
-    def _read(self, watched: deadlines.Watch, open_stream: Callable[[], Iterator[Chunk]],
-              options: Optional[CompletionOptions], on_chunk: Optional[OnChunk], started: float) -> Response:
-        """The hot loop, in the calling thread: read a chunk, feed it on, move the idle deadline."""
+    def _read(self, watched: deadlines.Watch, cancel: Optional[threading.Event],
+              open_stream: Callable[[], Iterator[Union[Chunk, Wait]]], options: Optional[CompletionOptions],
+              on_chunk: Optional[OnChunk], on_tool_calls: Optional[OnToolCalls], started: float) -> Steps:
+        """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened."""
         monotonic = time.monotonic
         aggregator = ResponseAggregator()
         add = aggregator.add
         emitter = self.emitter
         idle = self.idle_timeout
         stopped = watched.token.is_set
+        caller_stopped = cancel.is_set if cancel is not None else bool
         meaningful = 0
         completed = False
-        stream: Iterator[Chunk] = iter(())
+        stream: Iterator[Union[Chunk, Wait]] = iter(())
         try:
             stream = open_stream()  # a client may connect here already: inside, so a timeout is told as one
             for chunk in stream:
+                if chunk.__class__ is Wait:
+                    wait: Wait = chunk  # type: ignore[assignment]
+                    cap = watched.cap_deadline
+                    if wait.until > cap:
+                        wait.until = cap
+                    wait.idle_until = watched.idle_deadline
+                    wait.held = 0.0
+                    yield wait
+                    if wait.held:  # the consumer held the thread: not the model's silence
+                        watched.idle_deadline += wait.held
+                    if _lapsed(watched, monotonic()) or stopped() or caller_stopped():
+                        raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+                    continue
                 if stopped():  # timed out or cancelled while this chunk was read: feed no more on
                     raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
-                if chunk.is_meaningful:
+                if chunk.is_meaningful:  # type: ignore[union-attr]
                     meaningful += 1
-                    watched.idle_deadline = monotonic() + idle  # the watcher reads it when it wakes
-                add(chunk)
+                    watched.idle_deadline = monotonic() + idle  # the watcher (if any) reads it when it wakes
+                calls = add(chunk)  # type: ignore[arg-type]
                 if on_chunk is not None:
-                    on_chunk(chunk)
-                if chunk.is_completed:
+                    on_chunk(chunk)  # type: ignore[arg-type]
+                if calls and on_tool_calls is not None:
+                    on_tool_calls(calls)
+                if chunk.is_completed:  # type: ignore[union-attr]
                     completed = True
                     response = aggregator.response()
                     if emitter is not None and emitter:
-                        emitter.emit(ModelChunkEvent(chunk, True, response))
+                        emitter.emit(ModelChunkEvent(chunk, True, response))  # type: ignore[arg-type]
                     self._log.debug("stream of model {} completed in {:.3f}s: {} chunks, {} meaningful",
                                     response.model or _model_of(options), monotonic() - started,
                                     aggregator.chunks, meaningful)
                     return response
                 if emitter is not None and emitter:
-                    emitter.emit(ModelChunkEvent(chunk))
-            if stopped():  # a client that ends quietly when cancelled
+                    emitter.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
+            if stopped() or caller_stopped():  # a client that ends quietly when cancelled
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
             raise LlmStreamError(
                 f"LLM stream ended without a completed chunk after {meaningful} meaningful chunks "
@@ -236,14 +280,14 @@ class StreamingCallStrategy(CallStrategy):
         except _Stopped:
             raise
         except BaseException as exc:
-            if stopped():  # the read failed because the token was set: say why it was set
+            # The read failed because the token was set, or ran into a deadline (its socket timeout): say why.
+            if stopped() or _lapsed(watched, monotonic()) or caller_stopped():
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks) from exc
             raise
         finally:
             if not completed:
                 watched.token.set()  # a client still holding its connection shuts it down
             _close(stream)
-
 
     def _stop_error(self, stopped: "_Stopped", options: Optional[CompletionOptions], started: float,
                     inner: Optional[BaseException]) -> Exception:
@@ -287,83 +331,23 @@ class _Stopped(Exception):
         self.total = total
 
 
-# ----------------------------------------------------------------------------- buffered
-
-class BufferedCallStrategy(CallStrategy):
-    """Calls ``client.complete()`` in a worker thread and waits up to ``completion_timeout``.
-
-    So that the engine handles both strategies alike, a successful call hands
-    ``on_chunk`` exactly one synthesized completed :class:`Chunk` carrying the
-    whole content, the tool calls as :class:`ToolCallDelta` (index = position),
-    usage, model and finish reason; the emitter gets the same chunk as the
-    final :class:`ModelChunkEvent`.
-    """
-
-    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
-             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
-             on_chunk: Optional[OnChunk] = None) -> Response:
-        if cancel is not None and cancel.is_set():
-            raise LlmCancelledError("LLM call cancelled by the caller before it started")
-        token = CancelToken()
-        done = threading.Event()
-        token.add_callback(done.set)
-        box: dict = {}
-
-        def work() -> None:
-            try:
-                box["response"] = self.client.complete(messages, tools, options, cancel=token)
-            except BaseException as exc:  # handed to the caller's thread
-                box["error"] = exc
-            finally:
-                done.set()
-
-        worker = threading.Thread(target=work, name=f"streamengine-complete[{_model_of(options)}]", daemon=True)
-        stop_following = on_cancel(cancel, token.set)
-        started = time.monotonic()
-        finished = False
-        try:
-            worker.start()
-            finished = done.wait(self.completion_timeout)
-        finally:
-            stop_following()
-            cancelled = token.is_set()  # only the caller sets it before this point
-            if cancelled or "response" not in box:
-                self._stop_worker(worker, token)
-            else:
-                worker.join(self.join_timeout)
-        response = self._outcome(box, cancelled, finished, options, started)
-        chunk = _chunk_of(response)
-        if on_chunk is not None:
-            on_chunk(chunk)
-        self._succeeded(response, chunk)
-        return response
-
-    def _outcome(self, box: dict, cancelled: bool, finished: bool, options: Optional[CompletionOptions],
-                 started: float) -> Response:
-        waited = time.monotonic() - started
-        error = box.get("error")
-        if cancelled:
-            raise LlmCancelledError(f"LLM call cancelled by the caller after {waited:.3f}s") from error
-        if "response" in box:
-            return box["response"]
-        if finished and error is not None:
-            raise error
-        # Timed out: the worker was cancelled above, so its error (if any) is the cancel it saw.
-        limit = self.completion_timeout
-        message = (f"LLM buffered completion timeout: no response received within {limit:g}s "
-                   "(model may be unavailable or overloaded)")
-        self._log.warning("{} — model {}, after {:.3f}s; transport: {}",
-                          message, _model_of(options), waited, _describe_exception(error))
-        raise LlmTimeoutError(message, timeout_s=limit, chunks_received=0, verb=VERB_UNAVAILABLE) from error
+@contextlib.contextmanager
+def _unwatched(token: CancelToken, idle_s: float, cap_s: float, started: float) -> Iterator[deadlines.Watch]:
+    """The call's deadlines, kept by the call itself: its client passes every wait up (no watcher thread)."""
+    yield deadlines.Watch(token, idle_s, started, cap_s)
 
 
-def _chunk_of(response: Response) -> Chunk:
-    """One completed chunk that says everything a buffered response says."""
-    deltas = tuple(ToolCallDelta(index, call.id, call.name, call.arguments)
-                   for index, call in enumerate(response.tool_calls))
-    return Chunk(content=response.content or None, tool_calls=deltas, is_completed=True,
-                 usage=response.usage, finish_reason=response.finish_reason, model=response.model,
-                 refusal=response.refusal, reasoning=response.reasoning)
+def _lapsed(watched: deadlines.Watch, now: float) -> bool:
+    """Whether the cap or the idle deadline passed; records which (the cap wins) as a watcher would."""
+    if watched.fired is None:
+        if now >= watched.cap_deadline:
+            watched.fired = deadlines.CAP
+        elif now >= watched.idle_deadline:
+            watched.fired = deadlines.IDLE
+        else:
+            return False
+        watched.fired_at = now
+    return True
 
 
 # ----------------------------------------------------------------------------- factory
@@ -377,3 +361,6 @@ def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, complet
     validation.seconds(idle_timeout, "idle_timeout")  # validated even if unused, so a typo never hides
     return BufferedCallStrategy(client, completion_timeout=completion_timeout, observers=observers,
                                 emitter=emitter, logger=logger)
+
+
+from .buffered import BufferedCallStrategy  # noqa: E402 - it builds on CallStrategy, defined above

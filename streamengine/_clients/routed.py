@@ -22,7 +22,7 @@ same whatever the provider.
 from __future__ import annotations
 
 import threading
-from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 from .._errors import ConfigError
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
@@ -80,6 +80,16 @@ class RoutedClient(StreamingLlmClient):
                cancel: Optional[threading.Event] = None) -> Iterator[Chunk]:
         client, routed = self._routed(options)
         return client.stream(messages, tools, routed, cancel)
+
+    @property
+    def yields_waits(self) -> bool:  # type: ignore[override]
+        return all(getattr(client, "yields_waits", False) for client in self.clients.values())
+
+    def open_stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None,
+                    cancel: Optional[threading.Event] = None) -> Iterator[Any]:
+        client, routed = self._routed(options)
+        return client.open_stream(messages, tools, routed, cancel)
 
     def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                  options: Optional[CompletionOptions] = None,

@@ -8,7 +8,10 @@ out).  A turn is a sequence of items, played in order:
 * a :class:`~streamengine._messages.Chunk` — yielded;
 * a ``str`` — shorthand for ``Chunk(content=text)``;
 * a number — sleep that many seconds, cut short by ``cancel``
-  (``ScriptedClient.STALL`` = ``float("inf")`` waits until cancelled);
+  (``ScriptedClient.STALL`` = ``float("inf")`` waits until cancelled); the
+  engine sees the pause as a :class:`~streamengine._clients.base.Wait` with
+  no socket (so the run goes on meanwhile, as it does while a provider is
+  silent), ``stream()`` sleeps it out;
 * an exception instance or class — raised when reached.
 
 A turn may also be a single ``str`` or exception.  Unless the turn already
@@ -30,7 +33,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 from .._accumulate import ResponseAggregator
 from .._errors import ConfigError, LlmCancelledError, LlmHttpError
 from .._messages import Chunk, CompletionOptions, Message, MessageLike, Response, ToolSpec, as_messages
-from .base import StreamingLlmClient
+from .base import StreamingLlmClient, Wait, chunks_only
 
 __all__ = ["ScriptedCall", "ScriptedClient"]
 
@@ -52,6 +55,11 @@ class ScriptedClient(StreamingLlmClient):
     """A :class:`StreamingLlmClient` that plays scripted turns; records every call in :attr:`calls`."""
 
     STALL = float("inf")
+
+    @property
+    def yields_waits(self) -> bool:  # type: ignore[override]
+        """A subclass that writes its own ``stream()`` blocks in it: its call then needs the watcher."""
+        return type(self).stream is ScriptedClient.stream
 
     def __init__(self, turns: Sequence[Turn] = (), *, auto_complete: bool = True, model: str = "scripted") -> None:
         self._turns: List[Tuple[TurnItem, ...]] = []
@@ -99,16 +107,22 @@ class ScriptedClient(StreamingLlmClient):
                cancel: Optional[threading.Event] = None) -> Iterator[Chunk]:
         # Not a generator function itself: the call is recorded and the turn
         # consumed when stream() is called, not on the first next().
+        return chunks_only(self._call(messages, tools, options, cancel, streamed=True))
+
+    def open_stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None,
+                    cancel: Optional[threading.Event] = None) -> Iterator[Union[Chunk, Wait]]:
         return self._call(messages, tools, options, cancel, streamed=True)
 
     def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                  options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None) -> Response:
         aggregator = ResponseAggregator()
-        for chunk in self._call(messages, tools, options, cancel, streamed=False):
+        for chunk in chunks_only(self._call(messages, tools, options, cancel, streamed=False)):
             aggregator.add(chunk)
         return aggregator.response()
 
-    def _play(self, turn: Tuple[TurnItem, ...], model: str, cancel: Optional[threading.Event]) -> Iterator[Chunk]:
+    def _play(self, turn: Tuple[TurnItem, ...], model: str,
+              cancel: Optional[threading.Event]) -> Iterator[Union[Chunk, Wait]]:
         finish_reason = None
         usage = None
         for item in turn:
@@ -122,7 +136,7 @@ class ScriptedClient(StreamingLlmClient):
             elif isinstance(item, str):
                 yield Chunk(content=item)
             elif isinstance(item, (int, float)):
-                _sleep(float(item), cancel)
+                yield from _pause(float(item), cancel)
             else:
                 raise item
         _raise_if_cancelled(cancel)
@@ -149,13 +163,14 @@ def _raise_if_cancelled(cancel: Optional[threading.Event]) -> None:
         raise LlmCancelledError("ScriptedClient: the call was cancelled")
 
 
-def _sleep(seconds: float, cancel: Optional[threading.Event]) -> None:
-    """Sleep, waking at once when ``cancel`` is set; ``inf`` waits for the cancel only."""
-    timeout = None if seconds == float("inf") else seconds
-    if cancel is None:
-        if timeout is None:
-            raise ConfigError("ScriptedClient.STALL needs a cancel event, or it would block forever")
-        time.sleep(timeout)
-        return
-    if cancel.wait(timeout):
-        raise LlmCancelledError("ScriptedClient: the call was cancelled while the model was silent")
+def _pause(seconds: float, cancel: Optional[threading.Event]) -> Iterator[Wait]:
+    """A silent model: waits until ``seconds`` passed, ended at once by ``cancel``; ``inf`` only by the cancel."""
+    if cancel is None and seconds == float("inf"):
+        raise ConfigError("ScriptedClient.STALL needs a cancel event, or it would block forever")
+    until = time.monotonic() + seconds
+    wait = Wait(None, until, ready=cancel.is_set if cancel is not None else None)
+    while time.monotonic() < until:
+        wait.until = until
+        yield wait
+        if cancel is not None and cancel.is_set():
+            raise LlmCancelledError("ScriptedClient: the call was cancelled while the model was silent")

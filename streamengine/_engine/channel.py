@@ -1,4 +1,8 @@
-"""A bounded, one-consumer event channel between a run's worker thread and its caller.
+"""A bounded, one-consumer event channel between a run's reader thread and its caller.
+
+Used only by ``engine.run(..., read_ahead=True)``: a reader thread drives the
+run into it, for a consumer that is slow on purpose.  (By default the run is
+driven by the consumer's own thread and needs no channel.)
 
 Built on :class:`queue.SimpleQueue`, whose ``put`` and ``get`` are C code:
 ``put`` wakes a waiting consumer from C, and only the first ``put`` after the
@@ -10,19 +14,12 @@ a burst of tokens costs one wake-up.
 **Bounded**, because the consumer may be slower than the model: a browser
 that reads nothing while the model writes 60 MB would otherwise make the
 queue hold all of it.  When ``max_items`` events wait, ``put`` blocks the
-producer (the run thread), the run stops reading the provider's socket, and
+producer (the reader thread), the run stops reading the provider's socket, and
 TCP pushes back on the provider.  The producer is woken by the consumer's
 next drain (one ``Event.set`` per drain, not per item) or by ``cancel``;
 once cancelled, ``put`` never blocks, so a cancelled run can always finish.
 While it waits, the idle timer of the model call it streams stands still
 (``deadlines.held``): the silence is the consumer's, not the model's.
-
-**Flush hint**: a consumer that batches what it reads (the WSGI stream
-joins frames into one socket write) must not sit on a half-built batch
-while the channel waits for the model.  :func:`request_flush` marks the
-calling thread; the next ``drain`` in that thread that would have to wait
-returns ``[]`` at once instead (a caller treats that like a timeout: the
-engine yields a heartbeat), and the consumer sends what it holds.
 """
 from __future__ import annotations
 
@@ -32,7 +29,7 @@ from typing import Any, List, Optional
 
 from .._calls.deadlines import held
 
-__all__ = ["DEFAULT_MAX_ITEMS", "EventChannel", "request_flush"]
+__all__ = ["DEFAULT_MAX_ITEMS", "EventChannel"]
 
 #: Events a channel holds before the producer waits: a few hundred kB of tokens
 #: at most, and enough that a consumer draining in batches never starves it.
@@ -40,12 +37,6 @@ DEFAULT_MAX_ITEMS = 1024
 _WAIT_SLICE_S = 0.5  # a blocked producer rechecks the queue this often even if no wake-up came
 
 _CLOSED = object()  # put by close(): always the last item
-_consumer = threading.local()
-
-
-def request_flush(wanted: bool = True) -> None:
-    """Whether the calling thread holds unsent output, so its next ``drain`` must not wait (module doc)."""
-    _consumer.flush = wanted
 
 
 class EventChannel:
@@ -104,16 +95,12 @@ class EventChannel:
     def drain(self, timeout: Optional[float]) -> List[Any]:
         """Everything queued now; waits up to ``timeout`` for the first item.
 
-        Returns ``[]`` on timeout, when the channel is closed and empty, or
-        when this thread asked for a flush and nothing is queued.
+        Returns ``[]`` on timeout, or when the channel is closed and empty.
         """
         if self._done:
             return []
         q = self._queue
         try:
-            if not q.qsize() and getattr(_consumer, "flush", False):
-                _consumer.flush = False
-                return []
             first = q.get(True, timeout) if timeout is None or timeout > 0 else q.get(False)
         except queue.Empty:
             return []

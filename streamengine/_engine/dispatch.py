@@ -123,6 +123,7 @@ class ToolDispatcher:
         self._total = 0
         self._pending: List[ToolHandle] = []  # started, result maybe not fixed yet
         self._next_deadline = float("inf")
+        self._deadlines_moved = False  # a call started since _next_deadline was taken
         self.counters = telemetry if telemetry is not None else Telemetry()
         self.begin_round()
 
@@ -256,14 +257,27 @@ class ToolDispatcher:
 
     def _entered(self, handle: ToolHandle) -> None:
         """On the worker, as the tool's function is entered."""
+        self._deadlines_moved = True  # its deadline now counts from the start, not the queue limit
         self._on_start(handle.call)
+
+    def next_deadline(self) -> float:
+        """When the earliest pending call's result may be fixed by its limit (monotonic; inf: none).
+
+        A call's limit moves when it starts (queue limit -> start + timeout),
+        so it is taken again after any start: a tool's timeout fires at its
+        deadline whether or not it waited in the queue first.
+        """
+        if self._deadlines_moved:
+            self._deadlines_moved = False
+            self._next_deadline = min((h.next_limit for h in self._pending), default=float("inf"))
+        return self._next_deadline
 
     def poll_deadlines(self) -> None:
         """Fix the result of a call whose deadline passed, so its ``tool_result`` goes out now.
 
-        Cheap enough for every chunk: one clock read while a call is pending.
+        Cheap enough for every wait: one clock read while a call is pending.
         """
-        if not self._pending or time.monotonic() < self._next_deadline:
+        if not self._pending or time.monotonic() < self.next_deadline():
             return
         still = [handle for handle in self._pending if not handle.done()]  # done() fixes a lapsed result
         self._pending = still

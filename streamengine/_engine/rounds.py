@@ -1,20 +1,26 @@
-"""One run of the engine, round by round, on the run thread.
+"""One run of the engine, round by round, as a generator driven by the thread that iterates the run.
 
 Each round streams the model's answer; visible text goes to the caller as it
 arrives while completed tool calls go through the :class:`ToolDispatcher` at
 once, and each ``tool_result`` is sent the moment its tool finishes.  After
 the stream the round collects its results in call order, and if it found any
 call the next round asks the model for a revised answer.
+
+:meth:`RoundRunner.run` does not block on the provider or on a tool: where it
+would, it yields a :class:`~streamengine._clients.base.Wait`, and the run's
+loop (``loop.RunLoop``) waits for it together with everything else.  (The
+wait for filing, with a RAG store only, blocks: bounded by
+``filing_timeout``, ended by a cancel within 50 ms.)
 """
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set
+from typing import Any, Callable, Dict, Generator, Iterable, List, Optional, Set
 
-from .._accumulate import TextBuffer, ToolCallAccumulator
 from .._cancel import CancelToken
+from .._clients.base import Wait
 from .._config import EngineConfig
 from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
@@ -25,12 +31,13 @@ from .events import (
     ToolStartEvent,
 )
 from .._calls.failover import ModelFailover
-from .._inline.scanner import InlineToolScanner, tool_instructions
-from .._messages import LLM_WARNING, Chunk, Message, ToolCall, ToolResult, Usage
+from .._inline.scanner import tool_instructions
+from .._messages import LLM_WARNING, Message, ToolCall, ToolResult, Usage
 from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry
+from .round_stream import RoundStream
 from ..tools import ToolExecutor, ToolHandle, ToolRegistry
 
-CANCEL_POLL_S = 0.05
+Steps = Generator[Wait, None, Any]
 
 
 def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
@@ -64,7 +71,7 @@ class RunDeps:
 
 @dataclass
 class RunState:
-    """What one run has gathered so far; owned by the run thread."""
+    """What one run has gathered so far; owned by the thread that drives the run."""
 
     conversation: List[Message]
     cancel: CancelToken
@@ -81,73 +88,8 @@ class RunState:
     done: bool = False
 
 
-class _RoundStream:
-    """Everything one round keeps while its stream flows (reset on failover)."""
-
-    def __init__(self, runner: "RoundRunner", round_no: int) -> None:
-        self.runner = runner
-        # Ids must stay unique across the rounds of a request: the round is in the prefix.
-        self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
-                                        id_prefix=f"call_inline_r{round_no}_") if runner.use_inline else None
-        self.accumulator = ToolCallAccumulator() if runner.use_native else None
-        # Joined every 1024 pieces: memory follows the text, not the token count.
-        self.text_parts = TextBuffer()
-        self.native_calls: List[ToolCall] = []
-
-    def on_chunk(self, chunk: Chunk) -> None:
-        """Called on the run thread for every chunk: show text, dispatch calls at once."""
-        content = chunk.content
-        if content:
-            parser = self.parser
-            if parser is None:
-                self.runner.show(self, content)
-            else:
-                fed = parser.feed(content)
-                if fed.visible:
-                    self.runner.show(self, fed.visible)
-                if fed.errors:
-                    self.runner.report_parse_problems(fed)
-                for call in fed.calls:
-                    self.runner.dispatcher.dispatch(call)
-        if chunk.tool_calls and self.accumulator is not None:
-            for delta in chunk.tool_calls:
-                for call in self.accumulator.add(delta):
-                    self._dispatch_native(call)
-        self.runner.dispatcher.poll_deadlines()
-
-    def _dispatch_native(self, call: ToolCall) -> None:
-        # Under the id the run gave it (a repeated provider id is renamed, and sent back renamed);
-        # a call only summed up (None) is not sent back at all.
-        dispatched = self.runner.dispatcher.dispatch(call)
-        if dispatched is not None:
-            self.native_calls.append(dispatched)
-
-    def finish(self) -> None:
-        """The stream completed: release held-back text, dispatch the last native calls."""
-        if self.parser is not None:
-            tail = self.parser.flush()
-            if tail.visible:
-                self.runner.show(self, tail.visible)
-            if tail.errors:
-                self.runner.report_parse_problems(tail)
-            for call in tail.calls:
-                self.runner.dispatcher.dispatch(call)
-        if self.accumulator is not None:
-            for call in self.accumulator.finish():
-                self._dispatch_native(call)
-
-    @property
-    def committed(self) -> bool:
-        """Something reached the caller or a tool started: no failover from here on."""
-        return bool(self.text_parts) or self.runner.dispatcher.started_any
-
-    @property
-    def text(self) -> str:
-        return self.text_parts.text()
-
-
 class RoundRunner:
-    """Runs the rounds of one request on the run thread; ``run()`` ends with a ``DoneEvent``."""
+    """Runs the rounds of one request; ``run()`` (a generator of waits) ends with a ``DoneEvent``."""
 
     def __init__(self, deps: RunDeps, state: RunState) -> None:
         self.deps = deps
@@ -185,7 +127,7 @@ class RoundRunner:
         return conversation[:leading] + [hint] + conversation[leading:]
 
     # --- events ---------------------------------------------------------------------
-    def show(self, stream: _RoundStream, text: str) -> None:
+    def show(self, stream: RoundStream, text: str) -> None:
         stream.text_parts.append(text)
         if self.state.telemetry.time_to_first_token_s is None:
             self.state.telemetry.time_to_first_token_s = time.monotonic() - self.state.started
@@ -235,23 +177,23 @@ class RoundRunner:
         self.state.emit(ErrorEvent(problem, fatal=False))
 
     # --- the loop -----------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> Steps:
         last_round = self.config.max_continuations + 1
         for round_no in range(1, last_round + 1):
             if self.state.cancel.is_set():
                 self._stop("cancelled")
                 break
-            if not self._round(round_no, is_last=round_no == last_round):
+            if not (yield from self._round(round_no, is_last=round_no == last_round)):
                 break
         self._finish()
 
-    def _round(self, round_no: int, *, is_last: bool) -> bool:
+    def _round(self, round_no: int, *, is_last: bool) -> Steps:
         """Run one round; True when another round should follow."""
         self._round_no = round_no
         self.state.telemetry.rounds = round_no
         self.state.emit(RoundEvent(round_no))
         self.dispatcher.begin_round()
-        stream = _RoundStream(self, round_no)
+        stream = RoundStream(self, round_no)
         holder = [stream]
         tried: List[str] = []
 
@@ -263,15 +205,16 @@ class RoundRunner:
                 self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
                                                      f"the round is streamed again on another model"))
             self.dispatcher.reset_round()
-            holder[0] = _RoundStream(self, round_no)
+            holder[0] = RoundStream(self, round_no)
             return True
 
         try:
-            outcome = self.deps.failover.call(
+            outcome = yield from self.deps.failover.stream_call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
                 options=self.config.options, cancel=self.state.cancel,
                 on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance,
-                on_attempt=lambda model, _n: tried.append(model))
+                on_attempt=lambda model, _n: tried.append(model),
+                on_tool_calls=(lambda calls: holder[0].on_tool_calls(calls)) if self.use_native else None)
         except LlmError as exc:
             if tried:
                 self.state.telemetry.model_used = tried[-1]
@@ -279,7 +222,7 @@ class RoundRunner:
             self._on_llm_error(holder[0], exc)
             return False
         stream = holder[0]
-        stream.finish()
+        stream.finish(outcome.response)
         self._count_parse_errors(stream)
         self._account(outcome)
         if (outcome.response.finish_reason or "stop") not in CUT_OFF_FINISH_REASONS:
@@ -291,7 +234,7 @@ class RoundRunner:
             self.state.emit(ErrorEvent(self.dispatcher.untold_summary(), fatal=False))
         text = stream.text
         self.state.rounds.append(text)
-        results = self._join_round()
+        results = yield from self._join_round()
         if self.state.cancel.is_set():
             self._stop("cancelled")
             return False
@@ -318,9 +261,11 @@ class RoundRunner:
             self.state.refusal = _joined([self.state.refusal or "", refusal])
             self.state.emit(RefusalEvent(refusal, self._round_no))
 
-    def _join_round(self) -> List[ToolResult]:
+    def _join_round(self) -> Steps:
         """The round's results in call order (each was already sent as it finished)."""
-        results = [self._await(entry) for entry in self.dispatcher.entries()]
+        results = []
+        for entry in self.dispatcher.entries():
+            results.append((yield from self._await(entry)))
         self.state.results.extend(results)
         if self.deps.filing is not None:
             self._wait_for_filing()
@@ -338,19 +283,23 @@ class RoundRunner:
             tickets = [self._tickets.pop(i) for i in self.dispatcher.round_ids() if i in self._tickets]
         wait_filed(tickets, timeout, cancel)
 
-    def _await(self, entry: Any) -> ToolResult:
+    def _await(self, entry: Any) -> Steps:
         """The entry's result at its deadline at the latest; at once if the run is cancelled."""
         handle = entry_handle(entry)
         if handle is None:
             return entry_result(entry)
         cancel = self.state.cancel
-        while not handle.wait(CANCEL_POLL_S):
+        wait = Wait(None, ready=handle.done)  # woken by the tool's result event or the cancel
+        while not handle.done():
             if cancel.is_set():
                 handle.cancel()
                 if not handle.done():
                     result = _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
                     self._on_tool_result(result, True)
                     return result
+                break
+            wait.until = handle.next_limit
+            yield wait
         return entry_result(entry)
 
     def _count_tool_outcome(self, result: ToolResult) -> None:
@@ -364,7 +313,7 @@ class RoundRunner:
             else:
                 telemetry.tools_failed += 1
 
-    def _continue_with(self, stream: _RoundStream, results: List[ToolResult]) -> None:
+    def _continue_with(self, stream: RoundStream, results: List[ToolResult]) -> None:
         native_ids: Set[str] = {call.id for call in stream.native_calls}
         self.messages.append(Message(role="assistant", content=stream.text, tool_calls=tuple(stream.native_calls)))
         native = [r for r in results if r.call_id in native_ids]
@@ -376,11 +325,11 @@ class RoundRunner:
                                          if native else build_continuation_message(results, untold=untold)))
 
     # --- endings ----------------------------------------------------------------------------
-    def _count_parse_errors(self, stream: _RoundStream) -> None:
+    def _count_parse_errors(self, stream: RoundStream) -> None:
         if stream.parser is not None:
             self._parser_errors += stream.parser.parse_errors
 
-    def _on_llm_error(self, stream: _RoundStream, exc: LlmError) -> None:
+    def _on_llm_error(self, stream: RoundStream, exc: LlmError) -> None:
         if stream.parser is not None and stream.text_parts:
             # Text held back as a possible block start belongs to the partial answer.
             held = stream.parser.flush().visible

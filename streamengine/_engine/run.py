@@ -2,14 +2,16 @@
 
 Thread layout of one run (docs/ARCHITECTURE.md has the whole picture)::
 
-    run thread        client.stream() -> chunks, parse, dispatch -> EventChannel
-                      (idle timer + cap kept by the process's deadline watcher, deadlines.py)
-                      after the stream: join tools, continue with the next round
-    caller's thread   the ``run()`` generator: yields events, heartbeats when idle
-    tool threads      one daemon thread per running tool  (tools.ToolExecutor)
+    caller's thread   iterates run(): the run is a generator (RoundRunner.run) driven right here;
+                      reads the provider's socket, parses, dispatches, yields events; waits on
+                      one selector (loop.RunLoop): the socket + a wake-up pipe, until the nearest
+                      deadline (idle, cap, tool, heartbeat)
+    tool threads      the engine's ToolExecutor: tool_start / tool_result put from there, waking the wait
+    reader thread     only with run(..., read_ahead=True): drives the same generator into a bounded
+                      EventChannel, for consumers that are slow on purpose (speech, a GUI)
 
-The run thread, not the caller, parses and dispatches, so a slow consumer
-(a browser on a bad line) never delays a tool's start.
+A slow consumer delays reading the provider by at most what the kernel's
+socket buffers hold; a token costs one wake-up.
 """
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ from .. import _validation as validation
 from .._calls.strategies import make_call_strategy
 from .._cancel import CancelToken, on_cancel
 from .channel import EventChannel
+from .loop import HEARTBEAT, RunLoop
 from .._clients.base import LlmClient
 from .._config import EngineConfig, completion_options
 from .._errors import ConfigError, LlmError
-from .events import DoneEvent, Event, HeartbeatEvent
+from .events import DoneEvent, Event
 from .._calls.hooks import EventEmitter
 from .._calls.failover import ErrorClassifier, ModelFailover
 from .._logs import component_logger
@@ -39,9 +42,8 @@ from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
 __all__ = ["EngineConfig", "EngineResult", "RunFailedError", "StreamingEngine", "Telemetry"]
 
-#: Heartbeats carry nothing: one frozen instance serves every empty drain (a served
-#: stream asks for one per flush, so this is on the per-burst path).
-_HEARTBEAT = HeartbeatEvent()
+#: How long a read-ahead consumer waits for its reader thread to end after the run.
+_READER_JOIN_S = 5.0
 #: Stop reasons of a run that produced no answer: ``complete()`` raises for them.
 _NOTHING_PRODUCED = frozenset({"llm_error", "internal_error"})
 
@@ -78,7 +80,7 @@ class StreamingEngine:
     runs the tools declared ``@tool(executor="remote")``; the others run on
     the engine's own threads.  The engine never shuts it down.
 
-    ``approve(call) -> bool`` (optional) is asked, on the run thread, before
+    ``approve(call) -> bool`` (optional) is asked, on the thread that drives the run, before
     each tool marked ``side_effects=True`` runs; a refusal becomes an error
     result the model reads.
     """
@@ -143,12 +145,13 @@ class StreamingEngine:
     # --- public API --------------------------------------------------------------
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None, model: Optional[str] = None,
-            options: Any = None, conversation_id: Optional[str] = None) -> Iterator[Event]:
+            options: Any = None, conversation_id: Optional[str] = None, read_ahead: bool = False) -> Iterator[Event]:
         """Yield events as they happen; ``DoneEvent`` is always last.
 
-        Stopping iteration early (``break``, ``close()``, garbage collection) or
-        setting ``cancel`` shuts the provider stream down, cancels the tools and
-        ends every thread the run started.  With ``heartbeat_s``, a
+        The run happens in the thread that iterates it.  Stopping iteration
+        early (``break``, ``close()``, garbage collection) or setting
+        ``cancel`` shuts the provider stream down, cancels the tools and ends
+        every thread the run started.  With ``heartbeat_s``, a
         ``HeartbeatEvent`` is yielded whenever nothing happened for that long.
         ``model`` (one model, no failover) and ``options`` (a CompletionOptions
         or a dict, set fields on top of the engine's) hold for this run only.
@@ -158,16 +161,48 @@ class StreamingEngine:
         is its own scope.  Runs of one user, or one tenant, share a store's
         filings only by passing the same id (the application chooses it,
         never the browser).
+
+        ``read_ahead=True`` is for a consumer that is slow on purpose (it
+        speaks each sentence, or paints a GUI): a reader thread then drives
+        the run into a bounded queue, so the provider is read and tools start
+        while the consumer is busy.  The default reads only as fast as the
+        consumer takes events (up to what the socket buffers hold).
+        """
+        return self._flattened(self.run_batches(messages, cancel, heartbeat_s=heartbeat_s, model=model,
+                                                options=options, conversation_id=conversation_id,
+                                                read_ahead=read_ahead))
+
+    def run_batches(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
+                    heartbeat_s: Optional[float] = None, model: Optional[str] = None, options: Any = None,
+                    conversation_id: Optional[str] = None, read_ahead: bool = False) -> Iterator[List[Event]]:
+        """:meth:`run` in lists: each list is what was ready before the run would wait (write it now).
+
+        A consumer that batches its output (the WSGI stream joins a list's
+        frames into one socket write) sends each list as it comes: no event
+        ever waits for the model's next token.
         """
         if self._closed:
             raise ConfigError("this StreamingEngine is closed; create a new one")
         heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
+        if not isinstance(read_ahead, bool):
+            raise ConfigError(f"read_ahead must be True or False, got {read_ahead!r}")
         scope = run_scope(conversation_id)
         conversation = as_messages(messages)
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
-        return self._events(conversation, cancel, heartbeat_s, self._deps_for(model, options), scope)
+        deps = self._deps_for(model, options)
+        if read_ahead:
+            return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope)
+        return self._batches(conversation, cancel, heartbeat_s, deps, scope)
+
+    @staticmethod
+    def _flattened(batches: Iterator[List[Event]]) -> Iterator[Event]:
+        try:
+            for batch in batches:
+                yield from batch
+        finally:
+            batches.close()  # type: ignore[attr-defined]
 
     def _deps_for(self, model: Optional[str], options: Any) -> RunDeps:
         """The engine's run dependencies, or a copy with this run's model and options."""
@@ -216,18 +251,58 @@ class StreamingEngine:
         self.close()
 
     # --- one run -------------------------------------------------------------------
-    def _events(self, conversation: List[Message], cancel: Optional[threading.Event],
-                heartbeat_s: Optional[float], deps: RunDeps, scope: str) -> Iterator[Event]:
+    def _batches(self, conversation: List[Message], cancel: Optional[threading.Event],
+                 heartbeat_s: Optional[float], deps: RunDeps, scope: str) -> Iterator[List[Event]]:
+        """The run, driven by the thread that iterates this generator (``loop.RunLoop``)."""
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
-        channel = EventChannel(cancel=token)
-        state = RunState(conversation=conversation, cancel=token, emit=channel.put, started=time.monotonic(),
+        loop = RunLoop(token, heartbeat_s)
+        state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
                          scope=scope)
         runner = RoundRunner(deps, state)
-        worker = threading.Thread(target=self._drive, args=(runner, channel), name="streamengine-run",
-                                  daemon=True)
-        worker.start()
+        loop.tools_due = runner.dispatcher.next_deadline
+        loop.on_tools_due = runner.dispatcher.poll_deadlines
+        steps = self._steps(runner)
+        finished = False
+        try:
+            for batch in loop.batches(steps):
+                yield batch
+            finished = True
+        finally:
+            if not finished:  # left early: cancel, and let the run end itself (tools, socket, telemetry)
+                token.set()
+                _finish_cancelled(steps, self.config.completion_timeout)
+            stop_watch()
+            loop.close()
+
+    def _steps(self, runner: RoundRunner) -> Iterator[Any]:
+        try:
+            yield from runner.run()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # never leave the caller without a DoneEvent
+            self._log.opt(exception=True).error("run failed unexpectedly: {}", exc)
+            runner.fail_unexpectedly(exc)
+
+    def _read_ahead(self, conversation: List[Message], cancel: Optional[threading.Event],
+                    heartbeat_s: Optional[float], deps: RunDeps, scope: str) -> Iterator[List[Event]]:
+        """The same run, driven by a reader thread into a bounded channel (``run(read_ahead=True)``)."""
+        token = CancelToken()
+        stop_watch = on_cancel(cancel, token.set)
+        channel = EventChannel(cancel=token)
+        batches = self._batches(conversation, token, None, deps, scope)
+
+        def read() -> None:
+            try:
+                for batch in batches:
+                    for event in batch:
+                        channel.put(event)
+            finally:
+                channel.close()
+
+        reader = threading.Thread(target=read, name="streamengine-read-ahead", daemon=True)
+        reader.start()
         finished = False
         try:
             while True:
@@ -235,24 +310,31 @@ class StreamingEngine:
                 if not items:
                     if channel.closed:
                         return
-                    yield _HEARTBEAT
+                    yield [HEARTBEAT]
                     continue
-                # DoneEvent is the last event a run puts: only the last item can be one.
-                yield from items
-                if isinstance(items[-1], DoneEvent):
+                yield items
+                if isinstance(items[-1], DoneEvent):  # the last event a run puts
                     finished = True
                     return
         finally:
             if not finished:
                 token.set()
             stop_watch()
-            worker.join(timeout=self.config.completion_timeout)
+            reader.join(timeout=max(_READER_JOIN_S, self.config.completion_timeout))
 
-    def _drive(self, runner: "RoundRunner", channel: EventChannel) -> None:
-        try:
-            runner.run()
-        except BaseException as exc:  # never leave the caller without a DoneEvent
-            self._log.opt(exception=True).error("run failed unexpectedly: {}", exc)
-            runner.fail_unexpectedly(exc)
-        finally:
-            channel.close()
+
+def _finish_cancelled(steps: Any, give_up_s: float) -> None:
+    """Run a cancelled run's generator to its end here: every layer looks at the cancel when resumed.
+
+    Nothing is waited for (a tool that ignores its cancel is abandoned, as on
+    any cancel); a generator still going after ``give_up_s`` is closed.
+    """
+    give_up_at = time.monotonic() + give_up_s
+    try:
+        next(steps)
+        while time.monotonic() < give_up_at:
+            steps.send(None)
+            time.sleep(0.001)  # a layer that needs a moment (a worker ending) gets it; cancel is set
+    except StopIteration:
+        return
+    steps.close()

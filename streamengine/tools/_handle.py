@@ -61,6 +61,9 @@ class ToolHandle:
         self._result: Optional[ToolResult] = None
         self._done = threading.Event()
         self._lock = threading.Lock()
+        # Notified when the call starts and when its result is fixed: a waiter
+        # that slept towards the queue limit wakes to wait for the real deadline.
+        self._changed = threading.Condition(self._lock)
         self._unlink: Callable[[], None] = lambda: None
         self._external: Optional[threading.Event] = None  # the caller's cancel event
         self._callbacks: List[Callable[["ToolHandle"], None]] = []
@@ -182,6 +185,7 @@ class ToolHandle:
                 self._state = RUNNING
                 self.started_at = now
                 self.queue_wait_s = now - self.submitted_at
+                self._changed.notify_all()
             else:
                 self._state = CANCELLED
         if self._state == CANCELLED:  # a plain Event's watcher may not have fired yet: never start a cancelled call
@@ -234,12 +238,14 @@ class ToolHandle:
 
     def _wait_step(self, until: Optional[float]) -> bool:
         """Wait until the next limit (queue limit, deadline or ``until``), enforce it; True when done."""
-        now = time.monotonic()
-        limit = self.next_limit
-        if until is not None:
-            limit = min(limit, until)
-        if self._done.wait(min(max(0.0, limit - now), threading.TIMEOUT_MAX)):
-            return True
+        with self._lock:
+            if self._result is None:
+                limit = self.next_limit
+                if until is not None:
+                    limit = min(limit, until)
+                self._changed.wait(min(max(0.0, limit - time.monotonic()), threading.TIMEOUT_MAX))
+            if self._result is not None:
+                return True
         self._enforce_limits(time.monotonic())
         return self._done.is_set()
 
@@ -294,6 +300,7 @@ class ToolHandle:
                 return False
             self._result = result
             self._done.set()
+            self._changed.notify_all()
             unlink, callbacks, self._callbacks = self._unlink, self._callbacks, []
         unlink()
         for fn in callbacks:

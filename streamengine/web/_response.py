@@ -2,14 +2,14 @@
 
 Why it is built this way:
 
-* **One socket write per batch.**  The engine hands events over in bursts
-  (everything the model sent while the last write went out).  Writing a
-  frame per token costs a server write call, a send syscall and a wake-up
-  per token; joining a burst's frames costs one of each.  The burst ends when
-  the channel would have to wait: :func:`~streamengine._engine.channel.request_flush`
-  asks the engine's channel to return at once instead of waiting, the engine
-  yields a heartbeat, and the held frames go out (no token waits for the next
-  one).  A batch is also sent when it reaches ``MAX_BATCH_BYTES``.
+* **One socket write per batch.**  The engine is driven by the server's
+  thread iterating this response, and hands events over in lists
+  (``StreamingEngine.run_batches``): each list is what was ready before the
+  run would wait (everything one read of the provider produced, a tool's
+  result).  Writing a frame per token costs a server write call and a send
+  syscall per token; joining a list's frames costs one of each, and since a
+  list ends where the run would wait, no token waits for the next one.  A
+  batch is also sent when it reaches ``MAX_BATCH_BYTES``.
 * **A disconnect must cancel the run.**  PEP 3333 servers call ``close()``
   when the client has gone away (or after the last frame); it closes the
   event generator, which shuts the provider's socket down, cancels the tools
@@ -17,10 +17,10 @@ Why it is built this way:
   write fails, so ``: ping`` goes out every ``heartbeat_s`` while the run is
   silent; under waitress the ``waitress.client_disconnected`` probe is also
   polled a few times a second.
-* **A reader that stays stuck is cancelled.**  The engine's channel is
-  bounded, so a client that reads nothing stops the run from reading the
-  provider (memory stays bounded); but the run would still hold a provider
-  connection and tools.  :class:`StuckReaders` watches every open stream: one
+* **A reader that stays stuck is cancelled.**  The run goes only as fast as
+  the server's writes, so a client that reads nothing stops the run from
+  reading the provider (memory stays bounded by the socket buffers); but the
+  run would still hold a provider connection and tools.  :class:`StuckReaders` watches every open stream: one
   whose last batch has been in the server's hands (a blocked socket write)
   for ``stuck_reader_timeout_s`` is cancelled.
 """
@@ -31,8 +31,7 @@ import time
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from .._cancel import CancelToken
-from .._engine.channel import request_flush
-from .._engine.events import HeartbeatEvent
+from .._engine.events import DoneEvent, HeartbeatEvent
 from .._logs import component_logger
 from .._messages import Message
 from ._sse import DONE_FRAME, OK_FRAME, PING_FRAME, failure_frame
@@ -66,8 +65,13 @@ class SseResponse:
         if disconnected is not None:
             tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
         # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
-        events = engine.run(messages, self.cancel, heartbeat_s=tick, **(run_options or {}))  # conversation_id
-        self._batches = _batches(events, heartbeat_s, disconnected, errors)
+        run_batches = getattr(engine, "run_batches", None)
+        extra = run_options or {}  # conversation_id
+        if run_batches is not None:
+            batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
+        else:  # an engine of your own with run() only: one event a batch
+            batches = _one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
+        self._batches = _frames(batches, heartbeat_s, disconnected, errors)
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
         self._started = time.monotonic()
@@ -115,50 +119,62 @@ class SseResponse:
                 self._on_close()
 
 
-def _batches(events: Iterator[Any], heartbeat_s: Optional[float], disconnected: Optional[Probe],
-             errors: Optional[PublicErrors]) -> Iterator[bytes]:
-    """``: ok``, then the frames of each burst of events joined, ``data: [DONE]`` in the last one.
+def _frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnected: Optional[Probe],
+            errors: Optional[PublicErrors]) -> Iterator[bytes]:
+    """``: ok``, then the frames of each list of events joined, ``data: [DONE]`` in the last one.
 
     Heartbeats from the engine come more often than the wire needs pings (so
-    the disconnect probe is read a few times a second) and when a flush was
-    requested; a ping is written only after ``heartbeat_s`` without a write.
+    the disconnect probe is read a few times a second); a ping is written
+    only after ``heartbeat_s`` without a write.
     """
     encode = errors.encode if errors is not None else _plain_encoder()
     yield OK_FRAME
     last_write = time.monotonic()
     parts: List[bytes] = []
-    size = 0
     try:
         try:
-            for event in events:
-                if isinstance(event, HeartbeatEvent):
+            for batch in batches:
+                size = 0
+                beat = False
+                for event in batch:
+                    if event.__class__ is HeartbeatEvent:
+                        beat = True
+                        continue
+                    frame = encode(event)
+                    parts.append(frame)
+                    size += len(frame)
+                    if size >= MAX_BATCH_BYTES:
+                        yield b"".join(parts)
+                        parts, size = [], 0
+                if batch and isinstance(batch[-1], DoneEvent):
+                    break  # the last event: sent with [DONE] below, in the same write
+                if parts:
+                    yield b"".join(parts)
+                    parts = []
+                elif beat:
                     if disconnected is not None and disconnected():
                         return
-                    if parts:
-                        yield b"".join(parts)
-                    elif heartbeat_s is not None and time.monotonic() - last_write >= heartbeat_s:
-                        yield PING_FRAME
-                    else:
+                    if heartbeat_s is None or time.monotonic() - last_write < heartbeat_s:
                         continue
-                    parts, size = [], 0
-                    last_write = time.monotonic()
+                    yield PING_FRAME
+                else:
                     continue
-                frame = encode(event)
-                if not parts:
-                    request_flush()
-                parts.append(frame)
-                size += len(frame)
-                if size >= MAX_BATCH_BYTES:
-                    request_flush(False)
-                    yield b"".join(parts)
-                    parts, size = [], 0
-                    last_write = time.monotonic()
+                last_write = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the 200 is out: end the stream with an error frame
             parts.append(failure_frame(exc, errors))
         parts.append(DONE_FRAME)
         yield b"".join(parts)
     finally:
-        request_flush(False)
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _one_by_one(events: Iterator[Any]) -> Iterator[List[Any]]:
+    try:
+        for event in events:
+            yield [event]
+    finally:
         close = getattr(events, "close", None)
         if close is not None:
             close()

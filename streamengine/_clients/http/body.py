@@ -7,17 +7,22 @@ close-delimited and Content-Length bodies alike, where
 from __future__ import annotations
 
 import http.client
+import socket
+import ssl
 import threading
-from typing import Callable, List, Optional
+import time
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 import requests
 import urllib3.exceptions
 
 from .sse_read import read1_iter
 from ..._errors import LlmProtocolError
+from ..base import Wait, readable
 from .connection import RequestTracker
 
-__all__ = ["READ_SIZE", "STREAM_ERRORS", "cancelled", "drain_after_done", "excerpt", "read1_of", "read_limited"]
+__all__ = ["ALWAYS", "READ_SIZE", "STREAM_ERRORS", "SocketBody", "cancelled", "drain_after_done", "excerpt",
+           "read1_of", "read_limited", "seconds_left", "timed_reads"]
 
 READ_SIZE = 65536
 #: What reading or sending may raise underneath requests: all become streamengine errors.
@@ -96,3 +101,229 @@ def read_limited(resp: requests.Response, limit: int, truncate: bool) -> bytes:
                 f"the answer from {resp.url} is over {limit} bytes; refusing to buffer it"
             )
     return b"".join(parts)[:limit]
+
+
+# ----------------------------------------------------------------------------- the socket itself
+
+#: A chunk-size line longer than this is not HTTP (http.client allows 64 KiB lines; sizes are a few bytes).
+_MAX_SIZE_LINE = 4096
+
+
+class SocketBody:
+    """A streamed body read from its socket without blocking: bytes, or a :class:`Wait` where it would block.
+
+    requests and urllib3 still make the connection (pool, TLS, proxies) and
+    read the headers; from then on the body is taken from the socket here:
+    first what urllib3/http.client already buffered, then ``recv`` on the
+    socket made non-blocking, ``SSLSocket.pending()`` bytes before any wait.
+    Chunked framing is decoded once per read (not once per HTTP chunk through
+    ``readline``), and nothing here ever blocks: a read that finds nothing
+    yields the body's one :class:`Wait` on the socket.  :meth:`of` says None
+    when the body cannot be read this way (content encoding, a socket that is
+    not a socket); the caller then reads through urllib3.
+    """
+
+    def __init__(self, resp: requests.Response, sock: Any, head: bytes, chunked: bool,
+                 length: Optional[int]) -> None:
+        self._resp = resp
+        self._sock = sock
+        self._head = head
+        self._chunked = chunked
+        self._length = length  # bytes left of a Content-Length body; None: chunked or until close
+        self._saved_timeout = sock.gettimeout()
+        self._pending = getattr(sock, "pending", None)  # TLS: decrypted bytes the socket already holds
+        self.wait = Wait(sock)
+        self.ended = False  # the body's end was read (terminator, length, or close)
+        self.extra = False  # bytes came after the body's end: the connection cannot be reused
+        # chunked state: bytes left in the current chunk, the CRLF after it, the size line so far, trailers
+        self._left = 0
+        self._skip = 0
+        self._line = b""
+        self._trailers = False
+        sock.setblocking(False)
+
+    @classmethod
+    def of(cls, resp: requests.Response) -> Optional["SocketBody"]:
+        """The socket reader for ``resp``, or None when urllib3 must read it (see the class doc)."""
+        raw = resp.raw
+        inner = getattr(raw, "_fp", None)
+        fp = getattr(inner, "fp", None)
+        sock = getattr(getattr(fp, "raw", None), "_sock", None)
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        if (sock is None or not isinstance(sock, socket.socket) or encoding not in ("", "identity")
+                or getattr(inner, "chunk_left", None) is not None or len(getattr(raw, "_decoded_buffer", b"")) > 0):
+            return None
+        chunked = bool(getattr(inner, "chunked", False))
+        length = None if chunked else getattr(inner, "length", None)
+        body = cls(resp, sock, b"", chunked, length)
+        body._head = body._buffered(fp)
+        return body
+
+    def _buffered(self, fp: Any) -> bytes:
+        """What the headers' reader already holds of the body (it read ahead), without waiting."""
+        try:
+            held = fp.peek()
+            return fp.read(len(held)) if held else b""
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return b""
+
+    def reads(self, size: int = READ_SIZE) -> Iterator[Union[bytes, Wait]]:
+        """The body's bytes as they arrive; a :class:`Wait` on the socket whenever none are there."""
+        head, self._head = self._head, b""
+        if head:
+            data = self._decode(head)
+            if data:
+                yield data
+        sock, wait, pending = self._sock, self.wait, self._pending
+        recv = sock.recv
+        while not self.ended:
+            if pending is None or not pending():
+                wait.until = float("inf")
+                yield wait
+            try:
+                raw = recv(size)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                continue  # readable was a partial TLS record, or spurious: wait again
+            if not raw:
+                self._eof()
+                return
+            data = self._decode(raw) if self._chunked or self._length is not None else raw
+            if data:
+                yield data
+
+    def _eof(self) -> None:
+        if self._chunked or (self._length is not None and self._length > 0):
+            raise http.client.IncompleteRead(b"", self._length if self._length else None)
+        self.ended = True
+
+    def _decode(self, raw: bytes) -> bytes:
+        if not self._chunked:
+            if self._length is None:
+                return raw
+            take = raw[:self._length]
+            self._length -= len(take)
+            if self._length == 0:
+                self.ended = True
+                self.extra = len(raw) > len(take)
+            return take
+        return self._dechunk(raw)
+
+    def _dechunk(self, raw: bytes) -> bytes:
+        """Payload of the chunked bytes ``raw``; as lenient as http.client (LF line ends, CRLF not checked)."""
+        out = []
+        pos, end = 0, len(raw)
+        while pos < end:
+            if self.ended:
+                self.extra = True
+                break
+            if self._left:
+                stop = pos + self._left
+                piece = raw[pos:stop]
+                out.append(piece)
+                self._left -= len(piece)
+                pos += len(piece)
+                if not self._left:
+                    self._skip = 2
+                continue
+            if self._skip:
+                skipped = min(self._skip, end - pos)
+                self._skip -= skipped
+                pos += skipped
+                continue
+            newline = raw.find(b"\n", pos)
+            if newline < 0:
+                self._line += raw[pos:]
+                if len(self._line) > _MAX_SIZE_LINE:
+                    raise http.client.LineTooLong("chunk size line")
+                break
+            line, self._line = self._line + raw[pos:newline], b""
+            pos = newline + 1
+            self._size_line(line)
+        return b"".join(out) if len(out) != 1 else out[0]
+
+    def _size_line(self, line: bytes) -> None:
+        if self._trailers:
+            if not line.strip():
+                self.ended = True
+            return
+        try:
+            size = int(line.split(b";", 1)[0], 16)
+        except ValueError as exc:
+            raise http.client.IncompleteRead(b"") from exc
+        if size < 0:
+            raise http.client.IncompleteRead(b"")
+        if size == 0:
+            self._trailers = True
+        self._left = size
+
+    def finish(self, tracker: RequestTracker) -> bool:
+        """After the stream's end marker: read the rest of the body briefly, and pool the connection if clean."""
+        deadline = time.monotonic() + DRAIN_AFTER_DONE_S
+        drained = 0
+        try:
+            for item in self.reads():
+                if item.__class__ is Wait:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not readable(self._sock, left):
+                        return False
+                    continue
+                drained += len(item)  # type: ignore[arg-type]
+                if drained > DRAIN_AFTER_DONE_BYTES:
+                    return False
+        except STREAM_ERRORS:
+            return False
+        if self.extra or self._head:
+            return False
+        return self._release(tracker)
+
+    def _release(self, tracker: RequestTracker) -> bool:
+        """The body was read to its end: hand the connection back as urllib3 would have."""
+        self.close()
+        raw = self._resp.raw
+        inner = getattr(raw, "_fp", None)
+        if inner is None or getattr(inner, "will_close", True):
+            return False
+        try:
+            inner._close_conn()  # http.client's own end of a body: the socket stays with the connection
+            raw.release_conn()
+        except Exception:  # noqa: BLE001 - pooling is an optimisation; the response closes it instead
+            return False
+        return True
+
+    def close(self) -> None:
+        """Give the socket its blocking mode back (it may return to the pool)."""
+        try:
+            self._sock.settimeout(self._saved_timeout)
+        except OSError:
+            pass  # closed or shut down: nothing to restore
+
+
+def ALWAYS() -> bool:
+    """A wait's ``ready`` that is over at once: it only passes up to be filled in with deadlines."""
+    return True
+
+
+def seconds_left(wait: Wait) -> Optional[float]:
+    """Time until the wait's deadline, as a socket timeout (None: no deadline)."""
+    due = wait.due()
+    if due == float("inf"):
+        return None
+    return max(0.001, due - time.monotonic())
+
+
+def timed_reads(resp: requests.Response, tracker: RequestTracker) -> Iterator[Union[bytes, Wait]]:
+    """A body urllib3 must read (see ``SocketBody.of``): blocking reads, each bounded by the call's deadline.
+
+    Before each read a wait that is over at once passes up, so the strategy
+    fills in its deadlines; the read's socket timeout is what is left of them.
+    """
+    read1 = read1_of(resp)
+    wait = Wait(None, ready=ALWAYS)
+    while True:
+        wait.until = float("inf")
+        yield wait
+        tracker.set_read_timeout(seconds_left(wait))
+        data = read1(READ_SIZE)
+        if not data:
+            return
+        yield data

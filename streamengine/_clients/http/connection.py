@@ -78,6 +78,9 @@ class RequestTracker:
         self._lock = threading.Lock()
         self._connections: List["_TrackedMixin"] = []
         self._aborted = False
+        #: When the call using this request gives up (monotonic): a connect still going then ends
+        #: (the run's thread is waiting in it, and nothing else would stop it before the connect timeout).
+        self.deadline = float("inf")
 
     @property
     def aborted(self) -> bool:
@@ -173,6 +176,8 @@ def _connect_abortably(sock: socket.socket, address: Any, timeout: Optional[floa
     while True:
         if tracker.aborted:
             raise OSError(errno.ECONNABORTED, "connect aborted: the request was cancelled")
+        if time.monotonic() >= tracker.deadline:
+            raise socket.timeout("timed out: the call's deadline passed while connecting")
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise socket.timeout("timed out")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import codecs
 import math
 import re
-from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import sseclient
 
@@ -203,17 +203,32 @@ class SseFramer:
         return event
 
 
-def iter_event_batches(reads: Iterable[bytes], framer: SseFramer) -> Iterator[List[Tuple[str, str]]]:
+#: The event name of a pause in the events: ``(WAIT, wait)`` stands where the reads would block,
+#: and a parser yields ``wait`` on (compared by identity: no event is named this object).
+WAIT = str("\x00wait")
+
+
+def iter_event_batches(reads: Iterable[Any], framer: SseFramer) -> Iterator[List[Tuple[str, Any]]]:
     """``(event name, data)`` of the events each read completed, one list per read.
 
-    The hot path of a stream: one generator step per read, not per event.
-    When the reads end, an unfinished last event is dropped (see
-    :meth:`SseFramer.discard_tail`; its size is in ``framer.dropped_bytes``).
+    The hot path of a stream: one generator step per read, not per event.  A
+    read that is not bytes is a wait (``_clients.base.Wait``): it passes as
+    the one pair ``(WAIT, wait)``.  When the reads end, an unfinished last
+    event is dropped (see :meth:`SseFramer.discard_tail`; its size is in
+    ``framer.dropped_bytes``).
     """
+    feed = framer.feed_fields
+    last_wait: Any = None
+    paused: List[Tuple[str, Any]] = []
     for data in reads:
-        fields = framer.feed_fields(data)
-        if fields:
-            yield fields
+        if data.__class__ is bytes:
+            fields = feed(data)
+            if fields:
+                yield fields
+        else:
+            if data is not last_wait:  # a body waits on one object: one list for all its pauses
+                last_wait, paused = data, [(WAIT, data)]
+            yield paused
     framer.discard_tail()
 
 

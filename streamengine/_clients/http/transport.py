@@ -25,12 +25,13 @@ import itertools
 import json
 import re
 import threading
-from typing import Any, Callable, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qsl
 
 import requests
 
-from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches, read1_iter
+from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches
 from ..._cancel import on_cancel
 from ..._errors import (
     ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError,
@@ -38,10 +39,12 @@ from ..._errors import (
 from ..._logs import component_logger
 from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
 from ..._validation import seconds
-from ..base import StreamingLlmClient
+from ..base import StreamingLlmClient, Wait, chunks_only
 from .connection import RequestTracker, mount_cancellable, tracking
 from .credentials import SENSITIVE_HEADER, check_api_key, check_headers, secret_forms
-from .body import READ_SIZE, STREAM_ERRORS, cancelled, drain_after_done, excerpt, read1_of, read_limited
+from .body import (
+    ALWAYS, STREAM_ERRORS, SocketBody, cancelled, drain_after_done, excerpt, read_limited, seconds_left, timed_reads,
+)
 from .errors import short_cause
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "HttpProviderClient", "SseStreamParser", "content_headers",
@@ -98,6 +101,8 @@ class SseStreamParser:
         self.finish_reason: Optional[str] = None
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
+        #: Set by the transport before :meth:`run`: the body read from its socket, or None (urllib3 reads it).
+        self.body: Optional[SocketBody] = None
         self._framer = SseFramer(max_event_bytes, 8 * max_event_bytes)
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
@@ -114,7 +119,7 @@ class SseStreamParser:
         ever aborted by ``cancel`` (on_cancel), so inside the loop the
         event's flag alone says "cancelled": one C call per event.
         """
-        reads = read1_iter(read1_of(resp), READ_SIZE)
+        reads = self.body.reads() if self.body is not None else timed_reads(resp, tracker)
         is_cancelled = cancel.is_set if cancel is not None else bool
         try:
             # One list of events per read, flattened in C.
@@ -206,6 +211,8 @@ class HttpProviderClient(StreamingLlmClient):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    yields_waits = True
+
     def stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                options: Optional[CompletionOptions] = None,
                cancel: Optional[threading.Event] = None) -> Iterator[Chunk]:
@@ -213,6 +220,12 @@ class HttpProviderClient(StreamingLlmClient):
 
         Arguments are checked now; the request is sent on the first ``next()``.
         """
+        return chunks_only(self.open_stream(messages, tools, options, cancel))
+
+    def open_stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None,
+                    cancel: Optional[threading.Event] = None) -> Iterator[Union[Chunk, Wait]]:
+        """Chunks, and a :class:`Wait` on the socket wherever the body would block (``_clients.base``)."""
         return self._stream(encode_body(self._chat_body(messages, tools, options, stream=True)), cancel)
 
     def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
@@ -260,7 +273,7 @@ class HttpProviderClient(StreamingLlmClient):
         return text
 
     def _send(self, path: str, data: bytes, stream: bool, tracker: RequestTracker,
-              cancel: Optional[threading.Event]) -> requests.Response:
+              cancel: Optional[threading.Event], read_timeout: Optional[float] = None) -> requests.Response:
         """POST and return the response with its body unread; the status is checked."""
         url = self.base_url + path
         self._log.debug("POST {} stream={} ({} bytes)", url, stream, len(data))
@@ -270,12 +283,16 @@ class HttpProviderClient(StreamingLlmClient):
             with tracking(tracker):
                 resp = self._session.post(
                     url, data=data, headers=self._request_headers(stream), params=self._query or None,
-                    stream=True, timeout=(self.connect_timeout, None),
+                    stream=True, timeout=(self.connect_timeout, read_timeout),
                 )
         except STREAM_ERRORS as exc:
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"call to {url} was cancelled while waiting for the answer") from exc
             self._log.info("POST {} got no answer: {!r}", url, exc)
+            if read_timeout is not None and isinstance(exc, requests.exceptions.ReadTimeout):
+                raise LlmConnectionError(
+                    f"{url} sent no response headers within {read_timeout:.3g}s (what was left of the call's "
+                    f"deadlines)") from exc
             raise LlmConnectionError(self._redact(self._no_answer(exc, url))) from exc
         except UnicodeEncodeError as exc:
             # http.client encodes header values as latin-1; the only headers
@@ -305,14 +322,20 @@ class HttpProviderClient(StreamingLlmClient):
         return error
 
     @contextlib.contextmanager
-    def _response(self, path: str, data: bytes, stream: bool,
-                  cancel: Optional[threading.Event]) -> Iterator[Tuple[RequestTracker, requests.Response]]:
-        """Send the request; yield its tracker and response, both released when the block ends."""
+    def _response(self, path: str, data: bytes, stream: bool, cancel: Optional[threading.Event],
+                  read_timeout: Optional[float] = None) -> Iterator[Tuple[RequestTracker, requests.Response]]:
+        """Send the request; yield its tracker and response, both released when the block ends.
+
+        ``read_timeout`` bounds the wait for the headers (and an error body):
+        the one wait a streamed call spends in a blocking read.
+        """
         tracker = RequestTracker()
+        if read_timeout is not None:
+            tracker.deadline = time.monotonic() + read_timeout
         stop_watch = on_cancel(cancel, tracker.abort)
         resp: Optional[requests.Response] = None
         try:
-            resp = self._send(path, data, stream, tracker, cancel)
+            resp = self._send(path, data, stream, tracker, cancel, read_timeout)
             yield tracker, resp
         finally:
             # Tracker first: a cancel arriving now must not reach a socket
@@ -345,9 +368,12 @@ class HttpProviderClient(StreamingLlmClient):
         self._raise_in_band_error(payload, url)
         return payload
 
-    def _stream(self, data: bytes, cancel: Optional[threading.Event]) -> Iterator[Chunk]:
+    def _stream(self, data: bytes, cancel: Optional[threading.Event]) -> Iterator[Union[Chunk, Wait]]:
         url = self.base_url + self.chat_path
-        with self._response(self.chat_path, data, True, cancel) as (tracker, resp):
+        # Passed up first, so the strategy fills in its deadlines: they bound the wait for the headers.
+        first = Wait(None, ready=ALWAYS)
+        yield first
+        with self._response(self.chat_path, data, True, cancel, seconds_left(first)) as (tracker, resp):
             content_type = resp.headers.get("Content-Type", "")
             if not content_type.lower().startswith("text/event-stream"):
                 raise LlmProtocolError(
@@ -355,9 +381,17 @@ class HttpProviderClient(StreamingLlmClient):
                     f"not 'text/event-stream': {self._redact(excerpt(resp))!r}; {self.api_root_hint}"
                 )
             parser = self.parser_class(url, self._redact, self.max_event_bytes)
-            completed = yield from parser.run(resp, cancel, tracker)
-            if parser.ended:
-                drain_after_done(resp, tracker)
+            body = parser.body = SocketBody.of(resp)
+            try:
+                completed = yield from parser.run(resp, cancel, tracker)
+                if parser.ended:
+                    if body is not None:
+                        body.finish(tracker)
+                    else:
+                        drain_after_done(resp, tracker)
+            finally:
+                if body is not None:
+                    body.close()
         # Released before the last chunk goes out: a caller that stops at the
         # completed chunk and never closes the iterator holds no connection.
         self._log.debug("stream from {} completed after {} events (finish={})",

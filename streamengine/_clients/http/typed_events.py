@@ -19,6 +19,7 @@ from ..._errors import LlmProtocolError
 from ..._messages import Chunk
 from .connection import RequestTracker
 from .transport import SseStreamParser
+from .sse_read import WAIT
 
 __all__ = ["TypedEventParser"]
 
@@ -33,6 +34,9 @@ class TypedEventParser(SseStreamParser):
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
         with self.reading(resp, cancel, tracker) as (events, is_cancelled):
             for name, data in events:
+                if name is WAIT:  # the body would block: the run waits for it, with everything else
+                    yield data
+                    continue
                 if is_cancelled():
                     break
                 self.events += 1

@@ -21,6 +21,7 @@ from ..._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
 from ..http.connection import RequestTracker
 from .errors import raise_in_band_error
 from ..http.transport import SseStreamParser
+from ..http.sse_read import WAIT
 
 __all__ = ["StreamParser", "response_from_json", "vectors_from_json"]
 
@@ -40,6 +41,9 @@ class StreamParser(SseStreamParser):
         chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
         with self.reading(resp, cancel, tracker) as (events, is_cancelled):
             for name, data in events:
+                if name is WAIT:  # the body would block: the run waits for it, with everything else
+                    yield data
+                    continue
                 if is_cancelled():
                     break
                 self.events += 1

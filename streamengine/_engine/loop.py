@@ -1,0 +1,244 @@
+"""One run's events and its one wait, in the thread that iterates the run.
+
+The run is a generator (``RoundRunner.run``) driven by whoever iterates
+``engine.run()``: the WSGI server's thread for a served stream, the script's
+thread for ``complete()``.  Where the run would block, the layers below pass
+a :class:`~streamengine._clients.base.Wait` up; :meth:`RunLoop.batches`
+then
+
+1. hands the consumer every event that is ready (one list: a WSGI stream
+   writes it as one batch), timing how long the consumer keeps the thread:
+   that time is added to the wait's ``held``, so the model's idle clock
+   never counts it;
+2. waits once, on one selector (``poll``), for the wait's socket and the
+   run's wake-up pipe, until the nearest of the wait's deadlines (the call's
+   idle deadline and cap, a scripted pause), the earliest tool deadline and
+   the next heartbeat.
+
+A tool worker that puts an event (``tool_start``, ``tool_result``), a cancel
+from any thread and a buffered call's worker write one byte to the pipe, so
+the wait ends at once; a tool deadline fixes its timeout result here, at the
+deadline.  No other thread takes part: a token costs one wake-up, as in a
+relay.  A wait on a socket goes on after a wake-up by the pipe (the socket
+has nothing yet); a wait without one (a tool, a pause) lets its generator
+look again.
+
+Events are put from any thread into one deque, so their order is the order
+they happened in; only threads other than the driving one write the pipe.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import select
+import selectors
+import threading
+import time
+from typing import Any, Callable, Deque, Generator, Iterator, List, Optional
+
+from .._calls.deadlines import held, watched_here
+from .._cancel import CancelToken
+from .._clients.base import Wait
+from .events import Event, HeartbeatEvent
+
+__all__ = ["RunLoop"]
+
+_NEVER = float("inf")
+#: Heartbeats carry nothing: one frozen instance serves every one.
+HEARTBEAT = HeartbeatEvent()
+#: A wait whose end another thread signals through a flag looks at the flag at least this often.
+_READY_SLICE_S = 0.25
+
+
+class RunLoop:
+    """The outbox, the wake-up pipe and the selector of one run; see the module doc.
+
+    ``tools_due()`` says when the earliest tool deadline is (monotonic),
+    ``on_tools_due()`` fixes the results of tools past theirs; both run in the
+    driving thread.
+    """
+
+    def __init__(self, cancel: CancelToken, heartbeat_s: Optional[float]) -> None:
+        self.cancel = cancel
+        self.heartbeat_s = heartbeat_s
+        self.outbox: Deque[Event] = collections.deque()
+        self.tools_due: Callable[[], float] = lambda: _NEVER
+        self.on_tools_due: Callable[[], None] = lambda: None
+        self._driver: Optional[int] = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._read_end, self._write_end = os.pipe()
+        os.set_blocking(self._read_end, False)
+        os.set_blocking(self._write_end, False)
+        self._selector = _Selector(self._read_end)
+        self._unwatch = cancel.add_callback(self.wake)
+
+    # --- any thread ------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        """Queue ``event`` for the consumer; from another thread, also end the driver's wait."""
+        self.outbox.append(event)
+        if threading.get_ident() != self._driver:
+            self.wake()
+
+    def wake(self) -> None:
+        """End the driving thread's wait now (a tool finished, a cancel, a worker's flag)."""
+        with self._lock:  # never write to a descriptor number close() has freed for reuse
+            if self._closed:
+                return
+            try:
+                os.write(self._write_end, b"\0")
+            except (BlockingIOError, OSError):
+                pass  # the pipe is full: the driver has a wake-up waiting already
+
+    def close(self) -> None:
+        """The run is over: stop following the cancel, free the pipe and the selector."""
+        self._unwatch()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._selector.close()
+            os.close(self._read_end)
+            os.close(self._write_end)
+
+    # --- the driving thread --------------------------------------------------------------
+    def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
+        """Drive ``steps`` to its end; yield the events that are ready each time it would wait."""
+        self._driver = threading.get_ident()
+        out = self.outbox
+        monotonic = time.monotonic
+        self._last_out = monotonic()
+        try:
+            wait = next(steps)
+            while True:
+                if out:
+                    batch = self._take()
+                    handed = monotonic()
+                    if watched_here():  # a client that blocks in its reads has a watcher clock: stop it too
+                        with held():
+                            yield batch
+                    else:
+                        yield batch
+                    now = monotonic()
+                    wait.held += now - handed
+                    self._last_out = now
+                if self._waited(wait):
+                    wait = steps.send(None)
+        except StopIteration:
+            pass
+        if out:
+            yield self._take()
+
+    def _take(self) -> List[Event]:
+        out = self.outbox
+        count = len(out)
+        if count == 1:
+            return [out.popleft()]
+        popleft = out.popleft
+        return [popleft() for _ in range(count)]
+
+    def _waited(self, wait: Wait) -> bool:
+        """Wait once for ``wait``; True when its generator should look again."""
+        ready = wait.ready
+        if ready is not None:
+            wait.waker = self.wake
+            if ready():
+                return True
+        if self.cancel.is_set():
+            return True
+        now = time.monotonic()
+        due = wait.idle_until + wait.held
+        if wait.until < due:
+            due = wait.until
+        tools = self.tools_due()
+        if tools <= now:
+            self.on_tools_due()
+            tools = self.tools_due()
+            if self.outbox:
+                return False  # hand the results over first; the wait goes on after
+        if due <= now:
+            return True
+        until = due if due < tools else tools
+        beat = self._last_out + self.heartbeat_s if self.heartbeat_s is not None else _NEVER
+        if beat < until:
+            until = beat
+        if ready is not None and until > now + _READY_SLICE_S:
+            until = now + _READY_SLICE_S
+        readable, woken = self._selector.wait(wait.fileobj, until - now)
+        if woken:
+            self._drain_pipe()
+        now = time.monotonic()
+        if tools <= now:
+            self.on_tools_due()
+        if beat <= now and not self.outbox:
+            self.outbox.append(HEARTBEAT)
+        if readable or now >= due or self.cancel.is_set():
+            return True
+        return wait.fileobj is None and (woken or (ready is not None and ready()))
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._read_end, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+
+class _Selector:
+    """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change)."""
+
+    def __init__(self, pipe: int) -> None:
+        self._pipe = pipe
+        self._current: Any = None
+        self._fd: Optional[int] = None
+        if hasattr(select, "poll"):
+            self._poll: Any = select.poll()
+            self._poll.register(pipe, select.POLLIN)
+            self._selectors: Optional[selectors.BaseSelector] = None
+        else:  # pragma: no cover - Windows: no poll(); selectors picks what there is
+            self._poll = None
+            self._selectors = selectors.DefaultSelector()
+            self._selectors.register(pipe, selectors.EVENT_READ)
+
+    def wait(self, fileobj: Any, timeout: float) -> "tuple[bool, bool]":
+        """(the socket is readable, the pipe was written) within ``timeout`` seconds."""
+        if fileobj is not self._current:
+            self._switch(fileobj)
+        if self._poll is not None:
+            ms = 0 if timeout <= 0 else min(math.ceil(timeout * 1000), 86_400_000)
+            readable = woken = False
+            for fd, _mask in self._poll.poll(ms):
+                if fd == self._pipe:
+                    woken = True
+                else:
+                    readable = True
+            return readable, woken
+        assert self._selectors is not None  # pragma: no cover
+        keys = self._selectors.select(max(0.0, min(timeout, 86400.0)))  # pragma: no cover
+        woken = any(key.fd == self._pipe for key, _ in keys)  # pragma: no cover
+        return len(keys) > int(woken), woken  # pragma: no cover
+
+    def _switch(self, fileobj: Any) -> None:
+        # By descriptor number, taken at registration: a socket closed since has none to give.
+        old, self._current = self._fd, fileobj
+        self._fd = None
+        if old is not None:
+            try:
+                (self._poll or self._selectors).unregister(old)
+            except (KeyError, ValueError, OSError):
+                pass
+        if fileobj is None:
+            return
+        fd = fileobj.fileno()
+        if fd < 0:
+            return  # closed: the generator finds out when it reads
+        if self._poll is not None:
+            self._poll.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        else:  # pragma: no cover
+            self._selectors.register(fd, selectors.EVENT_READ)  # type: ignore[union-attr]
+        self._fd = fd
+
+    def close(self) -> None:
+        if self._selectors is not None:  # pragma: no cover
+            self._selectors.close()

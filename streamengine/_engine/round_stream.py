@@ -1,0 +1,78 @@
+"""What one round keeps while its stream flows: the inline scanner, the text shown, the native calls.
+
+Native tool calls are assembled once, by the call strategy's accumulator
+(which also builds the response): the round dispatches the calls it reports
+complete during the stream and, at the end, the response's others.  Reset
+(a new instance) when failover streams the round again.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, List, Set
+
+from .._accumulate import TextBuffer
+from .._inline.scanner import InlineToolScanner
+from .._messages import Chunk, Response, ToolCall
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .rounds import RoundRunner
+
+__all__ = ["RoundStream"]
+
+
+class RoundStream:
+    """Everything one round keeps while its stream flows (see the module doc)."""
+
+    def __init__(self, runner: "RoundRunner", round_no: int) -> None:
+        self.runner = runner
+        # Ids must stay unique across the rounds of a request: the round is in the prefix.
+        self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
+                                        id_prefix=f"call_inline_r{round_no}_") if runner.use_inline else None
+        # What the person saw (tool blocks left out), joined every 1024 pieces: memory follows the text.
+        self.text_parts = TextBuffer()
+        self.native_calls: List[ToolCall] = []  # as dispatched: under the id the run gave each
+        self._taken: Set[int] = set()  # the accumulator's calls handed to the dispatcher (by identity)
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
+        content = chunk.content
+        if content:
+            parser = self.parser
+            if parser is None:
+                self.runner.show(self, content)
+            else:
+                self._take(parser.feed(content))
+
+    def _take(self, fed: Any) -> None:
+        """What the scanner made of some text: show the visible part, report bad blocks, dispatch calls."""
+        if fed.visible:
+            self.runner.show(self, fed.visible)
+        if fed.errors:
+            self.runner.report_parse_problems(fed)
+        for call in fed.calls:
+            self.runner.dispatcher.dispatch(call)
+
+    def on_tool_calls(self, calls: List[ToolCall]) -> None:
+        """Native calls the strategy's accumulator found complete: dispatched at once."""
+        for call in calls:
+            self._taken.add(id(call))
+            # Under the id the run gave it (a repeated provider id is renamed, and sent back renamed);
+            # a call only summed up (None) is not sent back at all.
+            dispatched = self.runner.dispatcher.dispatch(call)
+            if dispatched is not None:
+                self.native_calls.append(dispatched)
+
+    def finish(self, response: Response) -> None:
+        """The stream completed: release held-back text, dispatch the native calls not dispatched yet."""
+        if self.parser is not None:
+            self._take(self.parser.flush())
+        if self.runner.use_native:
+            self.on_tool_calls([call for call in response.tool_calls if id(call) not in self._taken])
+
+    @property
+    def committed(self) -> bool:
+        """Something reached the caller or a tool started: no failover from here on."""
+        return bool(self.text_parts) or self.runner.dispatcher.started_any
+
+    @property
+    def text(self) -> str:
+        return self.text_parts.text()
