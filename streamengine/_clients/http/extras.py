@@ -54,7 +54,7 @@ def split_extras(options: Optional[CompletionOptions]) -> Tuple[Optional[Complet
 
 
 class RequestExtras:
-    """Mixed into an HTTP client: ``stream``/``complete`` honour the extras of their options.
+    """Mixed into an HTTP client: ``stream``/``open_stream``/``complete`` honour the extras of their options.
 
     A call with extra headers or query runs on a shallow copy of the client
     (same session and pool) whose headers, query and secrets include them:
@@ -66,6 +66,11 @@ class RequestExtras:
                cancel: Any = None) -> Any:
         client, options = self._for_call(options)
         return super(RequestExtras, client).stream(messages, tools, options, cancel)  # type: ignore[misc]
+
+    def open_stream(self, messages: Any, tools: Any = None, options: Optional[CompletionOptions] = None,
+                    cancel: Any = None) -> Any:
+        client, options = self._for_call(options)
+        return super(RequestExtras, client).open_stream(messages, tools, options, cancel)  # type: ignore[misc]
 
     def complete(self, messages: Any, tools: Any = None, options: Optional[CompletionOptions] = None,
                  cancel: Any = None) -> Any:
