@@ -7,32 +7,20 @@ that ``read_ahead=True`` keeps a slow consumer from holding tools back.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import pytest
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
+from test_engine import block, make_engine  # the same engine and block helpers as the engine's own tests
+
 MESSAGES = [{"role": "user", "content": "question"}]
-
-
-def block(name, args=None):
-    return f'<tool name="{name}">{json.dumps(args or {})}</tool>'
-
-
-def make_engine(fp, tools, **config):
-    config.setdefault("models", ["m1"])
-    config.setdefault("idle_timeout", 10.0)
-    config.setdefault("completion_timeout", 20.0)
-    return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config))
 
 
 def run_thread_names():

@@ -30,7 +30,7 @@ from .._errors import ConfigError, ToolError
 from .._logs import component_logger
 from .._messages import ToolCall, ToolContext, ToolResult
 from ._handle import PENDING, ToolHandle
-from ._remote import RemoteCall, share_cancel_event
+from ._remote_run import hand_over
 from ._results import ToolFailure
 from ._tool import Tool, _check_timeout
 
@@ -375,46 +375,7 @@ class ToolExecutor:
 
     def _hand_over(self, handle: ToolHandle, tool: Tool) -> None:
         """Start the call off the worker threads (a remote executor, or the tool itself); its future settles it."""
-        if not handle.set_running_or_notify_cancel():
-            return
-        started = handle.started_at
-        assert started is not None
-        try:
-            future = self._launch(handle, tool)
-        except Exception as exc:  # shut down, cannot pickle the arguments, cluster gone
-            handle.set_result(self._failure(handle, exc, started, time.monotonic()))
-            return
-        def give_up() -> None:  # deadline or cancel: the remote call is abandoned, its result fixed now
-            future.cancel()
-            handle.abandon(f"tool '{tool.name}' cancelled")
-
-        handle.on_abandon(give_up)
-
-        def settle(done: "concurrent.futures.Future[str]") -> None:
-            ended = time.monotonic()
-            if done.cancelled():
-                result = ToolResult.error_result(handle.call, f"tool '{tool.name}' cancelled",
-                                                 started_at=started, ended_at=ended, duration_s=ended - started)
-            elif done.exception() is not None:
-                result = self._failure(handle, done.exception(), started, ended)  # type: ignore[arg-type]
-            else:
-                result = ToolResult(handle.call.id, tool.name, True, done.result(), None, ended - started,
-                                    started, ended)
-            # Not on the caller's callback thread (the pool's manager, Dask's event loop): what the
-            # result triggers (its event, filing it in the RAG store) must not hold up other results.
-            threading.Thread(target=handle.set_result, args=(result,), name="streamengine-remote-result",
-                             daemon=True).start()
-
-        future.add_done_callback(settle)
-
-    def _launch(self, handle: ToolHandle, tool: Tool) -> "concurrent.futures.Future[str]":
-        if tool.starts_itself:
-            return tool.start(handle.args, ToolContext(handle.cancel_event, handle.deadline))
-        assert tool.remote_ref is not None and self.remote is not None
-        module, qualname = tool.remote_ref
-        return self.remote.submit(RemoteCall(module, qualname, tool.name, handle.args,
-                                             ToolContext(deadline=handle.deadline),
-                                             share_cancel_event(handle.cancel_event)))
+        hand_over(handle, tool, self.remote, self._failure)
 
     def _join(self, workers: List[_Worker], until: float, began: float) -> None:
         """Join each worker until ``until``, but stop waiting for one the moment its tool is stuck.

@@ -1,0 +1,68 @@
+"""A tool call that runs off the executor's threads: on a remote ``concurrent.futures.Executor``, or started by the tool itself.
+
+The call "starts" when it is handed over (``tool_start`` then), its deadline
+counts from there, and a deadline or cancel abandons it (``Future.cancel``).
+The future's callback runs on a thread that is not ours (a pool's manager,
+Dask's event loop): the result is fixed on a short-lived thread of its own,
+so what the result triggers (its event, filing it in the RAG store) never
+holds up other results.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import Callable, Optional
+
+from .._messages import ToolContext, ToolResult
+from ._handle import ToolHandle
+from ._remote import RemoteCall, share_cancel_event
+from ._tool import Tool
+
+__all__ = ["hand_over"]
+
+Failure = Callable[[ToolHandle, BaseException, float, float], ToolResult]
+
+
+def hand_over(handle: ToolHandle, tool: Tool, remote: Optional[concurrent.futures.Executor], failure: Failure) -> None:
+    """Start the call off the worker threads; its future settles the handle (``failure`` words an exception)."""
+    if not handle.set_running_or_notify_cancel():
+        return
+    started = handle.started_at
+    assert started is not None
+    try:
+        future = _launch(handle, tool, remote)
+    except Exception as exc:  # shut down, cannot pickle the arguments, cluster gone
+        handle.set_result(failure(handle, exc, started, time.monotonic()))
+        return
+
+    def give_up() -> None:  # deadline or cancel: the remote call is abandoned, its result fixed now
+        future.cancel()
+        handle.abandon(f"tool '{tool.name}' cancelled")
+
+    handle.on_abandon(give_up)
+
+    def settle(done: "concurrent.futures.Future[str]") -> None:
+        ended = time.monotonic()
+        if done.cancelled():
+            result = ToolResult.error_result(handle.call, f"tool '{tool.name}' cancelled",
+                                             started_at=started, ended_at=ended, duration_s=ended - started)
+        elif done.exception() is not None:
+            result = failure(handle, done.exception(), started, ended)  # type: ignore[arg-type]
+        else:
+            result = ToolResult(handle.call.id, tool.name, True, done.result(), None, ended - started,
+                                started, ended)
+        threading.Thread(target=handle.set_result, args=(result,), name="streamengine-remote-result",
+                         daemon=True).start()
+
+    future.add_done_callback(settle)
+
+
+def _launch(handle: ToolHandle, tool: Tool,
+            remote: Optional[concurrent.futures.Executor]) -> "concurrent.futures.Future[str]":
+    if tool.starts_itself:
+        return tool.start(handle.args, ToolContext(handle.cancel_event, handle.deadline))
+    assert tool.remote_ref is not None and remote is not None
+    module, qualname = tool.remote_ref
+    return remote.submit(RemoteCall(module, qualname, tool.name, handle.args, ToolContext(deadline=handle.deadline),
+                                    share_cancel_event(handle.cancel_event)))
