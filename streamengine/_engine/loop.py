@@ -65,7 +65,7 @@ class RunLoop:
         self.outbox: Deque[Event] = collections.deque()
         self.tools_due: Callable[[], float] = lambda: _NEVER
         self.on_tools_due: Callable[[], None] = lambda: None
-        self._driver: Optional[int] = None
+        self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
         self._lock = threading.Lock()
         self._closed = False
         self._read_end, self._write_end = os.pipe()
@@ -73,13 +73,21 @@ class RunLoop:
         os.set_blocking(self._write_end, False)
         self._selector = _Selector(self._read_end)
         self._unwatch = cancel.add_callback(self.wake)
+        self.emit = self._emitter()
 
     # --- any thread ------------------------------------------------------------------
-    def emit(self, event: Event) -> None:
-        """Queue ``event`` for the consumer; from another thread, also end the driver's wait."""
-        self.outbox.append(event)
-        if threading.get_ident() != self._driver:
-            self.wake()
+    def _emitter(self) -> Callable[[Event], None]:
+        """``emit(event)``: queue it for the consumer; from another thread, also end the driver's wait.
+
+        A closure over locals: it runs once per token.
+        """
+        append, get_ident, wake, driver = self.outbox.append, threading.get_ident, self.wake, self._driving
+
+        def emit(event: Event) -> None:
+            append(event)
+            if get_ident() != driver[0]:
+                wake()
+        return emit
 
     def wake(self) -> None:
         """End the driving thread's wait now (a tool finished, a cancel, a worker's flag)."""
@@ -105,7 +113,7 @@ class RunLoop:
     # --- the driving thread --------------------------------------------------------------
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
         """Drive ``steps`` to its end; yield the events that are ready each time it would wait."""
-        self._driver = threading.get_ident()
+        self._driving[0] = threading.get_ident()
         out = self.outbox
         monotonic = time.monotonic
         self._last_out = monotonic()
