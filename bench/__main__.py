@@ -4,7 +4,7 @@
 
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
                  6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
-                 10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools)
+                 10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools, 13 OpenTelemetry cost)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -21,13 +21,14 @@ import traceback
 from typing import Any, Dict, List
 
 from . import (
-    common, concurrency, executor, imports, latency, multirun, overlap, paced, report, scaling, served, slowconsumer, throughput,
+    common, concurrency, executor, imports, latency, multirun, otel, overlap, paced, report, scaling, served,
+    slowconsumer, throughput,
 )
 from . import mcp_calls
 
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
             "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
-            "11": "imports", "12": "mcp"}
+            "11": "imports", "12": "mcp", "13": "otel"}
 NEEDS_UPSTREAM = {"paced", "served", "slowconsumer"}
 
 
@@ -118,6 +119,7 @@ def main(argv: List[str]) -> int:
                 "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
                 "imports": lambda: imports.run(repeats=5 if q else 30),
                 "mcp": lambda: mcp_calls.run(quick=q),
+                "otel": lambda: otel.run(repeats=1 if q else 3, tokens=300 if q else 2000, streams=2 if q else 5),
             }
             for number in sorted(wanted, key=int):
                 name = SECTIONS[number]

@@ -34,13 +34,15 @@ def render(r: Dict[str, Any]) -> str:
     ]
     from .report_steady import paced, served, slow_consumer
     from .imports import render as imports
+    from .otel import render as otel_lines
     from .report_tools import executor, multirun
     from .mcp_calls import lines as mcp_lines
     other = r.get("other_load") or {}
     for name, fn in (("throughput", _throughput), ("latency", _latency), ("overlap", _overlap),
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),
                      ("served", served), ("slowconsumer", slow_consumer), ("multirun", multirun),
-                     ("executor", executor), ("imports", imports), ("mcp", mcp_lines)):
+                     ("executor", executor), ("imports", imports), ("mcp", mcp_lines),
+                     ("otel", otel_lines)):
         if name not in r:
             continue
         lines.append("")

@@ -56,7 +56,10 @@ def test_every_python_example_compiles(code):
 def test_more_documentation_lists_the_docs():
     section = README.split("More documentation\n------------------", 1)[1]
     assert re.findall(r"``(docs/[\w.]+)``", section) == [
-        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/scaling.md", "docs/anthropic.md"]
+        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/scaling.md", "docs/anthropic.md",
+        "docs/responses.md", "docs/mcp.md", "docs/observability.md"]
+    for doc in re.findall(r"``(docs/[\w.]+)``", section):
+        assert (ROOT / doc).is_file(), doc
 
 
 # --- running the examples -------------------------------------------------------------------------

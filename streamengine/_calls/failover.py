@@ -140,15 +140,21 @@ class ModelFailover:
                     on_chunk: Optional[Callable[[Chunk], None]] = None,
                     may_advance: Optional[Callable[[], bool]] = None,
                     on_attempt: Optional[Callable[[str, int], None]] = None,
-                    on_tool_calls: Optional[OnToolCalls] = None) -> Generator[Wait, None, FailoverResult]:
-        """:meth:`call` as a generator of the calls' waits (``CallStrategy.stream_call``)."""
+                    on_tool_calls: Optional[OnToolCalls] = None,
+                    on_attempt_failed: Optional[Callable[[str, BaseException], None]] = None,
+                    ) -> Generator[Wait, None, FailoverResult]:
+        """:meth:`call` as a generator of the calls' waits (``CallStrategy.stream_call``).
+
+        ``on_attempt_failed(model, exc)`` (optional) hears each attempt that
+        raised, retried or not, before failover decides what follows.
+        """
         base = options if options is not None else CompletionOptions()
         attempts: List[Attempt] = []
         for position, model in enumerate(self.models):
             try:
                 response = yield from self._call_model(model, position, messages, tools, base.with_model(model),
                                                        cancel, on_chunk, may_advance, on_attempt, attempts,
-                                                       on_tool_calls)
+                                                       on_tool_calls, on_attempt_failed)
             except Exception as exc:
                 self._after_failure(exc, model, position, cancel, may_advance, attempts)
                 continue
@@ -181,7 +187,9 @@ class ModelFailover:
                     tools: Optional[Sequence[ToolSpec]], options: CompletionOptions,
                     cancel: Optional[threading.Event], on_chunk: Optional[Callable[[Chunk], None]],
                     may_advance: Optional[Callable[[], bool]], on_attempt: Optional[Callable[[str, int], None]],
-                    attempts: List[Attempt], on_tool_calls: Optional[OnToolCalls]) -> Generator[Wait, None, Response]:
+                    attempts: List[Attempt], on_tool_calls: Optional[OnToolCalls],
+                    on_attempt_failed: Optional[Callable[[str, BaseException], None]] = None,
+                    ) -> Generator[Wait, None, Response]:
         """One model, retried on rate limits as tenacity decides; raises the model's last error.
 
         tenacity's loop form, so each attempt's waits pass up; its back-off sleeps block (a cancel ends them).
@@ -194,11 +202,22 @@ class ModelFailover:
                     raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
                 if on_attempt is not None:
                     on_attempt(model, len(attempts) + 1)
-                steps = getattr(self.strategy, "stream_call", None)
-                if steps is None:  # a strategy of your own with call() only: it blocks
-                    return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
-                return (yield from steps(messages, tools, options, cancel, on_chunk, on_tool_calls))
+                try:
+                    return (yield from self._attempt(messages, tools, options, cancel, on_chunk, on_tool_calls))
+                except Exception as exc:
+                    if on_attempt_failed is not None:
+                        on_attempt_failed(model, exc)
+                    raise
         raise AssertionError("unreachable: tenacity returns or re-raises")  # pragma: no cover
+
+    def _attempt(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                 options: CompletionOptions, cancel: Optional[threading.Event],
+                 on_chunk: Optional[Callable[[Chunk], None]],
+                 on_tool_calls: Optional[OnToolCalls]) -> Generator[Wait, None, Response]:
+        steps = getattr(self.strategy, "stream_call", None)
+        if steps is None:  # a strategy of your own with call() only: it blocks
+            return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
+        return (yield from steps(messages, tools, options, cancel, on_chunk, on_tool_calls))
 
     def _asks_too_long(self, exc: BaseException) -> bool:
         """The provider asks for a longer wait than ``max_retry_wait``."""

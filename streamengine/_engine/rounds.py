@@ -34,6 +34,7 @@ from .._calls.failover import ModelFailover
 from .._inline.scanner import tool_instructions
 from .._messages import LLM_WARNING, Message, ToolCall, ToolResult, Usage
 from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry
+from .traced import RoundTrace, traced_tool_callbacks
 from .round_stream import RoundStream
 from ..tools import ToolExecutor, ToolHandle, ToolRegistry
 
@@ -86,6 +87,7 @@ class RunState:
     error: Optional[str] = None
     refusal: Optional[str] = None
     done: bool = False
+    trace: Any = None  # the run's OpenTelemetry trace (``_otel.tracing.RunTrace``), None when not traced
 
 
 class RoundRunner:
@@ -102,11 +104,14 @@ class RoundRunner:
         self._reported: Set[str] = set()  # call ids whose tool_result went out
         self._tickets: Dict[str, Any] = {}  # call id -> its FilingTicket
         self._round_no = 0
+        on_start, on_result = self._on_tool_start, self._on_tool_result
+        if state.trace is not None:  # OpenTelemetry: each call's span opens at entry and closes at its result
+            on_start, on_result = traced_tool_callbacks(state.trace, deps.registry, on_start, on_result)
         self.dispatcher = ToolDispatcher(
             deps.registry, deps.executor,
             DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
                            self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
-            state.cancel, on_start=self._on_tool_start, on_result=self._on_tool_result,
+            state.cancel, on_start=on_start, on_result=on_result,
             approve=deps.approve, telemetry=state.telemetry,
             tools=deps.run_tools(state.scope) if deps.run_tools is not None else None)
         self.messages = self._initial_messages(state.conversation)
@@ -208,12 +213,15 @@ class RoundRunner:
             holder[0] = RoundStream(self, round_no)
             return True
 
+        traced = RoundTrace(self.state.trace, self.messages, self.config.options) if self.state.trace else None
+        on_chunk = lambda chunk: holder[0].on_chunk(chunk)  # noqa: E731 - the holder's stream changes on a reset
         try:
             outcome = yield from self.deps.failover.stream_call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
                 options=self.config.options, cancel=self.state.cancel,
-                on_chunk=lambda chunk: holder[0].on_chunk(chunk), may_advance=may_advance,
-                on_attempt=lambda model, _n: tried.append(model),
+                on_chunk=traced.watching(on_chunk) if traced else on_chunk, may_advance=may_advance,
+                on_attempt=lambda model, _n: (tried.append(model), traced and traced.started(model)),
+                on_attempt_failed=traced.failed if traced else None,
                 on_tool_calls=(lambda calls: holder[0].on_tool_calls(calls)) if self.use_native else None)
         except LlmError as exc:
             if tried:
@@ -221,6 +229,8 @@ class RoundRunner:
                 self.state.telemetry.failovers += len(dict.fromkeys(tried)) - 1
             self._on_llm_error(holder[0], exc)
             return False
+        if traced:
+            traced.succeeded(outcome.response)
         stream = holder[0]
         stream.finish(outcome.response)
         self._count_parse_errors(stream)

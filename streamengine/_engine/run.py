@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
@@ -38,6 +39,8 @@ from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, To
 from .result import EngineResult, Telemetry
 from .filing import FilingQueue, run_scope
 from .rounds import RoundRunner, RunDeps, RunState
+from .traced import start_run
+from .._otel import instrumentation
 from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
 __all__ = ["EngineConfig", "EngineResult", "RunFailedError", "StreamingEngine", "Telemetry"]
@@ -80,6 +83,13 @@ class StreamingEngine:
     runs the tools declared ``@tool(executor="remote")``; the others run on
     the engine's own threads.  The engine never shuts it down.
 
+    OpenTelemetry (when ``opentelemetry-api`` is installed; docs/observability.md):
+    each run is an ``invoke_agent {agent_name}`` span with ``chat`` and
+    ``execute_tool`` spans under it, on ``tracer_provider``/``meter_provider``
+    or the global ones; ``capture_content=True`` records prompts, answers and
+    tool arguments and results (off by default; the environment's
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` otherwise).
+
     ``approve(call) -> bool`` (optional) is asked, on the thread that drives the run, before
     each tool marked ``side_effects=True`` runs; a refusal becomes an error
     result the model reads.
@@ -89,7 +99,9 @@ class StreamingEngine:
                  *, rag: Any = None, observers: Sequence[Any] = (), logger: Any = None,
                  classifier: Optional[ErrorClassifier] = None, emitter: Optional[EventEmitter] = None,
                  approve: Optional[Callable[[ToolCall], object]] = None,
-                 executor: Optional[concurrent.futures.Executor] = None) -> None:
+                 executor: Optional[concurrent.futures.Executor] = None, agent_name: str = "streamengine",
+                 capture_content: Optional[bool] = None, tracer_provider: Any = None,
+                 meter_provider: Any = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(f"StreamingEngine needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
                               f"got {type(client).__name__}")
@@ -121,6 +133,12 @@ class StreamingEngine:
                                      queue_timeout=self.config.tool_queue_timeout,
                                      max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
         self.filing = FilingQueue(rag, self.config, self._log) if rag is not None else None
+        if capture_content is not None and not isinstance(capture_content, bool):
+            raise ConfigError(f"capture_content must be True, False or None (the environment decides), "
+                              f"got {capture_content!r}")
+        self._otel = instrumentation(agent_name=validation.name(agent_name, "agent_name"),
+                                     capture_content=capture_content, tracer_provider=tracer_provider,
+                                     meter_provider=meter_provider, client=client)
         self._deps = RunDeps(config=self.config, registry=self.registry, executor=self.executor,
                              failover=failover, log=self._log, filing=self.filing,
                              run_tools=self._scoped_tools if rag is not None else None, approve=approve)
@@ -192,9 +210,12 @@ class StreamingEngine:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
         deps = self._deps_for(model, options)
+        # The run's span is a child of the context current *here*, whichever thread then drives the run.
+        trace = None if self._otel is None else functools.partial(
+            start_run, self._otel, self._otel.current_context(), conversation_id, conversation)
         if read_ahead:
-            return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope)
-        return self._batches(conversation, cancel, heartbeat_s, deps, scope)
+            return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace)
+        return self._batches(conversation, cancel, heartbeat_s, deps, scope, trace)
 
     @staticmethod
     def _flattened(batches: Iterator[List[Event]]) -> Iterator[Event]:
@@ -252,21 +273,24 @@ class StreamingEngine:
 
     # --- one run -------------------------------------------------------------------
     def _batches(self, conversation: List[Message], cancel: Optional[threading.Event],
-                 heartbeat_s: Optional[float], deps: RunDeps, scope: str) -> Iterator[List[Event]]:
+                 heartbeat_s: Optional[float], deps: RunDeps, scope: str,
+                 trace: Optional[Callable[[], Any]] = None) -> Iterator[List[Event]]:
         """The run, driven by the thread that iterates this generator (``loop.RunLoop``)."""
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         loop = RunLoop(token, heartbeat_s)
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
-                         scope=scope)
+                         scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
         loop.tools_due = runner.dispatcher.next_deadline
         loop.on_tools_due = runner.dispatcher.poll_deadlines
         steps = self._steps(runner)
         finished = False
+        last: List[Event] = []
         try:
             for batch in loop.batches(steps):
+                last = batch
                 yield batch
             finished = True
         finally:
@@ -275,6 +299,9 @@ class StreamingEngine:
                 _finish_cancelled(steps, self.config.completion_timeout)
             stop_watch()
             loop.close()
+            if state.trace is not None:
+                done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None
+                state.trace.ended(done.result if done is not None else None, cancelled=not finished)
 
     def _steps(self, runner: RoundRunner) -> Iterator[Any]:
         try:
@@ -286,12 +313,13 @@ class StreamingEngine:
             runner.fail_unexpectedly(exc)
 
     def _read_ahead(self, conversation: List[Message], cancel: Optional[threading.Event],
-                    heartbeat_s: Optional[float], deps: RunDeps, scope: str) -> Iterator[List[Event]]:
+                    heartbeat_s: Optional[float], deps: RunDeps, scope: str,
+                    trace: Optional[Callable[[], Any]] = None) -> Iterator[List[Event]]:
         """The same run, driven by a reader thread into a bounded channel (``run(read_ahead=True)``)."""
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel(cancel=token)
-        batches = self._batches(conversation, token, None, deps, scope)
+        batches = self._batches(conversation, token, None, deps, scope, trace)
 
         def read() -> None:
             try:

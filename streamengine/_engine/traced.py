@@ -1,0 +1,80 @@
+"""The run's side of OpenTelemetry: chat spans per model attempt, tool spans per call.
+
+Only used when the engine has an instrumentation (``opentelemetry-api``
+installed); the round and the dispatcher then get these wrappers instead of
+their plain callbacks, so an engine without it pays nothing per chunk.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from .._errors import LlmCancelledError
+from .._messages import Chunk, Response, ToolCall, ToolResult
+
+
+class RoundTrace:
+    """One round's model attempts as ``chat`` spans: started, first chunk, failed or succeeded."""
+
+    def __init__(self, run_trace: Any, messages: Sequence[Any], options: Any) -> None:
+        self.run_trace = run_trace
+        self.messages = messages
+        self.options = options
+        self.chat: Any = None
+        self.seen_output = False
+
+    def started(self, model: str) -> None:
+        self.chat = self.run_trace.chat_started(model=model, options=self.options, messages=self.messages)
+        self.seen_output = False
+
+    def failed(self, _model: str, exc: BaseException) -> None:
+        if self.chat is None:
+            return
+        if isinstance(exc, LlmCancelledError):
+            self.chat.abandoned("cancelled")
+        else:
+            self.chat.failed(exc)
+        self.chat = None
+
+    def succeeded(self, response: Response) -> None:
+        if self.chat is not None:
+            self.chat.succeeded(response)
+            self.chat = None
+
+    def watching(self, on_chunk: Callable[[Chunk], None]) -> Callable[[Chunk], None]:
+        """``on_chunk`` that also marks the attempt's first *meaningful* chunk (the engine's own rule)."""
+        def hooked(chunk: Chunk) -> None:
+            if not self.seen_output and chunk.is_meaningful and self.chat is not None:
+                self.seen_output = True
+                self.chat.first_chunk()
+            on_chunk(chunk)
+        return hooked
+
+
+def traced_tool_callbacks(run_trace: Any, registry: Any, on_start: Callable[[ToolCall], None],
+                          on_result: Callable[[ToolResult, bool], None]) -> tuple:
+    """The dispatcher's start and result callbacks, each also opening or closing the call's span.
+
+    A local tool's span opens on the worker as its function is entered;
+    a remote one's (process pool, Dask) is made when its result arrives,
+    from the duration the remote worker reported.
+    """
+    def remote(name: str) -> bool:
+        tool = registry.get(name) if hasattr(registry, "get") else None
+        return getattr(tool, "executor", "local") == "remote"
+
+    def started(call: ToolCall) -> None:
+        if not remote(call.name):
+            run_trace.tool_started(call)
+        on_start(call)
+
+    def ended(result: ToolResult, ran: bool) -> None:
+        run_trace.tool_ended(result, remote=remote(result.name))
+        on_result(result, ran)
+
+    return started, ended
+
+
+def start_run(instrumentation: Optional[Any], parent: Any, conversation_id: Optional[str],
+              messages: Sequence[Any]) -> Any:
+    return None if instrumentation is None else instrumentation.start_run(
+        parent=parent, conversation_id=conversation_id, messages=messages)

@@ -1,0 +1,295 @@
+"""Spans and metrics of one run: ``invoke_agent`` over ``chat`` per model call and ``execute_tool`` per tool.
+
+The engine calls these hooks where things happen (the run's start and end,
+each model call, each tool's entry and result), from whichever thread they
+happen on: the run's consumer, a tool worker, a remote result's thread.  Every
+span is started with an explicit parent (the run span, itself a child of the
+context current when ``run()`` was called), so nothing depends on which
+thread is current, and a tool span overlaps the chat span that asked for it
+exactly as the tool overlapped the model's stream.
+
+A span that was never recording (no SDK configured) gets no attributes: the
+work of building them is skipped, which is what keeps the API-only cost near
+zero.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from opentelemetry import context as otel_context, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import conventions as c
+from .metrics import Instruments
+
+SCOPE = "streamengine"
+
+
+def _wall_ns(monotonic_s: float) -> int:
+    """A ``time.monotonic()`` reading as epoch nanoseconds (what span timestamps are)."""
+    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+
+
+class Instrumentation:
+    """One per engine: the tracer, the instruments, and what to capture."""
+
+    def __init__(self, *, agent_name: str, capture: c.Capture, tracer_provider: Any = None,
+                 meter_provider: Any = None, version: str = "", client: Any = None) -> None:
+        self.agent_name = agent_name
+        self.capture = capture
+        self.client = client
+        self.tracer = trace.get_tracer(SCOPE, version, tracer_provider=tracer_provider)
+        self.instruments = Instruments(meter_provider, version)
+
+    @staticmethod
+    def current_context() -> Any:
+        """The context current in the calling thread: a run's span is parented to it."""
+        return otel_context.get_current()
+
+    def start_run(self, *, parent: Any, conversation_id: Optional[str], messages: Sequence[Any]) -> "RunTrace":
+        return RunTrace(self, parent, conversation_id, messages)
+
+    def describe(self, model: str) -> Dict[str, Any]:
+        """Provider name, base URL and streaming of the client that serves ``model`` (a routed one's route)."""
+        client, name = self.client, model
+        route = getattr(client, "route", None)
+        if callable(route):
+            try:
+                client, name = route(model)
+            except Exception:  # a bad route fails the call itself, with its own message
+                pass
+        return {"provider": c.provider_of(client), "base_url": getattr(client, "base_url", None),
+                "stream": callable(getattr(client, "stream", None)), "model": name or model}
+
+
+class RunTrace:
+    """The ``invoke_agent`` span of one run and everything under it."""
+
+    def __init__(self, owner: Instrumentation, parent: Any, conversation_id: Optional[str],
+                 messages: Sequence[Any]) -> None:
+        self.owner = owner
+        self.started = time.monotonic()
+        self.span = owner.tracer.start_span(f"invoke_agent {owner.agent_name}", context=parent,
+                                            kind=SpanKind.INTERNAL)
+        self.context = trace.set_span_in_context(self.span, parent)
+        self.recording = self.span.is_recording()
+        self._tools: Dict[str, Any] = {}
+        self._chats: list = []
+        self._lock = threading.Lock()  # tool spans are opened and closed from tool workers
+        self._provider: Optional[str] = None
+        self._ended = False
+        self._stream_open: Optional[float] = None  # when the current chat's stream started (for time behind)
+        if self.recording:
+            self.span.set_attributes({c.OPERATION: "invoke_agent", c.AGENT_NAME: owner.agent_name})
+            if conversation_id:
+                self.span.set_attribute(c.CONVERSATION_ID, conversation_id)
+            if owner.capture.on_span:
+                self.span.set_attribute(c.INPUT_MESSAGES, c.input_messages(messages))
+
+    # --- model calls -------------------------------------------------------------------------
+    def chat_started(self, *, model: str, options: Any, messages: Sequence[Any] = ()) -> "ChatTrace":
+        about = self.owner.describe(model)
+        chat = ChatTrace(self, about["model"], about["provider"], about["base_url"], options, about["stream"],
+                         messages)
+        with self._lock:
+            self._chats.append(chat)
+        return chat
+
+    # --- tools -----------------------------------------------------------------------------------
+    def tool_started(self, call: Any, *, kind: str = "function", started_at: Optional[float] = None) -> Any:
+        """Open the call's ``execute_tool`` span (on the thread entering the function); returns its context."""
+        start = _wall_ns(started_at) if started_at is not None else None
+        span = self.owner.tracer.start_span(f"execute_tool {call.name}", context=self.context,
+                                            kind=SpanKind.INTERNAL, start_time=start)
+        if span.is_recording():
+            span.set_attributes({c.OPERATION: "execute_tool", c.TOOL_NAME: call.name, c.TOOL_CALL_ID: call.id,
+                                 c.TOOL_TYPE: kind})
+            if self.owner.capture.on_span:
+                span.set_attribute(c.TOOL_CALL_ARGUMENTS, call.arguments)
+        with self._lock:
+            self._tools[call.id] = span
+        return trace.set_span_in_context(span, self.context)
+
+    def tool_ended(self, result: Any, *, remote: bool = False) -> None:
+        """Close the call's span with its outcome; a remote tool's span is made here, from the remote duration."""
+        with self._lock:
+            span = self._tools.pop(result.call_id, None)
+        end = None
+        if span is None:
+            if not remote or not result.duration_s:
+                return  # a call that never ran (skipped, refused): no tool span, its result is still told
+            end = time.time_ns()
+            self.tool_started(_Named(result), started_at=time.monotonic() - result.duration_s)
+            with self._lock:
+                span = self._tools.pop(result.call_id)
+        attributes: Dict[str, Any] = {c.TOOL_NAME: result.name}
+        if span.is_recording():
+            if self.owner.capture.on_span and result.ok:
+                span.set_attribute(c.TOOL_CALL_RESULT, result.text)
+            if not result.ok:
+                kind = "timeout" if result.timed_out else "tool_error"
+                span.set_attribute(c.ERROR_TYPE, kind)
+                span.set_status(Status(StatusCode.ERROR, result.error or kind))
+                attributes[c.ERROR_TYPE] = kind
+        span.end(end_time=end)
+        if result.duration_s:
+            self.owner.instruments.tool_duration.record(result.duration_s, attributes)
+        if result.queue_wait_s:
+            self.owner.instruments.tool_queue_wait.record(result.queue_wait_s, {c.TOOL_NAME: result.name})
+        behind = self._time_behind_answer(result)
+        if behind is not None:
+            self.owner.instruments.tool_behind_answer.record(behind, {c.TOOL_NAME: result.name})
+
+    def _time_behind_answer(self, result: Any) -> Optional[float]:
+        """How long the tool ran while the model's stream was still open: the time this engine saves."""
+        if not result.started_at or not result.ended_at:
+            return None
+        with self._lock:
+            windows = [(chat.started, chat.ended_at or time.monotonic()) for chat in self._chats]
+        overlap = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at)) for start, end in windows)
+        return overlap
+
+    # --- the end ---------------------------------------------------------------------------------
+    def ended(self, result: Any = None, *, error: Optional[BaseException] = None, cancelled: bool = False) -> None:
+        """Close every span still open (a cancelled run's tools and call included), then the run's; once."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        stop_reason = getattr(getattr(result, "telemetry", None), "stop_reason", None) or (
+            "cancelled" if cancelled else None)
+        with self._lock:
+            leftovers = list(self._tools.values())
+            self._tools.clear()
+            chats = [chat for chat in self._chats if chat.open]
+        for chat in chats:
+            chat.abandoned(stop_reason or "cancelled")
+        for span in leftovers:
+            span.end()
+        attributes: Dict[str, Any] = {c.OPERATION: "invoke_agent", c.AGENT_NAME: self.owner.agent_name}
+        if self._provider:
+            attributes[c.PROVIDER] = self._provider
+        if self.recording:
+            if self._provider:
+                self.span.set_attribute(c.PROVIDER, self._provider)
+            if stop_reason:
+                self.span.set_attribute("streamengine.stop_reason", stop_reason)
+            if self.owner.capture.on_span and result is not None:
+                self.span.set_attribute(c.OUTPUT_MESSAGES, c.output_messages(result.answer, (), None))
+        failure = _run_failure(result, error)
+        if failure is not None:
+            self.span.set_attribute(c.ERROR_TYPE, failure[0])
+            self.span.set_status(Status(StatusCode.ERROR, failure[1]))
+            attributes[c.ERROR_TYPE] = failure[0]
+        self.span.end()
+        self.owner.instruments.agent_duration.record(time.monotonic() - self.started, attributes)
+
+
+def _run_failure(result: Any, error: Optional[BaseException]) -> Optional[tuple]:
+    """The run failed (not: was cancelled, or recovered by failover): its error type and message."""
+    if error is not None:
+        return c.error_type(error), str(error)
+    telemetry = getattr(result, "telemetry", None)
+    reason = getattr(telemetry, "stop_reason", None)
+    if reason in ("llm_error", "llm_error_after_tokens", "internal_error"):
+        return reason, getattr(result, "error", None) or reason
+    return None
+
+
+class _Named:
+    """A stand-in call for a remote result whose call was never seen starting."""
+
+    def __init__(self, result: Any) -> None:
+        self.id, self.name, self.arguments = result.call_id, result.name, ""
+
+
+class ChatTrace:
+    """The ``chat {model}`` span of one model call (one failover attempt)."""
+
+    def __init__(self, run: RunTrace, model: str, provider: str, base_url: Optional[str], options: Any,
+                 stream: bool, messages: Sequence[Any]) -> None:
+        self.run = run
+        self.started = time.monotonic()
+        self.ended_at: Optional[float] = None
+        self.first_chunk_at: Optional[float] = None
+        self.open = True
+        self.attributes: Dict[str, Any] = {c.OPERATION: "chat", c.PROVIDER: provider, c.REQUEST_MODEL: model,
+                                           **c.server_of(base_url)}
+        self.span = run.owner.tracer.start_span(f"chat {model}", context=run.context, kind=SpanKind.CLIENT)
+        if self.span.is_recording():
+            self.span.set_attributes({**self.attributes, c.REQUEST_STREAM: stream,
+                                      **c.request_attributes(options)})
+            if run.owner.capture.on_span and messages:
+                self.span.set_attribute(c.INPUT_MESSAGES, c.input_messages(messages))
+
+    def first_chunk(self) -> None:
+        """The first *meaningful* chunk arrived (a keep-alive or an empty role delta is not one)."""
+        if self.first_chunk_at is not None:
+            return
+        self.first_chunk_at = time.monotonic()
+        ttfc = self.first_chunk_at - self.started
+        if self.span.is_recording():
+            self.span.set_attribute(c.RESPONSE_TIME_TO_FIRST_CHUNK, ttfc)
+            self.span.add_event(c.FIRST_CHUNK_EVENT, {c.RESPONSE_TIME_TO_FIRST_CHUNK: ttfc})
+        self.run.owner.instruments.time_to_first_chunk.record(ttfc, self.attributes)
+
+    def succeeded(self, response: Any) -> None:
+        self.run._provider = self.attributes[c.PROVIDER]
+        metric = dict(self.attributes)
+        if response.model:
+            metric[c.RESPONSE_MODEL] = response.model
+        if self.span.is_recording():
+            if response.model:
+                self.span.set_attribute(c.RESPONSE_MODEL, response.model)
+            response_id = getattr(response, "id", None)
+            if response_id:
+                self.span.set_attribute(c.RESPONSE_ID, response_id)
+            self.span.set_attribute(c.RESPONSE_FINISH_REASONS, c.finish_reasons(response.finish_reason))
+            self.span.set_attributes(c.usage_attributes(response.usage))
+            self._capture_output(response)
+        self._record_usage(response.usage, metric)
+        self._end(metric)
+
+    def failed(self, exc: BaseException) -> None:
+        kind = c.error_type(exc)
+        self.span.set_attribute(c.ERROR_TYPE, kind)
+        self.span.set_status(Status(StatusCode.ERROR, str(exc)))
+        self._end({**self.attributes, c.ERROR_TYPE: kind})
+
+    def abandoned(self, why: str) -> None:
+        """The run ended while this call was still open (cancelled): end it, without calling it an error."""
+        if self.span.is_recording():
+            self.span.set_attribute("streamengine.stop_reason", why)
+        self._end(dict(self.attributes))
+
+    def _capture_output(self, response: Any) -> None:
+        capture = self.run.owner.capture
+        if not capture.any:
+            return
+        output = c.output_messages(response.content, response.tool_calls, response.finish_reason)
+        if capture.on_span:
+            self.span.set_attribute(c.OUTPUT_MESSAGES, output)
+        if capture.as_event:
+            self.span.add_event(c.CONTENT_EVENT, {c.OUTPUT_MESSAGES: output})
+
+    def _record_usage(self, usage: Any, attributes: Dict[str, Any]) -> None:
+        if usage is None:
+            return
+        histogram = self.run.owner.instruments.token_usage
+        histogram.record(usage.prompt_tokens, {**attributes, c.TOKEN_TYPE: "input"})
+        histogram.record(usage.completion_tokens, {**attributes, c.TOKEN_TYPE: "output"})
+
+    def _end(self, metric: Dict[str, Any]) -> None:
+        if not self.open:
+            return
+        self.open = False
+        self.ended_at = time.monotonic()
+        self.span.end()
+        self.run.owner.instruments.operation_duration.record(self.ended_at - self.started, metric)
+
+
+def current_context() -> Any:
+    """The context current in the calling thread: a run's span is parented to it."""
+    return otel_context.get_current()
