@@ -119,7 +119,7 @@ def main(argv: List[str]) -> int:
                 "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
                 "imports": lambda: imports.run(repeats=5 if q else 30),
                 "mcp": lambda: mcp_calls.run(quick=q),
-                "otel": lambda: otel.run(repeats=1 if q else 3, tokens=300 if q else 2000, streams=2 if q else 5),
+                "otel": lambda: otel.run(repeats=1 if q else 5, tokens=300 if q else 5000, streams=2 if q else 10),
             }
             for number in sorted(wanted, key=int):
                 name = SECTIONS[number]

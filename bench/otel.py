@@ -1,7 +1,7 @@
 """Section 13: what OpenTelemetry instrumentation costs per token, beside the uninstrumented engine.
 
 Three variants, each in a fresh process reading the same streams from a
-FakeProvider on 127.0.0.1 (2,000 one-token frames a stream, a tool
+FakeProvider on 127.0.0.1 (5,000 one-token frames a stream, ten streams a process, a tool
 registered so the inline scanner is on):
 
 * ``none``: ``opentelemetry`` cannot be imported (the engine's hooks are ``None``);
@@ -23,7 +23,7 @@ from typing import Any, Dict, List
 
 from .common import ROOT, median, spread
 
-TOKENS = 2000
+TOKENS = 5000
 VARIANTS = ("none", "api", "sdk")
 TARGETS = {"api": 1.02, "sdk": 1.10}
 
@@ -75,7 +75,7 @@ def _one(variant: str, tokens: int, streams: int) -> float:
     return json.loads(out.strip().splitlines()[-1])["cpu_us_per_token"]
 
 
-def run(repeats: int = 3, tokens: int = TOKENS, streams: int = 5) -> Dict[str, Any]:
+def run(repeats: int = 5, tokens: int = TOKENS, streams: int = 10) -> Dict[str, Any]:
     samples: Dict[str, List[float]] = {variant: [] for variant in VARIANTS}
     for _ in range(repeats):
         for variant in VARIANTS:

@@ -41,7 +41,13 @@ class RoundTrace:
             self.chat = None
 
     def watching(self, on_chunk: Callable[[Chunk], None]) -> Callable[[Chunk], None]:
-        """``on_chunk`` that also marks the attempt's first *meaningful* chunk (the engine's own rule)."""
+        """``on_chunk`` that also marks the attempt's first *meaningful* chunk (the engine's own rule).
+
+        Unwrapped when nothing would record it (no SDK): a chunk then costs what it costs untraced.
+        """
+        if not self.run_trace.watches_chunks:
+            return on_chunk
+
         def hooked(chunk: Chunk) -> None:
             if not self.seen_output and chunk.is_meaningful and self.chat is not None:
                 self.seen_output = True

@@ -42,6 +42,14 @@ class Instrumentation:
         self.client = client
         self.tracer = trace.get_tracer(SCOPE, version, tracer_provider=tracer_provider)
         self.instruments = Instruments(meter_provider, version)
+        self._meter_given = meter_provider is not None
+
+    def metrics_live(self) -> bool:
+        """Whether recorded measurements go anywhere: a meter provider given, or an SDK's set globally."""
+        if self._meter_given:
+            return True
+        from opentelemetry import metrics
+        return type(metrics.get_meter_provider()).__name__ not in ("ProxyMeterProvider", "NoOpMeterProvider")
 
     @staticmethod
     def current_context() -> Any:
@@ -75,6 +83,8 @@ class RunTrace:
                                             kind=SpanKind.INTERNAL)
         self.context = trace.set_span_in_context(self.span, parent)
         self.recording = self.span.is_recording()
+        #: Whether per-chunk work (the first meaningful chunk) is worth doing: nothing records it otherwise.
+        self.watches_chunks = self.recording or owner.metrics_live()
         self._tools: Dict[str, Any] = {}
         self._chats: list = []
         self._lock = threading.Lock()  # tool spans are opened and closed from tool workers
