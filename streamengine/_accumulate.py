@@ -28,8 +28,6 @@ from typing import Dict, List, Optional, Tuple
 
 from ._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage, too_deep
 
-__all__ = ["ResponseAggregator", "TextBuffer", "ToolCallAccumulator"]
-
 
 class _PartialCall:
     """One tool call being assembled; ``order`` is when its first fragment arrived."""

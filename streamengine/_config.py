@@ -14,8 +14,6 @@ from . import _validation as validation
 from ._errors import ConfigError
 from ._messages import CompletionOptions
 
-__all__ = ["EngineConfig", "TOOL_MODES", "completion_options"]
-
 #: ``inline``: tools are called with ``<tool name="...">{...}</tool>`` blocks in the
 #: answer text; ``native``: with the provider's tool-call API; ``auto``: both.
 TOOL_MODES = ("auto", "inline", "native")

@@ -25,8 +25,6 @@ from typing import Any, Literal, Optional, overload
 
 from ._errors import ConfigError
 
-__all__ = ["count", "json_type", "name", "one_line", "seconds", "short_repr"]
-
 
 @overload
 def seconds(value: Any, what: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...

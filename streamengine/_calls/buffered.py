@@ -20,8 +20,6 @@ from .strategies import (
     VERB_UNAVAILABLE, CallStrategy, OnChunk, OnToolCalls, Steps, _describe_exception, _model_of, refuse_if_cancelled,
 )
 
-__all__ = ["BufferedCallStrategy"]
-
 
 class BufferedCallStrategy(CallStrategy):
     """Calls ``client.complete()`` in a worker thread and waits up to ``completion_timeout``.

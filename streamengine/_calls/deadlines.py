@@ -37,8 +37,6 @@ from typing import Iterator, List, Optional, Tuple
 
 from .._cancel import CancelToken
 
-__all__ = ["DeadlineWatcher", "Watch", "held", "watch", "watched_here", "watcher"]
-
 IDLE, CAP = "idle", "cap"
 _NEVER = float("inf")
 _THREAD_NAME = "streamengine-deadlines"

@@ -44,8 +44,6 @@ from .._errors import (
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
 
-__all__ = ["ErrorClass", "ErrorClassifier", "FailoverResult", "ModelFailover"]
-
 Attempt = Tuple[str, BaseException]
 
 

@@ -21,8 +21,6 @@ from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import Chunk, Response
 
-__all__ = ["EventEmitter", "ModelChunkEvent", "Observer", "Subscriber", "check_observers", "notify_observers"]
-
 @dataclass(frozen=True)
 class ModelChunkEvent:
     """One chunk read from the model; ``is_final`` marks the completing chunk.

@@ -63,8 +63,6 @@ from .hooks import ModelChunkEvent, check_observers, notify_observers
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
 
-__all__ = ["BufferedCallStrategy", "CallStrategy", "StreamingCallStrategy", "make_call_strategy"]
-
 OnChunk = Callable[[Chunk], None]
 #: Native tool calls that became complete with a chunk (the call's one accumulator found them).
 OnToolCalls = Callable[[List[ToolCall]], None]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import List
 
-__all__ = ["COMMANDS", "llm_style"]
-
 COMMANDS = ("chat", "serve", "demo", "harness", "logs", "mcp")
 _TOP_LEVEL = ("-h", "--help", "--version")
 

@@ -18,9 +18,6 @@ from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
 from .._errors import ConfigError
 from .._clients.base import LlmClient
 
-__all__ = ["NO_CAP_S", "PROVIDERS", "UsageError", "add_mcp_flags", "add_provider_flags", "build_engine",
-           "close_engine", "close_mcp_servers", "models_from", "open_mcp_servers", "positive_seconds"]
-
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
 NO_CAP_S = 30 * 86400.0

@@ -30,8 +30,6 @@ from .build import UsageError, build_engine, close_engine
 from .log import RunLog, default_log, logging_enabled
 from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
 
-__all__ = ["EXIT_NOT_WHOLE", "cmd_chat", "final_answer", "is_terminal"]
-
 
 #: How long a piped stdin may stay silent before ``chat "PROMPT"`` goes on without it.
 STDIN_WAIT_S = 0.5

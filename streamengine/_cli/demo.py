@@ -32,9 +32,6 @@ from .._engine.result import EngineResult
 from ..testing import FakeProvider, Stamp, Step, steps as s
 from ..tools import Tool, ToolContext, tool
 
-__all__ = ["DEMO_MODEL", "DEMO_QUESTION", "DemoEngine", "DemoReport", "ToolTiming", "demo_tools",
-           "demo_turns", "format_summary", "run_demo"]
-
 DEMO_MODEL = "demo-model"
 DEMO_QUESTION = "Plan a weekend in Lisbon for me: what's the weather, and is there a flight from Berlin?"
 FAST_SCALE = 0.1

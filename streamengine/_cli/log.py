@@ -19,8 +19,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["RunLog", "default_log", "log_path", "logging_enabled"]
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -13,8 +13,6 @@ from .build import UsageError
 from .log import default_log, logging_enabled
 from .output import write
 
-__all__ = ["cmd_logs"]
-
 
 def cmd_logs(args: argparse.Namespace, hooks: Any) -> int:
     out = sys.stdout

@@ -48,8 +48,6 @@ from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
 from .._messages import PROG
 from .._validation import one_line as _one_line
 
-__all__ = ["EventPrinter", "JsonEventPrinter", "PROVIDERS", "build_parser", "main"]
-
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,10 +22,6 @@ from .._engine.events import (
 from .._messages import LLM_WARNING, PROG
 from .._validation import one_line as _one_line
 
-__all__ = ["EventPrinter", "JsonEventPrinter", "MarkupFilter", "attempt_lines", "error_lines", "is_terminal",
-           "strip_markup", "write",
-           "write_error", "use_color"]
-
 _DIM, _BOLD, _RED, _RESET = "\x1b[2m", "\x1b[1m", "\x1b[31m", "\x1b[0m"
 BOLD, RESET = _BOLD, _RESET
 

@@ -24,8 +24,6 @@ from typing import Any, Callable, Generator, Iterator, Optional, Sequence, TypeV
 
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
 
-__all__ = ["LlmClient", "StreamingLlmClient", "Wait", "block_on", "chunks_only", "run_blocking"]
-
 _NEVER = float("inf")
 #: A wait without a socket to watch wakes at least this often to look again (a lost wake-up costs this).
 WAIT_SLICE_S = 0.05

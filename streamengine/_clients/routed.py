@@ -28,8 +28,6 @@ from .._errors import ConfigError
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
 from .base import LlmClient, StreamingLlmClient
 
-__all__ = ["RoutedClient"]
-
 
 class RoutedClient(StreamingLlmClient):
     """Routes ``"<route>:<model>"`` to the client registered under ``<route>``.

@@ -35,8 +35,6 @@ from .._errors import ConfigError, LlmCancelledError, LlmHttpError
 from .._messages import Chunk, CompletionOptions, Message, MessageLike, Response, ToolSpec, as_messages
 from .base import StreamingLlmClient, Wait, chunks_only
 
-__all__ = ["ScriptedCall", "ScriptedClient"]
-
 TurnItem = Union[Chunk, str, float, int, BaseException, type]
 Turn = Union[Sequence[TurnItem], str, BaseException]
 

@@ -29,8 +29,6 @@ from typing import Any, List, Optional
 
 from .._calls.deadlines import held
 
-__all__ = ["DEFAULT_MAX_ITEMS", "EventChannel"]
-
 #: Events a channel holds before the producer waits: a few hundred kB of tokens
 #: at most, and enough that a consumer draining in batches never starves it.
 DEFAULT_MAX_ITEMS = 1024

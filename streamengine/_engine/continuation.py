@@ -14,8 +14,6 @@ from typing import List, Sequence
 
 from .._messages import Message, ToolResult
 
-__all__ = ["MAX_RESULT_CHARS", "build_continuation_message", "result_content", "tool_result_messages"]
-
 MAX_RESULT_CHARS = 8000
 _FENCE_RUN = re.compile(r"`{3,}")
 

@@ -118,7 +118,3 @@ class HeartbeatEvent:
 Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent,
               DoneEvent, HeartbeatEvent]
 
-__all__ = [
-    "DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent", "TokenEvent",
-    "ToolResultEvent", "ToolStartEvent",
-]

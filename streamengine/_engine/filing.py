@@ -25,8 +25,6 @@ from typing import Any, Callable, Deque, Optional, Sequence, Tuple
 from .. import _validation as validation
 from .._messages import ToolResult
 
-__all__ = ["FilingQueue", "FilingTicket", "run_scope", "wait_filed"]
-
 #: Filings waiting at most, per store: past it the store is not keeping up, and a
 #: new filing is refused at once (a filing error) instead of piling up memory.
 MAX_PENDING = 256

@@ -42,8 +42,6 @@ from .._cancel import CancelToken
 from .._clients.base import Wait
 from .events import Event, HeartbeatEvent
 
-__all__ = ["RunLoop"]
-
 _NEVER = float("inf")
 #: Heartbeats carry nothing: one frozen instance serves every one.
 HEARTBEAT = HeartbeatEvent()

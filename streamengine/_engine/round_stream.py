@@ -16,8 +16,6 @@ from .._messages import Chunk, Response, ToolCall
 if TYPE_CHECKING:  # pragma: no cover
     from .rounds import RoundRunner
 
-__all__ = ["RoundStream"]
-
 
 class RoundStream:
     """Everything one round keeps while its stream flows (see the module doc)."""

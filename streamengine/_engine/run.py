@@ -43,8 +43,6 @@ from .traced import start_run
 from .._otel import instrumentation
 from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
-__all__ = ["EngineConfig", "EngineResult", "RunFailedError", "StreamingEngine", "Telemetry"]
-
 #: How long a read-ahead consumer waits for its reader thread to end after the run.
 _READER_JOIN_S = 5.0
 #: Stop reasons of a run that produced no answer: ``complete()`` raises for them.

@@ -28,8 +28,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .._messages import too_deep, unique_keys
 
-__all__ = ["BlockError", "parse_block"]
-
 OPEN = "<tool"
 CLOSE = "</tool>"
 WS = " \t\r\n"

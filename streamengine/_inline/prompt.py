@@ -10,8 +10,6 @@ from typing import Any, Dict, Sequence
 
 from .._messages import ToolSpec
 
-__all__ = ["TOOL_SYNTAX_HINT", "tool_instructions"]
-
 TOOL_SYNTAX_HINT = (
     "You can call tools while you write your answer. To call a tool, write a block "
     "exactly like this anywhere in your reply:\n"

@@ -34,8 +34,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._steps import Step, continues_call
 
-__all__ = ["AnthropicEncoder", "STOP_REASONS", "error_body", "message_body"]
-
 #: OpenAI finish reasons (what ``s.finish`` takes) -> Anthropic ``stop_reason``.
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
                 "content_filter": "refusal"}

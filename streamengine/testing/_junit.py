@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     from ._scenario import ScenarioResult
 
-__all__ = ["write_junit"]
-
 
 def _xml_text(text: str) -> str:
     """Drop what XML 1.0 cannot hold at all (ElementTree escapes the rest, but not these)."""

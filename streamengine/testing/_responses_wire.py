@@ -42,8 +42,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._steps import Step, continues_call
 
-__all__ = ["INCOMPLETE_REASONS", "ResponsesEncoder", "failed_body", "response_body"]
-
 #: OpenAI finish reasons (what ``s.finish`` takes) -> ``incomplete_details.reason``.
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 

@@ -100,8 +100,6 @@ from .._validation import one_line as _one_line, short_repr as _short
 from ..tools import Tool, ToolContext
 from ..tools._loading import load_tools
 
-__all__ = ["Scenario", "ScenarioError", "ScenarioResult", "load_scenario", "run_files", "run_scenario"]
-
 EVENT_NAMES = ("round", "token", "tool_start", "tool_result", "error", "done")
 FAKE_KINDS = ("echo", "sleep", "fail", "hang")
 _TERMINAL = frozenset({"done", "end", "stall", "drop", "http_error", "stall_before_headers"})

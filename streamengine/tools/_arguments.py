@@ -10,8 +10,6 @@ from typing import Any, Iterable, List, Mapping, Sequence, Tuple
 
 from ._jsonschema import describe, describe_value, resolve
 
-__all__ = ["problems_from_errors"]
-
 _MISSING_KINDS = frozenset({"missing", "missing_argument", "missing_keyword_only_argument"})
 _EXTRA_KINDS = frozenset({"extra_forbidden", "unexpected_keyword_argument"})
 # Errors about the kind of value (answered with the schema's own words) rather than a constraint on it.

@@ -15,8 +15,6 @@ from typing import Any, Dict, Mapping, Optional, Set, Tuple
 
 from .._validation import json_type
 
-__all__ = ["describe", "describe_value", "resolve", "tidy"]
-
 _SCHEMA_MAPS = ("properties", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames")

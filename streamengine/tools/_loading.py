@@ -15,8 +15,6 @@ from .._errors import ConfigError, ToolError
 from .._validation import one_line as _one_line, short_repr as _short
 from ._tool import Tool, ToolRegistry
 
-__all__ = ["import_object", "load_tools"]
-
 
 _FORMS = "expected 'module:attribute' (e.g. 'myapp.tools:TOOLS') or 'path/to/file.py:attribute' (e.g. 'tools.py:TOOLS')"
 

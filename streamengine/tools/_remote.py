@@ -39,8 +39,6 @@ from typing import Any, Callable, Dict, Tuple
 from .._errors import ToolError
 from .._messages import ToolContext
 
-__all__ = ["RemoteCall", "remote_reference", "share_cancel_event"]
-
 _tokens = itertools.count(1)
 _events: "weakref.WeakValueDictionary[str, threading.Event]" = weakref.WeakValueDictionary()
 _resolved: Dict[Tuple[str, str, str], Any] = {}

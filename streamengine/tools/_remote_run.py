@@ -19,8 +19,6 @@ from ._handle import ToolHandle
 from ._remote import RemoteCall, share_cancel_event
 from ._tool import Tool
 
-__all__ = ["hand_over"]
-
 Failure = Callable[[ToolHandle, BaseException, float, float], ToolResult]
 
 

@@ -17,8 +17,6 @@ from typing import Any
 
 from .._errors import ToolError
 
-__all__ = ["ToolFailure", "ToolReturnError", "result_to_text"]
-
 _WHAT_TO_RETURN = "return str, a JSON value (dict/list/number/bool/None), a dataclass or a pydantic model"
 
 

@@ -36,8 +36,6 @@ from ._http import Headers, HttpError, StartResponse, json_response, status_line
 from ._policy import SEND, RequestRejected, messages_from_request, with_system_prompt
 from ._response import SseResponse, StuckReaders
 
-__all__ = ["STREAM_PATH", "StreamApp", "make_wsgi_app"]
-
 STREAM_PATH = "/v1/chat/stream"
 HEALTH_PATH = "/healthz"
 PAGE_PATH = "/"

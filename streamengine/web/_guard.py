@@ -22,8 +22,6 @@ from typing import Callable, Dict, FrozenSet, Iterable, Optional
 from .._errors import ConfigError
 from ._http import HttpError
 
-__all__ = ["HostCheck", "StreamLimiter", "client_address"]
-
 ClientKey = Callable[[dict], str]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})

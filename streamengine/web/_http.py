@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-__all__ = ["Headers", "HttpError", "StartResponse", "json_response", "status_line"]
-
 StartResponse = Callable[..., Any]
 Headers = List[Tuple[str, str]]
 

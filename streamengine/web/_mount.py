@@ -6,8 +6,6 @@ from typing import Callable, Iterable
 from .._errors import ConfigError
 from ._http import StartResponse
 
-__all__ = ["mount"]
-
 
 def mount(host_app: Callable[..., Iterable[bytes]], prefix: str,
           app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:

@@ -19,8 +19,6 @@ from .._errors import ConfigError
 from .._messages import Message, as_message
 from .._validation import json_type
 
-__all__ = ["RequestRejected", "messages_from_request"]
-
 SEND = 'send {"messages": [{"role": "user", "content": "..."}]}'
 _PUBLIC_ROLES = ("user", "assistant")
 _PUBLIC_KEYS = frozenset({"role", "content"})

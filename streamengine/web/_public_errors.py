@@ -7,8 +7,6 @@ from .._logs import component_logger
 from .._messages import LLM_WARNING
 from ._sse import _named_frame, _public_message, done_frame, encode_event, encode_token, tool_result_frame
 
-__all__ = ["PublicErrors"]
-
 _log = component_logger("streamengine.web")
 
 

@@ -37,8 +37,6 @@ from .._messages import Message
 from ._sse import DONE_FRAME, OK_FRAME, PING_FRAME, failure_frame
 from ._public_errors import PublicErrors
 
-__all__ = ["MAX_BATCH_BYTES", "SseResponse", "StuckReaders"]
-
 #: A batch is written once it is this large, however many events are still waiting.
 MAX_BATCH_BYTES = 64 * 1024
 #: How often an idle stream asks the server whether its client is gone (waitress); one attribute read.

@@ -16,8 +16,6 @@ from typing import Any, Callable, Dict, Optional, Sequence, TextIO
 from .._errors import ConfigError
 from .._messages import PROG
 
-__all__ = ["serve_app", "server_limits"]
-
 
 #: Open connections at most (each a file descriptor and a little memory, no thread):
 #: far above any stream cap, so connections that sit half-sent never starve

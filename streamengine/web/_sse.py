@@ -50,11 +50,6 @@ from .._messages import LLM_WARNING
 if TYPE_CHECKING:
     from ._public_errors import PublicErrors
 
-__all__ = [
-    "DONE_FRAME", "EVENT_NAMES", "OK_FRAME", "PING_FRAME",
-    "encode_event", "encode_stream", "encode_token",
-]
-
 #: Always the last frame of a stream; OpenAI-style clients stop on it.
 DONE_FRAME = b"data: [DONE]\n\n"
 #: First frame: flushes headers through proxies and tells the client the stream is live.

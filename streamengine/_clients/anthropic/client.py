@@ -28,8 +28,6 @@ from .stream import AnthropicStreamParser
 from ..http.extras import RequestExtras, sdk_settings
 from ..http.transport import HttpProviderClient, content_headers
 
-__all__ = ["AnthropicClient"]
-
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_VERSION = "2023-06-01"
 #: Sent as ``max_tokens`` when the call's options give none (the API requires one).

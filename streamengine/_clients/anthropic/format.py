@@ -26,9 +26,6 @@ from ..._messages import (
 )
 from ..http.errors import in_band_error, in_band_status, status_error
 
-__all__ = ["FINISH_REASONS", "chat_body", "error_from_payload", "finish_reason",
-           "http_error", "merge_usage", "response_from_json", "usage_of"]
-
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
 FINISH_REASONS = {

@@ -34,8 +34,6 @@ from ..._messages import Chunk, ToolCallDelta
 from .format import error_from_payload, finish_reason, merge_usage, usage_of
 from ..http.typed_events import TypedEventParser
 
-__all__ = ["AnthropicStreamParser"]
-
 
 class _ToolBlock:
     __slots__ = ("index", "argued", "start_input")

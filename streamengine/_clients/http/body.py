@@ -21,9 +21,6 @@ from ..._errors import LlmProtocolError
 from ..base import Wait, readable
 from .connection import RequestTracker
 
-__all__ = ["ALWAYS", "READ_SIZE", "STREAM_ERRORS", "SocketBody", "cancelled", "drain_after_done", "excerpt",
-           "read1_of", "read_limited", "seconds_left", "timed_reads"]
-
 READ_SIZE = 65536
 #: What reading or sending may raise underneath requests: all become streamengine errors.
 STREAM_ERRORS = (

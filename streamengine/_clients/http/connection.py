@@ -61,8 +61,6 @@ else:
 # How often a connect in progress looks at its tracker; a shutdown wakes it sooner.
 _CONNECT_SLICE_S = 0.05
 
-__all__ = ["CancellableAdapter", "RequestTracker", "mount_cancellable", "tracking"]
-
 _local = threading.local()
 
 

@@ -11,8 +11,6 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from ..._errors import ConfigError
 
-__all__ = ["SENSITIVE_HEADER", "check_api_key", "check_headers", "secret_forms"]
-
 # Header names whose values are credentials (``Authorization``, Azure's
 # ``api-key``, ``x-api-key``, ``X-Auth-Token``...): never shown in errors.
 SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)

@@ -14,9 +14,6 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..._errors import LlmError, LlmHttpError, LlmStreamError
 
-__all__ = ["ERROR_TYPE_STATUSES", "MAX_RETRY_AFTER_S", "in_band_error", "in_band_status", "parse_retry_after",
-           "short_cause", "status_error"]
-
 MAX_RETRY_AFTER_S = 86400.0
 
 

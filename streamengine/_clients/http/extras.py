@@ -25,8 +25,6 @@ from ..._messages import CompletionOptions
 from ..._validation import count, seconds
 from .credentials import SENSITIVE_HEADER, check_headers, secret_forms
 
-__all__ = ["EXTRA_KEYS", "RequestExtras", "sdk_settings", "split_extras"]
-
 EXTRA_KEYS = ("extra_body", "extra_headers", "extra_query")
 
 

@@ -47,9 +47,6 @@ from .body import (
 )
 from .errors import short_cause
 
-__all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "HttpProviderClient", "SseStreamParser", "content_headers",
-           "encode_body"]
-
 ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
 JSON_BODY_LIMIT = 64 * 1024 * 1024
 

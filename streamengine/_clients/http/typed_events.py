@@ -21,8 +21,6 @@ from .connection import RequestTracker
 from .transport import SseStreamParser
 from .sse_read import WAIT
 
-__all__ = ["TypedEventParser"]
-
 
 class TypedEventParser(SseStreamParser):
     """SSE events that are JSON objects -> chunks; a wire writes :meth:`chunk_of` and :meth:`plain_error`."""

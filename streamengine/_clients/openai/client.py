@@ -22,8 +22,6 @@ from .request import DEFAULT_BASE_URL, chat_body, check_query, env_api_key, env_
 from ..http.extras import RequestExtras, sdk_settings
 from ..http.transport import HttpProviderClient, encode_body
 
-__all__ = ["DEFAULT_BASE_URL", "OpenAICompatibleClient", "parse_retry_after"]
-
 
 class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
     """Chat completions (streamed or not) and embeddings over one ``requests.Session``.

@@ -18,8 +18,6 @@ import requests
 from ..._errors import LlmHttpError
 from ..http.errors import in_band_error, in_band_status, short_cause, status_error
 
-__all__ = ["connection_error_message", "http_error", "provider_message", "raise_in_band_error"]
-
 _HINTS = {
     400: "the provider rejected the request; check the model name, messages and options",
     401: "check the API key (STREAMENGINE_API_KEY or OPENAI_API_KEY)",

@@ -23,8 +23,6 @@ from .errors import raise_in_band_error
 from ..http.transport import SseStreamParser
 from ..http.sse_read import WAIT
 
-__all__ = ["StreamParser", "response_from_json", "vectors_from_json"]
-
 _scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
 
 

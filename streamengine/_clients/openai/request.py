@@ -13,8 +13,6 @@ from ..._errors import ConfigError
 from ..._messages import CompletionOptions, MessageLike, ToolSpec, as_messages
 from ..http.transport import content_headers
 
-__all__ = ["DEFAULT_BASE_URL", "chat_body", "check_query", "env_api_key", "env_base_url", "request_headers"]
-
 #: The one default provider URL (the CLI and ``from_env`` use it too).
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 

@@ -17,8 +17,6 @@ from ..._messages import Response, ToolCall, Usage
 from ..openai.errors import raise_in_band_error
 from ..openai.parse import _token_count, _usage
 
-__all__ = ["INCOMPLETE_REASONS", "finish_reason_of", "raise_error", "response_from_json", "usage_of"]
-
 #: ``incomplete_details.reason`` -> the finish reasons the engine knows (Chat Completions' names).
 INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
 

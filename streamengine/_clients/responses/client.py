@@ -19,8 +19,6 @@ from .answer import response_from_json
 from .request import responses_body
 from .stream import ResponsesStreamParser
 
-__all__ = ["OpenAIResponsesClient"]
-
 
 class OpenAIResponsesClient(OpenAICompatibleClient):
     """OpenAI's Responses API (and the servers that speak it: vLLM, Ollama, llama.cpp, LM Studio, OpenRouter, Azure).

@@ -25,8 +25,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..._errors import ConfigError
 from ..._messages import CompletionOptions, Message, MessageLike, ToolSpec, as_messages
 
-__all__ = ["REFUSED_OPTIONS", "RENAMED_OPTIONS", "responses_body"]
-
 #: Chat Completions option names -> their Responses names.
 RENAMED_OPTIONS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"}
 

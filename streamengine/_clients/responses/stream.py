@@ -41,8 +41,6 @@ from ..._messages import Chunk, ToolCallDelta
 from ..http.typed_events import TypedEventParser
 from .answer import call_of, finish_reason_of, output_of, raise_error, usage_of
 
-__all__ = ["ProgressChunk", "ResponsesStreamParser"]
-
 # Hosted tools' progress: response.web_search_call.searching, response.code_interpreter_call_code.delta...
 _HOSTED_PROGRESS = re.compile(r"response\.(?!function_call_arguments\.)(?:\w+_call(?:_\w+)?|mcp_list_tools)\.\w+")
 _HOSTED_ITEM = re.compile(r"\w+_call|mcp_list_tools")
