@@ -40,7 +40,8 @@ _HOMES: _Dict[str, str] = {
                      "LlmHttpError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "StreamEngineError",
                      "ToolError"], "._errors"),
     **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
-                     "ToolCallDelta", "ToolContext", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+                     "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["ToolContext"], "._tool_context"),
     **dict.fromkeys(["RunFailedError"], "._engine.run"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
     **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
@@ -77,9 +78,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._logs import enable_logging
     from ._engine.run import RunFailedError
     from ._messages import (
-        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolContext, ToolResult,
-        ToolSpec, Usage,
+        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolResult, ToolSpec, Usage,
     )
+    from ._tool_context import ToolContext
     from .rag._embedders import HashingEmbedder, OpenAIEmbedder
     from .rag._postgres import PostgresRagStore
     from .rag._sqlite import SqliteRagStore

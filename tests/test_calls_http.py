@@ -13,7 +13,8 @@ import time
 import pytest
 from loguru import logger
 
-from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy, make_call_strategy
+from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
 from streamengine._clients.openai.client import OpenAICompatibleClient

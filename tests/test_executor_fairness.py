@@ -128,9 +128,9 @@ def test_an_owner_at_its_limit_is_refused_as_busy_after_the_queue_timeout(make_e
 def test_invalid_sharing_options_are_config_errors():
     from streamengine._errors import ConfigError
 
-    with pytest.raises(ConfigError, match="queue_timeout must be a positive number of seconds, got 0"):
+    with pytest.raises(ConfigError, match="queue_timeout must be a number of seconds > 0, got 0"):
         ToolExecutor(queue_timeout=0)
-    with pytest.raises(ConfigError, match="max_per_owner must be a positive integer, got 1.5"):
+    with pytest.raises(ConfigError, match="max_per_owner must be an integer >= 1, got 1.5"):
         ToolExecutor(max_per_owner=1.5)
     with pytest.raises(ConfigError, match="remote must be a concurrent.futures.Executor, got str"):
         ToolExecutor(remote="dask")

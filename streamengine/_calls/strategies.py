@@ -357,8 +357,7 @@ def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, complet
         return StreamingCallStrategy(client, idle_timeout=idle_timeout, completion_timeout=completion_timeout,
                                      observers=observers, emitter=emitter, logger=logger)
     validation.seconds(idle_timeout, "idle_timeout")  # validated even if unused, so a typo never hides
+    from .buffered import BufferedCallStrategy  # here, not at the top: it builds on CallStrategy (no circle)
     return BufferedCallStrategy(client, completion_timeout=completion_timeout, observers=observers,
                                 emitter=emitter, logger=logger)
 
-
-from .buffered import BufferedCallStrategy  # noqa: E402 - it builds on CallStrategy, defined above

@@ -14,7 +14,7 @@ import concurrent.futures
 from typing import Any, Collection, Dict, List, Optional, Union
 
 from .._errors import ConfigError, ToolError
-from .._messages import ToolContext
+from .._tool_context import ToolContext
 from ..tools._schema import _NAME_RE
 from ..tools._tool import Tool
 

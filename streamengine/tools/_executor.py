@@ -26,32 +26,23 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
+from .. import _validation as validation
 from .._errors import ConfigError, ToolError
 from .._logs import component_logger
-from .._messages import ToolCall, ToolContext, ToolResult
+from .._messages import ToolCall, ToolResult
+from .._tool_context import ToolContext
 from ._handle import PENDING, ToolHandle
 from ._remote_run import hand_over
 from ._results import ToolFailure
-from ._tool import Tool, _check_timeout
+from ._tool import Tool
 
 
 def _effective_timeout(tool: Tool, timeout: Optional[float]) -> float:
+    """The tool's own timeout if it has one, else the caller's; one of them must be given."""
     chosen = tool.timeout if tool.timeout is not None else timeout
     if chosen is None:
         raise ConfigError(f"no timeout for tool {tool.name!r}: pass timeout= to submit() or to @tool")
-    try:
-        checked = _check_timeout(chosen, f"the call to tool {tool.name!r}")
-    except ToolError as exc:
-        raise ConfigError(str(exc)) from exc
-    assert checked is not None
-    return checked
-
-
-def _positive(name: str, value: Any, integer: bool = False) -> None:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        what = "a positive integer" if integer else "a positive number of seconds"
-        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return validation.seconds(chosen, f"timeout of the call to tool {tool.name!r}")
 
 
 class _Worker:
@@ -88,11 +79,11 @@ class ToolExecutor:
     def __init__(self, max_workers: int = 32, idle_exit_s: float = 5.0, logger: Any = None, *,
                  queue_timeout: float = 10.0, max_per_owner: Optional[int] = None,
                  remote: Optional[concurrent.futures.Executor] = None) -> None:
-        _positive("max_workers", max_workers, integer=True)
-        _positive("idle_exit_s", idle_exit_s)
-        _positive("queue_timeout", queue_timeout)
+        validation.count(max_workers, "max_workers", minimum=1)
+        validation.seconds(idle_exit_s, "idle_exit_s")
+        validation.seconds(queue_timeout, "queue_timeout")
         if max_per_owner is not None:
-            _positive("max_per_owner", max_per_owner, integer=True)
+            validation.count(max_per_owner, "max_per_owner", minimum=1)
         if remote is not None and not callable(getattr(remote, "submit", None)):
             raise ConfigError(f"remote must be a concurrent.futures.Executor, got {type(remote).__name__}")
         self.max_workers = max_workers

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Tuple
 
 from .._errors import ToolError
-from .._messages import ToolContext
+from .._tool_context import ToolContext
 
 _tokens = itertools.count(1)
 _events: "weakref.WeakValueDictionary[str, threading.Event]" = weakref.WeakValueDictionary()

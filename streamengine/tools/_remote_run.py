@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .._messages import ToolContext, ToolResult
+from .._messages import ToolResult
+from .._tool_context import ToolContext
 from ._handle import ToolHandle
 from ._remote import RemoteCall, share_cancel_event
 from ._tool import Tool

@@ -25,7 +25,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from .._errors import ToolError
-from .._messages import ToolContext
+from .._tool_context import ToolContext
 from ._arguments import problems_from_errors
 from ._jsonschema import tidy
 

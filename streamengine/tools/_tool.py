@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
 
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
-from .._messages import ToolContext, ToolSpec
+from .._messages import ToolSpec
+from .._tool_context import ToolContext
 from ._docstrings import parse_docstring
 from ._jsonschema import describe_value
 from ._remote import remote_reference

@@ -10,7 +10,8 @@ Modules (private): ``_app`` (routes, checks in order), ``_policy`` (which
 messages a request may bring), ``_guard`` (Host check, authorize, stream
 limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
 readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
-``_mount``, ``_http`` (JSON refusals), ``_serve`` (waitress, for the CLI).
+``_mount``, ``_http`` (JSON refusals), ``_page`` (the page and its CSP), ``_serve``
+(waitress, for the CLI).
 """
 from __future__ import annotations
 

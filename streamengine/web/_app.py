@@ -15,12 +15,8 @@ A request passes, in order: the Host check, the cross-site check, the
 """
 from __future__ import annotations
 
-import base64
-import hashlib
-import html
 import json
 import math
-import pkgutil
 import re
 import uuid
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
@@ -29,10 +25,11 @@ from urllib.parse import parse_qs
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
-from .._messages import LLM_WARNING, Message
+from .._messages import Message
 from ._public_errors import PublicErrors
 from ._guard import ClientKey, HostCheck, StreamLimiter, client_address
 from ._http import Headers, HttpError, StartResponse, json_response, status_line
+from ._page import fill_page, load_page
 from ._policy import SEND, RequestRejected, messages_from_request, with_system_prompt
 from ._response import SseResponse, StuckReaders
 
@@ -101,7 +98,7 @@ class StreamApp:
         self._log = component_logger("streamengine.web.StreamApp")
         self._stuck = StuckReaders(validation.seconds(stuck_reader_timeout_s, "stuck_reader_timeout_s",
                                                       allow_none=True), self._log)
-        self._page, self._page_csp = _load_page()
+        self._page, self._page_csp = load_page()
         self._routes: Dict[str, Dict[str, Route]] = {
             PAGE_PATH: {"GET": self._page_response},
             HEALTH_PATH: {"GET": self._health},
@@ -146,12 +143,7 @@ class StreamApp:
     # --- routes -------------------------------------------------------------------------
     def _page_response(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
         stream_url = (environ.get("SCRIPT_NAME") or "").rstrip("/") + STREAM_PATH
-        # ?autorun=PROMPT starts a run on load only for a same-origin or typed (Sec-Fetch-Site
-        # "none") request; a link from another site, or a browser that does not say, only fills the box.
-        autorun = "on" if environ.get("HTTP_SEC_FETCH_SITE") in ("same-origin", "none") else "off"
-        body = (self._page.replace("__STREAM_URL__", html.escape(stream_url, quote=True))
-                .replace("__AUTORUN__", autorun)
-                .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))
+        body = fill_page(self._page, stream_url, environ)
         return status_line(200), [
             ("Content-Type", "text/html; charset=utf-8"),
             ("Content-Length", str(len(body))),
@@ -383,23 +375,3 @@ def _check_origins(allow_origin: Union[None, str, Iterable[str]]) -> Union[None,
     if not origins:
         raise ConfigError("allow_origin is an empty collection; pass None for same-origin only")
     return origins[0] if isinstance(allow_origin, str) else frozenset(origins)
-
-
-_INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.S)
-
-
-def _load_page() -> Tuple[str, str]:
-    """The page and a CSP allowing exactly its inline script and style (by SHA-256)."""
-    data = pkgutil.get_data("streamengine", "static/index.html")
-    if data is None:  # pragma: no cover - a broken installation
-        raise ConfigError("streamengine/static/index.html is missing from this installation; reinstall streamengine")
-    page = data.decode("utf-8")
-    hashes: Dict[str, List[str]] = {"script": [], "style": []}
-    for kind, content in _INLINE.findall(page):
-        digest = base64.b64encode(hashlib.sha256(content.encode("utf-8")).digest()).decode("ascii")
-        hashes[kind].append(f"'sha256-{digest}'")
-    script = " ".join(hashes["script"]) or "'none'"
-    style = " ".join(hashes["style"]) or "'none'"
-    csp = (f"default-src 'none'; script-src {script}; style-src {style}; connect-src 'self'; "
-           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-    return page, csp

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from streamengine._calls.strategies import BufferedCallStrategy
+from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._clients.anthropic.client import AnthropicClient
 from streamengine._errors import (
     AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,

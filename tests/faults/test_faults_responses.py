@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._calls.strategies import BufferedCallStrategy
+from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._clients.responses.client import OpenAIResponsesClient
 from streamengine._errors import (
     AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,

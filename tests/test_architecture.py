@@ -1,0 +1,182 @@
+"""The house holds: no import circle, no module importing a layer above it, a doc that names what exists.
+
+docs/ARCHITECTURE.md is the current truth about the code; these tests keep
+it so.  Imports are read from the source (module level, outside
+``TYPE_CHECKING``), the way a reader follows them.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import re
+from typing import Dict, List, Set
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "streamengine"
+DOC = ROOT / "docs" / "ARCHITECTURE.md"
+
+#: Layers from the bottom up; a module may import its own layer and those below, never above.
+LAYERS = [
+    ("data", ["_errors", "_messages", "_tool_context", "_validation", "_logs", "_cancel", "_config"]),
+    ("parsing", ["_accumulate", "_inline"]),
+    ("clients", ["_clients"]),
+    ("tools", ["tools"]),
+    ("one call", ["_calls"]),
+    ("stores", ["rag"]),
+    ("mcp", ["mcp"]),
+    ("one run", ["_engine"]),
+    ("testing", ["testing"]),  # the fake provider and scenarios; the CLI's demo and harness use them
+    ("delivery", ["web", "wsgi", "_cli", "__main__"]),
+]
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> Dict[str, pathlib.Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str) -> str:
+    if level == 0:
+        return target
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _top_level_imports(module: str, path: pathlib.Path, known: Set[str]) -> Set[str]:
+    """The package modules ``module`` imports when it is imported (not in functions, not for type hints)."""
+    tree = ast.parse(path.read_text())
+    found: Set[str] = set()
+    is_package = path.name == "__init__.py"
+
+    def visit(body: List[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, is_package, node.level, node.module or "")
+                for alias in node.names:
+                    candidate = f"{base}.{alias.name}"
+                    found.add(candidate if candidate in known else base)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    visit(tree.body)
+    return {name for name in found if name in known and name != module}
+
+
+def _graph() -> Dict[str, Set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _top_level_imports(name, path, known) for name, path in modules.items()}
+
+
+def _layer_of(module: str) -> int:
+    inner = module.split(".")[1] if "." in module else ""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if inner in prefixes:
+            return index
+    return -1  # the package's own __init__: above everything, it re-exports
+
+
+def test_no_import_circle():
+    graph = _graph()
+    state: Dict[str, int] = {}
+    stack: List[str] = []
+    circles: List[List[str]] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt == "streamengine":
+                continue  # the lazy package __init__ imports nothing at import time
+            if state.get(nxt) == 1:
+                circles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module)
+    assert circles == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for module, imports in _graph().items():
+        mine = _layer_of(module)
+        if mine < 0:
+            continue
+        for target in imports:
+            theirs = _layer_of(target)
+            if theirs > mine:
+                upward.append(f"{module} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
+    assert upward == []
+
+
+def test_every_module_is_in_a_layer():
+    assert [m for m in _modules() if m != "streamengine" and _layer_of(m) < 0] == []
+
+
+def test_no_module_outside_testing_is_over_400_lines():
+    long = {name: len(path.read_text().splitlines()) for name, path in _modules().items()
+            if not name.startswith("streamengine.testing")}
+    assert {name: n for name, n in long.items() if n > 400} == {}
+
+
+# --- the doc names what exists ----------------------------------------------------------------
+
+_DOTTED = re.compile(r"`((?:streamengine\.)?(?:_?[a-z][a-z0-9_]*)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?`")
+
+
+def _named_in_doc() -> List[str]:
+    names = []
+    for match in _DOTTED.finditer(DOC.read_text()):
+        name = match.group(1)
+        head = name.split(".")[0]
+        if head == "streamengine" or (PACKAGE / head).exists() or (PACKAGE / f"{head}.py").exists():
+            names.append(name if head == "streamengine" else f"streamengine.{name}")
+    return sorted(set(names))
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+def test_the_architecture_doc_names_modules_and_functions_that_exist():
+    names = _named_in_doc()
+    assert len(names) > 30, "the doc should name the modules and functions it describes"
+    assert [name for name in names if not _resolves(name)] == []
+
+
+@pytest.mark.parametrize("path", ["streamengine/_engine/rounds.py", "streamengine/_clients/http/transport.py"])
+def test_the_doc_mentions_the_main_modules(path):
+    module = _module_name(ROOT / path).replace("streamengine.", "")
+    assert module in DOC.read_text()
