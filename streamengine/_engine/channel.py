@@ -27,6 +27,7 @@ import queue
 import threading
 from typing import Any, List, Optional
 
+from .. import _validation as validation
 from .._calls.deadlines import held
 
 #: Events a channel holds before the producer waits: a few hundred kB of tokens
@@ -39,8 +40,7 @@ _CLOSED = object()  # put by close(): always the last item
 
 class EventChannel:
     def __init__(self, max_items: int = DEFAULT_MAX_ITEMS, cancel: Optional[threading.Event] = None) -> None:
-        if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
-            raise ValueError(f"EventChannel max_items must be a positive integer, got {max_items!r}")
+        validation.count(max_items, "EventChannel max_items", minimum=1)
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._max = max_items
         self._room = threading.Event()  # set by the consumer after a drain, or on cancel

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, FrozenSet, Iterable, Optional
 
+from .. import _validation as validation
 from .._errors import ConfigError
 from ._http import HttpError
 
@@ -104,8 +105,7 @@ class StreamLimiter:
                  retry_after_s: int) -> None:
         for name, value in (("max_streams", max_streams), ("max_streams_per_client", max_streams_per_client),
                             ("retry_after_s", retry_after_s)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            validation.count(value, name, minimum=1)
         if not callable(client_key):
             raise ConfigError(f"client_key must be a function environ -> str, got {type(client_key).__name__}")
         self.max_streams = max_streams

@@ -21,6 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import requests
 
+from ... import _validation as validation
 from ..._errors import ConfigError, LlmError
 from ..._messages import CompletionOptions, MessageLike, Response, ToolSpec
 from .format import chat_body, error_from_payload, http_error, response_from_json
@@ -69,8 +70,7 @@ class AnthropicClient(RequestExtras, HttpProviderClient):
     ) -> None:
         headers, connect, self.max_retries = sdk_settings(headers, default_headers, connect_timeout, timeout,
                                                           max_retries)
-        if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int) or default_max_tokens < 1:
-            raise ConfigError(f"default_max_tokens must be a positive integer, got {default_max_tokens!r}")
+        validation.count(default_max_tokens, "default_max_tokens", minimum=1)
         if not isinstance(anthropic_version, str) or not re.fullmatch(r"[0-9A-Za-z.-]+", anthropic_version):
             raise ConfigError(f"anthropic_version must look like {DEFAULT_VERSION!r}, got {anthropic_version!r}")
         self.anthropic_version = anthropic_version
