@@ -45,10 +45,6 @@ def stdio_from_flag(text: str) -> McpServer:
     return McpServer.stdio(words[0], *words[1:])
 
 
-def tools_of(servers: Sequence[McpServer]) -> List[McpTool]:
-    return [t for server in servers for t in server.tools()]
-
-
 def close_all(servers: Sequence[McpServer]) -> None:
     for server in servers:
         server.close()

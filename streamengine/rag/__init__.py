@@ -4,16 +4,16 @@ The engine files every successful tool result (``chunks_for_ingest`` then
 ``RagStore.add_chunks``) so that a later ``rag_search`` -- in the same
 continuation round or a later one -- finds it.
 
-- ``chunking``: :func:`chunks_for_ingest`;
-- ``base``: :class:`RagStore` and :class:`Embedder` protocols, :class:`Hit`,
+- ``_chunking``: :func:`chunks_for_ingest`;
+- ``_base``: :class:`RagStore` and :class:`Embedder` protocols, :class:`Hit`,
   the query words and rank fusion every store shares;
-- ``embedders``: :class:`OpenAIEmbedder`, :class:`HashingEmbedder`;
-- ``sqlite``: :class:`SqliteRagStore`, the embedded default;
-- ``postgres``: :class:`PostgresRagStore`, one store shared by many processes
+- ``_embedders``: :class:`OpenAIEmbedder`, :class:`HashingEmbedder`;
+- ``_sqlite``: :class:`SqliteRagStore`, the embedded default;
+- ``_postgres``: :class:`PostgresRagStore`, one store shared by many processes
   (psycopg is imported only when one is made);
-- ``search_tool``: the built-in ``rag_search`` tool.
+- ``_search_tool``: the built-in ``rag_search`` tool.
 
-Layering: this package depends only on ``errors``/``logs``/``tools`` and the
+Layering: this package depends only on ``_errors``/``_logs``/``tools`` and the
 standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
 """
 from ._base import Embedder, Hit, RagStore

@@ -103,7 +103,6 @@ from ..tools._loading import load_tools
 EVENT_NAMES = ("round", "token", "tool_start", "tool_result", "error", "done")
 FAKE_KINDS = ("echo", "sleep", "fail", "hang")
 _TERMINAL = frozenset({"done", "end", "stall", "drop", "http_error", "stall_before_headers"})
-_NO_STREAM = frozenset({"http_error", "stall_before_headers"})
 _ENDS_BEFORE = frozenset({"end", "stall", "drop"})  # the stream stops at this step: stamp before it
 _JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list,
                "object": dict, "any": Any}
