@@ -27,7 +27,7 @@ LAYERS = [
     ("one call", ["_calls"]),
     ("stores", ["rag"]),
     ("mcp", ["mcp"]),
-    ("one run", ["_engine"]),
+    ("one run", ["_engine", "_otel"]),  # _otel: spans and metrics of a run, imported by _engine/run.py
     ("testing", ["testing"]),  # the fake provider and scenarios; the CLI's demo and harness use them
     ("delivery", ["web", "wsgi", "_cli", "__main__"]),
 ]

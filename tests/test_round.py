@@ -19,7 +19,8 @@ from streamengine._engine.events import (
 from streamengine._calls.failover import ModelFailover
 from streamengine._messages import Chunk, Message, ToolCallDelta, Usage
 from streamengine._engine.filing import FilingTicket
-from streamengine._engine.rounds import RoundRunner, RunDeps, RunState
+from streamengine._engine.rounds import RoundRunner
+from streamengine._engine.run_state import RunDeps, RunState
 from streamengine.tools import ToolExecutor, ToolRegistry, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, Iterable, List, Optional, Set
+from typing import Any, Dict, Generator, Iterable, List, Set
 
-from .._cancel import CancelToken
 from .._clients.base import Wait
-from .._config import EngineConfig
 from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
 from .filing import wait_filed
@@ -30,13 +27,13 @@ from .events import (
     DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
     ToolStartEvent,
 )
-from .._calls.failover import ModelFailover
 from .._inline.scanner import tool_instructions
-from .._messages import LLM_WARNING, Message, ToolCall, ToolResult, Usage
-from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry
+from .._messages import LLM_WARNING, Message, ToolCall, ToolResult
+from .result import CUT_OFF_FINISH_REASONS, EngineResult
 from .traced import RoundTrace, traced_tool_callbacks
 from .round_stream import RoundStream
-from ..tools import ToolExecutor, ToolHandle, ToolRegistry
+from .run_state import RunDeps, RunState
+from ..tools import ToolHandle
 
 Steps = Generator[Wait, None, Any]
 
@@ -47,47 +44,6 @@ def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
 
 def _joined(parts: Iterable[str]) -> str:
     return "\n\n".join(part for part in parts if part)
-
-
-@dataclass(frozen=True)
-class RunDeps:
-    """What a run needs from the engine that started it, and nothing more.
-
-    Shared by every run of one engine; each field is safe to use from many
-    runs at once.  ``filing`` (a :class:`~.filing.FilingQueue`; None without a
-    store: no filing, no filing wait) files successful results off the tool
-    workers; ``run_tools(scope)`` gives the tools bound to one run's RAG scope
-    (``rag_search``).  ``approve`` is asked before a side-effect tool runs.
-    """
-
-    config: EngineConfig
-    registry: ToolRegistry
-    executor: ToolExecutor
-    failover: ModelFailover
-    log: Any
-    filing: Any = None
-    run_tools: Optional[Callable[[str], Dict[str, Any]]] = None
-    approve: Optional[Callable[[ToolCall], object]] = None
-
-
-@dataclass
-class RunState:
-    """What one run has gathered so far; owned by the thread that drives the run."""
-
-    conversation: List[Message]
-    cancel: CancelToken
-    emit: Callable[[Event], None]
-    started: float
-    scope: str = ""  # the RAG scope this run files into and searches: its conversation, or itself
-    telemetry: Telemetry = field(default_factory=Telemetry)
-    rounds: List[str] = field(default_factory=list)
-    results: List[ToolResult] = field(default_factory=list)
-    usage: Optional[Usage] = None  # None until the provider reports usage
-    answer: Optional[str] = None
-    error: Optional[str] = None
-    refusal: Optional[str] = None
-    done: bool = False
-    trace: Any = None  # the run's OpenTelemetry trace (``_otel.tracing.RunTrace``), None when not traced
 
 
 class RoundRunner:
