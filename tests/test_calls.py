@@ -7,9 +7,8 @@ import time
 import pytest
 from loguru import logger
 
-from streamengine._calls.strategies import (
-    BufferedCallStrategy, StreamingCallStrategy, _Stopped, make_call_strategy,
-)
+from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine._calls.strategies import StreamingCallStrategy, _Stopped, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
 from streamengine._clients.scripted import ScriptedClient
