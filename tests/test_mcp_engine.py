@@ -179,3 +179,31 @@ def test_closing_the_run_cancels_the_mcp_request_on_the_server(lab_http, record)
             assert record.wait("start", "abandoned")
             run.close()  # the caller walks away mid-stream
         assert record.wait("cancelled", "abandoned"), record.events()
+
+
+def test_an_mcp_call_is_a_client_span_under_its_tool_span_and_carries_traceparent(lab_http):
+    """OpenTelemetry: ``tools/call {tool}`` nests under ``execute_tool``; the server gets ``traceparent``."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
+        fp.add_turn(s.text('<tool name="traced">{}</tool>'))
+        fp.add_turn(s.text("done"))
+        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), lab.tools(include=["traced"]),
+                                 EngineConfig(models=["m"], tool_mode="inline"), tracer_provider=provider)
+        with engine:
+            result = engine.complete([{"role": "user", "content": "q"}])
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    tool_span, client_span = spans["execute_tool traced"], spans["tools/call traced"]
+    assert client_span.kind is SpanKind.CLIENT
+    assert client_span.parent.span_id == tool_span.context.span_id
+    assert client_span.attributes["mcp.method.name"] == "tools/call"
+    meta = json.loads(result.tool_results[0].text)
+    trace_id = format(client_span.context.trace_id, "032x")
+    span_id = format(client_span.context.span_id, "016x")
+    assert meta["traceparent"].startswith(f"00-{trace_id}-{span_id}-")  # the flags: sampled (and random id)

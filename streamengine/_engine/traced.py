@@ -64,13 +64,15 @@ def traced_tool_callbacks(run_trace: Any, registry: Any, on_start: Callable[[Too
     a remote one's (process pool, Dask) is made when its result arrives,
     from the duration the remote worker reported.
     """
+    def tool_of(name: str) -> Any:
+        return registry.get(name) if hasattr(registry, "get") else None
+
     def remote(name: str) -> bool:
-        tool = registry.get(name) if hasattr(registry, "get") else None
-        return getattr(tool, "executor", "local") == "remote"
+        return getattr(tool_of(name), "executor", "local") == "remote"
 
     def started(call: ToolCall) -> None:
         if not remote(call.name):
-            run_trace.tool_started(call)
+            run_trace.tool_started(call, hand_over=bool(getattr(tool_of(call.name), "starts_itself", False)))
         on_start(call)
 
     def ended(result: ToolResult, ran: bool) -> None:

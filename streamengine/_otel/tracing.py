@@ -26,6 +26,37 @@ from .metrics import Instruments
 
 SCOPE = "streamengine"
 
+#: The tool span of a call being handed over on this thread (a tool that starts itself, e.g. MCP):
+#: set by the start hook, taken by the tool as it starts, so its own client span nests under it.
+_handing_over = threading.local()
+
+
+def take_hand_over() -> Optional[tuple]:
+    """``(context, tracer)`` of the tool span being handed over on this thread, once; else None."""
+    pending = getattr(_handing_over, "pending", None)
+    _handing_over.pending = None
+    return pending
+
+
+def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
+    """The MCP client span (``tools/call {tool}``) under the call's tool span, and its ``_meta`` carrier."""
+    from opentelemetry import propagate
+    parent, tracer = pending
+    span = tracer.start_span(f"tools/call {tool_name}", context=parent, kind=SpanKind.CLIENT)
+    if span.is_recording():
+        span.set_attributes({"mcp.method.name": "tools/call", c.TOOL_NAME: tool_name,
+                             c.OPERATION: "execute_tool", "network.transport": transport})
+    carrier: Dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span, parent))
+    return span, carrier
+
+
+def end_mcp_client_span(span: Any, error: Optional[BaseException]) -> None:
+    if error is not None:
+        span.set_attribute(c.ERROR_TYPE, type(error).__name__)
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    span.end()
+
 
 def _wall_ns(monotonic_s: float) -> int:
     """A ``time.monotonic()`` reading as epoch nanoseconds (what span timestamps are)."""
@@ -108,8 +139,13 @@ class RunTrace:
         return chat
 
     # --- tools -----------------------------------------------------------------------------------
-    def tool_started(self, call: Any, *, kind: str = "function", started_at: Optional[float] = None) -> Any:
-        """Open the call's ``execute_tool`` span (on the thread entering the function); returns its context."""
+    def tool_started(self, call: Any, *, kind: str = "function", started_at: Optional[float] = None,
+                     hand_over: bool = False) -> Any:
+        """Open the call's ``execute_tool`` span (on the thread entering the function); returns its context.
+
+        ``hand_over``: the tool starts itself right after this on this thread (MCP), and takes the
+        span with :func:`take_hand_over` to put its own client span under it.
+        """
         start = _wall_ns(started_at) if started_at is not None else None
         span = self.owner.tracer.start_span(f"execute_tool {call.name}", context=self.context,
                                             kind=SpanKind.INTERNAL, start_time=start)
@@ -120,7 +156,10 @@ class RunTrace:
                 span.set_attribute(c.TOOL_CALL_ARGUMENTS, call.arguments)
         with self._lock:
             self._tools[call.id] = span
-        return trace.set_span_in_context(span, self.context)
+        context = trace.set_span_in_context(span, self.context)
+        if hand_over:
+            _handing_over.pending = (context, self.owner.tracer)
+        return context
 
     def tool_ended(self, result: Any, *, remote: bool = False) -> None:
         """Close the call's span with its outcome; a remote tool's span is made here, from the remote duration."""

@@ -158,19 +158,38 @@ class McpServer:
 
     def _start_call(self, tool: McpTool, arguments: Dict[str, Any]) -> "concurrent.futures.Future[str]":
         """Submit one ``tools/call`` to the loop; the future's cancel cancels the request on the server."""
+        traced = _tool_span()  # taken first, so a call refused here leaves nothing behind on this thread
         if self._state != "open":
             future: "concurrent.futures.Future[str]" = concurrent.futures.Future()
             future.set_exception(McpToolError(f"tool '{tool.name}' not run: MCP server {self.name!r} is "
                                               f"{'closed' if self._state == 'closed' else 'not started'}"))
             return future
-        return _loop.submit(self._call(tool, arguments))
+        return _loop.submit(self._call(tool, arguments, traced))
 
-    async def _call(self, tool: McpTool, arguments: Dict[str, Any]) -> str:
+    async def _call(self, tool: McpTool, arguments: Dict[str, Any], traced: Optional[tuple] = None) -> str:
         def progress(done: float, total: Optional[float], message: Optional[str]) -> None:
             self._log.debug("tool {!r}: progress {}/{} {}", tool.name, done, total, message or "")
 
-        result = await self._connection.call(tool.remote_name, arguments, _async(progress))
-        return result_text(result, tool.name)
+        if traced is None:
+            result = await self._connection.call(tool.remote_name, arguments, _async(progress))
+            return result_text(result, tool.name)
+        from .._otel.tracing import end_mcp_client_span, mcp_client_span
+        span, meta = mcp_client_span(traced, tool.remote_name, "pipe" if isinstance(self._endpoint, StdioEndpoint) else "tcp")
+        error: Optional[BaseException] = None
+        try:
+            result = await self._connection.call(tool.remote_name, arguments, _async(progress), meta=meta)
+            return result_text(result, tool.name)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            end_mcp_client_span(span, error)
+
+
+def _tool_span() -> Optional[tuple]:
+    """The engine's tool span for this call, when the run is traced (OpenTelemetry loaded and on)."""
+    tracing = sys.modules.get("streamengine._otel.tracing")
+    return tracing.take_hand_over() if tracing is not None else None
 
 
 def _check_protocol(protocol: Any) -> str:

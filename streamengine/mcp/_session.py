@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Callable, List, Optional, Set
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
 import anyio
 import mcp_types as types
@@ -157,7 +157,8 @@ class Connection:
         self._on_tools(tools)
         return tools
 
-    async def call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]] = None) -> Any:
+    async def call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]] = None,
+                   meta: Optional[Dict[str, Any]] = None) -> Any:
         """``tools/call``; a crash or lost connection becomes :class:`McpUnavailable` naming what happened."""
         if self._closing:
             raise McpUnavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
@@ -165,7 +166,7 @@ class Connection:
         assert task is not None
         self._calls.add(task)
         try:
-            return await self._call(name, arguments, on_progress)
+            return await self._call(name, arguments, on_progress, meta)
         except asyncio.CancelledError:
             if self._closing:  # close(), not the caller: say so instead of "cancelled"
                 raise McpUnavailable(f"{self.endpoint.label} was closed during the call to {name!r}") from None
@@ -173,9 +174,12 @@ class Connection:
         finally:
             self._calls.discard(task)
 
-    async def _call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]]) -> Any:
+    async def _call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]],
+                    meta: Optional[Dict[str, Any]] = None) -> Any:
         client = await self.ensure()
         try:
+            if meta:  # W3C trace context for the server (params._meta.traceparent)
+                return await client.call_tool(name, arguments, progress_callback=on_progress, meta=meta)
             return await client.call_tool(name, arguments, progress_callback=on_progress)
         except MCPError as exc:
             if exc.error.code != types.CONNECTION_CLOSED:

@@ -85,6 +85,15 @@ def picture() -> Image:
     return Image(data=png, format="png")
 
 
+@server.tool(annotations=READ_ONLY)
+async def traced(ctx: Context) -> str:
+    """The request's ``_meta`` as JSON: what a tracing client sent (``traceparent``)."""
+    meta = getattr(ctx.request_context, "meta", None)
+    if hasattr(meta, "model_dump"):
+        meta = meta.model_dump(by_alias=True, exclude_none=True)
+    return json.dumps(meta if isinstance(meta, dict) else {}, default=str)
+
+
 @server.tool()
 async def grow(name: str, ctx: Context) -> str:
     """Add a tool called ``name`` and tell listening clients that the tool list changed."""
