@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from typing import Protocol, runtime_checkable
 
+from .. import _validation as validation
 from .._errors import ConfigError
 
 
@@ -82,8 +83,7 @@ class Embedder(Protocol):
 def _check_search_args(query: Any, k: Any, source: Any, scope: Any) -> None:
     if not isinstance(query, str):
         raise ConfigError(f"search query must be a str, got {type(query).__name__}")
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise ConfigError(f"k must be a positive int (how many hits), got {k!r}")
+    validation.count(k, "k (how many hits)", minimum=1)
     _check_source(source, allow_none=True)
     _check_scope(scope)
 

@@ -9,6 +9,7 @@ import re
 from typing import Any, List, Optional, Sequence, Tuple
 
 
+from .. import _validation as validation
 from .._errors import ConfigError
 
 
@@ -54,9 +55,8 @@ def chunks_for_ingest(text: str, chunk_size: int = 800, overlap: int = 100) -> L
 def _check_chunk_args(text: Any, chunk_size: Any, overlap: Any) -> None:
     if not isinstance(text, str):
         raise ConfigError(f"chunks_for_ingest needs text as str, got {type(text).__name__}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ConfigError(f"chunk_size must be a positive int (characters), got {chunk_size!r}")
-    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < chunk_size:
+    validation.count(chunk_size, "chunk_size (characters)", minimum=1)
+    if validation.count(overlap, "overlap") >= chunk_size:
         raise ConfigError(
             f"overlap must be an int with 0 <= overlap < chunk_size ({chunk_size}), got {overlap!r}"
         )

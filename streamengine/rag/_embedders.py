@@ -10,6 +10,7 @@ import math
 from typing import Any, List, Optional, Sequence
 
 
+from .. import _validation as validation
 from .._errors import ConfigError, LlmProtocolError
 
 from ._base import _TOKEN_RE
@@ -36,8 +37,7 @@ class OpenAIEmbedder:
             )
         if not isinstance(model, str) or not model.strip():
             raise ConfigError(f"OpenAIEmbedder needs an embedding model name, got {model!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+        validation.count(batch_size, "batch_size", minimum=1)
         self.client = client
         self.model = model
         self.batch_size = batch_size
@@ -70,8 +70,7 @@ class HashingEmbedder:
     """
 
     def __init__(self, dim: int = 64) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise ConfigError(f"HashingEmbedder dim must be a positive int, got {dim!r}")
+        validation.count(dim, "HashingEmbedder dim", minimum=1)
         self.dim = dim
         self.model = f"hashing-{dim}"
 

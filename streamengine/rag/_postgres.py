@@ -137,8 +137,7 @@ class PostgresRagStore(_StoreBase):
         self.dsn = _resolve_dsn(dsn)
         self.safe_dsn = redact_dsn(self.dsn)
         self.table = _check_table(table)
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size <= 0:
-            raise ConfigError(f"pool_size must be a positive int (connections per process), got {pool_size!r}")
+        validation.count(pool_size, "pool_size (connections per process)", minimum=1)
         self.statement_timeout = validation.seconds(statement_timeout, "statement_timeout")
         self._psycopg, psycopg_pool = _import_psycopg()
         self._lock = threading.Lock()
