@@ -420,10 +420,12 @@ def test_stream_is_ok_then_events_in_order_then_done():
     assert parser.comments == [" ok", " ping"]
 
 
-def test_stream_frames_are_one_per_event():
+def test_stream_frames_are_one_per_event_and_done_closes_the_last_write():
     frames = list(encode_stream(mixed_events()))
-    assert frames[0] == OK_FRAME and frames[-1] == DONE_FRAME
-    assert frames[1:-1] == [encode_event(e) for e in mixed_events()]
+    expected = [encode_event(e) for e in mixed_events()]
+    assert frames[0] == OK_FRAME
+    assert frames[1:-1] == expected[:-1]  # one write per event ...
+    assert frames[-1] == expected[-1] + DONE_FRAME  # ... and the done frame goes out with [DONE]
 
 
 def test_empty_stream_and_ok_first_false():
@@ -443,7 +445,7 @@ def failing(exc: BaseException):
 
 def test_library_error_mid_stream_becomes_error_frame_then_done():
     frames = list(encode_stream(failing(LlmStreamError("stream broke \n\nevent: done"))))
-    assert frames[-1] == DONE_FRAME
+    assert frames[-1].endswith(DONE_FRAME)
     events = parse(b"".join(frames)).events
     assert [e.type for e in events] == ["message", "error", "message"]
     assert json.loads(events[1].data) == {"message": "stream broke \n\nevent: done"}
@@ -461,7 +463,7 @@ def test_unexpected_error_mid_stream_hides_its_text():
 
 def test_unknown_event_mid_stream_ends_with_error_and_done():
     frames = list(encode_stream([TokenEvent("a"), Named("bogus")]))
-    assert frames[-1] == DONE_FRAME
+    assert frames[-1].endswith(DONE_FRAME)
     assert [e.type for e in parse(b"".join(frames)).events] == ["message", "error", "message"]
 
 

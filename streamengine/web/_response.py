@@ -34,11 +34,10 @@ from .._cancel import CancelToken
 from .._engine.events import DoneEvent, HeartbeatEvent
 from .._logs import component_logger
 from .._messages import Message
-from ._sse import DONE_FRAME, OK_FRAME, PING_FRAME, failure_frame
+from ._sse import frames, one_by_one
 from ._public_errors import PublicErrors
 
 #: A batch is written once it is this large, however many events are still waiting.
-MAX_BATCH_BYTES = 64 * 1024
 #: How often an idle stream asks the server whether its client is gone (waitress); one attribute read.
 PROBE_S = 0.25
 
@@ -68,8 +67,8 @@ class SseResponse:
         if run_batches is not None:
             batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
         else:  # an engine of your own with run() only: one event a batch
-            batches = _one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
-        self._batches = _frames(batches, heartbeat_s, disconnected, errors)
+            batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
+        self._batches = frames(batches, heartbeat_s, disconnected, errors)
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
         self._started = time.monotonic()
@@ -115,72 +114,6 @@ class SseResponse:
         finally:
             if self._on_close is not None:
                 self._on_close()
-
-
-def _frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnected: Optional[Probe],
-            errors: Optional[PublicErrors]) -> Iterator[bytes]:
-    """``: ok``, then the frames of each list of events joined, ``data: [DONE]`` in the last one.
-
-    Heartbeats from the engine come more often than the wire needs pings (so
-    the disconnect probe is read a few times a second); a ping is written
-    only after ``heartbeat_s`` without a write.
-    """
-    encode = errors.encode if errors is not None else _plain_encoder()
-    yield OK_FRAME
-    last_write = time.monotonic()
-    parts: List[bytes] = []
-    try:
-        try:
-            for batch in batches:
-                size = 0
-                beat = False
-                for event in batch:
-                    if event.__class__ is HeartbeatEvent:
-                        beat = True
-                        continue
-                    frame = encode(event)
-                    parts.append(frame)
-                    size += len(frame)
-                    if size >= MAX_BATCH_BYTES:
-                        yield b"".join(parts)
-                        parts, size = [], 0
-                if batch and isinstance(batch[-1], DoneEvent):
-                    break  # the last event: sent with [DONE] below, in the same write
-                if parts:
-                    yield b"".join(parts)
-                    parts = []
-                elif beat:
-                    if disconnected is not None and disconnected():
-                        return
-                    if heartbeat_s is None or time.monotonic() - last_write < heartbeat_s:
-                        continue
-                    yield PING_FRAME
-                else:
-                    continue
-                last_write = time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - the 200 is out: end the stream with an error frame
-            parts.append(failure_frame(exc, errors))
-        parts.append(DONE_FRAME)
-        yield b"".join(parts)
-    finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
-
-
-def _one_by_one(events: Iterator[Any]) -> Iterator[List[Any]]:
-    try:
-        for event in events:
-            yield [event]
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()
-
-
-def _plain_encoder() -> Callable[[Any], bytes]:
-    from ._sse import encode_event
-    return encode_event
 
 
 class StuckReaders:

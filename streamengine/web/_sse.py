@@ -40,15 +40,20 @@ import dataclasses
 import enum
 import json
 import math
+import time
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
+from .._engine.events import DoneEvent, HeartbeatEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
 from .._messages import LLM_WARNING
 
 if TYPE_CHECKING:
     from ._public_errors import PublicErrors
+
+#: A batch is written when it reaches this size, whatever is still to come in it.
+MAX_BATCH_BYTES = 64 * 1024
 
 #: Always the last frame of a stream; OpenAI-style clients stop on it.
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -240,22 +245,71 @@ def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
     With ``errors`` (a :class:`PublicErrors`), error details stay in the
     server log and the client gets a short message and a request id.
     """
-    return _stream(iter(events), ok_first, errors)
+    return frames(one_by_one(iter(events)), 0.0, None, errors, ok_first)
 
 
-def _stream(iterator: Iterator[Any], ok_first: bool, errors: "Optional[PublicErrors]") -> Iterator[bytes]:
-    encode = encode_event if errors is None else errors.encode
+def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnected: Optional[Callable[[], bool]],
+           errors: "Optional[PublicErrors]", ok_first: bool = True) -> Iterator[bytes]:
+    """``: ok``, then the frames of each list of events joined, ``data: [DONE]`` in the last one.
+
+    The one framer of both paths: the app's streams (one list per burst the
+    run hands over, written as one socket write) and :func:`encode_stream`
+    for a framework's view (one event a list).
+
+    Heartbeats from the engine come more often than the wire needs pings (so
+    the disconnect probe is read a few times a second); a ping is written
+    only after ``heartbeat_s`` without a write.
+    """
+    encode = errors.encode if errors is not None else encode_event
+    if ok_first:
+        yield OK_FRAME
+    last_write = time.monotonic()
+    parts: List[bytes] = []
     try:
-        if ok_first:
-            yield OK_FRAME
         try:
-            for event in iterator:
-                yield encode(event)
-        except Exception as exc:  # noqa: BLE001 - see encode_stream: end the stream cleanly
-            yield failure_frame(exc, errors)
-        yield DONE_FRAME
+            for batch in batches:
+                size = 0
+                beat = False
+                for event in batch:
+                    if event.__class__ is HeartbeatEvent:
+                        beat = True
+                        continue
+                    frame = encode(event)
+                    parts.append(frame)
+                    size += len(frame)
+                    if size >= MAX_BATCH_BYTES:
+                        yield b"".join(parts)
+                        parts, size = [], 0
+                if batch and isinstance(batch[-1], DoneEvent):
+                    break  # the last event: sent with [DONE] below, in the same write
+                if parts:
+                    yield b"".join(parts)
+                    parts = []
+                elif beat:
+                    if disconnected is not None and disconnected():
+                        return
+                    if heartbeat_s is None or time.monotonic() - last_write < heartbeat_s:
+                        continue
+                    yield PING_FRAME
+                else:
+                    continue
+                last_write = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the 200 is out: end the stream with an error frame
+            parts.append(failure_frame(exc, errors))
+        parts.append(DONE_FRAME)
+        yield b"".join(parts)
     finally:
-        close = getattr(iterator, "close", None)
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def one_by_one(events: Iterator[Any]) -> Iterator[List[Any]]:
+    try:
+        for event in events:
+            yield [event]
+    finally:
+        close = getattr(events, "close", None)
         if close is not None:
             close()
 
