@@ -37,8 +37,8 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["ScriptedClient"], "._clients.scripted"),
     **dict.fromkeys(["CancellableAdapter"], "._clients.http.connection"),
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
-                     "LlmHttpError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "StreamEngineError",
-                     "ToolError"], "._errors"),
+                     "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError",
+                     "StreamEngineError", "ToolError"], "._errors"),
     **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
                      "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
     **dict.fromkeys(["ToolContext"], "._tool_context"),
@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._engine.run import StreamingEngine
     from ._errors import (
         AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
-        LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
+        LlmOutputLimitError, LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
     )
     from ._logs import enable_logging
     from ._engine.run import RunFailedError

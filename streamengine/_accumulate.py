@@ -19,6 +19,14 @@ is reused with a new id, and open lower-index calls once a higher index has
 started **and** their arguments already parse as JSON.  The JSON check makes
 early dispatch safe with interleaved streams: a call whose arguments are still
 incomplete stays open until it completes or :meth:`finish` is called.
+
+What a provider sends is bounded here, while it accumulates (``_output_limits.OutputLimits``):
+the answer, reasoning and refusal text of one call and the arguments of each
+tool call; crossing a cap raises :class:`LlmOutputLimitError` before the
+chunk is kept.  Whether interleaved arguments are complete is followed
+fragment by fragment (``_json_shape.JsonShape``), so two interleaved calls cost
+time linear in their bytes: the whole text is parsed once, when its outer
+object has closed.
 """
 from __future__ import annotations
 
@@ -26,50 +34,63 @@ import json
 import uuid
 from typing import Dict, List, Optional, Tuple
 
-from ._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage, too_deep
+from ._json_shape import JsonShape
+from ._messages import MAX_ARGUMENT_CHARS, MAX_ARGUMENT_DEPTH, Chunk, Response, ToolCall, ToolCallDelta, Usage
+from ._output_limits import OutputLimits, check_length, output_limit_error
 
 
 class _PartialCall:
     """One tool call being assembled; ``order`` is when its first fragment arrived."""
 
-    __slots__ = ("index", "id", "name", "fragments", "order", "dirty")
+    __slots__ = ("index", "id", "name", "fragments", "chars", "shape", "order", "dirty")
 
     def __init__(self, index: int, order: int) -> None:
         self.index = index
         self.id: Optional[str] = None
         self.name: Optional[str] = None
-        self.fragments: List[str] = []
+        self.fragments = TextBuffer()
+        self.chars = 0
+        self.shape = JsonShape()
         self.order = order
         self.dirty = True  # arguments changed since the last completeness check
 
-    def merge(self, delta: ToolCallDelta) -> None:
+    def merge(self, delta: ToolCallDelta, limit: int) -> None:
         # First value wins: providers that repeat id/name on each fragment must
         # not produce "call_1call_1" or "searchsearch".
         if delta.id and self.id is None:
             self.id = delta.id
         if delta.name and self.name is None:
             self.name = delta.name
-        if delta.arguments_fragment:
-            self.fragments.append(delta.arguments_fragment)
+        fragment = delta.arguments_fragment
+        if fragment:
+            self.chars += len(fragment)
+            if self.chars > limit:
+                raise output_limit_error("tool arguments", limit, "EngineConfig.max_tool_argument_chars")
+            self.fragments.append(fragment)
+            self.shape.feed(fragment)
             self.dirty = True
 
     def arguments(self) -> str:
-        return "".join(self.fragments)
+        return self.fragments.text()
 
     def looks_complete(self) -> bool:
-        """Named and with arguments that parse: nothing more can legally be appended."""
+        """Named and with arguments that parse: nothing more can legally be appended.
+
+        The text is joined and parsed only once its outer object has closed
+        (``JsonShape``), and at most once: after that it either completes or
+        can never be complete.  Arguments nested too deep can never be run
+        (``ToolCall.args`` refuses them): ``finish()`` reports them.
+        """
         if self.name is None or not self.dirty:
             return False
         self.dirty = False
-        text = self.arguments().strip()
-        # Cheap pre-checks before json.loads: a JSON object must end with "}";
-        # arguments nested too deep can never be run (ToolCall.args refuses them,
-        # and json would recurse to the interpreter's limit): finish() reports them.
-        if not text.endswith("}") or too_deep(text):
+        shape = self.shape
+        if not shape.ended or shape.broken or shape.depth_max > MAX_ARGUMENT_DEPTH:
             return False
         try:
-            json.loads(text)
+            json.loads(self.arguments())
         except (ValueError, RecursionError):
+            shape.broken = True
             return False
         return True
 
@@ -91,10 +112,12 @@ class ToolCallAccumulator:
     :attr:`calls` lists them all, in the order their first fragment arrived.
     A call that never received a name cannot be run; ``finish`` drops it.
     Fragments for a call already returned early (which a well-formed stream
-    never sends, since its JSON was complete) are ignored.
+    never sends, since its JSON was complete) are ignored.  A call whose
+    arguments pass ``max_argument_chars`` raises :class:`LlmOutputLimitError`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_argument_chars: int = MAX_ARGUMENT_CHARS) -> None:
+        self._max_argument_chars = max_argument_chars
         self._open: Dict[int, _PartialCall] = {}
         self._done: List[Tuple[int, ToolCall]] = []  # (order, call)
         self._closed: Dict[int, str] = {}  # index -> id of a call returned early
@@ -115,7 +138,7 @@ class ToolCallAccumulator:
                 return completed
             partial = self._open[index] = _PartialCall(index, self._next_order)
             self._next_order += 1
-        partial.merge(delta)
+        partial.merge(delta, self._max_argument_chars)
         if index > self._highest_index:
             self._highest_index = index
         if len(self._open) > 1:
@@ -209,20 +232,26 @@ BLOCK = 1024
 
 
 class ResponseAggregator:
-    """Folds chunks into one :class:`Response`.
+    """Folds chunks into one :class:`Response`, within ``limits`` (:class:`OutputLimits`).
 
     Content (and reasoning, and refusal) pieces are joined; tool-call deltas go through a
     :class:`ToolCallAccumulator`; ``usage``, ``model`` and ``finish_reason`` are
     the last non-null values seen (providers send usage in a trailing frame).
-    :meth:`add` is on the per-token path, so it does as little as it can.
+    A chunk that takes a text past its cap raises :class:`LlmOutputLimitError`
+    and is not kept.  :meth:`add` is on the per-token path, so it does as little as it can.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Optional[OutputLimits] = None) -> None:
+        limits = limits if limits is not None else OutputLimits()
+        self.limits = limits
         self._content = TextBuffer()
         self._content_parts = self._content.parts  # add() appends here directly: one call less a token
+        self._content_left = limits.answer_chars
         self._reasoning = TextBuffer()
+        self._reasoning_chars = 0
         self._refusal = TextBuffer()
-        self.tools = ToolCallAccumulator()
+        self._refusal_chars = 0
+        self.tools = ToolCallAccumulator(limits.tool_argument_chars)
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
         self.finish_reason: Optional[str] = None
@@ -234,14 +263,15 @@ class ResponseAggregator:
         self.chunks += 1
         content = chunk.content
         if content:
+            self._content_left -= len(content)
+            if self._content_left < 0:
+                raise output_limit_error("answer", self.limits.answer_chars, "EngineConfig.max_answer_chars")
             parts = self._content_parts
             parts.append(content)
             if len(parts) >= BLOCK:
                 self._content.compact()
-        if chunk.reasoning:
-            self._reasoning.append(chunk.reasoning)
-        if chunk.refusal:
-            self._refusal.append(chunk.refusal)
+        if chunk.reasoning or chunk.refusal:
+            self._add_aside(chunk)
         if chunk.usage is not None:
             self.usage = chunk.usage
         model = chunk.model
@@ -257,6 +287,18 @@ class ResponseAggregator:
         for delta in chunk.tool_calls:
             completed.extend(self.tools.add(delta))
         return completed
+
+    def _add_aside(self, chunk: Chunk) -> None:
+        """Reasoning and refusal text: kept apart from the answer, each within its cap."""
+        if chunk.reasoning:
+            self._reasoning_chars += len(chunk.reasoning)
+            check_length("reasoning", self._reasoning_chars, self.limits.reasoning_chars,
+                         "EngineConfig.max_reasoning_chars")
+            self._reasoning.append(chunk.reasoning)
+        if chunk.refusal:
+            self._refusal_chars += len(chunk.refusal)
+            check_length("refusal", self._refusal_chars, self.limits.answer_chars, "EngineConfig.max_answer_chars")
+            self._refusal.append(chunk.refusal)
 
     @property
     def content(self) -> str:

@@ -12,7 +12,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from . import _validation as validation
 from ._errors import ConfigError
-from ._messages import CompletionOptions
+from ._messages import MAX_ARGUMENT_CHARS, CompletionOptions
+from ._output_limits import DEFAULT_MAX_ANSWER_CHARS, DEFAULT_MAX_RUN_OUTPUT_CHARS, OutputLimits
 
 #: ``inline``: tools are called with ``<tool name="...">{...}</tool>`` blocks in the
 #: answer text; ``native``: with the provider's tool-call API; ``auto``: both.
@@ -35,6 +36,14 @@ class EngineConfig:
     :class:`CompletionOptions` or a plain mapping such as
     ``{"temperature": 0.2}`` (keys that are not CompletionOptions fields go
     to ``extra``, i.e. into the request body as they are).
+
+    ``max_answer_chars`` (one round's answer, and apart its refusal),
+    ``max_reasoning_chars`` (one round's reasoning), ``max_tool_argument_chars``
+    (each native call's arguments) and ``max_run_output_chars`` (all a run
+    receives) bound memory by configuration, not by what a provider sends;
+    the defaults are several times the longest output any model offers
+    (see ``_output_limits``).  Crossing one ends the round with
+    ``stop_reason="output_limit"``.
     """
 
     models: Sequence[str] = ()
@@ -57,15 +66,23 @@ class EngineConfig:
     ingest_tool_results: bool = True
     filing_timeout: float = 5.0
     failover_after_tokens: bool = False
+    max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
+    max_reasoning_chars: int = DEFAULT_MAX_ANSWER_CHARS
+    max_tool_argument_chars: int = MAX_ARGUMENT_CHARS
+    max_run_output_chars: int = DEFAULT_MAX_RUN_OUTPUT_CHARS
     model: InitVar[Optional[str]] = None
 
     def __post_init__(self, model: Optional[str]) -> None:
         object.__setattr__(self, "models", _models(self.models, model))
         for field_name in ("max_continuations", "max_tools_per_round", "max_tools_total", "max_retries"):
             validation.count(getattr(self, field_name), f"EngineConfig.{field_name}")
-        for field_name in ("max_block_chars", "pool_size", "chunk_size"):
+        for field_name in ("max_block_chars", "pool_size", "chunk_size", "max_answer_chars", "max_reasoning_chars",
+                           "max_tool_argument_chars", "max_run_output_chars"):
             validation.count(getattr(self, field_name), f"EngineConfig.{field_name}", minimum=1)
         validation.count(self.chunk_overlap, "EngineConfig.chunk_overlap")
+        if self.max_tool_argument_chars > MAX_ARGUMENT_CHARS:
+            raise ConfigError(f"EngineConfig.max_tool_argument_chars ({self.max_tool_argument_chars}) must be at most "
+                              f"{MAX_ARGUMENT_CHARS}: a tool call with longer arguments is never run")
         if self.chunk_overlap >= self.chunk_size:
             raise ConfigError(f"EngineConfig.chunk_overlap ({self.chunk_overlap}) must be smaller "
                               f"than chunk_size ({self.chunk_size})")
@@ -84,6 +101,11 @@ class EngineConfig:
                 raise ConfigError("EngineConfig.allowed_tools must be a collection of tool names, "
                                   f"not one string ({self.allowed_tools!r}); use [{self.allowed_tools!r}]")
             object.__setattr__(self, "allowed_tools", frozenset(self.allowed_tools))
+
+    @property
+    def output_limits(self) -> OutputLimits:
+        """The per-call caps a call strategy enforces (the run's total is kept by the round)."""
+        return OutputLimits(self.max_answer_chars, self.max_reasoning_chars, self.max_tool_argument_chars)
 
     @property
     def uses_inline_tools(self) -> bool:

@@ -11,6 +11,7 @@
     │   │   └── LlmProtocolError    the provider did not speak the wire format
     │   ├── LlmConnectionError (ConnectionError)
     │   ├── LlmCancelledError       the caller cancelled the call
+    │   ├── LlmOutputLimitError     the model's output crossed a cap: what, limit
     │   └── AllModelsFailedError    attempts: every model's cause
     └── ToolError                   a tool could not be defined or called
 
@@ -78,6 +79,20 @@ class LlmConnectionError(LlmError, ConnectionError):
 
 class LlmCancelledError(LlmError):
     """The call was cancelled by the caller; not a provider fault."""
+
+
+class LlmOutputLimitError(LlmError):
+    """The model's output crossed one of the run's caps (``EngineConfig.max_*_chars``).
+
+    Not a provider outage: failover does not try another model with the same
+    request.  ``what`` names the cap (``"answer"``, ``"reasoning"``,
+    ``"refusal"``, ``"tool arguments"``, ``"run output"``), ``limit`` its size in characters.
+    """
+
+    def __init__(self, message: str, *, what: str, limit: int) -> None:
+        self.what = what
+        self.limit = limit
+        super().__init__(message)
 
 
 class AllModelsFailedError(LlmError):

@@ -70,6 +70,7 @@ class BufferedCallStrategy(CallStrategy):
             else:
                 worker.join(self.join_timeout)
         response = self._outcome(box, cancelled, finished, options, started)
+        self.output_limits.check(response)  # already in memory, but never handed on past a cap
         chunk = _chunk_of(response)
         if on_chunk is not None:
             on_chunk(chunk)

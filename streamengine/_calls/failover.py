@@ -15,7 +15,8 @@ Each failure is sorted into an :class:`ErrorClass` by an :class:`ErrorClassifier
     cap).  Once the retries are used up the next model is tried.
 ``FATAL``
     The request itself is wrong (400, 401, 403, other 4xx, a
-    :class:`ConfigError`), the caller cancelled, or the error is not an
+    :class:`ConfigError`), the caller cancelled, the output crossed a cap
+    (:class:`LlmOutputLimitError`), or the error is not an
     LLM error at all (a bug): raised at once, as is.
 
 Before each retry or failover ``may_advance()`` is asked; the engine answers
@@ -39,7 +40,7 @@ from .strategies import CallStrategy, OnToolCalls
 from .._clients.base import Wait, run_blocking
 from .._errors import (
     AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
-    LlmStreamError, LlmTimeoutError,
+    LlmOutputLimitError, LlmStreamError, LlmTimeoutError,
 )
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
@@ -62,7 +63,7 @@ class ErrorClassifier:
     RETRY_STATUSES = frozenset({429})
 
     def classify(self, exc: BaseException) -> ErrorClass:
-        if isinstance(exc, (LlmCancelledError, AllModelsFailedError, ConfigError)):
+        if isinstance(exc, (LlmCancelledError, AllModelsFailedError, ConfigError, LlmOutputLimitError)):
             return ErrorClass.FATAL
         if isinstance(exc, LlmHttpError):
             return self.classify_status(exc.status_code)

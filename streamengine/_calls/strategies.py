@@ -55,6 +55,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional,
 from . import deadlines
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
+from .._output_limits import OutputLimits
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._cancel import CancelToken, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
@@ -77,7 +78,9 @@ class CallStrategy(abc.ABC):
 
     ``observers`` hear ``on_llm_responded(response)`` once per successful call
     and ``emitter`` gets a :class:`ModelChunkEvent` per chunk; both run inline
-    in the calling thread, so a slow one slows the stream.
+    in the calling thread, so a slow one slows the stream.  ``output_limits``
+    (:class:`~streamengine._output_limits.OutputLimits`) caps what one call may
+    send; crossing a cap raises :class:`LlmOutputLimitError` (a stream is ended at once).
     """
 
     #: How long to wait for a worker thread to end once cancelled (buffered): a
@@ -87,7 +90,7 @@ class CallStrategy(abc.ABC):
     join_timeout: float = 2.0
 
     def __init__(self, client: LlmClient, *, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S, observers: Iterable[Any] = (),
-                 emitter: Any = None, logger: Any = None) -> None:
+                 emitter: Any = None, logger: Any = None, output_limits: Optional[OutputLimits] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(
                 f"a call strategy needs an LlmClient (e.g. OpenAICompatibleClient(base_url)), "
@@ -98,6 +101,7 @@ class CallStrategy(abc.ABC):
         if emitter is not None and not callable(getattr(emitter, "emit", None)):
             raise ConfigError(f"emitter must have an emit(event) method (an EventEmitter), got {emitter!r}")
         self.emitter = emitter
+        self.output_limits = output_limits if output_limits is not None else OutputLimits()
         self._log = component_logger(f"streamengine._calls.strategies.{type(self).__name__}", logger)
 
     def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
@@ -175,9 +179,10 @@ class StreamingCallStrategy(CallStrategy):
     """
 
     def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
-                 observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None) -> None:
+                 observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None,
+                 output_limits: Optional[OutputLimits] = None) -> None:
         super().__init__(client, completion_timeout=completion_timeout, observers=observers,
-                         emitter=emitter, logger=logger)
+                         emitter=emitter, logger=logger, output_limits=output_limits)
         if not isinstance(client, StreamingLlmClient):
             raise ConfigError(
                 f"StreamingCallStrategy needs a StreamingLlmClient; {type(client).__name__} cannot stream — "
@@ -224,7 +229,7 @@ class StreamingCallStrategy(CallStrategy):
               on_chunk: Optional[OnChunk], on_tool_calls: Optional[OnToolCalls], started: float) -> Steps:
         """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened."""
         monotonic = time.monotonic
-        aggregator = ResponseAggregator()
+        aggregator = ResponseAggregator(self.output_limits)
         add = aggregator.add
         emitter = self.emitter
         idle = self.idle_timeout
@@ -351,13 +356,14 @@ def _lapsed(watched: deadlines.Watch, now: float) -> bool:
 # ----------------------------------------------------------------------------- factory
 
 def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
-                       observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None) -> CallStrategy:
+                       observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None,
+                       output_limits: Optional[OutputLimits] = None) -> CallStrategy:
     """Pick the strategy by capability, once: streaming if the client can stream."""
     if isinstance(client, StreamingLlmClient):
         return StreamingCallStrategy(client, idle_timeout=idle_timeout, completion_timeout=completion_timeout,
-                                     observers=observers, emitter=emitter, logger=logger)
+                                     observers=observers, emitter=emitter, logger=logger, output_limits=output_limits)
     validation.seconds(idle_timeout, "idle_timeout")  # validated even if unused, so a typo never hides
     from .buffered import BufferedCallStrategy  # here, not at the top: it builds on CallStrategy (no circle)
     return BufferedCallStrategy(client, completion_timeout=completion_timeout, observers=observers,
-                                emitter=emitter, logger=logger)
+                                emitter=emitter, logger=logger, output_limits=output_limits)
 

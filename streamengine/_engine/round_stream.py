@@ -4,12 +4,17 @@ Native tool calls are assembled once, by the call strategy's accumulator
 (which also builds the response): the round dispatches the calls it reports
 complete during the stream and, at the end, the response's others.  Reset
 (a new instance) when failover streams the round again.
+
+The run's total output cap (``EngineConfig.max_run_output_chars``) is spent
+here, chunk by chunk, from the runner's ``output_left``: the per-call caps
+live in the call strategy's aggregator, but only the run sees every round.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Set
 
 from .._accumulate import TextBuffer
+from .._output_limits import output_chars, output_limit_error
 from .._inline.scanner import InlineToolScanner
 from .._messages import Chunk, Response, ToolCall
 
@@ -33,6 +38,14 @@ class RoundStream:
     def on_chunk(self, chunk: Chunk) -> None:
         """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
         content = chunk.content
+        runner = self.runner
+        if chunk.reasoning or chunk.refusal or chunk.tool_calls:
+            runner.output_left -= output_chars(chunk)
+        elif content:
+            runner.output_left -= len(content)
+        if runner.output_left < 0:
+            cap = runner.config.max_run_output_chars
+            raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
         if content:
             parser = self.parser
             if parser is None:

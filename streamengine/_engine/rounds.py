@@ -22,7 +22,7 @@ from .._clients.base import Wait
 from .continuation import build_continuation_message, tool_result_messages
 from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
 from .filing import wait_filed
-from .._errors import LlmCancelledError, LlmError
+from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .events import (
     DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
     ToolStartEvent,
@@ -72,6 +72,7 @@ class RoundRunner:
             tools=deps.run_tools(state.scope) if deps.run_tools is not None else None)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
+        self.output_left = self.config.max_run_output_chars  # spent chunk by chunk by each RoundStream
 
     # --- set-up -------------------------------------------------------------------
     def _tool_specs(self) -> list:
@@ -311,6 +312,8 @@ class RoundRunner:
             self._stop("cancelled")
             return
         self.state.error = str(exc)
+        if isinstance(exc, LlmOutputLimitError):
+            self._stop("output_limit")
         if not stream.committed:
             warning = f"{LLM_WARNING}{exc}"
             self.show(stream, warning)

@@ -46,7 +46,7 @@ from ..tools import ToolExecutor, ToolRegistry, ToolResult
 #: How long a read-ahead consumer waits for its reader thread to end after the run.
 _READER_JOIN_S = 5.0
 #: Stop reasons of a run that produced no answer: ``complete()`` raises for them.
-_NOTHING_PRODUCED = frozenset({"llm_error", "internal_error"})
+_NOTHING_PRODUCED = frozenset({"llm_error", "internal_error", "output_limit"})
 
 
 def _produced_nothing(result: EngineResult) -> bool:
@@ -117,7 +117,8 @@ class StreamingEngine:
         self.emitter = emitter if emitter is not None else EventEmitter()
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
                                       completion_timeout=self.config.completion_timeout,
-                                      observers=observers, emitter=self.emitter, logger=logger)
+                                      observers=observers, emitter=self.emitter, logger=logger,
+                                      output_limits=self.config.output_limits)
         # A client built with the SDK's max_retries= keeps its say over the retries of a rate limit.
         retries = getattr(client, "max_retries", None)
         self._failover_for = lambda models: ModelFailover(  # noqa: E731 - per-run model overrides use it too
