@@ -40,8 +40,10 @@ SERVER = textwrap.dedent("""
     from streamengine import EngineConfig, StreamingEngine
     from streamengine.wsgi import make_wsgi_app
 
+    # The output caps above the 60 MB answer: what is tested here is backpressure, not the caps.
     engine = StreamingEngine(OpenAICompatibleClient(sys.argv[1]), [],
-                             EngineConfig(models=["m"], idle_timeout=60, completion_timeout=120))
+                             EngineConfig(models=["m"], idle_timeout=60, completion_timeout=120,
+                                          max_answer_chars=10**8, max_run_output_chars=10**8))
     app = make_wsgi_app(engine, stuck_reader_timeout_s=float(sys.argv[2]), heartbeat_s=1.0)
     server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4, channel_request_lookahead=1,
                                     outbuf_high_watermark=int(sys.argv[3]))

@@ -243,7 +243,6 @@ NATIVE = [
     ("name-with-crlf-nul", "sea\r\nrch\x00", '{"q": "a"}', "is not available"),
     ("arguments-not-json", "search", "{q: a", "not valid JSON"),
     ("arguments-too-deep", "search", "[" * 50000 + "]" * 50000, "not valid JSON"),
-    ("arguments-too-large", "search", json.dumps({"q": "x" * 1_100_000}), "over the 1000000 limit"),
     ("arguments-schema", "search", '{"q": ["a"]}', "argument 'q' must be string"),
 ]
 
@@ -256,6 +255,16 @@ def test_hostile_native_tool_calls_never_run(engine, fp, ran, name, arguments, e
     assert ran.calls == []
     results = [e.result for e in events if isinstance(e, ToolResultEvent)]
     assert len(results) == 1 and not results[0].ok and error in results[0].error
+
+
+def test_native_arguments_over_the_cap_end_the_round_as_they_arrive_and_never_run(engine, fp, ran):
+    arguments = json.dumps({"q": "x" * 1_100_000})
+    steps = [s.tool_call(0, id="call_1", name="search")]
+    steps += [s.tool_call(0, arguments=arguments[i:i + 65536]) for i in range(0, len(arguments), 65536)]
+    result = result_of(run(engine, fp, ["Searching. "], steps=steps))
+    assert ran.calls == [] and result.tool_results == ()
+    assert result.telemetry.stop_reason == "output_limit" and result.answer == "Searching. "
+    assert "tool arguments passed the 1000000 character cap" in result.error
 
 
 def test_reasoning_is_never_parsed_for_tools(engine, fp, ran):
