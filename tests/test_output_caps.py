@@ -71,6 +71,7 @@ class Outcome:
             if peak_memory:
                 self.peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
+            engine.close()  # its tool workers end now, not after their idle timeout
         assert self.result is not None
 
     @property
