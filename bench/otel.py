@@ -27,9 +27,9 @@ TOKENS = 5000
 VARIANTS = ("none", "api", "sdk")
 TARGETS = {"api": 1.02, "sdk": 1.10}
 
-_CHILD = r'''
-import json, os, sys, time
-variant, tokens, streams = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+#: The child's set-up by variant: ``none`` hides the API, ``sdk`` installs the SDK with a batch
+#: processor (to an exporter that drops the batch) and an in-memory metric reader.
+_SETUP = r'''
 if variant == "none":
     sys.modules["opentelemetry"] = None
 if variant == "sdk":
@@ -47,6 +47,12 @@ if variant == "sdk":
     provider.add_span_processor(BatchSpanProcessor(Drop()))
     trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+'''
+
+_CHILD = r'''
+import json, os, sys, time
+variant, tokens, streams = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+SETUP
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
 from streamengine.testing import FakeProvider, steps as s
 
@@ -72,21 +78,7 @@ print(json.dumps({"cpu_us_per_token": cpu / (tokens * streams) * 1e6}))
 _HOOKS = r'''
 import json, sys, time
 variant, runs = sys.argv[1], int(sys.argv[2])
-if variant == "sdk":
-    from opentelemetry import metrics, trace
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-    class Drop(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Drop()))
-    trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+SETUP
 from streamengine import OpenAICompatibleClient, Response, ToolCall, ToolResult, Usage
 from streamengine._engine.result import EngineResult, Telemetry
 from streamengine._otel import instrumentation
@@ -127,13 +119,15 @@ print(json.dumps({"us_per_run": per_run, "us_per_chunk": max(0.0, ((t2 - t1) - (
 
 def hooks_cost(variant: str, runs: int = 5000) -> Dict[str, float]:
     """CPU of every hook one run (one round, one tool) calls, and of the per-chunk hook, in µs."""
-    out = subprocess.run([sys.executable, "-c", _HOOKS, variant, str(runs)], cwd=ROOT, capture_output=True,
+    code = _HOOKS.replace("SETUP", _SETUP)
+    out = subprocess.run([sys.executable, "-c", code, variant, str(runs)], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def _one(variant: str, tokens: int, streams: int) -> float:
-    out = subprocess.run([sys.executable, "-c", _CHILD, variant, str(tokens), str(streams)], cwd=ROOT,
+    code = _CHILD.replace("SETUP", _SETUP)
+    out = subprocess.run([sys.executable, "-c", code, variant, str(tokens), str(streams)], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["cpu_us_per_token"]
 
@@ -155,8 +149,7 @@ def run(repeats: int = 5, tokens: int = TOKENS, streams: int = 10) -> Dict[str, 
             "hook_us_per_chunk": per_chunk, "hooks_share_of_a_300_token_run": share,
             "bound_met": {v: share[v] <= TARGETS[v] - 1 for v in share},
             "us_per_token": {variant: spread(values) for variant, values in samples.items()},
-            "ratio_to_none": {variant: round(ratio, 3) for variant, ratio in ratios.items()},
-            "met": {variant: ratios[variant] <= TARGETS[variant] for variant in TARGETS}}
+            "ratio_to_none": {variant: round(ratio, 3) for variant, ratio in ratios.items()}}
 
 
 def render(t: Dict[str, Any], verdict: Any) -> List[str]:
@@ -167,17 +160,14 @@ def render(t: Dict[str, Any], verdict: Any) -> List[str]:
     for variant in VARIANTS:
         us = t["us_per_token"][variant]["median"]
         ratio = t["ratio_to_none"][variant]
-        target = TARGETS.get(variant)
-        tail = f"  target <= {target:.2f}x: {verdict(t['met'][variant])}" if target else ""
-        lines.append(f"    {labels[variant]:<42} {us:7.1f} us/token  {ratio:5.3f}x{tail}")
-    hooks = t.get("hooks_us_per_run")
-    if hooks:
-        share = t["hooks_share_of_a_300_token_run"]
-        chunk = t["hook_us_per_chunk"]
-        lines.append("    (processes differ by up to +-20%: the ratios above cannot resolve 2%; the hooks' own cost,")
-        lines.append("     measured directly, bounds what instrumentation adds to a 300-token run with one tool)")
-        for variant, label in (("api", "API, no SDK"), ("sdk", "SDK")):
-            lines.append(f"    hooks, {label:<12} {hooks[variant]:6.0f} us a run + {chunk[variant]:.3f} us a chunk = "
-                         f"{share[variant]:.2%} of the run; target <= {TARGETS[variant] - 1:.0%}: "
-                         f"{verdict(t['bound_met'][variant])}")
+        lines.append(f"    {labels[variant]:<42} {us:7.1f} us/token  {ratio:5.3f}x  (no verdict: see below)")
+    hooks = t["hooks_us_per_run"]
+    share = t["hooks_share_of_a_300_token_run"]
+    chunk = t["hook_us_per_chunk"]
+    lines.append("    (processes differ by up to +-20%: the ratios above cannot resolve 2%; the hooks' own cost,")
+    lines.append("     measured directly, bounds what instrumentation adds to a 300-token run with one tool)")
+    for variant, label in (("api", "API, no SDK"), ("sdk", "SDK")):
+        lines.append(f"    hooks, {label:<12} {hooks[variant]:6.0f} us a run + {chunk[variant]:.3f} us a chunk = "
+                     f"{share[variant]:.2%} of the run; target <= {TARGETS[variant] - 1:.0%}: "
+                     f"{verdict(t['bound_met'][variant])}")
     return lines

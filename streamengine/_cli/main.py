@@ -73,7 +73,7 @@ def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
     engine = build_engine(args)
     try:
         from ..web._serve import serve_app
-        from ..wsgi import make_wsgi_app
+        from ..web import make_wsgi_app
         # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
         app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
                             heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
@@ -97,7 +97,7 @@ def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
     out = sys.stdout
     if args.serve:
         from ..web._serve import serve_app
-        from ..wsgi import make_wsgi_app
+        from ..web import make_wsgi_app
         engine = demo.DemoEngine(fast=args.fast)
         banner = ["  open the page and ask anything: the scripted model (no key, no network) plans a",
                   "  Lisbon weekend and calls two slow tools mid-answer; watch them start while it writes."]

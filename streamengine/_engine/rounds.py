@@ -171,13 +171,19 @@ class RoundRunner:
             return True
 
         traced = RoundTrace(self.state.trace, self.messages, self.config.options) if self.state.trace else None
+
+        def on_attempt(model: str, _number: int) -> None:
+            tried.append(model)
+            if traced is not None:
+                traced.started(model)
+
         on_chunk = lambda chunk: holder[0].on_chunk(chunk)  # noqa: E731 - the holder's stream changes on a reset
         try:
             outcome = yield from self.deps.failover.stream_call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
                 options=self.config.options, cancel=self.state.cancel,
                 on_chunk=traced.watching(on_chunk) if traced else on_chunk, may_advance=may_advance,
-                on_attempt=lambda model, _n: (tried.append(model), traced and traced.started(model)),
+                on_attempt=on_attempt,
                 on_attempt_failed=traced.failed if traced else None,
                 on_tool_calls=(lambda calls: holder[0].on_tool_calls(calls)) if self.use_native else None)
         except LlmError as exc:

@@ -39,7 +39,6 @@ from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, To
 from .result import EngineResult, Telemetry
 from .filing import FilingQueue, run_scope
 from .rounds import RoundRunner, RunDeps, RunState
-from .traced import start_run
 from .._otel import instrumentation
 from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
@@ -211,7 +210,8 @@ class StreamingEngine:
         deps = self._deps_for(model, options)
         # The run's span is a child of the context current *here*, whichever thread then drives the run.
         trace = None if self._otel is None else functools.partial(
-            start_run, self._otel, self._otel.current_context(), conversation_id, conversation)
+            self._otel.start_run, parent=self._otel.current_context(), conversation_id=conversation_id,
+            messages=conversation)
         if read_ahead:
             return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace)
         return self._batches(conversation, cancel, heartbeat_s, deps, scope, trace)

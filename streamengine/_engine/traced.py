@@ -6,7 +6,7 @@ their plain callbacks, so an engine without it pays nothing per chunk.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from .._errors import LlmCancelledError
 from .._messages import Chunk, Response, ToolCall, ToolResult
@@ -81,8 +81,3 @@ def traced_tool_callbacks(run_trace: Any, registry: Any, on_start: Callable[[Too
 
     return started, ended
 
-
-def start_run(instrumentation: Optional[Any], parent: Any, conversation_id: Optional[str],
-              messages: Sequence[Any]) -> Any:
-    return None if instrumentation is None else instrumentation.start_run(
-        parent=parent, conversation_id=conversation_id, messages=messages)

@@ -338,7 +338,3 @@ class ChatTrace:
         self.span.end()
         self.run.owner.instruments.operation_duration.record(self.ended_at - self.started, metric)
 
-
-def current_context() -> Any:
-    """The context current in the calling thread: a run's span is parented to it."""
-    return otel_context.get_current()
