@@ -41,6 +41,7 @@ from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSp
 from ..._validation import seconds
 from ..base import StreamingLlmClient, Wait, chunks_only
 from .connection import RequestTracker, mount_cancellable, tracking
+from .environment import read_once
 from .credentials import SENSITIVE_HEADER, check_api_key, check_headers, secret_forms
 from .body import (
     ALWAYS, STREAM_ERRORS, SocketBody, cancelled, drain_after_done, excerpt, read_limited, seconds_left, timed_reads,
@@ -191,6 +192,7 @@ class HttpProviderClient(StreamingLlmClient):
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
         mount_cancellable(self._session, ("http://", "https://") if self._owns_session else (self.base_url + "/",))
+        self._environment = read_once(self._session) if self._owns_session else None
         self._log = component_logger(self.log_name)
 
     def __repr__(self) -> str:
@@ -276,11 +278,12 @@ class HttpProviderClient(StreamingLlmClient):
         self._log.debug("POST {} stream={} ({} bytes)", url, stream, len(data))
         if cancelled(cancel, tracker):
             raise LlmCancelledError(f"call to {url} was cancelled before it was sent")
+        environment = self._environment.for_url(url) if self._environment is not None else {}
         try:
             with tracking(tracker):
                 resp = self._session.post(
                     url, data=data, headers=self._request_headers(stream), params=self._query or None,
-                    stream=True, timeout=(self.connect_timeout, read_timeout),
+                    stream=True, timeout=(self.connect_timeout, read_timeout), **environment,
                 )
         except STREAM_ERRORS as exc:
             if cancelled(cancel, tracker):
