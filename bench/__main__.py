@@ -4,7 +4,8 @@
 
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
                  6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
-                 10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools, 13 OpenTelemetry cost)
+                 10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools, 13 OpenTelemetry cost,
+                 14 instructions per served token, counted by callgrind)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -21,15 +22,17 @@ import traceback
 from typing import Any, Dict, List
 
 from . import (
-    common, concurrency, executor, imports, latency, multirun, otel, overlap, paced, report, scaling, served,
+    common, concurrency, executor, imports, instructions, latency, multirun, otel, overlap, paced, report, scaling,
+    served,
     slowconsumer, throughput,
 )
 from . import mcp_calls
 
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
             "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
-            "11": "imports", "12": "mcp", "13": "otel"}
-NEEDS_UPSTREAM = {"paced", "served", "slowconsumer"}
+            "11": "imports", "12": "mcp", "13": "otel",
+            "14": "instructions"}
+NEEDS_UPSTREAM = {"paced", "served", "slowconsumer", "instructions"}
 
 
 def _environment() -> Dict[str, Any]:
@@ -119,6 +122,7 @@ def main(argv: List[str]) -> int:
                 "executor": lambda: executor.run(server, tokens=100 if q else 150, repeats=1 if q else 3),
                 "imports": lambda: imports.run(repeats=5 if q else 30),
                 "mcp": lambda: mcp_calls.run(quick=q),
+                "instructions": lambda: instructions.run(upstream.port, sizes=(60,) if q else instructions.SIZES),
                 "otel": lambda: otel.run(repeats=1 if q else 5, tokens=300 if q else 5000, streams=2 if q else 10),
             }
             for number in sorted(wanted, key=int):

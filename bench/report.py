@@ -35,6 +35,7 @@ def render(r: Dict[str, Any]) -> str:
     from .report_steady import paced, served, slow_consumer
     from .imports import render as imports
     from .otel import render as otel_lines
+    from .instructions import render as instruction_lines
     from .report_tools import executor, multirun
     from .mcp_calls import lines as mcp_lines
     other = r.get("other_load") or {}
@@ -42,7 +43,7 @@ def render(r: Dict[str, Any]) -> str:
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),
                      ("served", served), ("slowconsumer", slow_consumer), ("multirun", multirun),
                      ("executor", executor), ("imports", imports), ("mcp", mcp_lines),
-                     ("otel", otel_lines)):
+                     ("otel", otel_lines), ("instructions", instruction_lines)):
         if name not in r:
             continue
         lines.append("")
