@@ -22,7 +22,8 @@ the last arrival), never over a ramp or a drain:
   counted here).
 
 The load generator is one ``selectors`` thread in the bench process; the
-upstream is one in its own.  Baseline in the same run, under the same server:
+upstream is one in its own.  Baseline in the same run, under the same server, taking turns with
+the engine app level by level (both processes stay up):
 bench/served_app.py's relay (requests -> a WSGI generator, no engine).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .common import (ROOT, Server, child_pids, machine_cpu_s, percentile, pid_st
 TOKENS = 60
 RATE = 30.0  # tokens per second per session: a chat model as a user reads it
 LEVELS = (10, 50, 100, 200)
+KINDS = ("relay", "engine")
 MIN_P99_SAMPLES = 1000
 _REQUEST = json.dumps({"messages": [{"role": "user", "content": "go"}]}).encode()
 
@@ -300,17 +302,27 @@ def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS,
     out: Dict[str, Any] = {"tokens": tokens, "rate": RATE, "levels": list(levels), "rows": {}}
     threads = max(levels) + 40
     for server in servers:
-        for kind in ("relay", "engine"):
-            app = ServedApp(server, kind, upstream.base_url, model, threads)
-            try:
+        # Both apps run side by side and take turns level by level: the machine's speed drifts over
+        # minutes (CPU time per token moved by +-50% here), and a ratio of two figures taken far apart
+        # would carry that drift.
+        apps: Dict[str, ServedApp] = {}
+        try:
+            for kind in KINDS:
+                apps[kind] = ServedApp(server, kind, upstream.base_url, model, threads)
+            idle = {}
+            for kind, app in apps.items():
                 LoadRun(app, 2, 0.0, (0.0, 0.0)).go(upstream.proc.pid)  # imports, connections, code paths
                 time.sleep(0.3)
-                idle = app.status()
-                rows = {}
-                for c in levels:
-                    rows[str(c)] = _level(app, upstream, c, _sessions_for(c, quick, tokens), idle, tokens)
-                out["rows"][f"{server}/{kind}"] = dict(levels=rows, idle_threads=idle["threads"],
-                                                      idle_rss=idle["rss"])
-            finally:
+                idle[kind] = app.status()
+            rows: Dict[str, Dict[str, Any]] = {kind: {} for kind in KINDS}
+            for c in levels:
+                for kind, app in apps.items():
+                    sessions = _sessions_for(c, quick, tokens)
+                    rows[kind][str(c)] = _level(app, upstream, c, sessions, idle[kind], tokens)
+            for kind in KINDS:
+                out["rows"][f"{server}/{kind}"] = dict(levels=rows[kind], idle_threads=idle[kind]["threads"],
+                                                      idle_rss=idle[kind]["rss"])
+        finally:
+            for app in apps.values():
                 app.close()
     return out
