@@ -360,8 +360,11 @@ class CancellableAdapter(HTTPAdapter):
 
 
 # Many concurrent streams (an SSE server) would overflow requests' default of
-# 10 pooled connections per host, and urllib3 warns on every overflow.
-POOL_MAXSIZE = 64
+# 10 pooled connections per host: each stream past the pool's size then opens
+# a new connection and closes it at its end (a TCP, and TLS, handshake per
+# call), and urllib3 warns on every overflow.  A pool only holds as many
+# connections as were in use at once, so a large size costs nothing idle.
+POOL_MAXSIZE = 256
 
 
 def mount_cancellable(session: requests.Session, prefixes: Sequence[str] = ("http://", "https://")) -> None:
