@@ -58,6 +58,7 @@ SSE_WIRES = {
     "odd-events": (b"data: a\n\ndata:b\n\n: comment\n\ndata: x\ndata: y\n\nevent: e\ndata: f\n\n"
                    b"data: \n\ndata: z\n\n\n\ndata: after\n\n"),
     "three-newlines": b"data: a\n\ndata: b\n\n\ndata: c\n\n",
+    "other-fields": b"data: a\n\nevent: x\n\n: comment\n\ndata:b\n\nid: 1\n\nretry: 5\n\n",
     "data-like-value": b"data: a data: b\n\ndata: data: \n\n",
     "cr": b"data: x\n\ndata: a\rdata: b\n\ndata: c\r\n\r\ndata: d\n\n",
     "invalid-utf8": b"data: \xff\n\ndata: \xe2\x82\xac\n\ndata: \xed\xa0\x80\n\n",

@@ -253,7 +253,7 @@ class SocketBody:
 
         Returns where they stop: a chunk cut by the read, an extension, the last chunk or garbage is :meth:`_step`'s.
         """
-        end = len(raw)
+        last = len(raw) - 2  # where the two bytes after the last whole chunk's data can start
         find, append = raw.find, out.append
         while True:
             newline = find(b"\n", pos)
@@ -264,12 +264,10 @@ class SocketBody:
             except ValueError:
                 return pos
             stop = newline + 1 + size
-            if size <= 0 or stop + 2 > end:
+            if size <= 0 or stop > last:
                 return pos
             append(raw[newline + 1:stop])
             pos = stop + 2
-            if pos == end:
-                return pos
 
     def _step(self, raw: bytes, pos: int, out: List[bytes]) -> int:
         """One step through the chunked framing from ``pos``: data, the CRLF after it, or a size line."""

@@ -97,17 +97,16 @@ class SseFramer:
         The same result as :func:`event_fields` of the events, faster on what
         providers send.  A read of whole one-line ``data: `` events (every
         read of a paced stream), valid UTF-8, with nothing held from before,
-        is split at once: ``n`` values hold ``2n`` newlines (each event end
-        but the last before a ``data: ``) only if every newline is in an
-        event end.  One-line events are under the work limit, and nothing is
-        left for the buffer.  Anything else takes :meth:`_feed_held`.
+        is split at once (:func:`_data_values`).  One-line events are under
+        the work limit, and nothing is left for the buffer.  Anything else
+        takes :meth:`_feed_held`.
         """
-        if self._plain and data.endswith(b"\n\n") and data.startswith(b"data: ") and b"\r" not in data:
+        if self._plain and data.endswith(b"\n\n") and b"\r" not in data:
             try:
-                values = data[6:-2].decode().split("\n\ndata: ")
+                values = _data_values(data[:-2].decode())
             except UnicodeDecodeError:  # the replacing decoder's
-                return self._feed_held(data)
-            if data.count(b"\n") == 2 * len(values):
+                values = None
+            if values is not None:
                 return list(zip(_MESSAGE, values))
         return self._feed_held(data)
 
@@ -145,7 +144,11 @@ class SseFramer:
             complete = bytes(buf) + complete
         self._buf = bytearray(rest)
         self._check_open_event()
-        texts = complete.decode("utf-8").split("\n\n")
+        text = complete.decode("utf-8")
+        values = _data_values(text)
+        if values is not None:  # one-line events are under the work limit
+            return list(zip(_MESSAGE, values))
+        texts = text.split("\n\n")
         if len(complete) > self._small and max(map(len, texts)) > self._small // 4:
             try:  # some event may be over the work limit (4 bytes a character at most)
                 for text in texts:
@@ -298,6 +301,19 @@ def event_fields(events: List[bytes]) -> List[Tuple[str, str]]:
 def _value(line: bytes, start: int) -> bytes:
     """A field's value: what follows ``name:``, less one leading space (as the SSE spec says)."""
     return line[start + 1:] if line[start:start + 1] == b" " else line[start:]
+
+
+def _data_values(text: str) -> Optional[List[str]]:
+    """The data of each event in ``text`` (LF-only, cut at event ends) if each is one ``data: `` line; else None.
+
+    ``n`` values hold ``2n - 2`` newlines (the event ends between them, each
+    before a ``data: ``) only if every newline is in such an event end; then
+    one split in C gives every value.
+    """
+    if text[:6] != "data: ":
+        return None
+    values = text[6:].split("\n\ndata: ")
+    return values if text.count("\n") == 2 * len(values) - 2 else None
 
 
 def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> List[Tuple[str, str]]:
