@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Optional
 
-from ..._messages import Chunk, ToolCallDelta
+from ..._messages import Chunk, ToolCallDelta, text_chunk
 from .format import error_from_payload, finish_reason, merge_usage, usage_of
 from ..http.typed_events import TypedEventParser
 
@@ -145,6 +145,6 @@ def _is_index(value: Any) -> bool:
 def _text_chunk(content: Any, reasoning: Any) -> Optional[Chunk]:
     content = content if isinstance(content, str) and content else None
     reasoning = reasoning if isinstance(reasoning, str) and reasoning else None
-    if content is None and reasoning is None:
-        return None
+    if reasoning is None:
+        return None if content is None else text_chunk(content, None)  # a text delta: nearly every event
     return Chunk(content=content, reasoning=reasoning)

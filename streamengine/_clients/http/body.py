@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 import requests
 import urllib3.exceptions
 
-from .sse_read import read1_iter
+from .sse_read import WAIT, SseFramer, read1_iter
 from ..._errors import LlmProtocolError
 from ..base import Wait, readable
 from .connection import RequestTracker
@@ -104,6 +104,11 @@ def read_limited(resp: requests.Response, limit: int, truncate: bool) -> bytes:
 
 #: A chunk-size line longer than this is not HTTP (http.client allows 64 KiB lines; sizes are a few bytes).
 _MAX_SIZE_LINE = 4096
+_NEVER = float("inf")
+
+
+def _as_is(data: bytes) -> bytes:
+    return data
 
 
 class SocketBody:
@@ -137,6 +142,7 @@ class SocketBody:
         self._skip = 0
         self._line = b""
         self._trailers = False
+        self._at_chunk = True  # none of these: the next byte starts a chunk
         sock.setblocking(False)
 
     @classmethod
@@ -164,29 +170,38 @@ class SocketBody:
         except (BlockingIOError, ssl.SSLWantReadError):
             return b""
 
-    def reads(self, size: int = READ_SIZE) -> Iterator[Union[bytes, Wait]]:
+    def reads(self, size: int = READ_SIZE) -> "SocketReads":
         """The body's bytes as they arrive; a :class:`Wait` on the socket whenever none are there."""
-        head, self._head = self._head, b""
-        if head:
-            data = self._decode(head)
-            if data:
-                yield data
-        sock, wait, pending = self._sock, self.wait, self._pending
-        recv = sock.recv
-        while not self.ended:
+        return SocketReads(self, size)
+
+    def _pulled(self, feed: Callable[[bytes], Any], paused: Any, at_end: Optional[Callable[[], Any]],
+                size: int) -> Iterator[Any]:
+        """Each read's payload through ``feed`` (what it gives, when not empty); ``paused`` where it would block.
+
+        The read loop of both kinds of reads (see :class:`SocketReads`); ``at_end`` runs at the body's clean end.
+        """
+        raw, self._head = self._head, b""  # first what the headers' reader held
+        decode = self._dechunk if self._chunked else self._decode
+        wait, pending, recv = self.wait, self._pending, self._sock.recv
+        while True:
+            out = feed(decode(raw)) if raw else None
+            if out:
+                yield out
+            if self.ended:
+                break
             if pending is None or not pending():
-                wait.until = float("inf")
-                yield wait
+                wait.until = _NEVER
+                yield paused
             try:
                 raw = recv(size)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
-                continue  # readable was a partial TLS record, or spurious: wait again
+                raw = b""  # readable was a partial TLS record, or spurious: wait again
+                continue
             if not raw:
                 self._eof()
-                return
-            data = self._decode(raw) if self._chunked or self._length is not None else raw
-            if data:
-                yield data
+                break
+        if at_end is not None:
+            at_end()
 
     def _eof(self) -> None:
         if self._chunked or (self._length is not None and self._length > 0):
@@ -194,49 +209,88 @@ class SocketBody:
         self.ended = True
 
     def _decode(self, raw: bytes) -> bytes:
-        if not self._chunked:
-            if self._length is None:
-                return raw
-            take = raw[:self._length]
-            self._length -= len(take)
-            if self._length == 0:
-                self.ended = True
-                self.extra = len(raw) > len(take)
-            return take
-        return self._dechunk(raw)
+        """A body that is not chunked: up to its Content-Length, if it has one."""
+        if self._length is None:
+            return raw
+        take = raw[:self._length]
+        self._length -= len(take)
+        if self._length == 0:
+            self.ended = True
+            self.extra = len(raw) > len(take)
+        return take
 
     def _dechunk(self, raw: bytes) -> bytes:
-        """Payload of the chunked bytes ``raw``; as lenient as http.client (LF line ends, CRLF not checked)."""
-        out = []
+        """Payload of the chunked bytes ``raw``; as lenient as http.client (LF line ends, CRLF not checked).
+
+        At a chunk's start, a read of one whole chunk (a paced stream's every read) is sliced at once,
+        several are taken in one pass (:meth:`_whole_chunks`); the rest goes step by step.
+        """
+        if self._at_chunk:
+            newline = raw.find(b"\n")
+            try:
+                size = int(raw[:newline], 16) if newline > 0 else 0
+            except ValueError:
+                size = 0  # an extension, or garbage: the steps below read it
+            if size > 0 and len(raw) == newline + 3 + size:
+                return raw[newline + 1:-2]
+        out: List[bytes] = []
         pos, end = 0, len(raw)
         while pos < end:
             if self.ended:
                 self.extra = True
                 break
-            if self._left:
-                stop = pos + self._left
-                piece = raw[pos:stop]
-                out.append(piece)
-                self._left -= len(piece)
-                pos += len(piece)
-                if not self._left:
-                    self._skip = 2
-                continue
-            if self._skip:
-                skipped = min(self._skip, end - pos)
-                self._skip -= skipped
-                pos += skipped
-                continue
-            newline = raw.find(b"\n", pos)
-            if newline < 0:
-                self._line += raw[pos:]
-                if len(self._line) > _MAX_SIZE_LINE:
-                    raise http.client.LineTooLong("chunk size line")
-                break
-            line, self._line = self._line + raw[pos:newline], b""
-            pos = newline + 1
-            self._size_line(line)
+            if not (self._left or self._skip or self._line or self._trailers):
+                pos = self._whole_chunks(raw, pos, out)
+                if pos == end:
+                    break
+            pos = self._step(raw, pos, out)
+        self._at_chunk = not (self._left or self._skip or self._line or self._trailers)
         return b"".join(out) if len(out) != 1 else out[0]
+
+    @staticmethod
+    def _whole_chunks(raw: bytes, pos: int, out: List[bytes]) -> int:
+        """From ``pos``, a chunk's start: the data of each whole chunk (plain size line, data, 2 bytes) to ``out``.
+
+        Returns where they stop: a chunk cut by the read, an extension, the last chunk or garbage is :meth:`_step`'s.
+        """
+        last = len(raw) - 2  # where the two bytes after the last whole chunk's data can start
+        find, append = raw.find, out.append
+        while True:
+            newline = find(b"\n", pos)
+            if newline < 0:
+                return pos
+            try:
+                size = int(raw[pos:newline], 16)
+            except ValueError:
+                return pos
+            stop = newline + 1 + size
+            if size <= 0 or stop > last:
+                return pos
+            append(raw[newline + 1:stop])
+            pos = stop + 2
+
+    def _step(self, raw: bytes, pos: int, out: List[bytes]) -> int:
+        """One step through the chunked framing from ``pos``: data, the CRLF after it, or a size line."""
+        if self._left:
+            piece = raw[pos:pos + self._left]
+            out.append(piece)
+            self._left -= len(piece)
+            if not self._left:
+                self._skip = 2
+            return pos + len(piece)
+        if self._skip:
+            skipped = min(self._skip, len(raw) - pos)
+            self._skip -= skipped
+            return pos + skipped
+        newline = raw.find(b"\n", pos)
+        if newline < 0:
+            self._line += raw[pos:]
+            if len(self._line) > _MAX_SIZE_LINE:
+                raise http.client.LineTooLong("chunk size line")
+            return len(raw)
+        line, self._line = self._line + raw[pos:newline], b""
+        self._size_line(line)
+        return newline + 1
 
     def _size_line(self, line: bytes) -> None:
         if self._trailers:
@@ -295,6 +349,24 @@ class SocketBody:
             pass  # closed or shut down: nothing to restore
 
 
+class SocketReads:
+    """:meth:`SocketBody.reads`: iterate it for bytes and Waits; :meth:`event_batches` frames them as they come."""
+
+    __slots__ = ("body", "size")
+
+    def __init__(self, body: SocketBody, size: int) -> None:
+        self.body = body
+        self.size = size
+
+    def __iter__(self) -> Iterator[Union[bytes, Wait]]:
+        return self.body._pulled(_as_is, self.body.wait, None, self.size)
+
+    def event_batches(self, framer: SseFramer) -> Iterator[List[Any]]:
+        """``iter_event_batches`` of the reads, framed in the read loop itself: one generator step a read, not two."""
+        body = self.body
+        return body._pulled(framer.feed_fields, [(WAIT, body.wait)], framer.discard_tail, self.size)
+
+
 def ALWAYS() -> bool:
     """A wait's ``ready`` that is over at once: it only passes up to be filled in with deadlines."""
     return True
@@ -303,7 +375,7 @@ def ALWAYS() -> bool:
 def seconds_left(wait: Wait) -> Optional[float]:
     """Time until the wait's deadline, as a socket timeout (None: no deadline)."""
     due = wait.due()
-    if due == float("inf"):
+    if due == _NEVER:
         return None
     return max(0.001, due - time.monotonic())
 
@@ -317,7 +389,7 @@ def timed_reads(resp: requests.Response, tracker: RequestTracker) -> Iterator[Un
     read1 = read1_of(resp)
     wait = Wait(None, ready=ALWAYS)
     while True:
-        wait.until = float("inf")
+        wait.until = _NEVER
         yield wait
         tracker.set_read_timeout(seconds_left(wait))
         data = read1(READ_SIZE)

@@ -28,6 +28,7 @@ caller supplies the reads (parsers do no I/O).
 from __future__ import annotations
 
 import codecs
+import itertools
 import math
 import re
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
@@ -44,6 +45,7 @@ MAX_EVENT_WORK = 8 * MAX_EVENT_BYTES
 _EVENT_END = re.compile(rb"\r\n\r\n|\r\n\r|\r\n\n|\r\r\n|\r\r|\n\r\n|\n\r|\n\n")
 _LONGEST_END = 4
 _BOM = codecs.BOM_UTF8
+_MESSAGE = itertools.repeat("message")  # zip() takes only as many as there are values
 
 
 class SseEventTooLarge(ValueError):
@@ -59,6 +61,8 @@ class SseFramer:
         self._buf = bytearray()
         self.dropped_bytes = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._undecoded = False  # the decoder holds the start of a character
+        self._plain = False  # none held (head, character, event), no CR seen: feed_fields may split at once
         self._has_cr = False  # a CR was seen: take the general (regex) path from now on
         # The first bytes of the stream, held until they show whether they are a BOM.
         self._head: Optional[bytes] = b""
@@ -91,7 +95,34 @@ class SseFramer:
         """Add one read; return ``(event name, data)`` of each event it completed, in order.
 
         The same result as :func:`event_fields` of the events, faster on what
-        providers send.
+        providers send.  A read of whole one-line ``data: `` events (every
+        read of a paced stream), valid UTF-8, with nothing held from before,
+        is split at once (:func:`_data_values`).  One-line events are under
+        the work limit, and nothing is left for the buffer.  Anything else
+        takes :meth:`_feed_held`.
+        """
+        if self._plain and data.endswith(b"\n\n") and b"\r" not in data:
+            try:
+                values = _data_values(data[:-2].decode())
+            except UnicodeDecodeError:  # the replacing decoder's
+                values = None
+            if values is not None:
+                return list(zip(_MESSAGE, values))
+        return self._feed_held(data)
+
+    def _feed_held(self, data: bytes) -> List[Tuple[str, str]]:
+        """A read with something held (the stream's head, a character's start, an event) or unusual bytes."""
+        if self._head is not None:
+            data = self._without_bom(data)
+        if self._undecoded or not data.isascii():
+            data = self._sanitize(data, final=False)
+        try:
+            return self._feed_lf_fields(data)
+        finally:
+            self._plain = self._head is None and not (self._undecoded or self._has_cr or self._buf)
+
+    def _feed_lf_fields(self, data: bytes) -> List[Tuple[str, str]]:
+        """The general path of a sanitized read.
 
         LF-only input is cut after its last ``"\n\n"``, decoded once (it is
         valid UTF-8 after ``_sanitize``, and ``"\n\n"`` never splits a
@@ -100,9 +131,6 @@ class SseFramer:
         :func:`event_fields`.  Runs of three or more newlines at the cut, CRs,
         and a terminator split across reads take the general path.
         """
-        if self._head is not None:
-            data = self._without_bom(data)
-        data = self._sanitize(data, final=False)
         buf = self._buf
         complete, sep, rest = data.rpartition(b"\n\n")
         if (b"\r" in data or self._has_cr or complete[-1:] == b"\n"
@@ -116,7 +144,11 @@ class SseFramer:
             complete = bytes(buf) + complete
         self._buf = bytearray(rest)
         self._check_open_event()
-        texts = complete.decode("utf-8").split("\n\n")
+        text = complete.decode("utf-8")
+        values = _data_values(text)
+        if values is not None:  # one-line events are under the work limit
+            return list(zip(_MESSAGE, values))
+        texts = text.split("\n\n")
         if len(complete) > self._small and max(map(len, texts)) > self._small // 4:
             try:  # some event may be over the work limit (4 bytes a character at most)
                 for text in texts:
@@ -182,16 +214,17 @@ class SseFramer:
         broken stream into a "complete" answer.  The size (also kept in
         ``dropped_bytes``) is for the caller's error message.
         """
-        self._buf += (self._head or b"") + self._sanitize(b"", final=True)
+        self._buf += (self._head or b"") + (self._sanitize(b"", final=True) if self._undecoded else b"")
         self._head = None
         tail, self._buf = bytes(self._buf), bytearray()
         self.dropped_bytes = len(tail.strip())
         return self.dropped_bytes
 
     def _sanitize(self, data: bytes, final: bool) -> bytes:
-        if not self._decoder.getstate()[0] and data.isascii():
-            return data  # the common case needs no round trip
-        return self._decoder.decode(data, final).encode("utf-8")
+        """``data`` through the replacing decoder; needed only while it holds bytes, or for non-ASCII."""
+        text = self._decoder.decode(data, final)
+        self._undecoded = bool(self._decoder.getstate()[0])  # a character split across reads
+        return text.encode("utf-8")
 
     def _checked(self, event: bytes) -> bytes:
         lines = event.count(b"\n") + event.count(b"\r") + 1
@@ -215,8 +248,17 @@ def iter_event_batches(reads: Iterable[Any], framer: SseFramer) -> Iterator[List
     read that is not bytes is a wait (``_clients.base.Wait``): it passes as
     the one pair ``(WAIT, wait)``.  When the reads end, an unfinished last
     event is dropped (see :meth:`SseFramer.discard_tail`; its size is in
-    ``framer.dropped_bytes``).
+    ``framer.dropped_bytes``).  Reads that frame themselves (a socket
+    body's: ``reads.event_batches(framer)``, the same lists) do, saving a
+    generator step per read.
     """
+    framed = getattr(reads, "event_batches", None)
+    if framed is not None:
+        return framed(framer)
+    return _event_batches(reads, framer)
+
+
+def _event_batches(reads: Iterable[Any], framer: SseFramer) -> Iterator[List[Tuple[str, Any]]]:
     feed = framer.feed_fields
     last_wait: Any = None
     paused: List[Tuple[str, Any]] = []
@@ -259,6 +301,19 @@ def event_fields(events: List[bytes]) -> List[Tuple[str, str]]:
 def _value(line: bytes, start: int) -> bytes:
     """A field's value: what follows ``name:``, less one leading space (as the SSE spec says)."""
     return line[start + 1:] if line[start:start + 1] == b" " else line[start:]
+
+
+def _data_values(text: str) -> Optional[List[str]]:
+    """The data of each event in ``text`` (LF-only, cut at event ends) if each is one ``data: `` line; else None.
+
+    ``n`` values hold ``2n - 2`` newlines (the event ends between them, each
+    before a ``data: ``) only if every newline is in such an event end; then
+    one split in C gives every value.
+    """
+    if text[:6] != "data: ":
+        return None
+    values = text[6:].split("\n\ndata: ")
+    return values if text.count("\n") == 2 * len(values) - 2 else None
 
 
 def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> List[Tuple[str, str]]:

@@ -17,7 +17,7 @@ from typing import Any, Dict, Generator, List, Optional, Tuple
 import requests
 
 from ..._errors import LlmProtocolError
-from ..._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage
+from ..._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage, text_chunk
 from ..http.connection import RequestTracker
 from .errors import raise_in_band_error
 from ..http.transport import SseStreamParser
@@ -92,6 +92,29 @@ class StreamParser(SseStreamParser):
         return self._chunk_from_frame(frame)
 
     def _chunk_from_frame(self, frame: Dict[str, Any]) -> Chunk:
+        """The Chunk of a JSON frame; the dominant shape directly, the same as :meth:`_chunk_of_any_frame`.
+
+        That shape is a text delta: the first choice's index 0 (or none),
+        a delta of only a non-empty string ``content``, no finish reason,
+        no usage.  The subscripts succeed only on dicts and a list (json
+        makes nothing else with them), so they are the type checks too.
+        """
+        try:
+            choice = frame["choices"][0]
+            delta = choice["delta"]
+            content = delta["content"]
+        except (KeyError, IndexError, TypeError):
+            return self._chunk_of_any_frame(frame)
+        index = choice.get("index", 0)
+        if (len(delta) != 1 or type(content) is not str or not content or choice.get("finish_reason") is not None
+                or index != 0 or type(index) is not int or frame.get("usage") is not None):
+            return self._chunk_of_any_frame(frame)
+        model = frame.get("model")
+        if type(model) is str:
+            self.model = model
+        return text_chunk(content, self.model)
+
+    def _chunk_of_any_frame(self, frame: Dict[str, Any]) -> Chunk:
         # Exact type checks are isinstance checks here: json makes exact types.
         get = frame.get
         model = get("model")
