@@ -121,7 +121,9 @@ class ToolDispatcher:
         self._replayable: Dict[Key, ToolHandle] = {}
         self._ids: Set[str] = set()  # every call id of the run so far
         self._total = 0
-        self._pending: List[ToolHandle] = []  # started, result maybe not fixed yet
+        #: Started calls whose result may not be fixed yet; one list for the run (changed in place), so
+        #: the run's loop looks at it directly and asks for tool deadlines only while it is non-empty.
+        self.pending: List[ToolHandle] = []
         self._next_deadline = float("inf")
         self._deadlines_moved = False  # a call started since _next_deadline was taken
         self.counters = telemetry if telemetry is not None else Telemetry()
@@ -251,7 +253,7 @@ class ToolDispatcher:
         # refusal, cancel, refusal at submit): each call is told exactly once.
         handle.add_done_callback(deliver)
         self._started[key] = self._round_started[key] = handle
-        self._pending.append(handle)
+        self.pending.append(handle)
         self._next_deadline = min(self._next_deadline, handle.next_limit)
         return handle
 
@@ -269,7 +271,7 @@ class ToolDispatcher:
         """
         if self._deadlines_moved:
             self._deadlines_moved = False
-            self._next_deadline = min((h.next_limit for h in self._pending), default=float("inf"))
+            self._next_deadline = min((h.next_limit for h in self.pending), default=float("inf"))
         return self._next_deadline
 
     def poll_deadlines(self) -> None:
@@ -277,10 +279,10 @@ class ToolDispatcher:
 
         Cheap enough for every wait: one clock read while a call is pending.
         """
-        if not self._pending or time.monotonic() < self.next_deadline():
+        if not self.pending or time.monotonic() < self.next_deadline():
             return
-        still = [handle for handle in self._pending if not handle.done()]  # done() fixes a lapsed result
-        self._pending = still
+        still = [handle for handle in self.pending if not handle.done()]  # done() fixes a lapsed result
+        self.pending[:] = still
         self._next_deadline = min((h.next_limit for h in still), default=float("inf"))
 
     def wait_until_reported(self, timeout: float, cancel: Optional[threading.Event] = None) -> bool:

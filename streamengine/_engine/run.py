@@ -280,10 +280,11 @@ class StreamingEngine:
         stop_watch = on_cancel(cancel, token.set)
         loop = RunLoop(token, heartbeat_s)
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
-                         scope=scope, trace=trace() if trace is not None else None)
+                         emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
         loop.tools_due = runner.dispatcher.next_deadline
         loop.on_tools_due = runner.dispatcher.poll_deadlines
+        loop.tools_pending = runner.dispatcher.pending
         steps = self._steps(runner)
         finished = False
         last: List[Event] = []

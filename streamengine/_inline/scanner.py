@@ -101,15 +101,10 @@ class FeedResult:
     errors: Tuple[str, ...] = ()
     rejected: Tuple[Tuple[ToolCall, str], ...] = ()
 
-    # By hand, not generated: ``feed`` builds one per model token, and the
-    # generated frozen __init__ pays an object.__setattr__ call per field.
+    # By hand, not generated: the generated frozen __init__ pays an object.__setattr__ call per field.
     def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = (),
                  rejected: Tuple[Tuple[ToolCall, str], ...] = ()) -> None:
-        d = self.__dict__
-        d["visible"] = visible
-        d["calls"] = calls
-        d["errors"] = errors
-        d["rejected"] = rejected
+        self.__dict__.update(visible=visible, calls=calls, errors=errors, rejected=rejected)
 
 
 _EMPTY = FeedResult("")
@@ -147,15 +142,21 @@ class InlineToolScanner:
 
     def feed(self, text: str) -> FeedResult:
         """Scan ``text`` (the next piece of the stream) and release what is settled."""
-        # The hot path: one call per model token, and almost all tokens are prose.
+        fed = self.scan(text)
+        return fed if fed.__class__ is FeedResult else FeedResult(fed) if fed else _EMPTY  # type: ignore
+
+    def scan(self, text: str) -> "str | FeedResult":
+        """:meth:`feed` for the per-token path: ``text`` itself when all of it is visible as it is.
+
+        Almost every token is prose with nothing held back: it then costs one
+        test, and no result object.  Otherwise it returns what ``feed`` would.
+        """
         try:
             if "<" not in text and self._plain:
-                return FeedResult(text) if text else _EMPTY
+                return text
         except TypeError:
-            raise TypeError(
-                f"InlineToolScanner.feed takes the text of a content delta (str), got "
-                f"{type(text).__name__}; decode bytes first and skip None"
-            ) from None
+            raise TypeError(f"InlineToolScanner.feed takes the text of a content delta (str), got "
+                            f"{type(text).__name__}; decode bytes first and skip None") from None
         return self._feed(text)
 
     def flush(self) -> FeedResult:

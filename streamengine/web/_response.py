@@ -42,6 +42,7 @@ from ._public_errors import PublicErrors
 PROBE_S = 0.25
 
 Probe = Callable[[], bool]
+_monotonic = time.monotonic
 
 
 class SseResponse:
@@ -69,6 +70,7 @@ class SseResponse:
         else:  # an engine of your own with run() only: one event a batch
             batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
+        self._next_batch = self._batches.__next__  # once per write: no lookup of next()
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
         self._started = time.monotonic()
@@ -84,13 +86,13 @@ class SseResponse:
         self.writing_since = None
         if not self._closed:
             try:
-                batch = next(self._batches)
+                batch = self._next_batch()
             except StopIteration:
                 self._finished = True
                 raise
             if not self._closed:
                 self._batches_sent += 1
-                self.writing_since = time.monotonic()
+                self.writing_since = _monotonic()
                 return batch
         # Closed, maybe from another thread while next() ran: finish the generators here,
         # in the iterating thread, where closing them is allowed.
