@@ -202,7 +202,8 @@ class StreamingEngine:
         heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         if not isinstance(read_ahead, bool):
             raise ConfigError(f"read_ahead must be True or False, got {read_ahead!r}")
-        scope = run_scope(conversation_id)
+        # A run's own scope is a fresh uuid: only worth making when a store can use it.
+        scope = run_scope(conversation_id) if conversation_id is not None or self.rag is not None else ""
         conversation = as_messages(messages)
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections import abc
 import json
 import math
 import time
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
 from .._engine.events import DoneEvent, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
@@ -102,15 +103,33 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         return value if math.isfinite(value) else None
     if depth >= _MAX_DEPTH:
         return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value)}
+    names = _field_names(value)
+    if names is not None:
+        return {name: _jsonable(getattr(value, name, None), depth + 1) for name in names}
     if isinstance(value, enum.Enum):
         return _jsonable(value.value, depth + 1)
-    if isinstance(value, Mapping):
+    if isinstance(value, abc.Mapping):  # collections.abc's: typing.Mapping's isinstance is many times slower
         return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_jsonable(v, depth + 1) for v in value]
     return str(value)
+
+
+#: A dataclass type's field names, taken once per type (``dataclasses.fields`` builds a tuple each call).
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _field_names(value: Any) -> Optional[Tuple[str, ...]]:
+    """The field names of a dataclass instance (as ``dataclasses.fields`` gives them); None for anything else."""
+    kind = value.__class__
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            return None
+        names = tuple(f.name for f in dataclasses.fields(value))
+        if len(_FIELD_NAMES) < 256:  # types are few (code defines them); never grown by data
+            _FIELD_NAMES[kind] = names
+    return names
 
 
 def _named_frame(prefix: bytes, payload: Dict[str, Any]) -> bytes:

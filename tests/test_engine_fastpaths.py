@@ -1,0 +1,161 @@
+"""The per-token fast paths give what the general paths give, over real HTTP.
+
+Each fast path skips work for the common case (a prose token with no ``<``,
+a batch of one token, a cancel read as an attribute); these tests feed the
+same bytes through both and fail if a fast path ever sends something else:
+a frame split across reads, a possible block start split across tokens, a
+warning token that must still be rewritten for the public.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from streamengine._cancel import CancelToken, cancel_flag
+from streamengine._engine.events import DoneEvent, TokenEvent
+from streamengine._inline.scanner import FeedResult, InlineToolScanner
+from streamengine.testing import FakeProvider, steps as s
+from streamengine.tools import tool
+from streamengine.web._public_errors import PublicErrors
+from streamengine.web._sse import DONE_FRAME, OK_FRAME, encode_event, frames
+from streamengine.wsgi import make_wsgi_app
+
+from test_engine import block, make_engine
+from test_wsgi import call, environ_for
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+MESSAGES = [{"role": "user", "content": "question"}]
+# Prose, a '<' that is no block, a block start split over three tokens, a real block, prose again.
+PIECES = ["Hello", " world", ", 3 < 4", " and <", "to", "ol", ' name="x">', "{}</tool>", " see <b>", " end."]
+
+
+def _general(pieces):
+    """What ``feed`` (the general path, a FeedResult each time) makes visible, piece by piece."""
+    scanner = InlineToolScanner(id_prefix="call_inline_r1_")
+    out = [scanner.feed(piece).visible for piece in pieces] + [scanner.flush().visible]
+    return [text for text in out if text]
+
+
+def _tokens(events):
+    return [e.text for e in events if isinstance(e, TokenEvent)]
+
+
+def test_scan_returns_the_text_itself_only_when_feed_would_show_all_of_it_and_nothing_else():
+    rng = random.Random(7)
+    alphabet = ["a", " ", "<", "t", "o", "l", ">", '"', "/", "n", "=", "{", "}"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        cuts = sorted(rng.sample(range(1, len(text)), min(4, len(text) - 1))) if len(text) > 1 else []
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        fast, slow = InlineToolScanner(), InlineToolScanner()
+        for piece in pieces:
+            scanned, fed = fast.scan(piece), slow.feed(piece)
+            if scanned is piece:
+                assert fed == FeedResult(piece)  # all of it visible, no call, no error
+            else:
+                assert scanned == fed
+        assert fast.flush() == slow.flush()
+
+
+def test_the_prose_fast_path_and_the_scanner_give_the_same_tokens_over_http():
+    """Each piece is its own frame (one read each): prose goes out as it came, the block is run."""
+    @tool
+    def x() -> str:
+        """A tool."""
+        return "ran"
+
+    with FakeProvider() as fp:
+        fp.add_turn(*[s.text(piece) for piece in PIECES])
+        fp.add_turn(s.text("after"))
+        with make_engine(fp, [x]) as engine:
+            events = list(engine.run(MESSAGES))
+    tokens = _tokens(events)
+    first_round = tokens[:tokens.index("after")]
+    assert first_round == _general(PIECES)
+    assert first_round[:3] == ["Hello", " world", ", 3 < 4"]  # prose: one token per piece, as sent
+    assert isinstance(events[-1], DoneEvent) and events[-1].result.telemetry.tools_ok == 1
+
+
+def test_a_frame_split_across_reads_and_frames_sharing_a_read_give_the_same_tokens():
+    """The same frames, once split mid-frame over two reads, once two frames in one write."""
+    def frame(text):
+        return ("data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}) + "\n\n").encode()
+
+    pieces = ["plain", " and <", "tool", " more", " prose"]
+    wire = b"".join(frame(p) for p in pieces)
+    cut = len(frame(pieces[0])) + 9  # inside the second frame
+    runs = []
+    for steps in ([s.raw(wire[:cut]), s.delay(0.05), s.raw(wire[cut:])],
+                  [s.raw(frame(pieces[0]) + frame(pieces[1])), s.delay(0.05), s.raw(wire[len(frame(pieces[0]))
+                                                                                       + len(frame(pieces[1])):])]):
+        with FakeProvider() as fp:
+            fp.add_turn(*steps, s.finish(), s.done(), auto_finish=False)
+            with make_engine(fp, [_noop()]) as engine:
+                runs.append("".join(_tokens(engine.run(MESSAGES))))
+    assert runs == ["".join(_general(pieces))] * 2
+
+
+def _noop():
+    @tool
+    def noop() -> str:
+        """Does nothing."""
+        return ""
+    return noop
+
+
+def test_the_one_token_batch_fast_path_frames_exactly_what_encode_event_frames():
+    texts = ["plain", "with \"quotes\" and \n newline", "\u2028 and \U0001F600", ""]
+    batches = [[TokenEvent(t)] for t in texts] + [[TokenEvent("a"), TokenEvent("b")]]
+    expected = OK_FRAME + b"".join(encode_event(e) for batch in batches for e in batch) + DONE_FRAME
+    assert b"".join(frames(iter(batches), None, None, None)) == expected
+
+
+def test_a_warning_token_alone_in_its_batch_is_still_rewritten_for_the_public():
+    errors = PublicErrors("req1")
+    warning = errors.token_prefix + "secret upstream detail"
+    out = b"".join(frames(iter([[TokenEvent("ok")], [TokenEvent(warning)]]), None, None, errors))
+    assert b"secret" not in out and b"req1" in out and encode_event(TokenEvent("ok")) in out
+
+
+def test_a_failed_model_call_served_over_http_shows_the_public_warning_not_the_detail():
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(400, {"error": {"message": "secret-upstream-detail"}}))
+        with make_engine(fp) as engine:
+            status, _, data = call(make_wsgi_app(engine), environ_for(
+                "POST", "/v1/chat/stream", json.dumps({"messages": MESSAGES}).encode()))
+    assert status.startswith("200") and b"secret-upstream-detail" not in data
+    assert b"details are in the server log" in data and data.endswith(DONE_FRAME)
+
+
+@pytest.mark.parametrize("make", [CancelToken, lambda: __import__("threading").Event(), lambda: None])
+def test_the_cancel_flag_follows_set_and_clear(make):
+    event = make()
+    flag = cancel_flag(event)
+    assert flag.cancelled is False
+    if event is None:
+        return
+    event.set()
+    assert flag.cancelled is True and event.is_set()
+    event.clear()
+    assert flag.cancelled is False and not event.is_set()
+
+
+def test_tokens_and_a_tool_result_keep_their_order_when_the_driver_appends_directly():
+    """Tokens are put by the driving thread without a wake-up; the tool's result still comes from its worker."""
+    @tool
+    def quick() -> str:
+        """Answers at once."""
+        return "fine"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("a"), s.text(block("quick")), s.delay(0.3), s.text("b"))
+        fp.add_turn(s.text("c"))
+        with make_engine(fp, [quick]) as engine:
+            events = list(engine.run(MESSAGES))
+    kinds = [(type(e).__name__, getattr(e, "text", None)) for e in events]
+    result_at = [k for k, _ in kinds].index("ToolResultEvent")
+    assert kinds.index(("TokenEvent", "b")) > result_at > kinds.index(("TokenEvent", "a"))
+    assert _tokens(events) == _general(["a", block("quick"), "b"]) + ["c"]
