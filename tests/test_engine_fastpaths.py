@@ -43,21 +43,20 @@ def _tokens(events):
     return [e.text for e in events if isinstance(e, TokenEvent)]
 
 
-def test_scan_returns_the_text_itself_only_when_feed_would_show_all_of_it_and_nothing_else():
+def test_a_plain_scanner_shows_a_piece_without_a_bracket_whole_as_feed_would():
+    """The round skips ``feed`` when ``plain`` and no "<": feed must then give exactly that text, nothing else."""
     rng = random.Random(7)
     alphabet = ["a", " ", "<", "t", "o", "l", ">", '"', "/", "n", "=", "{", "}"]
     for _ in range(300):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
         cuts = sorted(rng.sample(range(1, len(text)), min(4, len(text) - 1))) if len(text) > 1 else []
-        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
-        fast, slow = InlineToolScanner(), InlineToolScanner()
-        for piece in pieces:
-            scanned, fed = fast.scan(piece), slow.feed(piece)
-            if scanned is piece:
-                assert fed == FeedResult(piece)  # all of it visible, no call, no error
-            else:
-                assert scanned == fed
-        assert fast.flush() == slow.flush()
+        scanner = InlineToolScanner()
+        for piece in [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]:
+            skippable = scanner.plain and "<" not in piece
+            fed = scanner.feed(piece)
+            if skippable:
+                assert fed == FeedResult(piece)
+            assert scanner.plain == (scanner.pending_chars == 0 and scanner._mode == 0)  # text mode, none held
 
 
 def test_the_prose_fast_path_and_the_scanner_give_the_same_tokens_over_http():
@@ -159,3 +158,19 @@ def test_tokens_and_a_tool_result_keep_their_order_when_the_driver_appends_direc
     result_at = [k for k, _ in kinds].index("ToolResultEvent")
     assert kinds.index(("TokenEvent", "b")) > result_at > kinds.index(("TokenEvent", "a"))
     assert _tokens(events) == _general(["a", block("quick"), "b"]) + ["c"]
+
+
+def test_the_tool_lesson_is_made_once_per_tool_set_and_anew_when_a_schema_changes_in_place():
+    from streamengine._inline import prompt
+    from streamengine._messages import ToolSpec
+
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    specs = [ToolSpec("weather", "The weather.", params)]
+    first = prompt.tool_instructions(specs)
+    assert prompt.tool_instructions(list(specs)) is first  # the same specs: the same text, not made again
+    assert first == prompt._instructions(specs)
+    params["properties"]["days"] = {"type": "integer", "description": "how many"}
+    changed = prompt.tool_instructions(specs)
+    assert "days (integer, optional): how many" in changed and changed == prompt._instructions(specs)
+    other = [ToolSpec("weather", "The weather.", dict(params))]  # equal, but another spec: made for it
+    assert prompt.tool_instructions(other) == changed

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ MAX_TOLD_STOPPED = 10
 
 #: The :class:`Telemetry` counters the gates write (on the run thread); a failover replay rewinds them.
 GATE_COUNTERS = ("tools_started", "dedup_skipped", "cap_skipped", "disallowed", "parse_errors", "refused")
+_gate_counters = operator.attrgetter(*GATE_COUNTERS)  # their values, as a tuple in GATE_COUNTERS' order
 
 
 @dataclass
@@ -139,7 +141,7 @@ class ToolDispatcher:
         self._round_ids: List[str] = []
         self.untold_stopped = 0  # stopped calls past MAX_TOLD_STOPPED this round: counted, not told
         self._told_stopped = 0
-        self._counters_at_round_start = {name: getattr(self.counters, name) for name in GATE_COUNTERS}
+        self._counters_at_round_start = _gate_counters(self.counters)  # one C call: begin_round runs per round
         self._total_at_round_start = self._total
 
     def reset_round(self) -> None:
@@ -153,7 +155,7 @@ class ToolDispatcher:
             self._replayable[key] = handle
         self._ids.difference_update(self._round_ids)  # the replay's calls may take the same ids again
         self._total = self._total_at_round_start
-        for name, value in self._counters_at_round_start.items():
+        for name, value in zip(GATE_COUNTERS, self._counters_at_round_start):
             setattr(self.counters, name, value)
         self.begin_round()
 

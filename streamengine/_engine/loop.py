@@ -45,8 +45,6 @@ from .events import Event, HeartbeatEvent
 _NEVER = float("inf")
 _monotonic = time.monotonic
 _MAX_MS = 86_400_000.0  # a day: poll() refuses what does not fit its int
-#: What a poll found: (the socket is readable, the pipe was written).
-_READABLE, _WOKEN, _NOTHING = (True, False), (False, True), (False, False)
 #: Heartbeats carry nothing: one frozen instance serves every one.
 HEARTBEAT = HeartbeatEvent()
 #: A wait whose end another thread signals through a flag looks at the flag at least this often.
@@ -189,7 +187,23 @@ class RunLoop:
         if ready is not None and until > now + _READY_SLICE_S:
             until = now + _READY_SLICE_S
         fileobj = wait.fileobj
-        readable, woken = self._selector.wait(fileobj, until - now)
+        selector = self._selector
+        if fileobj is not selector.current:
+            selector.switch(fileobj)
+        poll = selector.poll
+        if poll is None:  # pragma: no cover - Windows
+            readable, woken = selector.select(until - now)
+        else:
+            ms = (until - now) * 1000.0  # poll() takes float milliseconds, rounded up
+            found = poll(0 if ms <= 0 else ms if ms < _MAX_MS else _MAX_MS)
+            readable = woken = False
+            if found:  # the socket's descriptor, the pipe's, or both
+                if len(found) > 1:
+                    readable = woken = True
+                elif found[0][0] == self._read_end:
+                    woken = True
+                else:
+                    readable = True
         if woken:
             self._drain_pipe()
         now = _monotonic()
@@ -210,42 +224,38 @@ class RunLoop:
 
 
 class _Selector:
-    """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change)."""
+    """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change).
+
+    ``poll`` is the bound ``poll()`` of a ``select.poll`` object, which
+    :meth:`RunLoop._waited` calls itself (once per token: no call in between);
+    None where there is no poll() (Windows), and :meth:`select` waits instead.
+    """
 
     def __init__(self, pipe: int) -> None:
         self._pipe = pipe
-        self._current: Any = None
+        self.current: Any = None
         self._fd: Optional[int] = None
         if hasattr(select, "poll"):
             self._poll: Any = select.poll()
             self._poll.register(pipe, select.POLLIN)
+            self.poll: Optional[Callable[[float], list]] = self._poll.poll
             self._selectors: Optional[selectors.BaseSelector] = None
         else:  # pragma: no cover - Windows: no poll(); selectors picks what there is
-            self._poll = None
+            self._poll = self.poll = None
             self._selectors = selectors.DefaultSelector()
             self._selectors.register(pipe, selectors.EVENT_READ)
 
-    def wait(self, fileobj: Any, timeout: float) -> "tuple[bool, bool]":
+    def select(self, timeout: float) -> "tuple[bool, bool]":  # pragma: no cover - Windows
         """(the socket is readable, the pipe was written) within ``timeout`` seconds."""
-        if fileobj is not self._current:
-            self._switch(fileobj)
-        if self._poll is None:  # pragma: no cover
-            return self._select(timeout)
-        ms = timeout * 1000.0  # poll() takes float milliseconds, rounded up
-        ready = self._poll.poll(0 if ms <= 0 else ms if ms < _MAX_MS else _MAX_MS)
-        if len(ready) == 1:  # the usual answer: one of the two
-            return _WOKEN if ready[0][0] == self._pipe else _READABLE
-        return (len(ready) > 1, len(ready) > 1) if ready else _NOTHING  # both, or the timeout
-
-    def _select(self, timeout: float) -> "tuple[bool, bool]":  # pragma: no cover - Windows
         assert self._selectors is not None
         keys = self._selectors.select(max(0.0, min(timeout, 86400.0)))
         woken = any(key.fd == self._pipe for key, _ in keys)
         return len(keys) > int(woken), woken
 
-    def _switch(self, fileobj: Any) -> None:
+    def switch(self, fileobj: Any) -> None:
+        """Watch ``fileobj`` (a socket, or None) from now on, instead of the one before."""
         # By descriptor number, taken at registration: a socket closed since has none to give.
-        old, self._current = self._fd, fileobj
+        old, self.current = self._fd, fileobj
         self._fd = None
         if old is not None:
             try:

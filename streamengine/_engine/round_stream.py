@@ -47,7 +47,6 @@ class RoundStream:
         # Ids must stay unique across the rounds of a request: the round is in the prefix.
         self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
                                         id_prefix=f"call_inline_r{self.round_no}_") if runner.use_inline else None
-        self._scan = self.parser.scan if self.parser is not None else None
         # What the person saw (tool blocks left out), joined every BLOCK pieces: memory follows the text.
         self.text_parts = TextBuffer()
         self._parts = self.text_parts.parts  # show() appends here directly
@@ -67,15 +66,11 @@ class RoundStream:
             cap = runner.config.max_run_output_chars
             raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
         if content:
-            scan = self._scan
-            if scan is None:
-                self.show(content)
-                return
-            fed = scan(content)  # the text itself when all of it is visible now (prose: almost every token)
-            if fed is content:
+            parser = self.parser
+            if parser is None or (parser.plain and "<" not in content):  # prose: almost every token
                 self.show(content)
             else:
-                self._take(fed)
+                self._take(parser.feed(content))
 
     def show(self, text: str) -> None:
         """Text the person sees: kept for the answer, timed if it is the run's first, sent as a token."""

@@ -101,10 +101,15 @@ class FeedResult:
     errors: Tuple[str, ...] = ()
     rejected: Tuple[Tuple[ToolCall, str], ...] = ()
 
-    # By hand, not generated: the generated frozen __init__ pays an object.__setattr__ call per field.
+    # By hand, not generated: ``feed`` builds one per model token, and the
+    # generated frozen __init__ pays an object.__setattr__ call per field.
     def __init__(self, visible: str, calls: Tuple[ToolCall, ...] = (), errors: Tuple[str, ...] = (),
                  rejected: Tuple[Tuple[ToolCall, str], ...] = ()) -> None:
-        self.__dict__.update(visible=visible, calls=calls, errors=errors, rejected=rejected)
+        d = self.__dict__
+        d["visible"] = visible
+        d["calls"] = calls
+        d["errors"] = errors
+        d["rejected"] = rejected
 
 
 _EMPTY = FeedResult("")
@@ -132,8 +137,9 @@ class InlineToolScanner:
         self.calls_found = 0
         self._next_id = 1
         self._rejected: List[Tuple[ToolCall, str]] = []
-        # True when in text mode with nothing held back: the hot-path test.
-        self._plain = True
+        #: True in text mode with nothing held back: a piece without "<" is then visible
+        #: as it is (``feed`` returns it whole, no call, no error), so a caller may skip ``feed``.
+        self.plain = True
         self._mode = _TEXT
         self._held = ""
         self._reset_block()
@@ -142,21 +148,15 @@ class InlineToolScanner:
 
     def feed(self, text: str) -> FeedResult:
         """Scan ``text`` (the next piece of the stream) and release what is settled."""
-        fed = self.scan(text)
-        return fed if fed.__class__ is FeedResult else FeedResult(fed) if fed else _EMPTY  # type: ignore
-
-    def scan(self, text: str) -> "str | FeedResult":
-        """:meth:`feed` for the per-token path: ``text`` itself when all of it is visible as it is.
-
-        Almost every token is prose with nothing held back: it then costs one
-        test, and no result object.  Otherwise it returns what ``feed`` would.
-        """
+        # The hot path: one call per model token, and almost all tokens are prose.
         try:
-            if "<" not in text and self._plain:
-                return text
+            if "<" not in text and self.plain:
+                return FeedResult(text) if text else _EMPTY
         except TypeError:
-            raise TypeError(f"InlineToolScanner.feed takes the text of a content delta (str), got "
-                            f"{type(text).__name__}; decode bytes first and skip None") from None
+            raise TypeError(
+                f"InlineToolScanner.feed takes the text of a content delta (str), got "
+                f"{type(text).__name__}; decode bytes first and skip None"
+            ) from None
         return self._feed(text)
 
     def flush(self) -> FeedResult:
@@ -175,7 +175,7 @@ class InlineToolScanner:
                       f"not run: {snippet(text)}",)
         self._mode = _TEXT
         self._held = ""
-        self._plain = True
+        self.plain = True
         self._reset_block()
         return FeedResult(text, (), errors) if text else _EMPTY
 
@@ -217,7 +217,7 @@ class InlineToolScanner:
             if piece:
                 self._block.append(piece)
                 self._block_len += len(piece)
-        self._plain = self._mode == _TEXT and not self._held
+        self.plain = self._mode == _TEXT and not self._held
         if not (out or calls or errors):
             return _EMPTY
         rejected: Tuple[Tuple[ToolCall, str], ...] = ()
