@@ -174,3 +174,38 @@ def test_the_tool_lesson_is_made_once_per_tool_set_and_anew_when_a_schema_change
     assert "days (integer, optional): how many" in changed and changed == prompt._instructions(specs)
     other = [ToolSpec("weather", "The weather.", dict(params))]  # equal, but another spec: made for it
     assert prompt.tool_instructions(other) == changed
+
+
+def test_a_token_that_is_not_text_ends_the_stream_with_an_error_frame_on_the_fast_path_too():
+    out = b"".join(frames(iter([[TokenEvent("fine")], [TokenEvent(b"bytes")]]), None, None, None))
+    assert out.startswith(OK_FRAME + encode_event(TokenEvent("fine"))) and b"event: error" in out
+    assert out.endswith(DONE_FRAME)
+
+
+def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
+    """The done frame's shortcuts (field names by type, the C encoder made once) change no byte."""
+    import dataclasses
+    import math
+
+    from streamengine.web import _sse
+
+    @dataclasses.dataclass
+    class Inner:
+        ratio: float = math.nan
+        names: tuple = ("a", "\u2028")
+
+    @dataclasses.dataclass
+    class Outer:
+        count: int = 3
+        flag: bool = True
+        inner: Inner = dataclasses.field(default_factory=Inner)
+        seen: list = dataclasses.field(default_factory=lambda: [1.5, None, {"k": -0.0}])
+
+    payload = {"answer": "x\U0001F600", "telemetry": Outer(), "usage": None, "n": 1e300}
+    plain = dataclasses.asdict(Outer())
+    plain["inner"]["ratio"] = None  # NaN is sent as null
+    plain["inner"]["names"] = list(plain["inner"]["names"])
+    expected = json.dumps({"answer": "x\U0001F600", "telemetry": plain, "usage": None, "n": 1e300},
+                          separators=(",", ":"), allow_nan=False)
+    for _ in range(2):  # the second time from the caches
+        assert _sse._named_frame(b"event: done\ndata: ", payload) == b"event: done\ndata: " + expected.encode() + b"\n\n"

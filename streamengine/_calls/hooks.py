@@ -54,8 +54,9 @@ class EventEmitter:
 
     The subscriber tuple (``subscribers``) is replaced, never mutated, so ``emit``
     iterates a snapshot without a lock and a callback may unsubscribe itself
-    while being called; the per-chunk path reads it instead of calling ``__bool__``.  ``bool(emitter)`` is False while nobody listens, which lets
-    the per-token path skip building events nobody would see.
+    while being called.  ``bool(emitter)`` is False while nobody listens, which
+    lets the per-token path skip building events nobody would see (the call
+    strategy reads ``subscribers`` itself: an attribute, not a ``__bool__`` call).
     """
 
     def __init__(self) -> None:

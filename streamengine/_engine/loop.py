@@ -68,6 +68,7 @@ class RunLoop:
         self.tools_due: Callable[[], float] = lambda: _NEVER
         self.on_tools_due: Callable[[], None] = lambda: None
         self.tools_pending: Sized = ()  # tool deadlines are asked for only while this is non-empty
+        self.handed: List[Event] = []  # the last batch handed to the consumer
         self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
         self._lock = threading.Lock()
         self._closed = False
@@ -132,6 +133,7 @@ class RunLoop:
                     batch = [popleft()]
                     if out:
                         batch += take()
+                    self.handed = batch
                     handed = _monotonic()
                     if watcher.active and watched_here():  # a client that blocks in its reads: stop its clock too
                         with held():
@@ -141,22 +143,27 @@ class RunLoop:
                     now = _monotonic()
                     wait.held += now - handed
                     self._last_out = now
-                if waited(wait):
+                else:
+                    now = _monotonic()
+                if waited(wait, now):
                     wait = send(None)
         except StopIteration:
             pass
         if out:
-            yield self._take()
+            self.handed = self._take()
+            yield self.handed
 
     def _take(self) -> List[Event]:
         popleft = self.outbox.popleft
         return [popleft() for _ in range(len(self.outbox))]
 
-    def _waited(self, wait: Wait) -> bool:
+    def _waited(self, wait: Wait, now: float) -> bool:
         """Wait once for ``wait``; True when its generator should look again.
 
+        ``now`` is the clock as the caller just read it (one read less a token).
+
         The hot path (a socket wait, no tool pending) calls nothing but the
-        clock, twice, and the poll.
+        poll and the clock once, after it.
         """
         ready = wait.ready
         if ready is not None:
@@ -166,7 +173,8 @@ class RunLoop:
         cancel = self.cancel
         if cancel.cancelled:
             return True
-        now = _monotonic()
+        if ready is not None:
+            now = _monotonic()  # ready() may have taken its time
         due = wait.idle_until + wait.held
         if wait.until < due:
             due = wait.until

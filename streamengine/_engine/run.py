@@ -288,11 +288,8 @@ class StreamingEngine:
         loop.tools_pending = runner.dispatcher.pending
         steps = self._steps(runner)
         finished = False
-        last: List[Event] = []
         try:
-            for batch in loop.batches(steps):
-                last = batch
-                yield batch
+            yield from loop.batches(steps)  # not a loop of our own: one generator level less a batch
             finished = True
         finally:
             if not finished:  # left early: cancel, and let the run end itself (tools, socket, telemetry)
@@ -301,6 +298,7 @@ class StreamingEngine:
             stop_watch()
             loop.close()
             if state.trace is not None:
+                last = loop.handed
                 done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None
                 state.trace.ended(done.result if done is not None else None, cancelled=not finished)
 

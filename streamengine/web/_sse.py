@@ -39,9 +39,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import abc
+from itertools import repeat
 import json
 import math
 import time
+from json.encoder import c_make_encoder  # type: ignore[attr-defined]  # None without the C speedups
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
@@ -68,7 +70,18 @@ _log = component_logger("streamengine.web._sse")
 # ensure_ascii: every control, line-separator and non-ASCII character leaves as a
 # \uXXXX escape, so a payload is one ASCII line whatever the model wrote.
 # allow_nan=False: NaN/Infinity are not JSON (_jsonable maps them to null first).
-_DUMPS = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False, check_circular=False)
+# The C encoder made once (``encode`` makes one per call); stateless without the circular check, which
+# _jsonable's copy (a tree, depth-capped) never needs.  Pure-Python json: the encoder's own encode.
+_C_ENCODE = c_make_encoder(None, _ENCODER.default, _json_string, None, ":", ",", False, False, False) \
+    if c_make_encoder is not None else None
+
+
+def _dumps(value: Any) -> str:
+    """``_ENCODER.encode(value)`` for a value _jsonable made."""
+    if _C_ENCODE is None or value.__class__ is str:
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 _MAX_DEPTH = 32
 
@@ -103,37 +116,45 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         return value if math.isfinite(value) else None
     if depth >= _MAX_DEPTH:
         return str(value)
+    # Below, a str, int, bool or None is taken as is without a call (most telemetry fields are).
+    depth += 1
     names = _field_names(value)
     if names is not None:
-        return {name: _jsonable(getattr(value, name, None), depth + 1) for name in names}
+        return {name: v if v.__class__ in _AS_IS else _jsonable(v, depth)
+                for name, v in zip(names, map(getattr, repeat(value), names, repeat(None)))}
     if isinstance(value, enum.Enum):
-        return _jsonable(value.value, depth + 1)
+        return _jsonable(value.value, depth)
     if isinstance(value, abc.Mapping):  # collections.abc's: typing.Mapping's isinstance is many times slower
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+        return {str(k): v if v.__class__ in _AS_IS else _jsonable(v, depth) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v, depth + 1) for v in value]
+        return [v if v.__class__ in _AS_IS else _jsonable(v, depth) for v in value]
     return str(value)
 
 
-#: A dataclass type's field names, taken once per type (``dataclasses.fields`` builds a tuple each call).
-_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+_AS_IS = frozenset({str, int, bool, type(None)})
+
+
+#: Per type, its instances' dataclass field names (``dataclasses.fields`` builds a tuple each call),
+#: or None: not a dataclass.
+_FIELD_NAMES: Dict[type, Optional[Tuple[str, ...]]] = {}
+_UNKNOWN = ("",)
 
 
 def _field_names(value: Any) -> Optional[Tuple[str, ...]]:
     """The field names of a dataclass instance (as ``dataclasses.fields`` gives them); None for anything else."""
     kind = value.__class__
-    names = _FIELD_NAMES.get(kind)
-    if names is None:
-        if not dataclasses.is_dataclass(value) or isinstance(value, type):
-            return None
-        names = tuple(f.name for f in dataclasses.fields(value))
+    names = _FIELD_NAMES.get(kind, _UNKNOWN)
+    if names is _UNKNOWN:
+        names = None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            names = tuple(f.name for f in dataclasses.fields(value))
         if len(_FIELD_NAMES) < 256:  # types are few (code defines them); never grown by data
             _FIELD_NAMES[kind] = names
     return names
 
 
 def _named_frame(prefix: bytes, payload: Dict[str, Any]) -> bytes:
-    return prefix + _DUMPS(_jsonable(payload)).encode("ascii") + b"\n\n"
+    return prefix + _dumps(_jsonable(payload)).encode("ascii") + b"\n\n"
 
 
 def _token(event: Any) -> bytes:
@@ -294,7 +315,11 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
                 if len(batch) == 1 and batch[0].__class__ is TokenEvent:  # one token a read: the hot path
                     text = batch[0].text
                     if special is None or not text.startswith(special):
-                        yield encode_token(text)
+                        try:  # encode_token's frame, made here: one call less a token
+                            frame = ("data: " + _json_string(text) + "\n\n").encode("ascii")
+                        except TypeError:
+                            frame = encode_token(text)  # raises, with encode_token's message
+                        yield frame
                         last_write = monotonic()
                         continue
                 size = 0
