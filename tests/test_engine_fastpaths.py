@@ -209,3 +209,31 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
                           separators=(",", ":"), allow_nan=False)
     for _ in range(2):  # the second time from the caches
         assert _sse._named_frame(b"event: done\ndata: ", payload) == b"event: done\ndata: " + expected.encode() + b"\n\n"
+
+
+def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_gc():
+    """No reference cycle through the response: a server that forgets close() still frees the run now."""
+    import gc
+
+    from streamengine.web import SseResponse
+
+    ended = []
+
+    class Engine:
+        def run_batches(self, messages, cancel, heartbeat_s=None):
+            try:
+                while True:
+                    yield [TokenEvent("tok")]
+            finally:
+                ended.append(True)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        response = SseResponse(Engine(), [], heartbeat_s=None)
+        assert next(iter(response)) == OK_FRAME and next(response).startswith(b'data: "tok"')
+        del response
+        assert ended == [True]
+    finally:
+        if enabled:
+            gc.enable()

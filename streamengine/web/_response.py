@@ -70,7 +70,7 @@ class SseResponse:
         else:  # an engine of your own with run() only: one event a batch
             batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
-        self._writes = self._write_each()
+        self._next_batch = self._batches.__next__  # once per write: no lookup of next()
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
         self._started = time.monotonic()
@@ -79,30 +79,25 @@ class SseResponse:
         self._finished = False
         self._closed = False
 
-    def __iter__(self) -> Iterator[bytes]:
-        return self._writes  # a generator: the server's next() per write calls no Python method
+    def __iter__(self) -> "SseResponse":
+        return self
 
     def __next__(self) -> bytes:
-        return next(self._writes)
-
-    def _write_each(self) -> Iterator[bytes]:
-        """The batches, one per server write: ``writing_since`` says since when one is in the server's hands."""
+        self.writing_since = None
         if not self._closed:
-            for batch in self._batches:
-                if self._closed:
-                    break
+            try:
+                batch = self._next_batch()
+            except StopIteration:
+                self._finished = True
+                raise
+            if not self._closed:
                 self._batches_sent += 1
                 self.writing_since = _monotonic()
-                yield batch
-                self.writing_since = None
-                if self._closed:
-                    break
-            else:
-                self._finished = True
-                return
-        # Closed, maybe from another thread while a batch was made: finish the generators here,
+                return batch
+        # Closed, maybe from another thread while next() ran: finish the generators here,
         # in the iterating thread, where closing them is allowed.
         self._batches.close()
+        raise StopIteration
 
     def close(self) -> None:
         """End the run (if still going) and free everything it holds; idempotent."""
@@ -115,11 +110,9 @@ class SseResponse:
                            "cancelling the run", self._batches_sent, time.monotonic() - self._started)
             self.cancel.set()
         try:
-            for generator in (self._writes, self._batches):  # the first closes the second, once started
-                try:
-                    generator.close()
-                except ValueError:  # being iterated in another thread: the cancel token ends that run
-                    pass
+            self._batches.close()
+        except ValueError:  # being iterated in another thread: the cancel token ends that run
+            pass
         finally:
             if self._on_close is not None:
                 self._on_close()
