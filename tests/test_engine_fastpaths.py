@@ -115,8 +115,9 @@ def test_the_one_token_batch_fast_path_frames_exactly_what_encode_event_frames()
 def test_a_warning_token_alone_in_its_batch_is_still_rewritten_for_the_public():
     errors = PublicErrors("req1")
     warning = errors.token_prefix + "secret upstream detail"
-    out = b"".join(frames(iter([[TokenEvent("ok")], [TokenEvent(warning)]]), None, None, errors))
-    assert b"secret" not in out and b"req1" in out and encode_event(TokenEvent("ok")) in out
+    for batches in ([[TokenEvent("ok")], [TokenEvent(warning)]], [[TokenEvent("ok"), TokenEvent(warning)]]):
+        out = b"".join(frames(iter(batches), None, None, errors))
+        assert b"secret" not in out and b"req1" in out and encode_event(TokenEvent("ok")) in out
 
 
 def test_a_failed_model_call_served_over_http_shows_the_public_warning_not_the_detail():

@@ -325,10 +325,14 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
                 size = 0
                 beat = False
                 for event in batch:
-                    if event.__class__ is HeartbeatEvent:
+                    kind = event.__class__
+                    if kind is TokenEvent and (special is None or not event.text.startswith(special)):
+                        frame = encode_token(event.text)  # tokens of a burst: no dispatch by name either
+                    elif kind is HeartbeatEvent:
                         beat = True
                         continue
-                    frame = encode(event)
+                    else:
+                        frame = encode(event)
                     parts.append(frame)
                     size += len(frame)
                     if size >= MAX_BATCH_BYTES:
