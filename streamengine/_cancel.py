@@ -20,7 +20,13 @@ _WATCH_POLL_S = 0.02
 
 
 class CancelToken(threading.Event):
-    """An Event whose ``set()`` runs registered callbacks once, in the setting thread."""
+    """An Event whose ``set()`` runs registered callbacks once, in the setting thread.
+
+    ``cancelled`` mirrors ``is_set()`` as a plain attribute: the per-token
+    paths read it instead of calling a Python method several times a token.
+    """
+
+    cancelled = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,9 +54,16 @@ class CancelToken(threading.Event):
             if self.is_set():
                 return
             super().set()
+            self.cancelled = True
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _run_safely(callback)
+
+
+    def clear(self) -> None:
+        with self._callbacks_lock:
+            super().clear()
+            self.cancelled = False
 
 
 def _run_safely(callback: Callback) -> None:
@@ -58,6 +71,24 @@ def _run_safely(callback: Callback) -> None:
         callback()
     except Exception:  # a failing cleanup must not stop the other cleanups
         _log.opt(exception=True).warning("cancel callback failed")
+
+
+class _Polled:
+    """``cancelled`` of a plain Event (a method call each time) or of no event at all (never)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event: Optional[threading.Event]) -> None:
+        self._event = event
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event is not None and self._event.is_set()
+
+
+def cancel_flag(event: Optional[threading.Event]) -> "CancelToken | _Polled":
+    """Something whose ``cancelled`` says whether ``event`` is set: a CancelToken itself (an attribute read)."""
+    return event if isinstance(event, CancelToken) else _Polled(event)
 
 
 def on_cancel(event: Optional[threading.Event], callback: Callback) -> Callback:

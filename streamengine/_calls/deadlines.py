@@ -79,13 +79,14 @@ class DeadlineWatcher:
         self._wake = threading.Condition(self._lock)
         self._heap: List[_Entry] = []
         self._order = itertools.count()
-        self._active = 0  # watched calls not yet finished
+        #: Watched calls not yet finished (any thread): 0 means no thread has a clock for :func:`held` to stop.
+        self.active = 0
         self._thread: Optional[threading.Thread] = None
 
     # --- the driving thread's side -----------------------------------------------------------
     def add(self, item: Watch) -> None:
         with self._lock:
-            self._active += 1
+            self.active += 1
             self._push(item)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
@@ -93,7 +94,7 @@ class DeadlineWatcher:
                     self._thread.start()
                 except BaseException:  # e.g. no thread left: the call fails now instead of never timing out
                     self._thread = None
-                    self._active -= 1
+                    self.active -= 1
                     item.done = True
                     raise
 
@@ -110,8 +111,8 @@ class DeadlineWatcher:
             if item.done:
                 return
             item.done = True
-            self._active -= 1
-            if self._active == 0 or len(self._heap) > 64 + 4 * self._active:
+            self.active -= 1
+            if self.active == 0 or len(self._heap) > 64 + 4 * self.active:
                 self._heap[:] = [entry for entry in self._heap if not entry[3].done]  # in place: the thread holds it
                 heapq.heapify(self._heap)
                 self._wake.notify()  # nothing left: the thread may end now
@@ -126,7 +127,7 @@ class DeadlineWatcher:
         """A forked child has no watcher thread, whatever the parent had."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._heap, self._active, self._thread = [], 0, None
+        self._heap, self.active, self._thread = [], 0, None
 
     def _push(self, item: Watch) -> None:
         when = item.due()  # while held, the cap (finite): the end of the hold re-arms it
@@ -147,7 +148,7 @@ class DeadlineWatcher:
     def _next_expired(self) -> Optional[Watch]:
         """Wait (lock held) for the next watch whose deadline passed; None once nothing is watched."""
         heap = self._heap
-        while self._active:
+        while self.active:
             if not heap:
                 self._wake.wait()
                 continue

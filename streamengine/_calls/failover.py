@@ -213,15 +213,24 @@ class ModelFailover:
                  options: CompletionOptions, cancel: Optional[threading.Event],
                  on_chunk: Optional[Callable[[Chunk], None]],
                  on_tool_calls: Optional[OnToolCalls]) -> Generator[Wait, None, Response]:
+        """The strategy's own generator, not one wrapped around it: each wait passes one level less."""
         steps = getattr(self.strategy, "stream_call", None)
         if steps is None:  # a strategy of your own with call() only: it blocks
-            return self.strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
-        return (yield from steps(messages, tools, options, cancel, on_chunk, on_tool_calls))
+            return _blocking(self.strategy, messages, tools, options, cancel, on_chunk)
+        return steps(messages, tools, options, cancel, on_chunk, on_tool_calls)
 
     def _asks_too_long(self, exc: BaseException) -> bool:
         """The provider asks for a longer wait than ``max_retry_wait``."""
         retry_after = _retry_after(exc)
         return retry_after is not None and retry_after > self.max_retry_wait
+
+
+def _blocking(strategy: Any, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+              options: CompletionOptions, cancel: Optional[threading.Event],
+              on_chunk: Optional[Callable[[Chunk], None]]) -> Generator[Wait, None, Response]:
+    """A strategy with ``call()`` only, as a generator that never waits (the call blocks)."""
+    return strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
+    yield  # pragma: no cover - makes this a generator
 
 
 class _WaitRetryAfter(tenacity.wait.wait_base):

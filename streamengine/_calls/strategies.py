@@ -57,10 +57,10 @@ from .. import _validation as validation
 from .._accumulate import ResponseAggregator
 from .._output_limits import OutputLimits
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S
-from .._cancel import CancelToken, on_cancel
+from .._cancel import CancelToken, cancel_flag, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
-from .hooks import ModelChunkEvent, check_observers, notify_observers
+from .hooks import EventEmitter, ModelChunkEvent, check_observers, notify_observers
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
 
@@ -227,14 +227,22 @@ class StreamingCallStrategy(CallStrategy):
     def _read(self, watched: deadlines.Watch, cancel: Optional[threading.Event],
               open_stream: Callable[[], Iterator[Union[Chunk, Wait]]], options: Optional[CompletionOptions],
               on_chunk: Optional[OnChunk], on_tool_calls: Optional[OnToolCalls], started: float) -> Steps:
-        """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened."""
+        """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened.
+
+        Once per token: the flags are plain attribute reads (``CancelToken.cancelled``),
+        the deadlines are compared here and only a passed one goes to :func:`_lapsed`.
+        """
         monotonic = time.monotonic
         aggregator = ResponseAggregator(self.output_limits)
         add = aggregator.add
         emitter = self.emitter
+        hub = emitter if type(emitter) is EventEmitter else None  # its subscribers: an attribute, not __bool__
         idle = self.idle_timeout
-        stopped = watched.token.is_set
+        token = watched.token
+        stopped = token.is_set
+        caller = cancel_flag(cancel)
         caller_stopped = cancel.is_set if cancel is not None else bool
+        cap = watched.cap_deadline
         meaningful = 0
         completed = False
         stream: Iterator[Union[Chunk, Wait]] = iter(())
@@ -243,7 +251,6 @@ class StreamingCallStrategy(CallStrategy):
             for chunk in stream:
                 if chunk.__class__ is Wait:
                     wait: Wait = chunk  # type: ignore[assignment]
-                    cap = watched.cap_deadline
                     if wait.until > cap:
                         wait.until = cap
                     wait.idle_until = watched.idle_deadline
@@ -251,10 +258,12 @@ class StreamingCallStrategy(CallStrategy):
                     yield wait
                     if wait.held:  # the consumer held the thread: not the model's silence
                         watched.idle_deadline += wait.held
-                    if _lapsed(watched, monotonic()) or stopped() or caller_stopped():
-                        raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+                    now = monotonic()
+                    if now >= watched.idle_deadline or now >= cap or token.cancelled or caller.cancelled:
+                        if _lapsed(watched, now) or stopped() or caller_stopped():
+                            raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                     continue
-                if stopped():  # timed out or cancelled while this chunk was read: feed no more on
+                if token.cancelled:  # timed out or cancelled while this chunk was read: feed no more on
                     raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                 if chunk.is_meaningful:  # type: ignore[union-attr]
                     meaningful += 1
@@ -273,7 +282,10 @@ class StreamingCallStrategy(CallStrategy):
                                     response.model or _model_of(options), monotonic() - started,
                                     aggregator.chunks, meaningful)
                     return response
-                if emitter is not None and emitter:
+                if hub is not None:
+                    if hub.subscribers:
+                        hub.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
+                elif emitter is not None and emitter:
                     emitter.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
             if stopped() or caller_stopped():  # a client that ends quietly when cancelled
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
@@ -334,10 +346,13 @@ class _Stopped(Exception):
         self.total = total
 
 
-@contextlib.contextmanager
-def _unwatched(token: CancelToken, idle_s: float, cap_s: float, started: float) -> Iterator[deadlines.Watch]:
-    """The call's deadlines, kept by the call itself: its client passes every wait up (no watcher thread)."""
-    yield deadlines.Watch(token, idle_s, started, cap_s)
+def _unwatched(token: CancelToken, idle_s: float, cap_s: float,
+               started: float) -> "contextlib.nullcontext[deadlines.Watch]":
+    """The call's deadlines, kept by the call itself: its client passes every wait up (no watcher thread).
+
+    A ``nullcontext``, not a generator-based context manager: it is made once per call.
+    """
+    return contextlib.nullcontext(deadlines.Watch(token, idle_s, started, cap_s))
 
 
 def _lapsed(watched: deadlines.Watch, now: float) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ MAX_TOLD_STOPPED = 10
 
 #: The :class:`Telemetry` counters the gates write (on the run thread); a failover replay rewinds them.
 GATE_COUNTERS = ("tools_started", "dedup_skipped", "cap_skipped", "disallowed", "parse_errors", "refused")
+_gate_counters = operator.attrgetter(*GATE_COUNTERS)  # their values, as a tuple in GATE_COUNTERS' order
 
 
 @dataclass
@@ -121,7 +123,9 @@ class ToolDispatcher:
         self._replayable: Dict[Key, ToolHandle] = {}
         self._ids: Set[str] = set()  # every call id of the run so far
         self._total = 0
-        self._pending: List[ToolHandle] = []  # started, result maybe not fixed yet
+        #: Started calls whose result may not be fixed yet; one list for the run (changed in place), so
+        #: the run's loop looks at it directly and asks for tool deadlines only while it is non-empty.
+        self.pending: List[ToolHandle] = []
         self._next_deadline = float("inf")
         self._deadlines_moved = False  # a call started since _next_deadline was taken
         self.counters = telemetry if telemetry is not None else Telemetry()
@@ -137,7 +141,7 @@ class ToolDispatcher:
         self._round_ids: List[str] = []
         self.untold_stopped = 0  # stopped calls past MAX_TOLD_STOPPED this round: counted, not told
         self._told_stopped = 0
-        self._counters_at_round_start = {name: getattr(self.counters, name) for name in GATE_COUNTERS}
+        self._counters_at_round_start = _gate_counters(self.counters)  # one C call: begin_round runs per round
         self._total_at_round_start = self._total
 
     def reset_round(self) -> None:
@@ -151,7 +155,7 @@ class ToolDispatcher:
             self._replayable[key] = handle
         self._ids.difference_update(self._round_ids)  # the replay's calls may take the same ids again
         self._total = self._total_at_round_start
-        for name, value in self._counters_at_round_start.items():
+        for name, value in zip(GATE_COUNTERS, self._counters_at_round_start):
             setattr(self.counters, name, value)
         self.begin_round()
 
@@ -251,7 +255,7 @@ class ToolDispatcher:
         # refusal, cancel, refusal at submit): each call is told exactly once.
         handle.add_done_callback(deliver)
         self._started[key] = self._round_started[key] = handle
-        self._pending.append(handle)
+        self.pending.append(handle)
         self._next_deadline = min(self._next_deadline, handle.next_limit)
         return handle
 
@@ -269,7 +273,7 @@ class ToolDispatcher:
         """
         if self._deadlines_moved:
             self._deadlines_moved = False
-            self._next_deadline = min((h.next_limit for h in self._pending), default=float("inf"))
+            self._next_deadline = min((h.next_limit for h in self.pending), default=float("inf"))
         return self._next_deadline
 
     def poll_deadlines(self) -> None:
@@ -277,10 +281,10 @@ class ToolDispatcher:
 
         Cheap enough for every wait: one clock read while a call is pending.
         """
-        if not self._pending or time.monotonic() < self.next_deadline():
+        if not self.pending or time.monotonic() < self.next_deadline():
             return
-        still = [handle for handle in self._pending if not handle.done()]  # done() fixes a lapsed result
-        self._pending = still
+        still = [handle for handle in self.pending if not handle.done()]  # done() fixes a lapsed result
+        self.pending[:] = still
         self._next_deadline = min((h.next_limit for h in still), default=float("inf"))
 
     def wait_until_reported(self, timeout: float, cancel: Optional[threading.Event] = None) -> bool:

@@ -29,20 +29,22 @@ they happened in; only threads other than the driving one write the pipe.
 from __future__ import annotations
 
 import collections
-import math
 import os
 import select
 import selectors
 import threading
 import time
-from typing import Any, Callable, Deque, Generator, Iterator, List, Optional
+from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Sized
 
+from .._calls import deadlines
 from .._calls.deadlines import held, watched_here
 from .._cancel import CancelToken
 from .._clients.base import Wait
 from .events import Event, HeartbeatEvent
 
 _NEVER = float("inf")
+_monotonic = time.monotonic
+_MAX_MS = 86_400_000.0  # a day: poll() refuses what does not fit its int
 #: Heartbeats carry nothing: one frozen instance serves every one.
 HEARTBEAT = HeartbeatEvent()
 #: A wait whose end another thread signals through a flag looks at the flag at least this often.
@@ -54,15 +56,19 @@ class RunLoop:
 
     ``tools_due()`` says when the earliest tool deadline is (monotonic),
     ``on_tools_due()`` fixes the results of tools past theirs; both run in the
-    driving thread.
+    driving thread, and only while ``tools_pending`` (the dispatcher's list of
+    calls whose result is not fixed yet) is non-empty.
     """
 
     def __init__(self, cancel: CancelToken, heartbeat_s: Optional[float]) -> None:
         self.cancel = cancel
         self.heartbeat_s = heartbeat_s
+        self._beat_s = _NEVER if heartbeat_s is None else heartbeat_s
         self.outbox: Deque[Event] = collections.deque()
         self.tools_due: Callable[[], float] = lambda: _NEVER
         self.on_tools_due: Callable[[], None] = lambda: None
+        self.tools_pending: Sized = ()  # tool deadlines are asked for only while this is non-empty
+        self.handed: List[Event] = []  # the last batch handed to the consumer
         self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
         self._lock = threading.Lock()
         self._closed = False
@@ -110,78 +116,112 @@ class RunLoop:
 
     # --- the driving thread --------------------------------------------------------------
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
-        """Drive ``steps`` to its end; yield the events that are ready each time it would wait."""
+        """Drive ``steps`` to its end; yield the events that are ready each time it would wait.
+
+        Runs once per token: names are bound to locals, and the watcher's
+        clock (:func:`held`) is only looked up while some call is watched.
+        """
         self._driving[0] = threading.get_ident()
-        out = self.outbox
-        monotonic = time.monotonic
-        self._last_out = monotonic()
+        out, take, waited, send = self.outbox, self._take, self._waited, steps.send
+        popleft = out.popleft
+        watcher = deadlines.watcher()
+        self._last_out = _monotonic()
         try:
             wait = next(steps)
             while True:
                 if out:
-                    batch = self._take()
-                    handed = monotonic()
-                    if watched_here():  # a client that blocks in its reads has a watcher clock: stop it too
+                    batch = [popleft()]
+                    if out:
+                        batch += take()
+                    self.handed = batch
+                    handed = _monotonic()
+                    if watcher.active and watched_here():  # a client that blocks in its reads: stop its clock too
                         with held():
                             yield batch
                     else:
                         yield batch
-                    now = monotonic()
+                    now = _monotonic()
                     wait.held += now - handed
                     self._last_out = now
-                if self._waited(wait):
-                    wait = steps.send(None)
+                else:
+                    now = _monotonic()
+                if waited(wait, now):
+                    wait = send(None)
         except StopIteration:
             pass
         if out:
-            yield self._take()
+            self.handed = self._take()
+            yield self.handed
 
     def _take(self) -> List[Event]:
-        out = self.outbox
-        count = len(out)
-        if count == 1:
-            return [out.popleft()]
-        popleft = out.popleft
-        return [popleft() for _ in range(count)]
+        popleft = self.outbox.popleft
+        return [popleft() for _ in range(len(self.outbox))]
 
-    def _waited(self, wait: Wait) -> bool:
-        """Wait once for ``wait``; True when its generator should look again."""
+    def _waited(self, wait: Wait, now: float) -> bool:
+        """Wait once for ``wait``; True when its generator should look again.
+
+        ``now`` is the clock as the caller just read it (one read less a token).
+
+        The hot path (a socket wait, no tool pending) calls nothing but the
+        poll and the clock once, after it.
+        """
         ready = wait.ready
         if ready is not None:
             wait.waker = self.wake
             if ready():
                 return True
-        if self.cancel.is_set():
+        cancel = self.cancel
+        if cancel.cancelled:
             return True
-        now = time.monotonic()
+        if ready is not None:
+            now = _monotonic()  # ready() may have taken its time
         due = wait.idle_until + wait.held
         if wait.until < due:
             due = wait.until
-        tools = self.tools_due()
-        if tools <= now:
-            self.on_tools_due()
+        tools = _NEVER
+        if self.tools_pending:
             tools = self.tools_due()
-            if self.outbox:
-                return False  # hand the results over first; the wait goes on after
+            if tools <= now:
+                self.on_tools_due()
+                tools = self.tools_due()
+                if self.outbox:
+                    return False  # hand the results over first; the wait goes on after
         if due <= now:
             return True
         until = due if due < tools else tools
-        beat = self._last_out + self.heartbeat_s if self.heartbeat_s is not None else _NEVER
+        beat = self._last_out + self._beat_s
         if beat < until:
             until = beat
         if ready is not None and until > now + _READY_SLICE_S:
             until = now + _READY_SLICE_S
-        readable, woken = self._selector.wait(wait.fileobj, until - now)
+        fileobj = wait.fileobj
+        selector = self._selector
+        if fileobj is not selector.current:
+            selector.switch(fileobj)
+        poll = selector.poll
+        if poll is None:  # pragma: no cover - Windows
+            readable, woken = selector.select(until - now)
+        else:
+            ms = (until - now) * 1000.0  # poll() takes float milliseconds, rounded up
+            found = poll(0 if ms <= 0 else ms if ms < _MAX_MS else _MAX_MS)
+            readable = woken = False
+            if found:  # the socket's descriptor, the pipe's, or both
+                if len(found) > 1:
+                    readable = woken = True
+                elif found[0][0] == self._read_end:
+                    woken = True
+                else:
+                    readable = True
         if woken:
             self._drain_pipe()
-        now = time.monotonic()
+        now = _monotonic()
         if tools <= now:
             self.on_tools_due()
         if beat <= now and not self.outbox:
             self.outbox.append(HEARTBEAT)
-        if readable or now >= due or self.cancel.is_set():
+        if readable or now >= due or cancel.cancelled:
             return True
-        return wait.fileobj is None and (woken or (ready is not None and ready()))
+        return fileobj is None and (woken or (ready is not None and ready()))
 
     def _drain_pipe(self) -> None:
         try:
@@ -192,42 +232,38 @@ class RunLoop:
 
 
 class _Selector:
-    """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change)."""
+    """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change).
+
+    ``poll`` is the bound ``poll()`` of a ``select.poll`` object, which
+    :meth:`RunLoop._waited` calls itself (once per token: no call in between);
+    None where there is no poll() (Windows), and :meth:`select` waits instead.
+    """
 
     def __init__(self, pipe: int) -> None:
         self._pipe = pipe
-        self._current: Any = None
+        self.current: Any = None
         self._fd: Optional[int] = None
         if hasattr(select, "poll"):
             self._poll: Any = select.poll()
             self._poll.register(pipe, select.POLLIN)
+            self.poll: Optional[Callable[[float], list]] = self._poll.poll
             self._selectors: Optional[selectors.BaseSelector] = None
         else:  # pragma: no cover - Windows: no poll(); selectors picks what there is
-            self._poll = None
+            self._poll = self.poll = None
             self._selectors = selectors.DefaultSelector()
             self._selectors.register(pipe, selectors.EVENT_READ)
 
-    def wait(self, fileobj: Any, timeout: float) -> "tuple[bool, bool]":
+    def select(self, timeout: float) -> "tuple[bool, bool]":  # pragma: no cover - Windows
         """(the socket is readable, the pipe was written) within ``timeout`` seconds."""
-        if fileobj is not self._current:
-            self._switch(fileobj)
-        if self._poll is not None:
-            ms = 0 if timeout <= 0 else min(math.ceil(timeout * 1000), 86_400_000)
-            readable = woken = False
-            for fd, _mask in self._poll.poll(ms):
-                if fd == self._pipe:
-                    woken = True
-                else:
-                    readable = True
-            return readable, woken
-        assert self._selectors is not None  # pragma: no cover
-        keys = self._selectors.select(max(0.0, min(timeout, 86400.0)))  # pragma: no cover
-        woken = any(key.fd == self._pipe for key, _ in keys)  # pragma: no cover
-        return len(keys) > int(woken), woken  # pragma: no cover
+        assert self._selectors is not None
+        keys = self._selectors.select(max(0.0, min(timeout, 86400.0)))
+        woken = any(key.fd == self._pipe for key, _ in keys)
+        return len(keys) > int(woken), woken
 
-    def _switch(self, fileobj: Any) -> None:
+    def switch(self, fileobj: Any) -> None:
+        """Watch ``fileobj`` (a socket, or None) from now on, instead of the one before."""
         # By descriptor number, taken at registration: a socket closed since has none to give.
-        old, self._current = self._fd, fileobj
+        old, self.current = self._fd, fileobj
         self._fd = None
         if old is not None:
             try:

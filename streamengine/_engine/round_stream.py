@@ -11,27 +11,46 @@ live in the call strategy's aggregator, but only the run sees every round.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, List, Set
 
-from .._accumulate import TextBuffer
+from .._accumulate import BLOCK, TextBuffer
 from .._output_limits import output_chars, output_limit_error
 from .._inline.scanner import InlineToolScanner
 from .._messages import Chunk, Response, ToolCall
+from .events import TokenEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from .rounds import RoundRunner
 
 
 class RoundStream:
-    """Everything one round keeps while its stream flows (see the module doc)."""
+    """Everything one round keeps while its stream flows (see the module doc).
+
+    One per round, :meth:`reset` in place when failover streams the round
+    again, so its bound :meth:`on_chunk` is handed to the call strategy as it
+    is: a chunk costs no forwarding call.
+    """
 
     def __init__(self, runner: "RoundRunner", round_no: int) -> None:
         self.runner = runner
+        self.round_no = round_no
+        state = runner.state
+        self._emit = state.emit_here if state.emit_here is not None else state.emit
+        self._telemetry = state.telemetry
+        self._started = state.started
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the round's stream afresh: a new scanner, nothing shown, no native call taken."""
+        runner = self.runner
         # Ids must stay unique across the rounds of a request: the round is in the prefix.
         self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
-                                        id_prefix=f"call_inline_r{round_no}_") if runner.use_inline else None
-        # What the person saw (tool blocks left out), joined every 1024 pieces: memory follows the text.
+                                        id_prefix=f"call_inline_r{self.round_no}_") if runner.use_inline else None
+        # What the person saw (tool blocks left out), joined every BLOCK pieces: memory follows the text.
         self.text_parts = TextBuffer()
+        self._parts = self.text_parts.parts  # show() appends here directly
+        self._untimed = self._telemetry.time_to_first_token_s is None
         self.native_calls: List[ToolCall] = []  # as dispatched: under the id the run gave each
         self._taken: Set[int] = set()  # the accumulator's calls handed to the dispatcher (by identity)
 
@@ -48,15 +67,27 @@ class RoundStream:
             raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
         if content:
             parser = self.parser
-            if parser is None:
-                self.runner.show(self, content)
+            if parser is None or (parser.plain and "<" not in content):  # prose: almost every token
+                self.show(content)
             else:
                 self._take(parser.feed(content))
+
+    def show(self, text: str) -> None:
+        """Text the person sees: kept for the answer, timed if it is the run's first, sent as a token."""
+        parts = self._parts
+        parts.append(text)
+        if len(parts) >= BLOCK:
+            self.text_parts.compact()
+        if self._untimed:
+            self._untimed = False
+            if self._telemetry.time_to_first_token_s is None:
+                self._telemetry.time_to_first_token_s = time.monotonic() - self._started
+        self._emit(TokenEvent(text))
 
     def _take(self, fed: Any) -> None:
         """What the scanner made of some text: show the visible part, report bad blocks, dispatch calls."""
         if fed.visible:
-            self.runner.show(self, fed.visible)
+            self.show(fed.visible)
         if fed.errors:
             self.runner.report_parse_problems(fed)
         for call in fed.calls:

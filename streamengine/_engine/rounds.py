@@ -24,7 +24,7 @@ from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
 from .filing import wait_filed
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .events import (
-    DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, ToolResultEvent,
     ToolStartEvent,
 )
 from .._inline.scanner import tool_instructions
@@ -89,12 +89,6 @@ class RoundRunner:
         return conversation[:leading] + [hint] + conversation[leading:]
 
     # --- events ---------------------------------------------------------------------
-    def show(self, stream: RoundStream, text: str) -> None:
-        stream.text_parts.append(text)
-        if self.state.telemetry.time_to_first_token_s is None:
-            self.state.telemetry.time_to_first_token_s = time.monotonic() - self.state.started
-        self.state.emit(TokenEvent(text))
-
     def report_parse_problems(self, fed: Any) -> None:
         """Bad blocks the model closed become error results it reads; others are told as events."""
         told = set()
@@ -155,19 +149,18 @@ class RoundRunner:
         self.state.telemetry.rounds = round_no
         self.state.emit(RoundEvent(round_no))
         self.dispatcher.begin_round()
-        stream = RoundStream(self, round_no)
-        holder = [stream]
+        stream = RoundStream(self, round_no)  # reset in place on a failover: its callbacks stay bound
         tried: List[str] = []
 
         def may_advance() -> bool:
-            if holder[0].committed:
+            if stream.committed:
                 if not self.config.failover_after_tokens:
                     return False
                 failed = tried[-1] if tried else "the model"
                 self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
                                                      f"the round is streamed again on another model"))
             self.dispatcher.reset_round()
-            holder[0] = RoundStream(self, round_no)
+            stream.reset()
             return True
 
         traced = RoundTrace(self.state.trace, self.messages, self.config.options) if self.state.trace else None
@@ -177,7 +170,7 @@ class RoundRunner:
             if traced is not None:
                 traced.started(model)
 
-        on_chunk = lambda chunk: holder[0].on_chunk(chunk)  # noqa: E731 - the holder's stream changes on a reset
+        on_chunk = stream.on_chunk
         try:
             outcome = yield from self.deps.failover.stream_call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
@@ -185,16 +178,15 @@ class RoundRunner:
                 on_chunk=traced.watching(on_chunk) if traced else on_chunk, may_advance=may_advance,
                 on_attempt=on_attempt,
                 on_attempt_failed=traced.failed if traced else None,
-                on_tool_calls=(lambda calls: holder[0].on_tool_calls(calls)) if self.use_native else None)
+                on_tool_calls=stream.on_tool_calls if self.use_native else None)
         except LlmError as exc:
             if tried:
                 self.state.telemetry.model_used = tried[-1]
                 self.state.telemetry.failovers += len(dict.fromkeys(tried)) - 1
-            self._on_llm_error(holder[0], exc)
+            self._on_llm_error(stream, exc)
             return False
         if traced:
             traced.succeeded(outcome.response)
-        stream = holder[0]
         stream.finish(outcome.response)
         self._count_parse_errors(stream)
         self._account(outcome)
@@ -307,7 +299,7 @@ class RoundRunner:
             # Text held back as a possible block start belongs to the partial answer.
             held = stream.parser.flush().visible
             if held:
-                self.show(stream, held)
+                stream.show(held)
         self._count_parse_errors(stream)
         self.dispatcher.drop_held()
         self.dispatcher.cancel_all()
@@ -322,7 +314,7 @@ class RoundRunner:
             self._stop("output_limit")
         if not stream.committed:
             warning = f"{LLM_WARNING}{exc}"
-            self.show(stream, warning)
+            stream.show(warning)
             self.state.emit(ErrorEvent(str(exc)))
             self._stop("llm_error")
         else:

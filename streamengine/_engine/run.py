@@ -202,7 +202,8 @@ class StreamingEngine:
         heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         if not isinstance(read_ahead, bool):
             raise ConfigError(f"read_ahead must be True or False, got {read_ahead!r}")
-        scope = run_scope(conversation_id)
+        # A run's own scope is a fresh uuid: only worth making when a store can use it.
+        scope = run_scope(conversation_id) if conversation_id is not None or self.rag is not None else ""
         conversation = as_messages(messages)
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
@@ -280,17 +281,15 @@ class StreamingEngine:
         stop_watch = on_cancel(cancel, token.set)
         loop = RunLoop(token, heartbeat_s)
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
-                         scope=scope, trace=trace() if trace is not None else None)
+                         emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
         loop.tools_due = runner.dispatcher.next_deadline
         loop.on_tools_due = runner.dispatcher.poll_deadlines
+        loop.tools_pending = runner.dispatcher.pending
         steps = self._steps(runner)
         finished = False
-        last: List[Event] = []
         try:
-            for batch in loop.batches(steps):
-                last = batch
-                yield batch
+            yield from loop.batches(steps)  # not a loop of our own: one generator level less a batch
             finished = True
         finally:
             if not finished:  # left early: cancel, and let the run end itself (tools, socket, telemetry)
@@ -299,6 +298,7 @@ class StreamingEngine:
             stop_watch()
             loop.close()
             if state.trace is not None:
+                last = loop.handed
                 done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None
                 state.trace.ended(done.result if done is not None else None, cancelled=not finished)
 

@@ -41,7 +41,12 @@ class RunDeps:
 
 @dataclass
 class RunState:
-    """What one run has gathered so far; owned by the thread that drives the run."""
+    """What one run has gathered so far; owned by the thread that drives the run.
+
+    ``emit`` puts an event from any thread; ``emit_here`` (when given) only
+    from the thread that drives the run, which needs no wake-up: a token
+    costs a deque append.
+    """
 
     conversation: List[Message]
     cancel: CancelToken
@@ -56,4 +61,5 @@ class RunState:
     error: Optional[str] = None
     refusal: Optional[str] = None
     done: bool = False
+    emit_here: Optional[Callable[[Event], None]] = None  # None: ``emit`` serves the driving thread too
     trace: Any = None  # the run's OpenTelemetry trace (``_otel.tracing.RunTrace``), None when not traced

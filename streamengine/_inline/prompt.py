@@ -5,8 +5,10 @@ Used when ``tool_mode`` is ``inline`` or ``auto``; the scanner in
 """
 from __future__ import annotations
 
+import copy
 import json
-from typing import Any, Dict, Sequence
+import operator
+from typing import Any, Dict, Sequence, Tuple
 
 from .._messages import ToolSpec
 
@@ -22,14 +24,38 @@ TOOL_SYNTAX_HINT = (
 )
 
 
+#: The last texts made, by the identity of their specs (each entry keeps its specs alive, so no id is
+#: reused while it is here) with a copy of their parameters (a schema changed in place is written anew).
+_MADE: Dict[Tuple[int, ...], Tuple[Tuple[ToolSpec, ...], Any, str]] = {}
+_MADE_MAX = 32
+
+
 def tool_instructions(specs: Sequence[ToolSpec]) -> str:
     """The system-message text that teaches the inline syntax and lists the tools.
 
     Returns ``""`` when there are no tools: nothing to teach, and a syntax
-    lesson without tools only invites invented calls.
+    lesson without tools only invites invented calls.  Every run of an engine
+    asks with the same specs: the text is made once and given again while
+    they (and their schemas) are unchanged.
     """
     if not specs:
         return ""
+    key = tuple(map(id, specs))
+    made = _MADE.get(key)
+    if made is not None and all(map(operator.is_, made[0], specs)) and made[1] == [s.parameters for s in specs]:
+        return made[2]
+    text = _instructions(specs)
+    try:
+        schemas = copy.deepcopy([spec.parameters for spec in specs])
+    except Exception:  # noqa: BLE001 - a schema that cannot be copied is simply not kept
+        return text
+    if len(_MADE) >= _MADE_MAX:
+        _MADE.clear()
+    _MADE[key] = (tuple(specs), schemas, text)
+    return text
+
+
+def _instructions(specs: Sequence[ToolSpec]) -> str:
     lines = [TOOL_SYNTAX_HINT, "", "Available tools:"]
     for spec in specs:
         lines.append(_tool_listing(spec))

@@ -137,8 +137,9 @@ class InlineToolScanner:
         self.calls_found = 0
         self._next_id = 1
         self._rejected: List[Tuple[ToolCall, str]] = []
-        # True when in text mode with nothing held back: the hot-path test.
-        self._plain = True
+        #: True in text mode with nothing held back: a piece without "<" is then visible
+        #: as it is (``feed`` returns it whole, no call, no error), so a caller may skip ``feed``.
+        self.plain = True
         self._mode = _TEXT
         self._held = ""
         self._reset_block()
@@ -149,7 +150,7 @@ class InlineToolScanner:
         """Scan ``text`` (the next piece of the stream) and release what is settled."""
         # The hot path: one call per model token, and almost all tokens are prose.
         try:
-            if "<" not in text and self._plain:
+            if "<" not in text and self.plain:
                 return FeedResult(text) if text else _EMPTY
         except TypeError:
             raise TypeError(
@@ -174,7 +175,7 @@ class InlineToolScanner:
                       f"not run: {snippet(text)}",)
         self._mode = _TEXT
         self._held = ""
-        self._plain = True
+        self.plain = True
         self._reset_block()
         return FeedResult(text, (), errors) if text else _EMPTY
 
@@ -216,7 +217,7 @@ class InlineToolScanner:
             if piece:
                 self._block.append(piece)
                 self._block_len += len(piece)
-        self._plain = self._mode == _TEXT and not self._held
+        self.plain = self._mode == _TEXT and not self._held
         if not (out or calls or errors):
             return _EMPTY
         rejected: Tuple[Tuple[ToolCall, str], ...] = ()

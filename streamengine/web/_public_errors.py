@@ -22,6 +22,10 @@ class PublicErrors:
     ``event: done`` that repeats it.
     """
 
+    #: Tokens :meth:`encode` rewrites start with this (the engine's visible warning); the framer
+    #: sends any other token as it is, without asking.
+    token_prefix = LLM_WARNING
+
     def __init__(self, request_id: str, *, expose: bool = False, logger: Any = None) -> None:
         self.request_id = request_id
         self.expose = expose
@@ -39,7 +43,7 @@ class PublicErrors:
         name = getattr(event, "name", None)
         if name == "token":
             text = getattr(event, "text", None)
-            if isinstance(text, str) and text.startswith(LLM_WARNING):
+            if isinstance(text, str) and text.startswith(self.token_prefix):
                 return encode_token(self._warning(text))
             return encode_token(text)
         special = self._SPECIAL.get(name) if isinstance(name, str) else None

@@ -42,6 +42,7 @@ from ._public_errors import PublicErrors
 PROBE_S = 0.25
 
 Probe = Callable[[], bool]
+_monotonic = time.monotonic
 
 
 class SseResponse:
@@ -69,51 +70,77 @@ class SseResponse:
         else:  # an engine of your own with run() only: one event a batch
             batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
+        self._progress = _Progress()
+        # A generator over the frames and the progress only, never the response: no reference cycle,
+        # so a response dropped without close() frees its run at once.
+        self._writes = _write_each(self._batches, self._progress)
         self._on_close = on_close
         self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
         self._started = time.monotonic()
-        self.writing_since: Optional[float] = None  # a batch is in the server's hands since then
-        self._batches_sent = 0
-        self._finished = False
-        self._closed = False
 
-    def __iter__(self) -> "SseResponse":
-        return self
+    @property
+    def writing_since(self) -> Optional[float]:
+        """Since when (monotonic) a batch is in the server's hands; None while none is."""
+        return self._progress.writing_since
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._writes  # a generator: the server's next() per write calls no Python method
 
     def __next__(self) -> bytes:
-        self.writing_since = None
-        if not self._closed:
-            try:
-                batch = next(self._batches)
-            except StopIteration:
-                self._finished = True
-                raise
-            if not self._closed:
-                self._batches_sent += 1
-                self.writing_since = time.monotonic()
-                return batch
-        # Closed, maybe from another thread while next() ran: finish the generators here,
-        # in the iterating thread, where closing them is allowed.
-        self._batches.close()
-        raise StopIteration
+        return next(self._writes)
 
     def close(self) -> None:
         """End the run (if still going) and free everything it holds; idempotent."""
-        if self._closed:
+        progress = self._progress
+        if progress.closed:
             return
-        self._closed = True
-        self.writing_since = None
-        if not self._finished:
+        progress.closed = True
+        progress.writing_since = None
+        if not progress.finished:
             self._log.info("stream closed by the server after {} writes and {:.3f}s (client gone?); "
-                           "cancelling the run", self._batches_sent, time.monotonic() - self._started)
+                           "cancelling the run", progress.sent, time.monotonic() - self._started)
             self.cancel.set()
         try:
-            self._batches.close()
-        except ValueError:  # being iterated in another thread: the cancel token ends that run
-            pass
+            for generator in (self._writes, self._batches):  # the first closes the second, once started
+                try:
+                    generator.close()
+                except ValueError:  # being iterated in another thread: the cancel token ends that run
+                    pass
         finally:
             if self._on_close is not None:
                 self._on_close()
+
+
+class _Progress:
+    """What one response's writes have got to; shared by the response and its generator of writes."""
+
+    __slots__ = ("writing_since", "sent", "finished", "closed")
+
+    def __init__(self) -> None:
+        self.writing_since: Optional[float] = None  # a batch is in the server's hands since then
+        self.sent = 0
+        self.finished = False
+        self.closed = False
+
+
+def _write_each(batches: Iterator[bytes], progress: _Progress) -> Iterator[bytes]:
+    """The batches, one per server write, with ``progress`` kept up to date."""
+    if not progress.closed:
+        for batch in batches:
+            if progress.closed:
+                break
+            progress.sent += 1
+            progress.writing_since = _monotonic()
+            yield batch
+            progress.writing_since = None
+            if progress.closed:
+                break
+        else:
+            progress.finished = True
+            return
+    # Closed, maybe from another thread while a batch was made: finish the generators here,
+    # in the iterating thread, where closing them is allowed.
+    batches.close()  # type: ignore[attr-defined]
 
 
 class StuckReaders:

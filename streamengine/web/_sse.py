@@ -38,13 +38,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections import abc
+from itertools import repeat
 import json
 import math
 import time
+from json.encoder import c_make_encoder  # type: ignore[attr-defined]  # None without the C speedups
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
-from .._engine.events import DoneEvent, HeartbeatEvent
+from .._engine.events import DoneEvent, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
 from .._messages import LLM_WARNING
@@ -67,7 +70,18 @@ _log = component_logger("streamengine.web._sse")
 # ensure_ascii: every control, line-separator and non-ASCII character leaves as a
 # \uXXXX escape, so a payload is one ASCII line whatever the model wrote.
 # allow_nan=False: NaN/Infinity are not JSON (_jsonable maps them to null first).
-_DUMPS = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False, check_circular=False)
+# The C encoder made once (``encode`` makes one per call); stateless without the circular check, which
+# _jsonable's copy (a tree, depth-capped) never needs.  Pure-Python json: the encoder's own encode.
+_C_ENCODE = c_make_encoder(None, _ENCODER.default, _json_string, None, ":", ",", False, False, False) \
+    if c_make_encoder is not None else None
+
+
+def _dumps(value: Any) -> str:
+    """``_ENCODER.encode(value)`` for a value _jsonable made."""
+    if _C_ENCODE is None or value.__class__ is str:
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 _MAX_DEPTH = 32
 
@@ -102,19 +116,45 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         return value if math.isfinite(value) else None
     if depth >= _MAX_DEPTH:
         return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value)}
+    # Below, a str, int, bool or None is taken as is without a call (most telemetry fields are).
+    depth += 1
+    names = _field_names(value)
+    if names is not None:
+        return {name: v if v.__class__ in _AS_IS else _jsonable(v, depth)
+                for name, v in zip(names, map(getattr, repeat(value), names, repeat(None)))}
     if isinstance(value, enum.Enum):
-        return _jsonable(value.value, depth + 1)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+        return _jsonable(value.value, depth)
+    if isinstance(value, abc.Mapping):  # collections.abc's: typing.Mapping's isinstance is many times slower
+        return {str(k): v if v.__class__ in _AS_IS else _jsonable(v, depth) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v, depth + 1) for v in value]
+        return [v if v.__class__ in _AS_IS else _jsonable(v, depth) for v in value]
     return str(value)
 
 
+_AS_IS = frozenset({str, int, bool, type(None)})
+
+
+#: Per type, its instances' dataclass field names (``dataclasses.fields`` builds a tuple each call),
+#: or None: not a dataclass.
+_FIELD_NAMES: Dict[type, Optional[Tuple[str, ...]]] = {}
+_UNKNOWN = ("",)
+
+
+def _field_names(value: Any) -> Optional[Tuple[str, ...]]:
+    """The field names of a dataclass instance (as ``dataclasses.fields`` gives them); None for anything else."""
+    kind = value.__class__
+    names = _FIELD_NAMES.get(kind, _UNKNOWN)
+    if names is _UNKNOWN:
+        names = None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            names = tuple(f.name for f in dataclasses.fields(value))
+        if len(_FIELD_NAMES) < 256:  # types are few (code defines them); never grown by data
+            _FIELD_NAMES[kind] = names
+    return names
+
+
 def _named_frame(prefix: bytes, payload: Dict[str, Any]) -> bytes:
-    return prefix + _DUMPS(_jsonable(payload)).encode("ascii") + b"\n\n"
+    return prefix + _dumps(_jsonable(payload)).encode("ascii") + b"\n\n"
 
 
 def _token(event: Any) -> bytes:
@@ -261,20 +301,38 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
     only after ``heartbeat_s`` without a write.
     """
     encode = errors.encode if errors is not None else encode_event
+    # Tokens that ``errors`` renders its own way start with this (all of them, "", for an ``errors``
+    # that does not say); any other token is encode_token's, sent without asking.
+    special = getattr(errors, "token_prefix", "") if errors is not None else None
+    monotonic = time.monotonic
     if ok_first:
         yield OK_FRAME
-    last_write = time.monotonic()
+    last_write = monotonic()
     parts: List[bytes] = []
     try:
         try:
             for batch in batches:
+                if len(batch) == 1 and batch[0].__class__ is TokenEvent:  # one token a read: the hot path
+                    text = batch[0].text
+                    if special is None or not text.startswith(special):
+                        try:  # encode_token's frame, made here: one call less a token
+                            frame = ("data: " + _json_string(text) + "\n\n").encode("ascii")
+                        except TypeError:
+                            frame = encode_token(text)  # raises, with encode_token's message
+                        yield frame
+                        last_write = monotonic()
+                        continue
                 size = 0
                 beat = False
                 for event in batch:
-                    if event.__class__ is HeartbeatEvent:
+                    kind = event.__class__
+                    if kind is TokenEvent and (special is None or not event.text.startswith(special)):
+                        frame = encode_token(event.text)  # tokens of a burst: no dispatch by name either
+                    elif kind is HeartbeatEvent:
                         beat = True
                         continue
-                    frame = encode(event)
+                    else:
+                        frame = encode(event)
                     parts.append(frame)
                     size += len(frame)
                     if size >= MAX_BATCH_BYTES:
@@ -288,12 +346,12 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
                 elif beat:
                     if disconnected is not None and disconnected():
                         return
-                    if heartbeat_s is None or time.monotonic() - last_write < heartbeat_s:
+                    if heartbeat_s is None or monotonic() - last_write < heartbeat_s:
                         continue
                     yield PING_FRAME
                 else:
                     continue
-                last_write = time.monotonic()
+                last_write = monotonic()
         except Exception as exc:  # noqa: BLE001 - the 200 is out: end the stream with an error frame
             parts.append(failure_frame(exc, errors))
         parts.append(DONE_FRAME)
