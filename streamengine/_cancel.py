@@ -59,7 +59,6 @@ class CancelToken(threading.Event):
         for callback in callbacks:
             _run_safely(callback)
 
-
     def clear(self) -> None:
         with self._callbacks_lock:
             super().clear()

@@ -247,9 +247,8 @@ class Chunk:
 
 
 _new_object = object.__new__
-#: A text chunk's fields but its content and model, in __init__'s order.
-_TEXT_FIELDS = {"content": None, "reasoning": None, "tool_calls": (), "is_completed": False, "usage": None,
-                "finish_reason": None, "model": None, "refusal": None, "is_meaningful": True}
+#: A text chunk's fields, in __init__'s order, as __init__ itself sets them (content and model replaced per chunk).
+_TEXT_FIELDS = dict(Chunk("text").__dict__)
 
 
 def text_chunk(content: str, model: Optional[str]) -> Chunk:

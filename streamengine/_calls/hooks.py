@@ -52,15 +52,14 @@ Subscriber = Callable[[Any], None]
 class EventEmitter:
     """A minimal synchronous publish/subscribe hub.
 
-    The subscriber tuple (``subscribers``) is replaced, never mutated, so ``emit``
-    iterates a snapshot without a lock and a callback may unsubscribe itself
-    while being called.  ``bool(emitter)`` is False while nobody listens, which
-    lets the per-token path skip building events nobody would see (the call
-    strategy reads ``subscribers`` itself: an attribute, not a ``__bool__`` call).
+    The subscriber list is replaced, never mutated, so ``emit`` iterates a
+    snapshot without a lock and a callback may unsubscribe itself while
+    being called.  ``bool(emitter)`` is False while nobody listens, which lets
+    the per-token path skip building events nobody would see.
     """
 
     def __init__(self) -> None:
-        self.subscribers: Tuple[Subscriber, ...] = ()  # replaced whole on (un)subscribe
+        self._subscribers: Tuple[Subscriber, ...] = ()
         self._lock = threading.Lock()
         self._log = component_logger("streamengine._calls.hooks.EventEmitter")
 
@@ -69,20 +68,20 @@ class EventEmitter:
         if not callable(callback):
             raise ConfigError(f"an event subscriber must be callable, got {type(callback).__name__}")
         with self._lock:
-            self.subscribers = self.subscribers + (callback,)
+            self._subscribers = self._subscribers + (callback,)
 
         def unsubscribe() -> None:
             with self._lock:
-                subs = list(self.subscribers)
+                subs = list(self._subscribers)
                 if callback in subs:
                     subs.remove(callback)
-                    self.subscribers = tuple(subs)
+                    self._subscribers = tuple(subs)
 
         return unsubscribe
 
     def emit(self, event: Any) -> None:
         """Deliver ``event`` to each subscriber in subscription order, inline."""
-        for callback in self.subscribers:
+        for callback in self._subscribers:
             try:
                 callback(event)
             except Exception:
@@ -91,13 +90,13 @@ class EventEmitter:
 
     @property
     def subscriber_count(self) -> int:
-        return len(self.subscribers)
+        return len(self._subscribers)
 
     def __bool__(self) -> bool:
-        return bool(self.subscribers)
+        return bool(self._subscribers)
 
     def __len__(self) -> int:
-        return len(self.subscribers)
+        return len(self._subscribers)
 
 
 def notify_observers(observers: Iterable[Observer], response: Response, log: Any) -> None:

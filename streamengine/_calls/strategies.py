@@ -60,7 +60,7 @@ from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._cancel import CancelToken, cancel_flag, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
-from .hooks import EventEmitter, ModelChunkEvent, check_observers, notify_observers
+from .hooks import ModelChunkEvent, check_observers, notify_observers
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
 
@@ -236,7 +236,6 @@ class StreamingCallStrategy(CallStrategy):
         aggregator = ResponseAggregator(self.output_limits)
         add = aggregator.add
         emitter = self.emitter
-        hub = emitter if type(emitter) is EventEmitter else None  # its subscribers: an attribute, not __bool__
         idle = self.idle_timeout
         token = watched.token
         stopped = token.is_set
@@ -282,10 +281,7 @@ class StreamingCallStrategy(CallStrategy):
                                     response.model or _model_of(options), monotonic() - started,
                                     aggregator.chunks, meaningful)
                     return response
-                if hub is not None:
-                    if hub.subscribers:
-                        hub.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
-                elif emitter is not None and emitter:
+                if emitter is not None and emitter:
                     emitter.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
             if stopped() or caller_stopped():  # a client that ends quietly when cancelled
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)

@@ -43,7 +43,6 @@ from itertools import repeat
 import json
 import math
 import time
-from json.encoder import c_make_encoder  # type: ignore[attr-defined]  # None without the C speedups
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
@@ -70,18 +69,8 @@ _log = component_logger("streamengine.web._sse")
 # ensure_ascii: every control, line-separator and non-ASCII character leaves as a
 # \uXXXX escape, so a payload is one ASCII line whatever the model wrote.
 # allow_nan=False: NaN/Infinity are not JSON (_jsonable maps them to null first).
-_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False, check_circular=False)
-# The C encoder made once (``encode`` makes one per call); stateless without the circular check, which
-# _jsonable's copy (a tree, depth-capped) never needs.  Pure-Python json: the encoder's own encode.
-_C_ENCODE = c_make_encoder(None, _ENCODER.default, _json_string, None, ":", ",", False, False, False) \
-    if c_make_encoder is not None else None
-
-
-def _dumps(value: Any) -> str:
-    """``_ENCODER.encode(value)`` for a value _jsonable made."""
-    if _C_ENCODE is None or value.__class__ is str:
-        return _ENCODER.encode(value)
-    return "".join(_C_ENCODE(value, 0))
+# check_circular=False: _jsonable's copy is a tree (depth-capped), never a cycle.
+_dumps = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False, check_circular=False).encode
 
 _MAX_DEPTH = 32
 
@@ -315,11 +304,7 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
                 if len(batch) == 1 and batch[0].__class__ is TokenEvent:  # one token a read: the hot path
                     text = batch[0].text
                     if special is None or not text.startswith(special):
-                        try:  # encode_token's frame, made here: one call less a token
-                            frame = ("data: " + _json_string(text) + "\n\n").encode("ascii")
-                        except TypeError:
-                            frame = encode_token(text)  # raises, with encode_token's message
-                        yield frame
+                        yield encode_token(text)
                         last_write = monotonic()
                         continue
                 size = 0

@@ -142,7 +142,6 @@ class SocketBody:
         self._skip = 0
         self._line = b""
         self._trailers = False
-        self._at_chunk = True  # none of these: the next byte starts a chunk
         sock.setblocking(False)
 
     @classmethod
@@ -170,15 +169,20 @@ class SocketBody:
         except (BlockingIOError, ssl.SSLWantReadError):
             return b""
 
-    def reads(self, size: int = READ_SIZE) -> "SocketReads":
+    def reads(self, size: int = READ_SIZE) -> Iterator[Union[bytes, Wait]]:
         """The body's bytes as they arrive; a :class:`Wait` on the socket whenever none are there."""
-        return SocketReads(self, size)
+        return self._pulled(_as_is, self.wait, None, size)
+
+    def event_batches(self, framer: SseFramer, size: int = READ_SIZE) -> Iterator[List[Any]]:
+        """``sse_read.iter_event_batches`` of :meth:`reads`, framed in the read loop itself (one generator step
+        a read, not two): the same lists, ``[(WAIT, wait)]`` where it would block."""
+        return self._pulled(framer.feed_fields, [(WAIT, self.wait)], framer.discard_tail, size)
 
     def _pulled(self, feed: Callable[[bytes], Any], paused: Any, at_end: Optional[Callable[[], Any]],
                 size: int) -> Iterator[Any]:
         """Each read's payload through ``feed`` (what it gives, when not empty); ``paused`` where it would block.
 
-        The read loop of both kinds of reads (see :class:`SocketReads`); ``at_end`` runs at the body's clean end.
+        The read loop of :meth:`reads` and :meth:`event_batches`; ``at_end`` runs at the body's clean end.
         """
         raw, self._head = self._head, b""  # first what the headers' reader held
         decode = self._dechunk if self._chunked else self._decode
@@ -222,17 +226,9 @@ class SocketBody:
     def _dechunk(self, raw: bytes) -> bytes:
         """Payload of the chunked bytes ``raw``; as lenient as http.client (LF line ends, CRLF not checked).
 
-        At a chunk's start, a read of one whole chunk (a paced stream's every read) is sliced at once,
-        several are taken in one pass (:meth:`_whole_chunks`); the rest goes step by step.
+        At a chunk's start, whole chunks (a paced stream's every read is one) are taken in one pass
+        (:meth:`_whole_chunks`); the rest goes step by step.
         """
-        if self._at_chunk:
-            newline = raw.find(b"\n")
-            try:
-                size = int(raw[:newline], 16) if newline > 0 else 0
-            except ValueError:
-                size = 0  # an extension, or garbage: the steps below read it
-            if size > 0 and len(raw) == newline + 3 + size:
-                return raw[newline + 1:-2]
         out: List[bytes] = []
         pos, end = 0, len(raw)
         while pos < end:
@@ -244,7 +240,6 @@ class SocketBody:
                 if pos == end:
                     break
             pos = self._step(raw, pos, out)
-        self._at_chunk = not (self._left or self._skip or self._line or self._trailers)
         return b"".join(out) if len(out) != 1 else out[0]
 
     @staticmethod
@@ -347,24 +342,6 @@ class SocketBody:
             self._sock.settimeout(self._saved_timeout)
         except OSError:
             pass  # closed or shut down: nothing to restore
-
-
-class SocketReads:
-    """:meth:`SocketBody.reads`: iterate it for bytes and Waits; :meth:`event_batches` frames them as they come."""
-
-    __slots__ = ("body", "size")
-
-    def __init__(self, body: SocketBody, size: int) -> None:
-        self.body = body
-        self.size = size
-
-    def __iter__(self) -> Iterator[Union[bytes, Wait]]:
-        return self.body._pulled(_as_is, self.body.wait, None, self.size)
-
-    def event_batches(self, framer: SseFramer) -> Iterator[List[Any]]:
-        """``iter_event_batches`` of the reads, framed in the read loop itself: one generator step a read, not two."""
-        body = self.body
-        return body._pulled(framer.feed_fields, [(WAIT, body.wait)], framer.discard_tail, self.size)
 
 
 def ALWAYS() -> bool:

@@ -248,17 +248,9 @@ def iter_event_batches(reads: Iterable[Any], framer: SseFramer) -> Iterator[List
     read that is not bytes is a wait (``_clients.base.Wait``): it passes as
     the one pair ``(WAIT, wait)``.  When the reads end, an unfinished last
     event is dropped (see :meth:`SseFramer.discard_tail`; its size is in
-    ``framer.dropped_bytes``).  Reads that frame themselves (a socket
-    body's: ``reads.event_batches(framer)``, the same lists) do, saving a
-    generator step per read.
+    ``framer.dropped_bytes``).  A body read from its socket frames its
+    reads itself (``body.SocketBody.event_batches``, the same lists).
     """
-    framed = getattr(reads, "event_batches", None)
-    if framed is not None:
-        return framed(framer)
-    return _event_batches(reads, framer)
-
-
-def _event_batches(reads: Iterable[Any], framer: SseFramer) -> Iterator[List[Tuple[str, Any]]]:
     feed = framer.feed_fields
     last_wait: Any = None
     paused: List[Tuple[str, Any]] = []

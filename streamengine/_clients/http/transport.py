@@ -117,11 +117,12 @@ class SseStreamParser:
         ever aborted by ``cancel`` (on_cancel), so inside the loop the
         event's flag alone says "cancelled": one C call per event.
         """
-        reads = self.body.reads() if self.body is not None else timed_reads(resp, tracker)
+        batches = (self.body.event_batches(self._framer) if self.body is not None  # framed in its own read loop
+                   else iter_event_batches(timed_reads(resp, tracker), self._framer))
         is_cancelled = cancel.is_set if cancel is not None else bool
         try:
             # One list of events per read, flattened in C.
-            yield itertools.chain.from_iterable(iter_event_batches(reads, self._framer)), is_cancelled
+            yield itertools.chain.from_iterable(batches), is_cancelled
         except SseEventTooLarge as exc:
             raise LlmProtocolError(f"{self.url}: {exc}") from exc
         except STREAM_ERRORS as exc:
