@@ -26,6 +26,7 @@ from streamengine._calls.failover import ModelFailover
 from streamengine._messages import CompletionOptions, ToolCall, Usage
 from streamengine.testing import FakeProvider, steps as s
 
+from backoff_support import RecordedBackoffs
 from http_support import MESSAGES, provider_fixtures
 
 GUARD = 5.0  # failure guard only
@@ -49,18 +50,6 @@ def warnings():
 
 def messages_of(records, component):
     return [r["message"] for r in records if r["extra"].get("component") == component]
-
-
-class WaitRecorder(CancelToken):
-    """Records the waits failover asks of the cancel token."""
-
-    def __init__(self):
-        super().__init__()
-        self.waits = []
-
-    def wait(self, timeout=None):
-        self.waits.append(timeout)
-        return super().wait(timeout)
 
 
 def strategy_for(client, idle=0.5, cap=GUARD, **kwargs):
@@ -245,12 +234,12 @@ def test_failover_order_and_verbs_over_http(fp, client, warnings):
 def test_retry_after_beyond_the_cap_fails_over_at_once_over_http(fp, client, warnings):
     fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "120"}))
     fp.add_turn(*s.reply("from b"))
-    cancel = WaitRecorder()
     fo = ModelFailover(strategy_for(client), ["a", "b"], max_retry_wait=5)
-    result = fo.call(MESSAGES, cancel=cancel)
+    backoffs = RecordedBackoffs()
+    result = backoffs.call(fo, MESSAGES, cancel=CancelToken())
     assert (result.model, result.failovers, result.response.content) == ("b", 1, "from b")
     assert [r.json["model"] for r in fp.requests] == ["a", "b"]
-    assert cancel.waits == []  # no wait at all: the next model was asked at once
+    assert backoffs.waits == []  # no wait at all: the next model was asked at once
     lines = messages_of(warnings, "streamengine._calls.failover.ModelFailover")
     assert lines[0].startswith("model a rate limited (429) with Retry-After 120s, over the 5s cap")
     assert lines[1].startswith("model a rate limited (429), failing over to b")
@@ -259,20 +248,22 @@ def test_retry_after_beyond_the_cap_fails_over_at_once_over_http(fp, client, war
 def test_retry_after_beyond_the_cap_on_the_last_model_waits_the_cap_over_http(fp, client):
     fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "120"}))
     fp.add_turn(*s.reply("ok"))
-    cancel = WaitRecorder()
-    result = ModelFailover(strategy_for(client), ["only"], max_retry_wait=0.05).call(MESSAGES, cancel=cancel)
+    fo = ModelFailover(strategy_for(client), ["only"], max_retry_wait=0.05)
+    backoffs = RecordedBackoffs()
+    result = backoffs.call(fo, MESSAGES, cancel=CancelToken())
     assert (result.model, result.response.content) == ("only", "ok")
-    assert cancel.waits == [0.05]
+    assert backoffs.waits == [0.05]
 
 
 def test_429_is_retried_honouring_retry_after(fp, client, warnings):
     fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"retry-after-ms": "50"}))
     fp.add_turn(*s.reply("ok"))
-    cancel = WaitRecorder()
-    result = ModelFailover(strategy_for(client), ["a", "b"]).call(MESSAGES, cancel=cancel)
+    fo = ModelFailover(strategy_for(client), ["a", "b"])
+    backoffs = RecordedBackoffs()
+    result = backoffs.call(fo, MESSAGES, cancel=CancelToken())
     assert (result.model, result.failovers, result.response.content) == ("a", 0, "ok")
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
-    assert cancel.waits == [0.05]
+    assert backoffs.waits == [0.05]
     assert messages_of(warnings, "streamengine._calls.failover.ModelFailover")[0].startswith(
         "model a rate limited (429), retrying in 0.05s")
 

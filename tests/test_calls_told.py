@@ -222,6 +222,49 @@ def test_a_stuck_store_never_holds_a_tool_worker_and_counts_once_per_filing():
         assert len([e for e in of(events, ErrorEvent) if "RAG store" in e.message]) == 1
 
 
+class SlowStore(SqliteRagStore):
+    """A store whose filings wait until released, then file (a slow embedding, a busy server)."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def add_chunks(self, source, chunks, embed_model=None, *, scope=""):
+        self.entered.set()
+        self.release.wait(20)
+        return super().add_chunks(source, chunks, embed_model, scope=scope)
+
+
+def test_the_wait_for_filing_keeps_heartbeats_going_and_the_next_round_finds_the_result():
+    """The round waits for its filing in the run's selector, not in a blocking wait of the driving thread."""
+    @tool
+    def fetch() -> str:
+        """Fetches."""
+        return "the page says forty-two"
+
+    store = SlowStore()
+    try:
+        with FakeProvider() as fp:
+            fp.add_turn(s.text(block("fetch")))
+            fp.add_turn(s.text("done"))
+            with make(fp, [fetch], rag=store, filing_timeout=30) as engine:
+                events, beats_while_filing = [], 0
+                for event in engine.run(ASK, heartbeat_s=0.05):
+                    events.append(event)
+                    if store.entered.is_set() and not store.release.is_set() and event.name == "heartbeat":
+                        beats_while_filing += 1
+                        if beats_while_filing == 3:
+                            store.release.set()
+            assert store.count() == 1 and len(fp.requests) == 2
+    finally:
+        store.release.set()
+        store.close()
+    assert beats_while_filing == 3  # the stream stayed alive while the store was slow
+    result = done(events)
+    assert result.answer == "done" and result.telemetry.filing_errors == 0
+
+
 def test_an_sqlite_file_locked_by_another_connection_is_a_filing_error_not_a_hang(tmp_path):
     @tool
     def fetch() -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine._engine.events import DoneEvent, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, tool
@@ -93,6 +93,41 @@ def test_a_tool_timeout_after_a_queue_wait_fires_at_its_deadline():
     assert results["hold"][0] < slow_at < back_at  # fired at its deadline, before the model spoke again
     assert timed_out.timed_out and timed_out.queue_wait_s > 0  # it did wait in the queue first
     assert timed_out.ended_at - timed_out.started_at >= 0.3  # counted from the start, not from the submit
+
+
+def test_a_rate_limit_back_off_keeps_heartbeats_going_and_a_cancel_from_another_thread_ends_it():
+    """The provider says 429, retry after 20 s: the driving thread waits in its selector, not in a sleep.
+
+    So heartbeats keep a served stream alive during the back-off, and a cancel
+    from another thread ends it at once (before, the back-off slept in the
+    driving thread: no heartbeat until the retry).
+    """
+    cancel = threading.Event()
+    cancelled_at = []
+
+    def cancel_now():
+        cancelled_at.append(time.monotonic())
+        cancel.set()
+
+    seen = []
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "20"}))
+        fp.add_turn(s.text("never asked"))
+        with make_engine(fp) as engine:
+            canceller = None
+            for event in engine.run(MESSAGES, cancel=cancel, heartbeat_s=0.05):
+                seen.append((time.monotonic(), event))
+                beats = sum(isinstance(e, HeartbeatEvent) for _, e in seen)
+                if beats == 3 and canceller is None:
+                    canceller = threading.Thread(target=cancel_now)
+                    canceller.start()
+            assert canceller is not None, "no heartbeat went out during the back-off"
+            canceller.join()
+        assert len(fp.requests) == 1  # the retry never went out
+    ended_at, last = seen[-1]
+    assert isinstance(last, DoneEvent) and last.result.telemetry.stop_reason == "cancelled"
+    assert not any(isinstance(e, TokenEvent) for _, e in seen)
+    assert ended_at - cancelled_at[0] < 10.0  # cut short: the back-off asked for 20 s
 
 
 def test_read_ahead_keeps_tool_starts_prompt_under_a_consumer_that_sleeps_per_event():

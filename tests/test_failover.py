@@ -16,6 +16,8 @@ from streamengine._errors import (
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
 from streamengine._messages import CompletionOptions
 
+from backoff_support import RecordedBackoffs
+
 STALL = ScriptedClient.STALL
 MESSAGES = [{"role": "user", "content": "hi"}]
 GUARD = 5.0
@@ -35,19 +37,6 @@ def warnings():
     logger.remove(handler)
     logger.disable("streamengine")
 
-
-class WaitRecorder(CancelToken):
-    """A cancel token that records how long failover asked to wait, and says when it waits."""
-
-    def __init__(self):
-        super().__init__()
-        self.waits = []
-        self.waiting = threading.Event()
-
-    def wait(self, timeout=None):
-        self.waits.append(timeout)
-        self.waiting.set()
-        return super().wait(timeout)
 
 
 def failover(*turns, models=("a", "b", "c"), idle=0.3, **kwargs):
@@ -188,35 +177,35 @@ def test_may_advance_false_also_stops_a_retry():
 
 def test_429_is_retried_on_the_same_model_after_retry_after(warnings):
     client, fo = failover(LlmHttpError(429, retry_after=0.05), ["ok"])
-    cancel = WaitRecorder()
-    result = fo.call(MESSAGES, cancel=cancel)
+    backoffs = RecordedBackoffs()
+    result = backoffs.call(fo, MESSAGES, cancel=CancelToken())
     assert (result.model, result.failovers, len(result.attempts)) == ("a", 0, 1)
     assert models_called(client) == ["a", "a"]
-    assert cancel.waits == [0.05]
+    assert backoffs.waits == [0.05]
     assert warnings[0].startswith("model a rate limited (429), retrying in 0.05s")
 
 
 def test_retry_after_over_the_cap_fails_over_at_once(warnings):
     client, fo = failover(LlmHttpError(429, retry_after=3600), ["ok"], max_retry_wait=0.05)
-    cancel = WaitRecorder()
-    result = fo.call(MESSAGES, cancel=cancel)
-    assert cancel.waits == [] and models_called(client) == ["a", "b"] and result.model == "b"
+    backoffs = RecordedBackoffs()
+    result = backoffs.call(fo, MESSAGES, cancel=CancelToken())
+    assert backoffs.waits == [] and models_called(client) == ["a", "b"] and result.model == "b"
     assert "Retry-After 3600s, over the 0.05s cap" in warnings[0]
 
 
 def test_retry_after_over_the_cap_on_the_last_model_waits_up_to_the_cap():
     client, fo = failover(LlmHttpError(429, retry_after=3600), ["ok"], models=["only"], max_retry_wait=0.05)
-    cancel = WaitRecorder()
-    result = fo.call(MESSAGES, cancel=cancel)
-    assert cancel.waits == [0.05] and models_called(client) == ["only", "only"] and result.model == "only"
+    backoffs = RecordedBackoffs()
+    result = backoffs.call(fo, MESSAGES, cancel=CancelToken())
+    assert backoffs.waits == [0.05] and models_called(client) == ["only", "only"] and result.model == "only"
 
 
 def test_missing_retry_after_backs_off_exponentially():
     _, fo = failover(LlmHttpError(429), LlmHttpError(429), ["ok"])
     fo.backoff_initial = 0.01
-    cancel = WaitRecorder()
-    fo.call(MESSAGES, cancel=cancel)
-    assert cancel.waits == [0.01, 0.02]
+    backoffs = RecordedBackoffs(wait_out=True)
+    backoffs.call(fo, MESSAGES)  # no cancel token: the back-off still waits
+    assert backoffs.waits == [0.01, 0.02]
 
 
 def test_retries_used_up_fail_over_with_the_rate_limited_verb(warnings):
@@ -229,10 +218,12 @@ def test_retries_used_up_fail_over_with_the_rate_limited_verb(warnings):
 
 def test_cancel_interrupts_the_retry_wait():
     client, fo = failover(LlmHttpError(429, retry_after=GUARD), ["never"], max_retry_wait=GUARD)
-    cancel = WaitRecorder()
-    threading.Thread(target=lambda: cancel.waiting.wait(GUARD) and cancel.set()).start()
+    cancel = CancelToken()
+    setter = threading.Thread(target=cancel.set)
     with pytest.raises(LlmCancelledError, match="waiting to retry model a") as info:
-        fo.call(MESSAGES, cancel=cancel)
+        # The cancel is set from another thread while the back-off is waited out.
+        RecordedBackoffs(wait_out=True, on_backoff=setter.start).call(fo, MESSAGES, cancel=cancel)
+    setter.join()
     assert isinstance(info.value.__cause__, LlmHttpError)
     assert models_called(client) == ["a"]
 

@@ -8,7 +8,7 @@ from loguru import logger
 
 from conftest import wait_for
 from streamengine._config import EngineConfig
-from streamengine._engine.filing import FilingQueue, run_scope
+from streamengine._engine.filing import FilingQueue, run_scope, wait_filed
 from streamengine._errors import ConfigError
 from streamengine._messages import ToolResult
 
@@ -73,3 +73,32 @@ def test_the_scope_of_a_run():
     assert run_scope(None).startswith("run:") and run_scope(None) != run_scope(None)
     with pytest.raises(ConfigError, match="conversation_id"):
         run_scope("")
+
+
+def test_a_round_waiting_for_its_filing_is_woken_by_the_filing_thread():
+    """wait_filed yields one wait; the ticket's filing ends it through the driver's waker, at once."""
+    store, woken = HeldStore(), threading.Event()
+    filing = FilingQueue(store, CONFIG, logger)
+    ticket = filing.file(ok(1), "s", print)
+    steps = wait_filed([ticket], 10.0, threading.Event())
+    wait = next(steps)
+    assert wait.fileobj is None and not wait.ready()
+    wait.waker = woken.set  # what the run's loop sets while it waits
+    store.release.set()
+    assert woken.wait(5) and wait.ready()
+    with pytest.raises(StopIteration):
+        steps.send(None)
+    assert ticket.problem is None
+    filing.close(5)
+
+
+def test_a_filing_past_the_timeout_is_reported_late_once():
+    store, problems = HeldStore(), []
+    filing = FilingQueue(store, CONFIG, logger)
+    ticket = filing.file(ok(1), "s", problems.append)
+    steps = wait_filed([ticket], 0.0, threading.Event())
+    assert list(steps) == []  # the timeout is over already: no wait, reported late
+    assert len(problems) == 1 and "took longer than 0s" in problems[0]
+    store.release.set()
+    assert ticket.done.wait(5) and len(problems) == 1
+    filing.close(5)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import math
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, List, Optional, Sequence, Tuple
 
@@ -191,11 +192,15 @@ class ModelFailover:
                     ) -> Generator[Wait, None, Response]:
         """One model, retried on rate limits as tenacity decides; raises the model's last error.
 
-        tenacity's loop form, so each attempt's waits pass up; its back-off sleeps block (a cancel ends them).
+        tenacity's loop form, so each attempt's waits pass up, and so does each
+        back-off: tenacity's sleep only notes it, and the wait is yielded here
+        before the next attempt (the driving thread keeps its heartbeats, tool
+        deadlines and cancel while it waits).
         """
         policy = _RetryPolicy(self, model, has_next=position < len(self.models) - 1, cancel=cancel,
                               may_advance=may_advance, attempts=attempts)
         for attempt in policy.retrying():
+            yield from policy.backing_off()
             with attempt:
                 if cancel is not None and cancel.is_set():
                     raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
@@ -269,11 +274,12 @@ class _RetryPolicy:
         self.failover = failover
         self.model = model
         self.has_next = has_next
-        self.waiter = cancel if cancel is not None else threading.Event()
+        self.cancel = cancel
         self.may_advance = may_advance
         self.attempts = attempts
         self.log = failover._log
         self.last: Optional[BaseException] = None  # the error being waited out, for chaining a cancel
+        self.resume_at: Optional[float] = None  # monotonic end of the back-off tenacity asked for, not waited yet
 
     def retrying(self) -> tenacity.Retrying:
         failover = self.failover
@@ -311,7 +317,22 @@ class _RetryPolicy:
         self.last = exc
 
     def sleep(self, seconds: float) -> None:
-        if self.waiter.wait(seconds):
+        """tenacity's sleep: note the back-off; :meth:`backing_off` waits it out as a yielded wait."""
+        self.resume_at = time.monotonic() + seconds
+
+    def backing_off(self) -> Generator[Wait, None, None]:
+        """The back-off noted by :meth:`sleep`, as waits without a socket; a cancel ends it at once."""
+        until, self.resume_at = self.resume_at, None
+        if until is None:
+            return
+        cancel = self.cancel
+        ready = cancel.is_set if cancel is not None else None
+        wait = Wait(None, until=until, ready=ready)
+        while True:  # yielded once even when it is over (a Retry-After of 0): the driver sees every back-off
+            yield wait  # the driver may end it sooner by lowering ``until`` (a test's fast-forward)
+            if (ready is not None and ready()) or time.monotonic() >= wait.until:
+                break
+        if ready is not None and ready():
             raise LlmCancelledError(f"LLM call cancelled by the caller while waiting to retry model {self.model}"
                                     ) from self.last
 

@@ -20,16 +20,16 @@ import collections
 import threading
 import time
 import uuid
-from typing import Any, Callable, Deque, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Generator, Optional, Sequence, Tuple
 
 from .. import _validation as validation
+from .._clients.base import Wait
 from .._messages import ToolResult
 
 #: Filings waiting at most, per store: past it the store is not keeping up, and a
 #: new filing is refused at once (a filing error) instead of piling up memory.
 MAX_PENDING = 256
 IDLE_EXIT_S = 1.0
-_POLL_S = 0.05
 
 
 def run_scope(conversation_id: Optional[str]) -> str:
@@ -53,6 +53,7 @@ class FilingTicket:
     def __init__(self, on_problem: Callable[[str], None]) -> None:
         self.done = threading.Event()
         self.problem: Optional[str] = None
+        self.wake: Callable[[], None] = _nothing  # ends the wait of the round that waits for it (any thread)
         self._on_problem = on_problem
         self._claimed = False
         self._lock = threading.Lock()
@@ -64,9 +65,13 @@ class FilingTicket:
             self._claimed = True
             return True
 
+    def filed(self) -> None:
+        self.done.set()
+        self.wake()
+
     def fail(self, problem: str) -> None:
         self.problem = problem
-        self.done.set()
+        self.filed()
         if self.claim():
             self._on_problem(problem)
 
@@ -146,7 +151,7 @@ class FilingQueue:
             result, scope, ticket = job
             problem = self._ingest(result, scope)
             if problem is None:
-                ticket.done.set()
+                ticket.filed()
             else:
                 ticket.fail(problem)
 
@@ -175,20 +180,30 @@ class FilingQueue:
         return None
 
 
-def wait_filed(tickets: Sequence[FilingTicket], timeout: float, cancel: threading.Event) -> None:
-    """Wait until every ticket is done, ``timeout`` passes or ``cancel`` is set.
+def wait_filed(tickets: Sequence[FilingTicket], timeout: float,
+               cancel: threading.Event) -> Generator[Wait, None, None]:
+    """Wait until every ticket is done, ``timeout`` passes or ``cancel`` is set: a wait the run's loop waits out.
 
-    A ticket still open then (unless cancelled) is reported late: one filing
-    error, never counted again if the store fails it afterwards.
+    Each open ticket wakes the loop when it is done, so the next round starts
+    at once and the driving thread keeps its heartbeats meanwhile.  A ticket
+    still open then (unless cancelled) is reported late: one filing error,
+    never counted again if the store fails it afterwards.
     """
-    deadline = time.monotonic() + timeout
-    for ticket in tickets:
-        while not ticket.done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if cancel.is_set():
-                return
-            if time.monotonic() >= deadline:
-                break
-    for ticket in tickets:
+    waiting = [ticket for ticket in tickets if not ticket.done.is_set()]
+    if not waiting:
+        return
+    wait = Wait(None, until=time.monotonic() + timeout, ready=lambda: all(t.done.is_set() for t in waiting))
+    for ticket in waiting:
+        ticket.wake = wait.wake
+    while not wait.ready() and not cancel.is_set() and time.monotonic() < wait.until:  # type: ignore[misc]
+        yield wait
+    if cancel.is_set():
+        return
+    for ticket in waiting:
         if not ticket.done.is_set():
             ticket.late(f"filing tool results in the RAG store took longer than {timeout:g}s; "
                         f"the next round may not find them")
+
+
+def _nothing() -> None:
+    """A ticket nobody waits for wakes nobody."""

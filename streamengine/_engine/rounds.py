@@ -233,10 +233,10 @@ class RoundRunner:
             results.append((yield from self._await(entry)))
         self.state.results.extend(results)
         if self.deps.filing is not None:
-            self._wait_for_filing()
+            yield from self._wait_for_filing()
         return results
 
-    def _wait_for_filing(self) -> None:
+    def _wait_for_filing(self) -> Steps:
         """This round's filed results must be searchable when the next round starts.
 
         Only this round's calls are waited for, and a filing slower than
@@ -246,7 +246,7 @@ class RoundRunner:
         self.dispatcher.wait_until_reported(timeout, cancel)  # on_result has queued each filing
         with self._lock:
             tickets = [self._tickets.pop(i) for i in self.dispatcher.round_ids() if i in self._tickets]
-        wait_filed(tickets, timeout, cancel)
+        yield from wait_filed(tickets, timeout, cancel)
 
     def _await(self, entry: Any) -> Steps:
         """The entry's result at its deadline at the latest; at once if the run is cancelled."""

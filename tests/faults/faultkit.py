@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List
 
 from loguru import logger
 
 from streamengine import enable_logging
 from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
-from streamengine._cancel import CancelToken
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 GUARD_S = 10.0  # failure guards only: nothing here asserts speed
@@ -73,18 +72,3 @@ def captured_logs(level: str = "TRACE") -> Iterator[List[str]]:
         logger.disable("streamengine")
 
 
-class RecordedWaits(CancelToken):
-    """A cancel token whose ``wait`` records the timeout and returns at once.
-
-    ModelFailover sleeps between retries with ``cancel.wait(seconds)`` (so a
-    cancel cuts the wait short); passing this as ``cancel`` turns those
-    sleeps into a record, without wall-clock waiting.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: List[Optional[float]] = []
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        self.waits.append(timeout)
-        return self.is_set()

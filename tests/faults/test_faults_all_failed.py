@@ -17,7 +17,8 @@ from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
 from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider, steps as s
 
-from faultkit import MESSAGES, RecordedWaits, stream_threads, streaming
+from backoff_support import RecordedBackoffs
+from faultkit import MESSAGES, stream_threads, streaming
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -55,10 +56,9 @@ def test_every_kind_of_failure_is_named_in_the_one_terminal_error():
         for _ in range(3):
             fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "3"}))
         fp.add_turn(s.stall())
-        waits = RecordedWaits()
+        waits = RecordedBackoffs()
         with pytest.raises(AllModelsFailedError) as info:
-            ModelFailover(streaming(client, 0.2, 1.0), models, max_retries=2, max_retry_wait=5.0).call(
-                MESSAGES, cancel=waits)
+            waits.call(ModelFailover(streaming(client, 0.2, 1.0), models, max_retries=2, max_retry_wait=5.0), MESSAGES)
     error = info.value
     assert waits.waits == [3.0, 3.0]  # Retry-After 3 s (within the 5 s cap: worth waiting), twice
     assert [model for model, _ in error.attempts] == [

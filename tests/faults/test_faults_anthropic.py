@@ -5,7 +5,7 @@ The same guarantees as the OpenAI client, tested the same way: through
 ``ModelFailover``, against ``FakeProvider(wire="anthropic")`` and a
 byte-exact raw server.  ``ping`` events and keep-alive comments are not
 meaningful, so a model that only pings is "unavailable" at the idle timeout.
-Failover's sleeps are recorded (``RecordedWaits``), never waited.
+Failover's back-offs are recorded and fast-forwarded (``RecordedBackoffs``), never waited.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailo
 from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider, steps as s
 
-from faultkit import GUARD_S, MESSAGES, RecordedWaits, stream_threads, streaming
+from backoff_support import RecordedBackoffs
+from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
 from http_support import provider_fixtures
 from rawwire import outcomes_of, random_bodies
 
@@ -159,8 +160,8 @@ def test_every_model_cut_off_is_all_models_failed(fp, client):
 def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
     fp.add_turn(s.http_error(429, error_body("rate_limit_error", "slow down"), headers={"retry-after": "2"}))
     fp.add_turn(s.text("answer"))
-    waits = RecordedWaits()
-    result = failover(client).call(MESSAGES, cancel=waits)
+    waits = RecordedBackoffs()
+    result = waits.call(failover(client), MESSAGES)
     assert waits.waits == [2.0]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]

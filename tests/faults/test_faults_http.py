@@ -4,8 +4,8 @@ Classification (failover.ErrorClassifier): 429 retries the same model (``Retry-A
 ``retry-after-ms`` honoured, capped, invalid values ignored); 5xx, 529 and
 404 advance to the next model; 400/401/403 are fatal; a 200 that is not an
 event stream is a protocol error.  The provider's own message is kept in the
-error.  Failover's sleeps go through ``cancel.wait`` and are recorded here
-(``RecordedWaits``), so no test waits on the wall clock.
+error.  Failover's back-offs are waits it yields; they are recorded and
+fast-forwarded here (``RecordedBackoffs``), so no test waits on the wall clock.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from streamengine._messages import ToolCall
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolExecutor, tool
 
-from faultkit import MESSAGES, RecordedWaits, captured_logs, streaming
+from backoff_support import RecordedBackoffs
+from faultkit import MESSAGES, captured_logs, streaming
 from http_support import provider_fixtures
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -103,11 +104,10 @@ WAITS = [
 def test_failover_waits_the_retry_after_capped_then_retries_the_same_model(client, fp, headers, cap, wait):
     fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers=headers))
     fp.add_turn(s.text("answer"))
-    waits = RecordedWaits()
+    waits = RecordedBackoffs()
     # A Retry-After over the cap would fail over to "b" at once; with "a" alone it is waited out, capped.
     models = ["a"] if headers.get("Retry-After") == "120" else ["a", "b"]
-    result = ModelFailover(streaming(client, 5.0, 10.0), models, max_retry_wait=cap).call(
-        MESSAGES, cancel=waits)
+    result = waits.call(ModelFailover(streaming(client, 5.0, 10.0), models, max_retry_wait=cap), MESSAGES)
     assert waits.waits == [wait]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [(m, e.status_code) for m, e in result.attempts] == [("a", 429)]
@@ -117,8 +117,8 @@ def test_failover_waits_the_retry_after_capped_then_retries_the_same_model(clien
 def test_a_retry_after_over_the_cap_advances_to_the_next_model_without_waiting(client, fp):
     fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "120"}))
     fp.add_turn(s.text("from b"))
-    waits = RecordedWaits()
-    result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retry_wait=5.0).call(MESSAGES, cancel=waits)
+    waits = RecordedBackoffs()
+    result = waits.call(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retry_wait=5.0), MESSAGES)
     assert waits.waits == [] and (result.model, result.failovers) == ("b", 1)
     assert [r.json["model"] for r in fp.requests] == ["a", "b"]
 
@@ -127,8 +127,8 @@ def test_retries_used_up_advance_to_the_next_model_with_growing_back_off(client,
     for _ in range(3):
         fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "nan"}))
     fp.add_turn(s.text("from b"))
-    waits = RecordedWaits()
-    result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retries=2).call(MESSAGES, cancel=waits)
+    waits = RecordedBackoffs()
+    result = waits.call(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retries=2), MESSAGES)
     assert waits.waits == [0.5, 1.0]
     assert result.model == "b" and result.failovers == 1
     assert [r.json["model"] for r in fp.requests] == ["a", "a", "a", "b"]

@@ -6,7 +6,7 @@ The same guarantees as the other wires, tested the same way: through
 byte-exact raw server.  ``response.in_progress``, structural events and
 keep-alive comments are not meaningful, so a model that only sends those is
 "unavailable" at the idle timeout; a hosted tool's progress is the model
-working.  Failover's sleeps are recorded (``RecordedWaits``), never waited.
+working.  Failover's back-offs are recorded and fast-forwarded (``RecordedBackoffs``), never waited.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from streamengine._errors import (
 from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider, steps as s
 
-from faultkit import GUARD_S, MESSAGES, RecordedWaits, stream_threads, streaming
+from backoff_support import RecordedBackoffs
+from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
 from rawwire import outcomes_of, random_bodies
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -184,8 +185,8 @@ def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
     fp.add_turn(s.http_error(429, {"error": {"message": "slow down", "type": "requests",
                                              "code": "rate_limit_exceeded"}}, headers={"retry-after": "2"}))
     fp.add_turn(s.text("answer"))
-    waits = RecordedWaits()
-    result = failover(client).call(MESSAGES, cancel=waits)
+    waits = RecordedBackoffs()
+    result = waits.call(failover(client), MESSAGES)
     assert waits.waits == [2.0]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
@@ -226,8 +227,8 @@ def test_a_server_error_event_mid_answer_fails_over_with_only_the_next_answer(fp
 def test_an_in_band_rate_limit_is_retried_on_the_same_model(fp, client):
     fp.add_turn(s.error_frame("Rate limit reached", type="tokens", code="rate_limit_exceeded"))
     fp.add_turn(s.text("answer"))
-    waits = RecordedWaits()
-    result = failover(client).call(MESSAGES, cancel=waits)
+    waits = RecordedBackoffs()
+    result = waits.call(failover(client), MESSAGES)
     assert (result.model, result.response.content) == ("a", "answer") and len(waits.waits) == 1
 
 
