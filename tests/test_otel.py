@@ -273,3 +273,29 @@ def test_without_opentelemetry_nothing_is_imported():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["hello", "[]"]
+
+
+def test_chunks_are_watched_only_when_something_records_them():
+    """With the API alone (its proxy meter provider, no tracer SDK) the round keeps its plain chunk callback;
+    once an SDK's meter provider is set globally, the first meaningful chunk is watched again."""
+    probe = (
+        "from opentelemetry import metrics\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from streamengine import EngineConfig, StreamingEngine, ScriptedClient\n"
+        "from streamengine._engine import traced\n"
+        "seen = []\n"
+        "watching = traced.RoundTrace.watching\n"
+        "def spy(self, on_chunk):\n"
+        "    wrapped = watching(self, on_chunk)\n"
+        "    seen.append(wrapped is on_chunk)\n"
+        "    return wrapped\n"
+        "traced.RoundTrace.watching = spy\n"
+        "def answer():\n"
+        "    engine = StreamingEngine(ScriptedClient(['hello']), config=EngineConfig(models=['m']))\n"
+        "    return engine.complete([{'role': 'user', 'content': 'q'}]).answer\n"
+        "print(answer(), seen)\n"
+        "metrics.set_meter_provider(MeterProvider())\n"
+        "print(answer(), seen)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["hello [True]", "hello [True, False]"]

@@ -76,11 +76,16 @@ class Instrumentation:
         self._meter_given = meter_provider is not None
 
     def metrics_live(self) -> bool:
-        """Whether recorded measurements go anywhere: a meter provider given, or an SDK's set globally."""
+        """Whether recorded measurements go anywhere: a meter provider given, or an SDK's set globally.
+
+        The API's own providers record nothing: its no-op one, and the proxy that
+        ``get_meter_provider()`` returns until an SDK's is set (``_ProxyMeterProvider``,
+        a name that has changed before): told by the module they are defined in.
+        """
         if self._meter_given:
             return True
         from opentelemetry import metrics
-        return type(metrics.get_meter_provider()).__name__ not in ("ProxyMeterProvider", "NoOpMeterProvider")
+        return not type(metrics.get_meter_provider()).__module__.startswith("opentelemetry.metrics")
 
     @staticmethod
     def current_context() -> Any:
