@@ -26,13 +26,13 @@ import json
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qsl
 
 import requests
 
 from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches
-from ..._cancel import on_cancel
+from ..._cancel import cancel_flag, on_cancel
 from ..._errors import (
     ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError,
 )
@@ -110,19 +110,20 @@ class SseStreamParser:
 
     @contextlib.contextmanager
     def reading(self, resp: requests.Response, cancel: Optional[threading.Event],
-                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, str]], Callable[[], bool]]]:
-        """``(event name, data)`` pairs as they arrive, and the cancel check for the loop over them.
+                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, str]], Any]]:
+        """``(event name, data)`` pairs as they arrive, and the cancel flag for the loop over them.
 
         A broken body leaves as a streamengine error.  The tracker is only
         ever aborted by ``cancel`` (on_cancel), so inside the loop the
-        event's flag alone says "cancelled": one C call per event.
+        event's flag alone says "cancelled": ``flag.cancelled``, an attribute
+        read for the engine's own token (``_cancel.cancel_flag``), where
+        ``Event.is_set`` is a Python call per event.
         """
         batches = (self.body.event_batches(self._framer) if self.body is not None  # framed in its own read loop
                    else iter_event_batches(timed_reads(resp, tracker), self._framer))
-        is_cancelled = cancel.is_set if cancel is not None else bool
         try:
             # One list of events per read, flattened in C.
-            yield itertools.chain.from_iterable(batches), is_cancelled
+            yield itertools.chain.from_iterable(batches), cancel_flag(cancel)
         except SseEventTooLarge as exc:
             raise LlmProtocolError(f"{self.url}: {exc}") from exc
         except STREAM_ERRORS as exc:

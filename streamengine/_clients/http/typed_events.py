@@ -30,12 +30,12 @@ class TypedEventParser(SseStreamParser):
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
+        with self.reading(resp, cancel, tracker) as (events, flag):
             for name, data in events:
                 if name is WAIT:  # the body would block: the run waits for it, with everything else
                     yield data
                     continue
-                if is_cancelled():
+                if flag.cancelled:
                     break
                 self.events += 1
                 chunk = self.chunk_of(name, self._frame(name, data))

@@ -37,12 +37,12 @@ class StreamParser(SseStreamParser):
         # to locals, and a plain ``data:`` JSON object without "error" goes
         # straight to _chunk_from_frame.
         chunk_of, from_frame, scan = self._chunk, self._chunk_from_frame, _scan_json
-        with self.reading(resp, cancel, tracker) as (events, is_cancelled):
+        with self.reading(resp, cancel, tracker) as (events, flag):
             for name, data in events:
                 if name is WAIT:  # the body would block: the run waits for it, with everything else
                     yield data
                     continue
-                if is_cancelled():
+                if flag.cancelled:
                     break
                 self.events += 1
                 if data == "[DONE]":
