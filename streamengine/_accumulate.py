@@ -259,7 +259,11 @@ class ResponseAggregator:
         self.chunks = 0
 
     def add(self, chunk: Chunk) -> List[ToolCall]:
-        """Take one chunk; return tool calls that became complete (see ``ToolCallAccumulator.add``)."""
+        """Take one chunk; return tool calls that became complete (see ``ToolCallAccumulator.add``).
+
+        A chunk of answer text only (``Chunk.text_only``: nearly every one) is
+        done after its text and model; the other fields are looked at otherwise.
+        """
         self.chunks += 1
         content = chunk.content
         if content:
@@ -270,13 +274,15 @@ class ResponseAggregator:
             parts.append(content)
             if len(parts) >= BLOCK:
                 self._content.compact()
+        model = chunk.model
+        if model:
+            self.model = model
+        if chunk.text_only:
+            return []
         if chunk.reasoning or chunk.refusal:
             self._add_aside(chunk)
         if chunk.usage is not None:
             self.usage = chunk.usage
-        model = chunk.model
-        if model:
-            self.model = model
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
         if chunk.is_completed:

@@ -212,6 +212,9 @@ class Chunk:
     completion: anything the model produced) is computed once, here, because
     every layer above asks it per chunk.  ``refusal`` is the text of a
     refusal (OpenAI's ``delta.refusal``): not the answer, but model output.
+    ``text_only`` (answer text and at most the model's name, nothing else:
+    nearly every frame) is computed here too, so the layers above take such
+    a chunk with one test instead of one per field.
     """
 
     content: Optional[str] = None
@@ -240,10 +243,13 @@ class Chunk:
         d["finish_reason"] = finish_reason
         d["model"] = model
         d["refusal"] = refusal
-        d["is_meaningful"] = bool(content or reasoning or tool_calls or is_completed or refusal)
+        rest = reasoning or tool_calls or is_completed or refusal
+        d["is_meaningful"] = bool(content or rest)
+        d["text_only"] = bool(content) and not (rest or usage is not None or finish_reason)
 
-    if TYPE_CHECKING:  # a read-only attribute set by __init__ (frozen like the fields)
+    if TYPE_CHECKING:  # read-only attributes set by __init__ (frozen like the fields)
         is_meaningful: bool
+        text_only: bool
 
 
 _new_object = object.__new__

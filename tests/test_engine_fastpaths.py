@@ -238,3 +238,49 @@ def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_g
     finally:
         if enabled:
             gc.enable()
+
+
+def _every_chunk_general(monkeypatch):
+    """Chunks that say they are not text only: the aggregator and the round look at every field of each."""
+    from streamengine._clients.openai import parse as openai_parse
+    from streamengine._messages import Chunk
+
+    made = Chunk.__init__
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.__dict__["text_only"] = False
+
+    monkeypatch.setattr(Chunk, "__init__", init)
+    monkeypatch.setattr(openai_parse, "text_chunk", lambda content, model: Chunk(content, model=model))
+
+
+def _what_a_run_gives(steps, **config):
+    with FakeProvider() as fp:
+        fp.add_turn(*steps)
+        with make_engine(fp, [_noop()], **config) as engine:
+            events = list(engine.run(MESSAGES))
+    result = events[-1].result
+    return [(type(e).__name__, getattr(e, "text", None)) for e in events[:-1]], \
+        (result.answer, result.rounds, result.usage, result.error, result.refusal, result.telemetry.stop_reason)
+
+
+@pytest.mark.parametrize("config", [{}, {"max_answer_chars": 9}, {"max_run_output_chars": 12}])
+def test_text_only_chunks_give_what_the_field_by_field_path_gives_over_http(monkeypatch, config):
+    """Text-only chunks (``Chunk.text_only``) among reasoning, usage and a finish, within and past the caps."""
+    steps = [s.reasoning("hmm"), s.text("Hello"), s.text(" world"), s.reasoning("more"), s.text(" again"),
+             s.usage(5, 3)]
+    fast = _what_a_run_gives(steps, **config)
+    _every_chunk_general(monkeypatch)
+    assert _what_a_run_gives(steps, **config) == fast
+    assert ("TokenEvent", "Hello") in fast[0]
+
+
+def test_text_only_is_answer_text_with_at_most_a_model():
+    from streamengine._messages import Chunk, ToolCallDelta, Usage
+
+    assert Chunk("a").text_only and Chunk("a", model="m").text_only
+    others = [Chunk("a", reasoning="r"), Chunk("a", refusal="no"), Chunk("a", tool_calls=(ToolCallDelta(0),)),
+              Chunk("a", is_completed=True), Chunk("a", usage=Usage(1, 1, 2)), Chunk("a", finish_reason="stop"),
+              Chunk(), Chunk(model="m"), Chunk(""), Chunk(reasoning="r")]
+    assert not any(chunk.text_only for chunk in others)

@@ -58,10 +58,7 @@ class RoundStream:
         """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
         content = chunk.content
         runner = self.runner
-        if chunk.reasoning or chunk.refusal or chunk.tool_calls:
-            runner.output_left -= output_chars(chunk)
-        elif content:
-            runner.output_left -= len(content)
+        runner.output_left -= len(content) if chunk.text_only else output_chars(chunk)
         if runner.output_left < 0:
             cap = runner.config.max_run_output_chars
             raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
