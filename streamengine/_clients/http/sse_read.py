@@ -298,14 +298,18 @@ def _value(line: bytes, start: int) -> bytes:
 def _data_values(text: str) -> Optional[List[str]]:
     """The data of each event in ``text`` (LF-only, cut at event ends) if each is one ``data: `` line; else None.
 
-    ``n`` values hold ``2n - 2`` newlines (the event ends between them, each
-    before a ``data: ``) only if every newline is in such an event end; then
-    one split in C gives every value.
+    One split in C at the event ends (``"\n\ndata: "``) gives every value;
+    the text is such events only if no value holds a newline.  Each ``in``
+    is a ``memchr``: cheaper than counting the text's newlines, which reads
+    every character in a loop of its own.
     """
     if text[:6] != "data: ":
         return None
     values = text[6:].split("\n\ndata: ")
-    return values if text.count("\n") == 2 * len(values) - 2 else None
+    for value in values:
+        if "\n" in value:
+            return None
+    return values
 
 
 def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> List[Tuple[str, str]]:
