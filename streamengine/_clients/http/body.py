@@ -250,7 +250,7 @@ class SocketBody:
         """
         last = len(raw) - 2  # where the two bytes after the last whole chunk's data can start
         find, append = raw.find, out.append
-        while True:
+        while pos < last:  # past it, no chunk can be whole: no search for a size line that cannot be there
             newline = find(b"\n", pos)
             if newline < 0:
                 return pos
@@ -263,6 +263,7 @@ class SocketBody:
                 return pos
             append(raw[newline + 1:stop])
             pos = stop + 2
+        return pos
 
     def _step(self, raw: bytes, pos: int, out: List[bytes]) -> int:
         """One step through the chunked framing from ``pos``: data, the CRLF after it, or a size line."""
