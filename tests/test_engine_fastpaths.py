@@ -284,3 +284,21 @@ def test_text_only_is_answer_text_with_at_most_a_model():
               Chunk("a", is_completed=True), Chunk("a", usage=Usage(1, 1, 2)), Chunk("a", finish_reason="stop"),
               Chunk(), Chunk(model="m"), Chunk(""), Chunk(reasoning="r")]
     assert not any(chunk.text_only for chunk in others)
+
+
+def test_a_bug_inside_a_round_still_ends_the_run_with_error_and_done_over_http(monkeypatch):
+    """The run's generator catches its own unexpected failures (no generator wrapped around it for that)."""
+    from streamengine._engine.rounds import RoundRunner
+
+    def broken(self, outcome):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(RoundRunner, "_account", broken)
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("shown"))
+        with make_engine(fp) as engine:
+            events = list(engine.run(MESSAGES))
+    assert _tokens(events) == ["shown"] and events[-2].__class__.__name__ == "ErrorEvent"
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.result.telemetry.stop_reason == "internal_error"
+    assert done.result.error == "internal error: RuntimeError: boom"

@@ -134,14 +134,25 @@ class RoundRunner:
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> Steps:
-        last_round = self.config.max_continuations + 1
-        for round_no in range(1, last_round + 1):
-            if self.state.cancel.is_set():
-                self._stop("cancelled")
-                break
-            if not (yield from self._round(round_no, is_last=round_no == last_round)):
-                break
-        self._finish()
+        """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``.
+
+        The catch is here, not in a generator around this one: every wait of
+        the run passes through one generator level less.
+        """
+        try:
+            last_round = self.config.max_continuations + 1
+            for round_no in range(1, last_round + 1):
+                if self.state.cancel.is_set():
+                    self._stop("cancelled")
+                    break
+                if not (yield from self._round(round_no, is_last=round_no == last_round)):
+                    break
+            self._finish()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # never leave the caller without a DoneEvent
+            self.deps.log.opt(exception=True).error("run failed unexpectedly: {}", exc)
+            self.fail_unexpectedly(exc)
 
     def _round(self, round_no: int, *, is_last: bool) -> Steps:
         """Run one round; True when another round should follow."""

@@ -286,7 +286,7 @@ class StreamingEngine:
         loop.tools_due = runner.dispatcher.next_deadline
         loop.on_tools_due = runner.dispatcher.poll_deadlines
         loop.tools_pending = runner.dispatcher.pending
-        steps = self._steps(runner)
+        steps = runner.run()  # ends with done, whatever happens in it
         finished = False
         try:
             yield from loop.batches(steps)  # not a loop of our own: one generator level less a batch
@@ -301,15 +301,6 @@ class StreamingEngine:
                 last = loop.handed
                 done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None
                 state.trace.ended(done.result if done is not None else None, cancelled=not finished)
-
-    def _steps(self, runner: RoundRunner) -> Iterator[Any]:
-        try:
-            yield from runner.run()
-        except GeneratorExit:
-            raise
-        except BaseException as exc:  # never leave the caller without a DoneEvent
-            self._log.opt(exception=True).error("run failed unexpectedly: {}", exc)
-            runner.fail_unexpectedly(exc)
 
     def _read_ahead(self, conversation: List[Message], cancel: Optional[threading.Event],
                     heartbeat_s: Optional[float], deps: RunDeps, scope: str,
