@@ -147,18 +147,39 @@ class ModelFailover:
 
         ``on_attempt_failed(model, exc)`` (optional) hears each attempt that
         raised, retried or not, before failover decides what follows.
+
+        Each model is retried on rate limits as tenacity decides, in tenacity's
+        loop form, so each attempt's waits pass up, and so does each back-off:
+        tenacity's sleep only notes it, and the wait is yielded here before the
+        next attempt (the driving thread keeps its heartbeats, tool deadlines
+        and cancel while it waits).  Both loops are in this one generator: every
+        wait of a call passes one level less.
         """
         base = options if options is not None else CompletionOptions()
         attempts: List[Attempt] = []
         for position, model in enumerate(self.models):
+            policy = _RetryPolicy(self, model, has_next=position < len(self.models) - 1, cancel=cancel,
+                                  may_advance=may_advance, attempts=attempts)
+            model_options = base.with_model(model)
             try:
-                response = yield from self._call_model(model, position, messages, tools, base.with_model(model),
-                                                       cancel, on_chunk, may_advance, on_attempt, attempts,
-                                                       on_tool_calls, on_attempt_failed)
+                for attempt in policy.retrying():
+                    yield from policy.backing_off()
+                    with attempt:
+                        if cancel is not None and cancel.is_set():
+                            raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
+                        if on_attempt is not None:
+                            on_attempt(model, len(attempts) + 1)
+                        try:
+                            response = yield from self._attempt(messages, tools, model_options, cancel, on_chunk,
+                                                                on_tool_calls)
+                        except Exception as exc:
+                            if on_attempt_failed is not None:
+                                on_attempt_failed(model, exc)
+                            raise
+                        return FailoverResult(response, model, tuple(attempts), failovers=position)
+                raise AssertionError("unreachable: tenacity returns or re-raises")  # pragma: no cover
             except Exception as exc:
                 self._after_failure(exc, model, position, cancel, may_advance, attempts)
-                continue
-            return FailoverResult(response, model, tuple(attempts), failovers=position)
         raise AssertionError("unreachable: the last model's failure raises")  # pragma: no cover
 
     def _after_failure(self, exc: Exception, model: str, position: int, cancel: Optional[threading.Event],
@@ -182,37 +203,6 @@ class ModelFailover:
             raise exc
         self._log.warning("model {} {}, failing over to {} ({})", model, _verb(exc),
                           self.models[position + 1], _cause(exc))
-
-    def _call_model(self, model: str, position: int, messages: Sequence[MessageLike],
-                    tools: Optional[Sequence[ToolSpec]], options: CompletionOptions,
-                    cancel: Optional[threading.Event], on_chunk: Optional[Callable[[Chunk], None]],
-                    may_advance: Optional[Callable[[], bool]], on_attempt: Optional[Callable[[str, int], None]],
-                    attempts: List[Attempt], on_tool_calls: Optional[OnToolCalls],
-                    on_attempt_failed: Optional[Callable[[str, BaseException], None]] = None,
-                    ) -> Generator[Wait, None, Response]:
-        """One model, retried on rate limits as tenacity decides; raises the model's last error.
-
-        tenacity's loop form, so each attempt's waits pass up, and so does each
-        back-off: tenacity's sleep only notes it, and the wait is yielded here
-        before the next attempt (the driving thread keeps its heartbeats, tool
-        deadlines and cancel while it waits).
-        """
-        policy = _RetryPolicy(self, model, has_next=position < len(self.models) - 1, cancel=cancel,
-                              may_advance=may_advance, attempts=attempts)
-        for attempt in policy.retrying():
-            yield from policy.backing_off()
-            with attempt:
-                if cancel is not None and cancel.is_set():
-                    raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
-                if on_attempt is not None:
-                    on_attempt(model, len(attempts) + 1)
-                try:
-                    return (yield from self._attempt(messages, tools, options, cancel, on_chunk, on_tool_calls))
-                except Exception as exc:
-                    if on_attempt_failed is not None:
-                        on_attempt_failed(model, exc)
-                    raise
-        raise AssertionError("unreachable: tenacity returns or re-raises")  # pragma: no cover
 
     def _attempt(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
                  options: CompletionOptions, cancel: Optional[threading.Event],
