@@ -46,6 +46,9 @@ _EVENT_END = re.compile(rb"\r\n\r\n|\r\n\r|\r\n\n|\r\r\n|\r\r|\n\r\n|\n\r|\n\n")
 _LONGEST_END = 4
 _BOM = codecs.BOM_UTF8
 _MESSAGE = itertools.repeat("message")  # zip() takes only as many as there are values
+#: ``_CR in data``: a byte's value, looked for with one memchr.  ``b"\r" in data`` means the same,
+#: but bytes' ``in`` first tries its operand as an int and makes (and drops) a TypeError for a bytes one.
+_CR = ord("\r")
 
 
 class SseEventTooLarge(ValueError):
@@ -101,7 +104,7 @@ class SseFramer:
         the work limit, and nothing is left for the buffer.  Anything else
         takes :meth:`_feed_held`.
         """
-        if self._plain and data.endswith(b"\n\n") and b"\r" not in data:
+        if self._plain and data.endswith(b"\n\n") and _CR not in data:
             try:
                 values = _data_values(data[:-2].decode())
             except UnicodeDecodeError:  # the replacing decoder's
