@@ -98,7 +98,7 @@ def process_pool() -> Iterator[concurrent.futures.Executor]:
 def dask_executor() -> Iterator[concurrent.futures.Executor]:
     distributed = pytest.importorskip("distributed")
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=False, host="127.0.0.1", protocol="tcp://",
-                                       dashboard_address=None)
+                                       dashboard_address=":0")
     client = distributed.Client(cluster)
     yield client.get_executor()
     client.close()
