@@ -45,6 +45,31 @@ def provider():
         yield fp
 
 
+# Modules whose tests share a module-scoped resource worth making once: a Chromium, a process
+# pool, a Dask cluster.  Under pytest-xdist each runs whole on one worker; every other test is
+# scheduled on its own, wherever a worker is free.
+ONE_WORKER_MODULES = frozenset({
+    "tests/test_browser.py", "tests/test_engine_remote.py", "tests/test_executor_remote.py",
+})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Load scheduling, except that each of ONE_WORKER_MODULES is one unit of work.
+
+    xdist's own ``--dist loadgroup`` does this by a mark, but it tags node ids in a way
+    pytest 9.2 no longer lets a plugin do; a scope of one's own is the documented hook.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)
+
+
 def pytest_collection_finish(session):
     """Move what collection imported (SDKs, Dask, Django...) out of the collector's way.
 

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 from urllib.parse import quote
 
 import pytest
@@ -65,13 +65,31 @@ def chromium() -> str:
     return path
 
 
+@pytest.fixture(scope="module")
+def chromium_process(chromium) -> Iterator[List["Browser"]]:
+    """One Chromium for the module (its start-up is most of a short test); a holder, so a dead one is replaced.
+
+    Under pytest-xdist the module runs on one worker (tests/conftest.py), so this starts once.
+    """
+    holder: List[Browser] = []
+    yield holder
+    for b in holder:
+        b.close()
+
+
 @pytest.fixture
-def browser(chromium) -> Iterator["Browser"]:
-    b = Browser(chromium)
+def browser(chromium, chromium_process) -> Iterator["Browser"]:
+    """The module's Chromium in a fresh browser context: no cookies, storage, cache or page of another test."""
+    if chromium_process and not chromium_process[0].alive():
+        chromium_process.pop().close()
+    if not chromium_process:
+        chromium_process.append(Browser(chromium))
+    b = chromium_process[0]
+    b.new_context()
     try:
         yield b
     finally:
-        b.close()
+        b.end_context()
 
 
 class Browser:
@@ -85,6 +103,8 @@ class Browser:
 
     def __init__(self, path: str) -> None:
         self._profile = tempfile.TemporaryDirectory(prefix="se-chromium-")
+        # stderr goes to a file: a pipe nobody reads would fill over a module's tests and stall Chromium.
+        self._stderr = open(os.path.join(self._profile.name, "stderr.log"), "w+b")
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
 
@@ -98,13 +118,28 @@ class Browser:
              "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--disable-extensions", f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe",
              "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
             preexec_fn=child_fds, close_fds=False)  # close_fds would also close fds 3 and 4
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buffer = b""
         self._next_id = 0
         self._session = ""
+        self._context = ""
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def new_context(self) -> None:
+        """Pages opened from now on are in a new, empty browser context (like a fresh incognito window)."""
+        self._context = self.command("Target.createBrowserContext", session=False)["browserContextId"]
+        self._session = ""
+
+    def end_context(self) -> None:
+        """Close the context's pages and drop everything it stored."""
+        context, self._context, self._session = self._context, "", ""
+        if context and self.alive():
+            self.command("Target.disposeBrowserContext", session=False, browserContextId=context)
 
     def command(self, method: str, session: bool = True, **params: Any) -> Dict[str, Any]:
         self._next_id += 1
@@ -127,17 +162,22 @@ class Browser:
                 raise AssertionError("chromium did not answer within the deadline")
             data = os.read(self._from_chrome, 1 << 20)
             if not data:
-                raise AssertionError(f"chromium exited: {self._proc.stderr.read().decode('utf-8', 'replace')[-2000:]}")
+                raise AssertionError(f"chromium exited: {self._stderr_tail()}")
             self._buffer += data
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")[-2000:]
 
     def open(self, url: str) -> None:
         """Open ``url``; a run asked for with ``?autorun`` also gets ``debug=1`` (its tokens and events dumped)."""
         self.open_plain(url + "&debug=1" if "autorun=" in url and "debug=" not in url else url)
 
     def open_plain(self, url: str) -> None:
-        target = self.command("Target.createTarget", session=False, url="about:blank")["targetId"]
+        context = {"browserContextId": self._context} if self._context else {}
+        target = self.command("Target.createTarget", session=False, url="about:blank", **context)["targetId"]
         self._session = self.command("Target.attachToTarget", session=False, targetId=target,
                                      flatten=True)["sessionId"]
         self.command("Page.navigate", url=url)
@@ -168,7 +208,7 @@ class Browser:
         finally:
             os.close(self._to_chrome)
             os.close(self._from_chrome)
-            self._proc.stderr.close()
+            self._stderr.close()
             self._profile.cleanup()
 
 

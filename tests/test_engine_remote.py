@@ -75,7 +75,7 @@ def process_pool() -> Iterator[concurrent.futures.Executor]:
 def dask_client() -> Iterator[Any]:
     distributed = pytest.importorskip("distributed")
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=False, host="127.0.0.1",
-                                       protocol="tcp://", dashboard_address=None)
+                                       protocol="tcp://", dashboard_address=":0")
     client = distributed.Client(cluster)
     assert client.get_executor().submit(os.getpid).result() == os.getpid()
     yield client

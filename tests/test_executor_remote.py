@@ -13,6 +13,7 @@ where the tool also sees the real cancel flag.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import multiprocessing
 import os
 import pickle
@@ -89,7 +90,11 @@ def release(tmp_path) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def process_pool() -> Iterator[concurrent.futures.Executor]:
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
+    # Both workers start now and import this module's tools as they start, so a one-second
+    # deadline never includes a process start or an import (on a busy machine those take longer).
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=importlib.import_module, initargs=(__name__,))
+    assert all(f.result() != os.getpid() for f in [pool.submit(os.getpid) for _ in range(2)])
     yield pool
     pool.shutdown(wait=True)
 
@@ -98,7 +103,7 @@ def process_pool() -> Iterator[concurrent.futures.Executor]:
 def dask_executor() -> Iterator[concurrent.futures.Executor]:
     distributed = pytest.importorskip("distributed")
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=False, host="127.0.0.1", protocol="tcp://",
-                                       dashboard_address=None)
+                                       dashboard_address=":0")
     client = distributed.Client(cluster)
     yield client.get_executor()
     client.close()

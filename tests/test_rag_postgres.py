@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 
 import pytest
 
@@ -33,7 +34,8 @@ def dsn():
 
 @pytest.fixture
 def table(dsn, request):
-    name = "rag_" + request.node.name.lower().replace("[", "_").replace("]", "")[:38]
+    # Unique per test: workers under pytest-xdist share the database, and names cut to fit may coincide.
+    name = "rag_" + request.node.name.lower().replace("[", "_").replace("]", "")[:29] + "_" + uuid.uuid4().hex[:8]
     drop_tables(dsn, [name])
     yield name
     drop_tables(dsn, [name])

@@ -1,7 +1,10 @@
 """The MCP server the tests start: slow tools, a failing one, one that exits, one without annotations.
 
-Run as ``python lab.py http PORT RECORD`` (streamable HTTP on 127.0.0.1) or
-``python lab.py stdio RECORD``.  Every call of ``slow`` appends a JSON line
+Run as ``python lab.py http PORT RECORD`` (streamable HTTP on 127.0.0.1),
+``python lab.py stdio RECORD``, or ``python lab.py forks``: that one reads a
+JSON line ``{"port": ..., "record": ...}`` at a time on stdin and forks an
+HTTP server for each, printing its pid (the SDK's import, a second of CPU, is
+paid once; every server is still a fresh process).  Every call of ``slow`` appends a JSON line
 to RECORD when it starts, when it ends, and when its handler is cancelled,
 so a test can see what the *server* did, not only what the client got.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import sys
 import time
 from typing import TypedDict
@@ -108,8 +112,34 @@ async def grow(name: str, ctx: Context) -> str:
     return f"added {name}"
 
 
+def serve_http(port: int, record: str) -> None:
+    global RECORD
+    RECORD = record
+    server.run("streamable-http", host="127.0.0.1", port=port)
+
+
+def fork_servers() -> None:
+    """One HTTP server per line read, each a fork of this process; its pid is the reply."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the servers as they end
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            try:
+                serve_http(job["port"], job["record"])
+            finally:
+                os._exit(0)
+        print(pid, flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+        serve_http(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "forks":
+        fork_servers()
     else:
         server.run("stdio")

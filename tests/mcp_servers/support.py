@@ -1,9 +1,11 @@
 """Start the lab server (HTTP or stdio), find the reference servers, read what the lab server recorded."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -70,19 +72,42 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _LabForks:
+    """This process's ``lab.py forks``: it has imported the MCP SDK once and forks each HTTP lab server.
+
+    Started on first use; it ends when this process does (its stdin closes).
+    """
+
+    process: Optional[subprocess.Popen] = None
+
+    @classmethod
+    def fork(cls, port: int, record: Path) -> int:
+        """Start a lab server on ``port`` recording to ``record``; its pid."""
+        if cls.process is None or cls.process.poll() is not None:
+            cls.process = subprocess.Popen([sys.executable, LAB, "forks"], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            atexit.register(cls.process.wait, 10)
+            atexit.register(cls.process.stdin.close)  # atexit runs last-registered first
+        cls.process.stdin.write(json.dumps({"port": port, "record": str(record)}) + "\n")
+        cls.process.stdin.flush()
+        reply = cls.process.stdout.readline()
+        if not reply.strip():
+            raise RuntimeError(f"the lab MCP fork server exited with status {cls.process.wait(10)}")
+        return int(reply)
+
+
 class LabHttp:
-    """The lab server over streamable HTTP on 127.0.0.1, as a child process."""
+    """The lab server over streamable HTTP on 127.0.0.1, a process of its own (forked by _LabForks)."""
 
     def __init__(self, record: Record) -> None:
         self.record = record
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.process = subprocess.Popen([sys.executable, LAB, "http", str(self.port), str(record.path)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pid = _LabForks.fork(self.port, record.path)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the lab MCP server exited with status {self.process.returncode}")
+            if process_gone(self.pid):
+                raise RuntimeError("the lab MCP server exited before it listened")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return
@@ -91,14 +116,25 @@ class LabHttp:
         self.stop()
         raise RuntimeError("the lab MCP server did not listen within 30 s")
 
+    def kill(self) -> None:
+        """SIGKILL: the server goes down at once, mid-call if one is running."""
+        self._signal_and_wait(signal.SIGKILL, 10)
+
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        if not self._signal_and_wait(signal.SIGTERM, 10):
+            self.kill()
+
+    def _signal_and_wait(self, signum: int, timeout: float) -> bool:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + timeout
+        while not process_gone(self.pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
 
 def lab_stdio_args(record: Record) -> List[str]:
