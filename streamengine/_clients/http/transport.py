@@ -115,9 +115,8 @@ class SseStreamParser:
 
         A broken body leaves as a streamengine error.  The tracker is only
         ever aborted by ``cancel`` (on_cancel), so inside the loop the
-        event's flag alone says "cancelled": ``flag.cancelled``, an attribute
-        read for the engine's own token (``_cancel.cancel_flag``), where
-        ``Event.is_set`` is a Python call per event.
+        event's flag alone says "cancelled": ``flag.cancelled`` (``_cancel.cancel_flag``),
+        an attribute read where ``Event.is_set`` is a Python call per event.
         """
         batches = (self.body.event_batches(self._framer) if self.body is not None  # framed in its own read loop
                    else iter_event_batches(timed_reads(resp, tracker), self._framer))
