@@ -262,6 +262,12 @@ def test_the_run_span_follows_the_callers_context_onto_another_thread(otel):
     assert drained and trace.get_current_span() is trace.INVALID_SPAN
 
 
+def first_lines_of_python(probe: str, n: int) -> List[str]:
+    """The first ``n`` lines ``probe`` prints in a fresh interpreter (no state of this process)."""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return out.split("\n")[:n]
+
+
 def test_without_opentelemetry_nothing_is_imported():
     probe = (
         "import sys\n"
@@ -271,8 +277,7 @@ def test_without_opentelemetry_nothing_is_imported():
         "print(engine.complete([{'role': 'user', 'content': 'q'}]).answer)\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry.')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.split("\n")[:2] == ["hello", "[]"]
+    assert first_lines_of_python(probe, 2) == ["hello", "[]"]
 
 
 def test_chunks_are_watched_only_when_something_records_them():
@@ -297,5 +302,4 @@ def test_chunks_are_watched_only_when_something_records_them():
         "metrics.set_meter_provider(MeterProvider())\n"
         "print(answer(), seen)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.split("\n")[:2] == ["hello [True]", "hello [True, False]"]
+    assert first_lines_of_python(probe, 2) == ["hello [True]", "hello [True, False]"]

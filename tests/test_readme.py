@@ -86,6 +86,7 @@ def loopback(tmp_path, monkeypatch):
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))
         opened: List[Dict[str, Any]] = []
+        sink_before = logs._sink_id  # another test's enable_logging may have left its (removed) id
         try:
             yield fp, opened
         finally:
@@ -94,7 +95,7 @@ def loopback(tmp_path, monkeypatch):
             llm = sys.modules.pop("llm", None)
             if llm is not None:
                 _close_all(vars(llm))
-            if logs._sink_id is not None:  # the logging example turned logs on
+            if logs._sink_id not in (None, sink_before):  # the logging example turned logs on
                 logger.remove(logs._sink_id)
                 logs._sink_id = None
                 logger.disable("streamengine")

@@ -165,10 +165,7 @@ class ModelFailover:
                 for attempt in policy.retrying():
                     yield from policy.backing_off()
                     with attempt:
-                        if cancel is not None and cancel.is_set():
-                            raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
-                        if on_attempt is not None:
-                            on_attempt(model, len(attempts) + 1)
+                        _before_attempt(model, cancel, on_attempt, len(attempts) + 1)
                         try:
                             response = yield from self._attempt(messages, tools, model_options, cancel, on_chunk,
                                                                 on_tool_calls)
@@ -218,6 +215,15 @@ class ModelFailover:
         """The provider asks for a longer wait than ``max_retry_wait``."""
         retry_after = _retry_after(exc)
         return retry_after is not None and retry_after > self.max_retry_wait
+
+
+def _before_attempt(model: str, cancel: Optional[threading.Event],
+                    on_attempt: Optional[Callable[[str, int], None]], number: int) -> None:
+    """A cancel ends the call before the next attempt; else ``on_attempt`` hears its number."""
+    if cancel is not None and cancel.is_set():
+        raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
+    if on_attempt is not None:
+        on_attempt(model, number)
 
 
 def _blocking(strategy: Any, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
