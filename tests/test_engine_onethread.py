@@ -249,3 +249,16 @@ def test_a_stream_over_tls_is_read_from_the_socket_whole_and_the_connection_is_r
     assert answers == [expected, expected]
     # both answers came through the socket reader, on one connection (the server answers one only)
     assert readers == ["SSLSocket", "SSLSocket"]
+
+
+def test_the_cap_ends_a_run_whose_chunks_never_stop():
+    """Every wait ends readable (a token each 10 ms): the cap is still the driver's to fire, at 0.8 s."""
+    with FakeProvider() as fp:
+        fp.add_turn(*[x for _ in range(800) for x in (s.text("x"), s.delay(0.01))])
+        with make_engine(fp, idle_timeout=2.0, completion_timeout=0.8) as engine:
+            seen = list(engine.run(MESSAGES))
+    tokens = [e for e in seen if isinstance(e, TokenEvent) and e.text == "x"]
+    errors = [e for e in seen if e.name == "error"]
+    assert len(errors) == 1 and isinstance(seen[-1], DoneEvent)
+    assert "stream exceeded the 0.8s cap" in errors[0].message, errors[0].message
+    assert 1 < len(tokens) < 800

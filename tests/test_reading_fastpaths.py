@@ -155,13 +155,15 @@ def test_bytes_after_the_end_in_its_read_keep_the_connection_from_the_pool():
 
 
 def test_a_read_of_one_whole_chunk_is_sliced_without_the_steps(monkeypatch):
-    steps = []
-    general = SocketBody._step
+    steps, scans = [], []
+    general, whole = SocketBody._step, SocketBody._whole_chunks
     monkeypatch.setattr(SocketBody, "_step", lambda self, *a: steps.append(a[1]) or general(self, *a))
+    monkeypatch.setattr(SocketBody, "_whole_chunks", staticmethod(lambda *a: scans.append(a[1]) or whole(*a)))
     reads = [chunk(b"data: %d\n\n" % i) for i in range(20)]
     assert socket_payload(reads + [chunk(b"a") + chunk(b"bc") + b"0\r\n\r\n"])[0] == b"".join(
         b"data: %d\n\n" % i for i in range(20)) + b"abc"
     assert len(steps) == 2  # the last read only: its last chunk's size line, then the empty line
+    assert scans == [0]  # a read of one chunk is sliced at once; the last read, of several, is scanned
 
 
 def test_garbage_and_a_too_long_size_line_are_refused_as_before():

@@ -254,9 +254,12 @@ class StreamingCallStrategy(CallStrategy):
                         wait.until = cap
                     wait.idle_until = watched.idle_deadline
                     wait.held = 0.0
+                    wait.readable = False
                     yield wait
                     if wait.held:  # the consumer held the thread: not the model's silence
                         watched.idle_deadline += wait.held
+                    if wait.readable:  # the driver saw the socket readable before any deadline
+                        continue
                     now = monotonic()
                     if now >= watched.idle_deadline or now >= cap or token.cancelled or caller.cancelled:
                         if _lapsed(watched, now) or stopped() or caller_stopped():

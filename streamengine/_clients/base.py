@@ -43,10 +43,14 @@ class Wait:
       and waits until ``idle_until + held``;
     * ``ready()``, when given, says the wait is over already (a worker set a
       flag); ``waker`` is set by the driver to a callable that ends its wait
-      at once, for whoever sets that flag from another thread.
+      at once, for whoever sets that flag from another thread;
+    * ``readable`` is set by the driver when it resumes the stream because
+      ``fileobj`` is readable and no deadline had passed (the strategy then
+      skips its own deadline check: one clock read less a token); a driver
+      that does not say leaves it False, and the strategy checks.
     """
 
-    __slots__ = ("fileobj", "until", "idle_until", "held", "ready", "waker")
+    __slots__ = ("fileobj", "until", "idle_until", "held", "ready", "waker", "readable")
 
     def __init__(self, fileobj: Any = None, until: float = _NEVER,
                  ready: Optional[Callable[[], bool]] = None) -> None:
@@ -56,6 +60,7 @@ class Wait:
         self.held = 0.0
         self.ready = ready
         self.waker: Optional[Callable[[], None]] = None
+        self.readable = False
 
     def due(self) -> float:
         """The monotonic time this wait ends by, if nothing wakes it first."""

@@ -219,7 +219,11 @@ class RunLoop:
             self.on_tools_due()
         if beat <= now and not self.outbox:
             self.outbox.append(HEARTBEAT)
-        if readable or now >= due or cancel.cancelled:
+        if readable:
+            if now < due and not cancel.cancelled:
+                wait.readable = True  # the strategy need not look at its deadlines again
+            return True
+        if now >= due or cancel.cancelled:
             return True
         return fileobj is None and (woken or (ready is not None and ready()))
 

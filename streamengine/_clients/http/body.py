@@ -227,8 +227,18 @@ class SocketBody:
         """Payload of the chunked bytes ``raw``; as lenient as http.client (LF line ends, CRLF not checked).
 
         At a chunk's start, whole chunks (a paced stream's every read is one) are taken in one pass
-        (:meth:`_whole_chunks`); the rest goes step by step.
+        (:meth:`_whole_chunks`); the rest goes step by step.  A read that is exactly one whole chunk (every read
+        of a paced stream) is sliced at once: the same bytes, in a third of the work.
         """
+        if not (self._left or self._skip or self._line or self._trailers or self.ended):
+            newline = raw.find(b"\n")
+            if newline > 0:
+                try:
+                    size = int(raw[:newline], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and newline + size + 3 == len(raw):
+                    return raw[newline + 1:-2]
         out: List[bytes] = []
         pos, end = 0, len(raw)
         while pos < end:
