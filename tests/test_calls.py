@@ -87,6 +87,12 @@ def test_constructors_reject_wrong_clients_observers_and_emitters():
     with pytest.raises(ConfigError, match="emit"):
         make_call_strategy(ScriptedClient(), emitter=object())
 
+    class EmitOnly:  # the per-chunk check reads .subscribers: an emitter without it is refused up front
+        def emit(self, event):
+            pass
+    with pytest.raises(ConfigError, match="subscribers tuple"):
+        make_call_strategy(ScriptedClient(), emitter=EmitOnly())
+
 
 # --------------------------------------------------------------------------- streaming success
 

@@ -50,11 +50,12 @@ def test_emitter_delivers_in_subscription_order_until_unsubscribed():
 
 def test_emitter_is_falsy_without_subscribers_so_hot_paths_can_skip_it():
     emitter = EventEmitter()
-    assert not emitter and len(emitter) == 0
-    unsubscribe = emitter.subscribe(lambda e: None)
-    assert emitter and emitter.subscriber_count == 1
+    assert not emitter and len(emitter) == 0 and emitter.subscribers == ()
+    callback = lambda e: None  # noqa: E731
+    unsubscribe = emitter.subscribe(callback)
+    assert emitter and emitter.subscriber_count == 1 and emitter.subscribers == (callback,)
     unsubscribe()
-    assert not emitter
+    assert not emitter and emitter.subscribers == ()
 
 
 def test_a_subscriber_may_unsubscribe_itself_while_called():

@@ -92,3 +92,25 @@ def test_every_public_package_exports_only_names_it_defines():
         module = importlib.import_module(package)
         assert list(module.__all__) == sorted(set(module.__all__)), package
         assert [name for name in module.__all__ if not hasattr(module, name)] == [], package
+
+
+def test_a_cancel_token_is_an_event_that_waits_sets_and_clears_across_threads():
+    """CancelToken builds its Event state itself (no AttributeErrors a token); it must stay an Event."""
+    import threading
+
+    from streamengine import CancelToken
+
+    assert set(vars(threading.Event())) == {"_cond", "_flag"}  # what CancelToken.__init__ sets by hand
+    token = CancelToken()
+    assert isinstance(token, threading.Event) and not token.is_set() and not token.wait(0.01)
+    order = []
+    waiter = threading.Thread(target=lambda: order.append(("woke", token.wait(10))))
+    waiter.start()
+    token.add_callback(lambda: order.append(("callback", token.cancelled)))
+    setter = threading.Timer(0.05, token.set)
+    setter.start()
+    waiter.join(10)
+    setter.join(10)
+    assert sorted(order) == [("callback", True), ("woke", True)] and token.is_set()
+    token.clear()
+    assert not token.is_set() and not token.cancelled and not token.wait(0.01)

@@ -54,12 +54,14 @@ class EventEmitter:
 
     The subscriber list is replaced, never mutated, so ``emit`` iterates a
     snapshot without a lock and a callback may unsubscribe itself while
-    being called.  ``bool(emitter)`` is False while nobody listens, which lets
-    the per-token path skip building events nobody would see.
+    being called.  ``subscribers`` (that snapshot) is empty and ``bool(emitter)``
+    False while nobody listens, which lets the per-token path skip building
+    events nobody would see.
     """
 
     def __init__(self) -> None:
-        self._subscribers: Tuple[Subscriber, ...] = ()
+        #: The snapshot; the per-chunk ``if emitter.subscribers`` is an attribute read, ``bool(emitter)`` a call.
+        self.subscribers: Tuple[Subscriber, ...] = ()
         self._lock = threading.Lock()
         self._log = component_logger("streamengine._calls.hooks.EventEmitter")
 
@@ -68,20 +70,20 @@ class EventEmitter:
         if not callable(callback):
             raise ConfigError(f"an event subscriber must be callable, got {type(callback).__name__}")
         with self._lock:
-            self._subscribers = self._subscribers + (callback,)
+            self.subscribers = self.subscribers + (callback,)
 
         def unsubscribe() -> None:
             with self._lock:
-                subs = list(self._subscribers)
+                subs = list(self.subscribers)
                 if callback in subs:
                     subs.remove(callback)
-                    self._subscribers = tuple(subs)
+                    self.subscribers = tuple(subs)
 
         return unsubscribe
 
     def emit(self, event: Any) -> None:
         """Deliver ``event`` to each subscriber in subscription order, inline."""
-        for callback in self._subscribers:
+        for callback in self.subscribers:
             try:
                 callback(event)
             except Exception:
@@ -90,13 +92,13 @@ class EventEmitter:
 
     @property
     def subscriber_count(self) -> int:
-        return len(self._subscribers)
+        return len(self.subscribers)
 
     def __bool__(self) -> bool:
-        return bool(self._subscribers)
+        return bool(self.subscribers)
 
     def __len__(self) -> int:
-        return len(self._subscribers)
+        return len(self.subscribers)
 
 
 def notify_observers(observers: Iterable[Observer], response: Response, log: Any) -> None:

@@ -98,8 +98,9 @@ class CallStrategy(abc.ABC):
         self.client = client
         self.completion_timeout = validation.seconds(completion_timeout, "completion_timeout")
         self.observers = check_observers(observers)
-        if emitter is not None and not callable(getattr(emitter, "emit", None)):
-            raise ConfigError(f"emitter must have an emit(event) method (an EventEmitter), got {emitter!r}")
+        if emitter is not None and not (callable(getattr(emitter, "emit", None)) and hasattr(emitter, "subscribers")):
+            raise ConfigError(f"emitter must have an emit(event) method and a subscribers tuple (an EventEmitter), "
+                              f"got {emitter!r}")
         self.emitter = emitter
         self.output_limits = output_limits if output_limits is not None else OutputLimits()
         self._log = component_logger(f"streamengine._calls.strategies.{type(self).__name__}", logger)
@@ -123,7 +124,7 @@ class CallStrategy(abc.ABC):
         """:meth:`call` as a generator: yields a :class:`Wait` wherever it would block, returns the response."""
 
     def _succeeded(self, response: Response, final_chunk: Chunk) -> None:
-        if self.emitter is not None and self.emitter:
+        if self.emitter is not None and self.emitter.subscribers:
             self.emitter.emit(ModelChunkEvent(final_chunk, True, response))
         if self.observers:
             notify_observers(self.observers, response, self._log)
@@ -278,13 +279,13 @@ class StreamingCallStrategy(CallStrategy):
                 if chunk.is_completed:  # type: ignore[union-attr]
                     completed = True
                     response = aggregator.response()
-                    if emitter is not None and emitter:
+                    if emitter is not None and emitter.subscribers:
                         emitter.emit(ModelChunkEvent(chunk, True, response))  # type: ignore[arg-type]
                     self._log.debug("stream of model {} completed in {:.3f}s: {} chunks, {} meaningful",
                                     response.model or _model_of(options), monotonic() - started,
                                     aggregator.chunks, meaningful)
                     return response
-                if emitter is not None and emitter:
+                if emitter is not None and emitter.subscribers:
                     emitter.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
             if stopped() or caller_stopped():  # a client that ends quietly when cancelled
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
