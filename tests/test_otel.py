@@ -280,26 +280,45 @@ def test_without_opentelemetry_nothing_is_imported():
     assert first_lines_of_python(probe, 2) == ["hello", "[]"]
 
 
-def test_chunks_are_watched_only_when_something_records_them():
-    """With the API alone (its proxy meter provider, no tracer SDK) the round keeps its plain chunk callback;
-    once an SDK's meter provider is set globally, the first meaningful chunk is watched again."""
+def test_a_run_builds_a_trace_only_when_something_would_record_or_pass_it_on():
+    """With the API alone (its proxy providers, no SDK) a run builds no trace at all: no spans, its plain chunk
+    callback.  A caller's span in the current context is passed on (the run is traced, non-recording); once an
+    SDK's meter provider is set globally, the first meaningful chunk is watched; and an SDK tracer provider set
+    globally after the engine was made records the next run's spans (the proxy forwards to it)."""
     probe = (
-        "from opentelemetry import metrics\n"
+        "from opentelemetry import metrics, trace\n"
         "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
         "from streamengine import EngineConfig, StreamingEngine, ScriptedClient\n"
         "from streamengine._engine import traced\n"
-        "seen = []\n"
-        "watching = traced.RoundTrace.watching\n"
+        "from streamengine._otel import tracing\n"
+        "seen, runs = [], []\n"
+        "watching, start_run = traced.RoundTrace.watching, tracing.Instrumentation.start_run\n"
         "def spy(self, on_chunk):\n"
         "    wrapped = watching(self, on_chunk)\n"
         "    seen.append(wrapped is on_chunk)\n"
         "    return wrapped\n"
-        "traced.RoundTrace.watching = spy\n"
+        "def counted(self, **kw):\n"
+        "    runs.append(1)\n"
+        "    return start_run(self, **kw)\n"
+        "traced.RoundTrace.watching, tracing.Instrumentation.start_run = spy, counted\n"
+        "engine = StreamingEngine(ScriptedClient(['hello'] * 4), config=EngineConfig(models=['m']))\n"
         "def answer():\n"
-        "    engine = StreamingEngine(ScriptedClient(['hello']), config=EngineConfig(models=['m']))\n"
         "    return engine.complete([{'role': 'user', 'content': 'q'}]).answer\n"
-        "print(answer(), seen)\n"
+        "print(answer(), seen, len(runs))\n"
+        "caller = trace.NonRecordingSpan(trace.SpanContext(0x1234, 0x5678, is_remote=True))\n"
+        "with trace.use_span(caller):\n"
+        "    print(answer(), seen, len(runs))\n"
         "metrics.set_meter_provider(MeterProvider())\n"
-        "print(answer(), seen)\n"
+        "print(answer(), seen, len(runs))\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "answer()\n"
+        "print(sorted(span.name for span in exporter.get_finished_spans()))\n"
     )
-    assert first_lines_of_python(probe, 2) == ["hello [True]", "hello [True, False]"]
+    assert first_lines_of_python(probe, 4) == ["hello [] 0", "hello [True] 1", "hello [True, False] 2",
+                                               "['chat m', 'invoke_agent streamengine']"]

@@ -210,9 +210,10 @@ class StreamingEngine:
                               "[{'role': 'user', 'content': 'hi'}]")
         deps = self._deps_for(model, options)
         # The run's span is a child of the context current *here*, whichever thread then drives the run.
-        trace = None if self._otel is None else functools.partial(
-            self._otel.start_run, parent=self._otel.current_context(), conversation_id=conversation_id,
-            messages=conversation)
+        otel = self._otel
+        parent = otel.current_context() if otel is not None else None
+        trace = functools.partial(otel.start_run, parent=parent, conversation_id=conversation_id,
+                                  messages=conversation) if otel is not None and otel.live(parent) else None
         if read_ahead:
             return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace)
         return self._batches(conversation, cancel, heartbeat_s, deps, scope, trace)

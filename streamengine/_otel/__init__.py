@@ -2,7 +2,8 @@
 
 ``instrumentation(...)`` is the one entry: ``None`` when the API is not
 installed, so an engine without it imports nothing and checks one ``None``
-per hook.  With the API but no SDK configured, spans are non-recording and
+per hook.  With the API but no SDK configured a run builds no spans
+(``Instrumentation.live``); with a caller's span to pass on they are non-recording and
 the hooks skip building attributes.  ``pip install 'streamengine[otel]'``.
 """
 from __future__ import annotations

@@ -74,6 +74,21 @@ class Instrumentation:
         self.tracer = trace.get_tracer(SCOPE, version, tracer_provider=tracer_provider)
         self.instruments = Instruments(meter_provider, version)
         self._meter_given = meter_provider is not None
+        self._tracer_given = tracer_provider is not None
+
+    def live(self, parent: Any) -> bool:
+        """Whether a run's trace would reach anything; a run without one builds no spans (220k instructions).
+
+        Yes for a provider given, an SDK's set globally (by now: the API's
+        proxy forwards to one set later), live metrics, or a caller's span in
+        ``parent`` whose context the run's spans would pass on; no for the
+        API alone, whose spans record nothing.
+        """
+        if self._tracer_given or self._meter_given:
+            return True
+        if not type(trace.get_tracer_provider()).__module__.startswith("opentelemetry.trace"):
+            return True
+        return self.metrics_live() or trace.get_current_span(parent).get_span_context().is_valid
 
     def metrics_live(self) -> bool:
         """Whether recorded measurements go anywhere: a meter provider given, or an SDK's set globally.
