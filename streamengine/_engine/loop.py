@@ -51,6 +51,18 @@ HEARTBEAT = HeartbeatEvent()
 _READY_SLICE_S = 0.25
 
 
+def _never() -> float:
+    return _NEVER
+
+
+def _nothing() -> None:
+    pass
+
+
+def _discard(_event: Event) -> None:
+    pass
+
+
 class RunLoop:
     """The outbox, the wake-up pipe and the selector of one run; see the module doc.
 
@@ -65,8 +77,8 @@ class RunLoop:
         self.heartbeat_s = heartbeat_s
         self._beat_s = _NEVER if heartbeat_s is None else heartbeat_s
         self.outbox: Deque[Event] = collections.deque()
-        self.tools_due: Callable[[], float] = lambda: _NEVER
-        self.on_tools_due: Callable[[], None] = lambda: None
+        self.tools_due: Callable[[], float] = _never
+        self.on_tools_due: Callable[[], None] = _nothing
         self.tools_pending: Sized = ()  # tool deadlines are asked for only while this is non-empty
         self.handed: List[Event] = []  # the last batch handed to the consumer
         self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
@@ -104,8 +116,16 @@ class RunLoop:
                 pass  # the pipe is full: the driver has a wake-up waiting already
 
     def close(self) -> None:
-        """The run is over: stop following the cancel, free the pipe and the selector."""
+        """The run is over: stop following the cancel, free the pipe and the selector.
+
+        The references back into the run (its tools, this loop's own emitter) are
+        dropped too: the run's objects then die with their last reference, not
+        in a garbage collection's cycle search (a served session's largest cycles).
+        """
         self._unwatch()
+        self._unwatch = _nothing
+        self.emit = _discard
+        self.tools_due, self.on_tools_due, self.tools_pending = _never, _nothing, ()
         with self._lock:
             if self._closed:
                 return

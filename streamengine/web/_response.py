@@ -107,8 +107,9 @@ class SseResponse:
                 except ValueError:  # being iterated in another thread: the cancel token ends that run
                     pass
         finally:
-            if self._on_close is not None:
-                self._on_close()
+            on_close, self._on_close = self._on_close, None  # it refers back to this response: no cycle left
+            if on_close is not None:
+                on_close()
 
 
 class _Progress:
