@@ -91,7 +91,9 @@ def _engine(server: Server, model: str):
         return query
 
     return StreamingEngine(OpenAICompatibleClient(server.base_url), [lookup],
-                           EngineConfig(models=[model], tool_mode="inline", completion_timeout=600.0))
+                           EngineConfig(models=[model], tool_mode="inline", completion_timeout=600.0,
+                                        # 100x of 20-char tokens is a 4M-char answer: above the default caps
+                                        max_answer_chars=10_000_000, max_run_output_chars=10_000_000))
 
 
 def engine_times(server: Server, repeats: int = 9, base: int = 2_000) -> Dict[str, Any]:
