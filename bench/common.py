@@ -291,12 +291,18 @@ def machine_cpu_s() -> float:
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of one process (0 if it is gone)."""
+    return sum(process_cpu_split(pid))
+
+
+def process_cpu_split(pid: int) -> "tuple[float, float]":
+    """(user, system) CPU seconds of one process ((0, 0) if it is gone): what is in the kernel's share."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 # --- is the machine quiet enough to compare? ---------------------------------------------

@@ -5,7 +5,7 @@ FakeProvider on 127.0.0.1 (5,000 one-token frames a stream, ten streams a proces
 registered so the inline scanner is on):
 
 * ``none``: ``opentelemetry`` cannot be imported (the engine's hooks are ``None``);
-* ``api``: the API installed, no SDK configured (non-recording spans);
+* ``api``: the API installed, no SDK configured (a run builds no spans: ``Instrumentation.live``);
 * ``sdk``: the SDK with a ``BatchSpanProcessor`` (to an exporter that drops
   the batch) and a ``MeterProvider`` with an in-memory reader.
 
@@ -89,8 +89,11 @@ result = ToolResult("c1", "lookup", True, "x", None, 0.01, now, now + 0.01)
 response = Response(content="hi", model="m", finish_reason="stop", usage=Usage(10, 20, 30))
 done = EngineResult("hi", ("hi",), (result,), Telemetry(rounds=1))
 started = time.process_time()
-for _ in range(runs):  # one round, one tool: every hook a run calls once
-    run = otel.start_run(parent=otel.current_context(), conversation_id="c", messages=())
+for _ in range(runs):  # one round, one tool: every hook a run calls once (none but the check, if not live)
+    parent = otel.current_context()
+    if not otel.live(parent):
+        continue
+    run = otel.start_run(parent=parent, conversation_id="c", messages=())
     chat = run.chat_started(model="m", options=None, messages=())
     chat.first_chunk()
     run.tool_started(call)
@@ -155,7 +158,7 @@ def run(repeats: int = 5, tokens: int = TOKENS, streams: int = 10) -> Dict[str, 
 def render(t: Dict[str, Any], verdict: Any) -> List[str]:
     lines = [f"13. OpenTelemetry cost: engine CPU per token, {t['tokens']} tokens a process, "
              f"{t['repeats']} processes each (median)"]
-    labels = {"none": "opentelemetry not installed", "api": "API installed, no SDK (non-recording)",
+    labels = {"none": "opentelemetry not installed", "api": "API installed, no SDK (no spans)",
               "sdk": "SDK + BatchSpanProcessor + metrics"}
     for variant in VARIANTS:
         us = t["us_per_token"][variant]["median"]

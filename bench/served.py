@@ -38,7 +38,8 @@ import time
 import urllib.request
 from typing import Any, Dict, List, Optional
 
-from .common import (ROOT, Server, child_pids, machine_cpu_s, percentile, pid_status, process_cpu_s)
+from .common import (ROOT, Server, child_pids, machine_cpu_s, percentile, pid_status, process_cpu_s,
+                     process_cpu_split)
 
 TOKENS = 60
 RATE = 30.0  # tokens per second per session: a chat model as a user reads it
@@ -88,6 +89,10 @@ class ServedApp:
 
     def cpu_s(self) -> float:
         return sum(process_cpu_s(pid) for pid in self.pids())
+
+    def sys_cpu_s(self) -> float:
+        """The kernel's share of :meth:`cpu_s` (system calls, the TCP stack, scheduling)."""
+        return sum(process_cpu_split(pid)[1] for pid in self.pids())
 
     def status(self) -> Dict[str, int]:
         total = {"threads": 0, "rss": 0}
@@ -213,7 +218,8 @@ class LoadRun:
 
     def _sample(self, now: float, upstream_pid: int, last: bool) -> None:
         if not self.snapshots or last:
-            self.snapshots.append({"t": now, "app_cpu": self.app.cpu_s(), "machine": machine_cpu_s(),
+            self.snapshots.append({"t": now, "app_cpu": self.app.cpu_s(), "app_sys": self.app.sys_cpu_s(),
+                                   "machine": machine_cpu_s(),
                                    "ours": time.process_time() + process_cpu_s(upstream_pid),
                                    "tokens": self.window_tokens})
             if last:
@@ -269,6 +275,7 @@ def _level(app: ServedApp, upstream: Server, c: int, sessions: int, idle: Dict[s
         "sessions": sessions, "complete": complete, "window_s": wall, "window_tokens": b["tokens"] - a["tokens"],
         "cpu_per_token_us": (b["app_cpu"] - a["app_cpu"]) / max(1, b["tokens"] - a["tokens"]) * 1e6,
         "cpu_cores": (b["app_cpu"] - a["app_cpu"]) / wall,
+        "sys_share": (b["app_sys"] - a["app_sys"]) / max(1e-9, b["app_cpu"] - a["app_cpu"]),
         "ttft_n": len(ttft), "ttft_p50_ms": percentile(ttft, 50) * 1e3 if ttft else None,
         "ttft_p99_ms": percentile(ttft, 99) * 1e3 if ttft else None,
         "lateness_n": len(load.lateness),
