@@ -31,7 +31,7 @@ class CancelToken(threading.Event):
     def __init__(self) -> None:
         # Event.__init__ is these two lines with Condition(Lock()), whose __init__ raises and catches an
         # AttributeError for each of three methods a plain Lock lacks (tracebacks and all; a served session
-        # makes three tokens).  An RLock has them: the same Event, without the exceptions.  tests/test_cancel.py
+        # makes three tokens).  An RLock has them: the same Event, without the exceptions.  tests/test_public_api.py
         # checks that Event.__init__ still sets only these two.
         self._cond = threading.Condition(threading.RLock())
         self._flag = False
