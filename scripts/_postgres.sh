@@ -10,6 +10,8 @@
 #   leaves it unset (the Postgres tests then skip, or fail under CI=true).
 # The caller must not `exec` after sourcing this: the EXIT trap stops the server.
 
+source "$(dirname "${BASH_SOURCE[0]}")/_apt.sh"
+
 _pg_note() { echo "scripts/_postgres.sh: $*" >&2; }
 
 _pg_bindir() {
@@ -19,13 +21,7 @@ _pg_bindir() {
 }
 
 _pg_install() {
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    _pg_note "PostgreSQL is not installed and cannot be installed here (needs root and apt-get); install 'postgresql' or set STREAMENGINE_TEST_PG_DSN"
-    return 1
-  fi
-  _pg_note "installing Debian's postgresql package"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
-    || { _pg_note "apt-get install postgresql failed"; return 1; }
+  _apt_install postgresql _pg_note "install 'postgresql' or set STREAMENGINE_TEST_PG_DSN"
 }
 
 _pg_as_owner() {

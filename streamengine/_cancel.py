@@ -16,6 +16,10 @@ from ._logs import component_logger
 Callback = Callable[[], None]
 
 _log = component_logger("streamengine.cancel")
+
+
+def no_callback() -> None:
+    """The callback (and remover) that does nothing: one function, not a fresh lambda each time."""
 _WATCH_POLL_S = 0.02
 
 
@@ -45,7 +49,7 @@ class CancelToken(threading.Event):
                 self._callbacks.append(callback)
                 return lambda: self._remove(callback)
         _run_safely(callback)
-        return lambda: None
+        return no_callback
 
     def _remove(self, callback: Callback) -> None:
         with self._callbacks_lock:
@@ -101,12 +105,12 @@ def on_cancel(event: Optional[threading.Event], callback: Callback) -> Callback:
     watcher never outlives the call that started it by more than one poll.
     """
     if event is None:
-        return lambda: None
+        return no_callback
     if isinstance(event, CancelToken):
         return event.add_callback(callback)
     if event.is_set():
         _run_safely(callback)
-        return lambda: None
+        return no_callback
     finished = threading.Event()
 
     def watch() -> None:

@@ -23,6 +23,7 @@ import uuid
 from typing import Any, Callable, Deque, Generator, Optional, Sequence, Tuple
 
 from .. import _validation as validation
+from .._cancel import no_callback
 from .._clients.base import Wait
 from .._messages import ToolResult
 
@@ -53,7 +54,8 @@ class FilingTicket:
     def __init__(self, on_problem: Callable[[str], None]) -> None:
         self.done = threading.Event()
         self.problem: Optional[str] = None
-        self.wake: Callable[[], None] = _nothing  # ends the wait of the round that waits for it (any thread)
+        # ends the wait of the round that waits for it (any thread); a ticket nobody waits for wakes nobody
+        self.wake: Callable[[], None] = no_callback
         self._on_problem = on_problem
         self._claimed = False
         self._lock = threading.Lock()
@@ -203,7 +205,3 @@ def wait_filed(tickets: Sequence[FilingTicket], timeout: float,
         if not ticket.done.is_set():
             ticket.late(f"filing tool results in the RAG store took longer than {timeout:g}s; "
                         f"the next round may not find them")
-
-
-def _nothing() -> None:
-    """A ticket nobody waits for wakes nobody."""

@@ -38,7 +38,7 @@ from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Si
 
 from .._calls import deadlines
 from .._calls.deadlines import held, watched_here
-from .._cancel import CancelToken
+from .._cancel import CancelToken, no_callback
 from .._clients.base import Wait
 from .events import Event, HeartbeatEvent
 
@@ -53,10 +53,6 @@ _READY_SLICE_S = 0.25
 
 def _never() -> float:
     return _NEVER
-
-
-def _nothing() -> None:
-    pass
 
 
 def _discard(_event: Event) -> None:
@@ -78,7 +74,7 @@ class RunLoop:
         self._beat_s = _NEVER if heartbeat_s is None else heartbeat_s
         self.outbox: Deque[Event] = collections.deque()
         self.tools_due: Callable[[], float] = _never
-        self.on_tools_due: Callable[[], None] = _nothing
+        self.on_tools_due: Callable[[], None] = no_callback
         self.tools_pending: Sized = ()  # tool deadlines are asked for only while this is non-empty
         self.handed: List[Event] = []  # the last batch handed to the consumer
         self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
@@ -123,9 +119,9 @@ class RunLoop:
         in a garbage collection's cycle search (a served session's largest cycles).
         """
         self._unwatch()
-        self._unwatch = _nothing
+        self._unwatch = no_callback
         self.emit = _discard
-        self.tools_due, self.on_tools_due, self.tools_pending = _never, _nothing, ()
+        self.tools_due, self.on_tools_due, self.tools_pending = _never, no_callback, ()
         with self._lock:
             if self._closed:
                 return

@@ -58,6 +58,13 @@ def end_mcp_client_span(span: Any, error: Optional[BaseException]) -> None:
     span.end()
 
 
+def _api_own(provider: Any, api_module: str) -> bool:
+    """Whether ``provider`` is one of the API's own, which record nothing: its no-op one, or the proxy a
+    ``get_*_provider()`` returns until an SDK's is set (``ProxyTracerProvider``, ``_ProxyMeterProvider``:
+    names that have changed before), told by the module they are defined in."""
+    return type(provider).__module__.startswith(api_module)
+
+
 def _wall_ns(monotonic_s: float) -> int:
     """A ``time.monotonic()`` reading as epoch nanoseconds (what span timestamps are)."""
     return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
@@ -79,28 +86,21 @@ class Instrumentation:
     def live(self, parent: Any) -> bool:
         """Whether a run's trace would reach anything; a run without one builds no spans (220k instructions).
 
-        Yes for a provider given, an SDK's set globally (by now: the API's
-        proxy forwards to one set later), live metrics, or a caller's span in
-        ``parent`` whose context the run's spans would pass on; no for the
-        API alone, whose spans record nothing.
+        Yes for a tracer provider given or an SDK's set globally (by now: the
+        API's proxy forwards to one set later), live metrics, or a caller's
+        span in ``parent`` whose context the run's spans would pass on; no for
+        the API alone, whose spans record nothing.
         """
-        if self._tracer_given or self._meter_given:
-            return True
-        if not type(trace.get_tracer_provider()).__module__.startswith("opentelemetry.trace"):
+        if self._tracer_given or not _api_own(trace.get_tracer_provider(), "opentelemetry.trace"):
             return True
         return self.metrics_live() or trace.get_current_span(parent).get_span_context().is_valid
 
     def metrics_live(self) -> bool:
-        """Whether recorded measurements go anywhere: a meter provider given, or an SDK's set globally.
-
-        The API's own providers record nothing: its no-op one, and the proxy that
-        ``get_meter_provider()`` returns until an SDK's is set (``_ProxyMeterProvider``,
-        a name that has changed before): told by the module they are defined in.
-        """
+        """Whether recorded measurements go anywhere: a meter provider given, or an SDK's set globally."""
         if self._meter_given:
             return True
         from opentelemetry import metrics
-        return not type(metrics.get_meter_provider()).__module__.startswith("opentelemetry.metrics")
+        return not _api_own(metrics.get_meter_provider(), "opentelemetry.metrics")
 
     @staticmethod
     def current_context() -> Any:
