@@ -53,7 +53,7 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
            f"at once; each {t['tokens']} tokens at {t['rate']:.0f} tokens/s, one frame per read; figures from the "
            f"steady window only (after the ramp, before the drain); relay = requests -> WSGI generator, no engine",
            f"   {'server / app':<18}{'C':>5}{'open':>6}{'done':>10}{'CPU us/tok':>11}{'x relay':>8}{'cores':>7}"
-           f"{'sys':>5}{'TTFT p50':>9}{'p99 ms (n)':>15}{'late p99':>9}{'thr/sess':>9}{'KB/sess':>8}{'other':>7}"]
+           f"{'sys':>5}{'gc':>5}{'TTFT p50':>9}{'p99 ms (n)':>15}{'late p99':>9}{'thr/sess':>9}{'KB/sess':>8}{'other':>7}"]
     ratios: Dict[str, List[float]] = {}
     busy = 0.0
     for name, row in t["rows"].items():
@@ -69,11 +69,13 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
             vs_relay = f"{x:.2f}" if x else "-"
             out.append(f"   {server + ' ' + kind:<18}{c:>5}{lv['open_mean']:>6.0f}{done:>10}"
                        f"{lv['cpu_per_token_us']:>11.0f}{vs_relay:>8}{lv['cpu_cores']:>7.2f}"
-                       f"{_share(lv.get('sys_share')):>5}{_ms(lv['ttft_p50_ms']):>9}{p99:>15}{_ms(lv['lateness_p99_ms']):>9}"
+                       f"{_share(lv.get('sys_share')):>5}{_share(lv.get('gc_share')):>5}"
+                       f"{_ms(lv['ttft_p50_ms']):>9}{p99:>15}{_ms(lv['lateness_p99_ms']):>9}"
                        f"{lv['threads_per_session']:>9.2f}{lv['rss_per_session'] / 1e3:>8.0f}{lv['other_cores']:>7.2f}")
     out.append(f"   * fewer than {MIN_P99_SAMPLES:,} sessions: that p99 is near the maximum, not a 1-in-100 figure. "
                "open = sessions open on average (above C: the server fell behind and sessions piled up); "
                "late = token read by the client - written by the upstream; sys = the kernel's share of the app's CPU; "
+               "gc = the garbage collector's share (gc.callbacks in the app); "
                "other = cores other processes used")
     lag = max((lv.get("upstream_lag_p99_ms") or 0) for row in t["rows"].values() for lv in row["levels"].values())
     if lag > 5:

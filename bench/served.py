@@ -94,6 +94,11 @@ class ServedApp:
         """The kernel's share of :meth:`cpu_s` (system calls, the TCP stack, scheduling)."""
         return sum(process_cpu_split(pid)[1] for pid in self.pids())
 
+    def gc_cpu_s(self) -> float:
+        """CPU the app's garbage collector has taken so far (bench/served_app.py's ``/_gc``)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_gc", timeout=10) as resp:
+            return float(json.loads(resp.read())["cpu_s"])
+
     def status(self) -> Dict[str, int]:
         total = {"threads": 0, "rss": 0}
         for pid in self.pids():
@@ -219,6 +224,7 @@ class LoadRun:
     def _sample(self, now: float, upstream_pid: int, last: bool) -> None:
         if not self.snapshots or last:
             self.snapshots.append({"t": now, "app_cpu": self.app.cpu_s(), "app_sys": self.app.sys_cpu_s(),
+                                   "app_gc": self.app.gc_cpu_s(),
                                    "machine": machine_cpu_s(),
                                    "ours": time.process_time() + process_cpu_s(upstream_pid),
                                    "tokens": self.window_tokens})
@@ -276,6 +282,7 @@ def _level(app: ServedApp, upstream: Server, c: int, sessions: int, idle: Dict[s
         "cpu_per_token_us": (b["app_cpu"] - a["app_cpu"]) / max(1, b["tokens"] - a["tokens"]) * 1e6,
         "cpu_cores": (b["app_cpu"] - a["app_cpu"]) / wall,
         "sys_share": (b["app_sys"] - a["app_sys"]) / max(1e-9, b["app_cpu"] - a["app_cpu"]),
+        "gc_share": (b["app_gc"] - a["app_gc"]) / max(1e-9, b["app_cpu"] - a["app_cpu"]),
         "ttft_n": len(ttft), "ttft_p50_ms": percentile(ttft, 50) * 1e3 if ttft else None,
         "ttft_p99_ms": percentile(ttft, 99) * 1e3 if ttft else None,
         "lateness_n": len(load.lateness),

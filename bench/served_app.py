@@ -16,10 +16,12 @@ and serves until stdin closes.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 _local = threading.local()
@@ -92,6 +94,38 @@ def make_engine_app(upstream: str, model: str) -> Any:
     return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS)
 
 
+class CollectorClock:
+    """CPU the garbage collector took in this process (``gc.callbacks``): section 7's ``gc`` column.
+
+    A collection runs in the thread whose allocation set it off, holding the
+    GIL from start to stop, so that thread's CPU clock times it.
+    """
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: Any) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.cpu_s += time.thread_time() - self._started
+
+
+def _with_collector_route(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """``GET /_gc`` answers the collector's CPU so far; everything else goes to ``app`` (one call a request)."""
+    clock = CollectorClock()
+    gc.callbacks.append(clock)
+
+    def routed(environ: Any, start_response: Any) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/_gc":
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps({"cpu_s": clock.cpu_s}).encode()]
+        return app(environ, start_response)
+
+    return routed
+
+
 def _make() -> Any:
     import logging
 
@@ -101,7 +135,7 @@ def _make() -> Any:
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     upstream, model = os.environ["BENCH_UPSTREAM"], os.environ["BENCH_MODEL"]
     kind = os.environ.get("BENCH_APP", "engine")
-    return make_relay(upstream, model) if kind == "relay" else make_engine_app(upstream, model)
+    return _with_collector_route(make_relay(upstream, model) if kind == "relay" else make_engine_app(upstream, model))
 
 
 app = _make() if "BENCH_UPSTREAM" in os.environ else None
