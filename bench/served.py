@@ -33,7 +33,9 @@ import os
 import selectors
 import socket
 import subprocess
+import struct
 import sys
+import tempfile
 import time
 import urllib.request
 from typing import Any, Dict, List, Optional
@@ -54,7 +56,11 @@ class ServedApp:
 
     def __init__(self, server: str, kind: str, upstream: str, model: str, threads: int) -> None:
         self.server = server
+        self._gc_file = tempfile.NamedTemporaryFile(prefix=f"bench-gc-{kind}-", delete=False)
+        self._gc_file.write(b"\0" * 8)
+        self._gc_file.close()
         env = dict(os.environ, BENCH_UPSTREAM=upstream, BENCH_MODEL=model, BENCH_APP=kind,
+                   BENCH_GC_FILE=self._gc_file.name,
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if server == "waitress":
             self.proc = subprocess.Popen([sys.executable, "-m", "bench.served_app", str(threads)],
@@ -95,9 +101,9 @@ class ServedApp:
         return sum(process_cpu_split(pid)[1] for pid in self.pids())
 
     def gc_cpu_s(self) -> float:
-        """CPU the app's garbage collector has taken so far (bench/served_app.py's ``/_gc``)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_gc", timeout=10) as resp:
-            return float(json.loads(resp.read())["cpu_s"])
+        """CPU the app's garbage collector has taken so far (bench/served_app.py's ``CollectorClock``)."""
+        with open(self._gc_file.name, "rb") as f:
+            return struct.unpack("d", f.read(8))[0]
 
     def status(self) -> Dict[str, int]:
         total = {"threads": 0, "rss": 0}
@@ -119,6 +125,7 @@ class ServedApp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        os.unlink(self._gc_file.name)
 
 
 def _free_port() -> int:
