@@ -33,15 +33,14 @@ import os
 import selectors
 import socket
 import subprocess
-import struct
 import sys
-import tempfile
 import time
 import urllib.request
 from typing import Any, Dict, List, Optional
 
 from .common import (ROOT, Server, child_pids, machine_cpu_s, percentile, pid_status, process_cpu_s,
                      process_cpu_split)
+from .served_app import CollectorClock
 
 TOKENS = 60
 RATE = 30.0  # tokens per second per session: a chat model as a user reads it
@@ -56,11 +55,20 @@ class ServedApp:
 
     def __init__(self, server: str, kind: str, upstream: str, model: str, threads: int) -> None:
         self.server = server
-        self._gc_file = tempfile.NamedTemporaryFile(prefix=f"bench-gc-{kind}-", delete=False)
-        self._gc_file.write(b"\0" * 8)
-        self._gc_file.close()
+        self._gc_file = CollectorClock.new_file(f"bench-gc-{kind}-")
+        try:
+            self._start(server, kind, upstream, model, threads)
+        except BaseException:  # an app that did not come up is not left running
+            proc = getattr(self, "proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.unlink(self._gc_file)
+            raise
+
+    def _start(self, server: str, kind: str, upstream: str, model: str, threads: int) -> None:
         env = dict(os.environ, BENCH_UPSTREAM=upstream, BENCH_MODEL=model, BENCH_APP=kind,
-                   BENCH_GC_FILE=self._gc_file.name,
+                   BENCH_GC_FILE=self._gc_file,
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if server == "waitress":
             self.proc = subprocess.Popen([sys.executable, "-m", "bench.served_app", str(threads)],
@@ -102,8 +110,7 @@ class ServedApp:
 
     def gc_cpu_s(self) -> float:
         """CPU the app's garbage collector has taken so far (bench/served_app.py's ``CollectorClock``)."""
-        with open(self._gc_file.name, "rb") as f:
-            return struct.unpack("d", f.read(8))[0]
+        return CollectorClock.read(self._gc_file)
 
     def status(self) -> Dict[str, int]:
         total = {"threads": 0, "rss": 0}
@@ -125,7 +132,7 @@ class ServedApp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        os.unlink(self._gc_file.name)
+        os.unlink(self._gc_file)
 
 
 def _free_port() -> int:

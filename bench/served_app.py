@@ -4,7 +4,8 @@ Configured from the environment, so gunicorn can load it as ``bench.served_app:a
 
 * ``BENCH_UPSTREAM``: the upstream's base URL (bench/upstream.py), ``BENCH_MODEL``: what it streams;
 * ``BENCH_APP``: ``engine`` (``make_wsgi_app`` over ``StreamingEngine``, as ``streamengine serve``
-  runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine).
+  runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine);
+* ``BENCH_GC_FILE`` (optional): where :class:`CollectorClock` keeps the collector's CPU for the bench.
 
 The relay is the least a served stream can cost in this stack: one requests
 session per server thread, one read per upstream chunk, ``scan_once`` per
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import struct
 import sys
@@ -101,13 +103,15 @@ class CollectorClock:
     A collection runs in the thread whose allocation set it off, holding the
     GIL from start to stop, so that thread's CPU clock times it.  The total is
     kept in an 8-byte memory-mapped file (``BENCH_GC_FILE``) that the bench
-    reads: no request to a server whose threads may all be busy.
+    reads with :meth:`read`: no request to a server whose threads may all be
+    busy.  One worker process per file (section 7 runs gunicorn with one).
     """
 
+    _LAYOUT = struct.Struct("d")
+
     def __init__(self, path: str) -> None:
-        import mmap
         with open(path, "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), 8)
+            self._map = mmap.mmap(f.fileno(), self._LAYOUT.size)
         self.cpu_s = 0.0
         self._started = 0.0
 
@@ -116,7 +120,20 @@ class CollectorClock:
             self._started = time.thread_time()
         else:
             self.cpu_s += time.thread_time() - self._started
-            struct.pack_into("d", self._map, 0, self.cpu_s)
+            self._LAYOUT.pack_into(self._map, 0, self.cpu_s)
+
+    @classmethod
+    def new_file(cls, prefix: str) -> str:
+        """A file for one app's clock, reading 0 s until the app writes it (the caller removes it)."""
+        import tempfile
+        with tempfile.NamedTemporaryFile(prefix=prefix, delete=False) as f:
+            f.write(cls._LAYOUT.pack(0.0))
+        return f.name
+
+    @classmethod
+    def read(cls, path: str) -> float:
+        with open(path, "rb") as f:
+            return cls._LAYOUT.unpack(f.read(cls._LAYOUT.size))[0]
 
 
 def _make() -> Any:
