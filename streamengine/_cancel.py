@@ -9,6 +9,7 @@ bridges with a short-lived watcher thread that ends when the caller is done.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, List, Optional
 
 from ._logs import component_logger
@@ -31,6 +32,9 @@ class CancelToken(threading.Event):
     """
 
     cancelled = False
+    #: When ``set()`` first ran (monotonic), None before: kept here, not by a callback of the owner's
+    #: (a callback that is a bound method makes the owner and its token a cycle for the collector).
+    set_at: Optional[float] = None
 
     def __init__(self) -> None:
         # Event.__init__ is these two lines with Condition(Lock()), whose __init__ raises and catches an
@@ -62,6 +66,7 @@ class CancelToken(threading.Event):
                 return
             super().set()
             self.cancelled = True
+            self.set_at = time.monotonic()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _run_safely(callback)

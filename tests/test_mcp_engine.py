@@ -207,3 +207,18 @@ def test_an_mcp_call_is_a_client_span_under_its_tool_span_and_carries_traceparen
     trace_id = format(client_span.context.trace_id, "032x")
     span_id = format(client_span.context.span_id, "016x")
     assert meta["traceparent"].startswith(f"00-{trace_id}-{span_id}-")  # the flags: sampled (and random id)
+
+
+def test_a_run_with_an_mcp_call_leaves_nothing_for_the_garbage_collector():
+    """A call handed over (MCP, process pool, Dask) dies with its run: a done future keeps its callbacks,
+    and the handle's give-up hook held the future back, a cycle only the collector freed."""
+    from test_engine_onethread import left_for_the_collector
+
+    with McpServer.stdio("mcp-server-time", "--local-timezone", "UTC") as clock, FakeProvider() as fp:
+        for _ in range(2):  # a warm run, then the one looked at
+            fp.add_turn(s.text(block("get_current_time", {"timezone": "Europe/Paris"})))
+            fp.add_turn(s.text("It is evening in Paris."))
+        with engine_for(fp, clock.tools()) as engine:
+            assert isinstance(list(engine.run(Q))[-1], DoneEvent)
+            ours = left_for_the_collector(lambda: list(engine.run(Q)))
+    assert ours == []

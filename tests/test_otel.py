@@ -322,3 +322,17 @@ def test_a_run_builds_a_trace_only_when_something_would_record_or_pass_it_on():
     )
     assert first_lines_of_python(probe, 4) == ["hello [] 0", "hello [True] 1", "hello [True, False] 2",
                                                "['chat m', 'invoke_agent streamengine']"]
+
+
+def test_a_traced_run_leaves_nothing_for_the_garbage_collector(otel):
+    """A run's trace and its chats' spans die with the run: a chat that held its run made the two a cycle."""
+    from test_engine_onethread import left_for_the_collector
+
+    with FakeProvider() as fp:
+        _two_rounds(fp)
+        with otel.engine(fp, [weather, clock]) as engine:
+            list(engine.run([{"role": "user", "content": "warm up"}]))  # imports and pools leave what they leave once
+            _two_rounds(fp)
+            ours = left_for_the_collector(lambda: list(engine.run([{"role": "user", "content": "weather and time?"}])))
+    assert ours == []
+    assert [span.name for span in otel.named("invoke_agent")] == ["invoke_agent streamengine"] * 2

@@ -132,6 +132,17 @@ class RoundRunner:
             self.state.telemetry.filing_errors += 1
         self.state.emit(ErrorEvent(problem, fatal=False))
 
+    def release(self) -> None:
+        """The run is over: let go of the dispatcher, whose callbacks point back here.
+
+        Without this the runner and its dispatcher hold each other, and a finished
+        run's objects (its state, loop, events, telemetry) wait for a garbage
+        collection instead of dying with their last reference.  A tool given up on
+        that returns later still reaches ``_on_tool_result``, which tells nothing:
+        its result was fixed already.
+        """
+        del self.dispatcher
+
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> Steps:
         """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``.

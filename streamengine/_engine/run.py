@@ -298,6 +298,7 @@ class StreamingEngine:
                 _finish_cancelled(steps, self.config.completion_timeout)
             stop_watch()
             loop.close()
+            runner.release()
             if state.trace is not None:
                 last = loop.handed
                 done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None

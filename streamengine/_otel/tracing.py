@@ -139,7 +139,6 @@ class RunTrace:
         self._tools: Dict[str, Any] = {}
         self._chats: list = []
         self._lock = threading.Lock()  # tool spans are opened and closed from tool workers
-        self._provider: Optional[str] = None
         self._ended = False
         self._stream_open: Optional[float] = None  # when the current chat's stream started (for time behind)
         if self.recording:
@@ -233,16 +232,18 @@ class RunTrace:
             leftovers = list(self._tools.values())
             self._tools.clear()
             chats = [chat for chat in self._chats if chat.open]
+            answered = [chat.attributes[c.PROVIDER] for chat in self._chats if chat.answered]
+        provider = answered[-1] if answered else None
         for chat in chats:
             chat.abandoned(stop_reason or "cancelled")
         for span in leftovers:
             span.end()
         attributes: Dict[str, Any] = {c.OPERATION: "invoke_agent", c.AGENT_NAME: self.owner.agent_name}
-        if self._provider:
-            attributes[c.PROVIDER] = self._provider
+        if provider:
+            attributes[c.PROVIDER] = provider
         if self.recording:
-            if self._provider:
-                self.span.set_attribute(c.PROVIDER, self._provider)
+            if provider:
+                self.span.set_attribute(c.PROVIDER, provider)
             if stop_reason:
                 self.span.set_attribute("streamengine.stop_reason", stop_reason)
             if self.owner.capture.on_span and result is not None:
@@ -279,18 +280,21 @@ class ChatTrace:
 
     def __init__(self, run: RunTrace, model: str, provider: str, base_url: Optional[str], options: Any,
                  stream: bool, messages: Sequence[Any]) -> None:
-        self.run = run
+        # The run's instrumentation, not the run: the run holds its chats, and a chat that held the run
+        # back would make the two a cycle, left to the garbage collector after every run.
+        self.owner = run.owner
+        self.answered = False  # the provider answered: the run's span names it
         self.started = time.monotonic()
         self.ended_at: Optional[float] = None
         self.first_chunk_at: Optional[float] = None
         self.open = True
         self.attributes: Dict[str, Any] = {c.OPERATION: "chat", c.PROVIDER: provider, c.REQUEST_MODEL: model,
                                            **c.server_of(base_url)}
-        self.span = run.owner.tracer.start_span(f"chat {model}", context=run.context, kind=SpanKind.CLIENT)
+        self.span = self.owner.tracer.start_span(f"chat {model}", context=run.context, kind=SpanKind.CLIENT)
         if self.span.is_recording():
             self.span.set_attributes({**self.attributes, c.REQUEST_STREAM: stream,
                                       **c.request_attributes(options)})
-            if run.owner.capture.on_span and messages:
+            if self.owner.capture.on_span and messages:
                 self.span.set_attribute(c.INPUT_MESSAGES, c.input_messages(messages))
 
     def first_chunk(self) -> None:
@@ -302,10 +306,10 @@ class ChatTrace:
         if self.span.is_recording():
             self.span.set_attribute(c.RESPONSE_TIME_TO_FIRST_CHUNK, ttfc)
             self.span.add_event(c.FIRST_CHUNK_EVENT, {c.RESPONSE_TIME_TO_FIRST_CHUNK: ttfc})
-        self.run.owner.instruments.time_to_first_chunk.record(ttfc, self.attributes)
+        self.owner.instruments.time_to_first_chunk.record(ttfc, self.attributes)
 
     def succeeded(self, response: Any) -> None:
-        self.run._provider = self.attributes[c.PROVIDER]
+        self.answered = True
         metric = dict(self.attributes)
         if response.model:
             metric[c.RESPONSE_MODEL] = response.model
@@ -334,7 +338,7 @@ class ChatTrace:
         self._end(dict(self.attributes))
 
     def _capture_output(self, response: Any) -> None:
-        capture = self.run.owner.capture
+        capture = self.owner.capture
         if not capture.any:
             return
         output = c.output_messages(response.content, response.tool_calls, response.finish_reason)
@@ -346,7 +350,7 @@ class ChatTrace:
     def _record_usage(self, usage: Any, attributes: Dict[str, Any]) -> None:
         if usage is None:
             return
-        histogram = self.run.owner.instruments.token_usage
+        histogram = self.owner.instruments.token_usage
         histogram.record(usage.prompt_tokens, {**attributes, c.TOKEN_TYPE: "input"})
         histogram.record(usage.completion_tokens, {**attributes, c.TOKEN_TYPE: "output"})
 
@@ -356,5 +360,5 @@ class ChatTrace:
         self.open = False
         self.ended_at = time.monotonic()
         self.span.end()
-        self.run.owner.instruments.operation_duration.record(self.ended_at - self.started, metric)
+        self.owner.instruments.operation_duration.record(self.ended_at - self.started, metric)
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .._cancel import CancelToken, on_cancel
+from .._cancel import CancelToken, no_callback, on_cancel
 from .._messages import ToolCall, ToolResult
 from ._tool import Tool
 
@@ -50,10 +50,6 @@ class ToolHandle:
         self.started_at: Optional[float] = None  # monotonic: the function was entered (or handed over)
         self.queue_wait_s = 0.0
         self.cancel_event = CancelToken()
-        # When the cancel flag went up (monotonic): a running tool that has not
-        # returned a grace period later is ignoring it, and its slot is stuck.
-        self.cancelled_at: Optional[float] = None
-        self.cancel_event.add_callback(self._note_cancel)
         self.busy_reason = "all workers were in use"
         self._on_start = on_start
         self._log = log
@@ -64,7 +60,7 @@ class ToolHandle:
         # Notified when the call starts and when its result is fixed: a waiter
         # that slept towards the queue limit wakes to wait for the real deadline.
         self._changed = threading.Condition(self._lock)
-        self._unlink: Callable[[], None] = lambda: None
+        self._unlink: Callable[[], None] = no_callback
         self._external: Optional[threading.Event] = None  # the caller's cancel event
         self._callbacks: List[Callable[["ToolHandle"], None]] = []
 
@@ -81,6 +77,15 @@ class ToolHandle:
     def state(self) -> str:
         """``pending``, ``running``, ``finished`` or ``cancelled`` (what the function did)."""
         return self._state
+
+    @property
+    def cancelled_at(self) -> Optional[float]:
+        """When the cancel flag went up (monotonic; None: not yet).
+
+        A running tool that has not returned a grace period later is ignoring
+        it, and its slot is stuck.
+        """
+        return self.cancel_event.set_at
 
     @property
     def deadline(self) -> float:
@@ -170,9 +175,12 @@ class ToolHandle:
                 return
         stop()
 
-    def on_abandon(self, hook: Callable[[], Any]) -> None:
-        """``hook()`` runs when the call is given up (deadline, cancel): e.g. a remote ``Future.cancel``."""
-        self.cancel_event.add_callback(hook)
+    def on_abandon(self, hook: Callable[[], Any]) -> Callable[[], None]:
+        """``hook()`` runs when the call is given up (deadline, cancel): e.g. a remote ``Future.cancel``.
+
+        Returns its remover, for when there is nothing left to give up.
+        """
+        return self.cancel_event.add_callback(hook)
 
     def set_running_or_notify_cancel(self) -> bool:
         """PENDING -> RUNNING and fire ``on_start``; False (and a settled result) if it must not start."""
@@ -181,6 +189,7 @@ class ToolHandle:
         with self._lock:
             if self._state != PENDING or self._result is not None:
                 return False
+            on_start = self._on_start  # taken with the state: a result fixed from now on drops it
             if not cancelled and now < self.queue_limit:
                 self._state = RUNNING
                 self.started_at = now
@@ -191,8 +200,8 @@ class ToolHandle:
         if self._state == CANCELLED:  # a plain Event's watcher may not have fired yet: never start a cancelled call
             self._settle(self._cancelled_result() if cancelled else self._busy_result(now))
             return False
-        if self._on_start is not None:
-            self._safely(self._on_start, "on_start hook")
+        if on_start is not None:
+            self._safely(on_start, "on_start hook")
         return True
 
     def set_result(self, result: ToolResult) -> None:
@@ -291,9 +300,6 @@ class ToolHandle:
     def _cancelled_result(self) -> ToolResult:
         return ToolResult.error_result(self.call, f"tool '{self.call.name}' cancelled before it started")
 
-    def _note_cancel(self) -> None:
-        self.cancelled_at = time.monotonic()
-
     def _settle(self, result: ToolResult) -> bool:
         with self._lock:
             if self._result is not None:
@@ -301,7 +307,10 @@ class ToolHandle:
             self._result = result
             self._done.set()
             self._changed.notify_all()
+            # What points back here goes with the result: the caller's cancel (its remover holds
+            # our ``cancel``) and ``on_start`` (the dispatcher's, which holds this handle).
             unlink, callbacks, self._callbacks = self._unlink, self._callbacks, []
+            self._unlink, self._on_start = no_callback, None
         unlink()
         for fn in callbacks:
             self._run_callback(fn)
