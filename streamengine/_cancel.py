@@ -64,9 +64,9 @@ class CancelToken(threading.Event):
         with self._callbacks_lock:
             if self.is_set():
                 return
+            self.set_at = time.monotonic()  # first: whoever sees the flag up also sees when it went up
             super().set()
             self.cancelled = True
-            self.set_at = time.monotonic()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _run_safely(callback)
