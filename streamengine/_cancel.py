@@ -51,7 +51,7 @@ class CancelToken(threading.Event):
         with self._callbacks_lock:
             if not self.is_set():
                 self._callbacks.append(callback)
-                return lambda: self._remove(callback)
+                return _Remover(self, callback)
         _run_safely(callback)
         return no_callback
 
@@ -75,6 +75,27 @@ class CancelToken(threading.Event):
         with self._callbacks_lock:
             super().clear()
             self.cancelled = False
+
+
+class _Remover:
+    """``add_callback``'s remover: takes the callback off once, then holds neither it nor the token.
+
+    Whoever keeps a remover often is what the callback points back to (a tool
+    handle and its ``cancel``): a remover that held on after use would make
+    the two a cycle that only the garbage collector frees.
+    """
+
+    __slots__ = ("_token", "_callback")
+
+    def __init__(self, token: CancelToken, callback: Callback) -> None:
+        self._token: Optional[CancelToken] = token
+        self._callback: Optional[Callback] = callback
+
+    def __call__(self) -> None:
+        token, callback = self._token, self._callback
+        if token is not None and callback is not None:
+            self._token = self._callback = None
+            token._remove(callback)
 
 
 def _run_safely(callback: Callback) -> None:

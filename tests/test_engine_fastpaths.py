@@ -214,8 +214,7 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
 
 def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_gc():
     """No reference cycle through the response: a server that forgets close() still frees the run now."""
-    import gc
-
+    from gc_support import collector_off
     from streamengine.web import SseResponse
 
     ended = []
@@ -228,16 +227,11 @@ def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_g
             finally:
                 ended.append(True)
 
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_off():
         response = SseResponse(Engine(), [], heartbeat_s=None)
         assert next(iter(response)) == OK_FRAME and next(response).startswith(b'data: "tok"')
         del response
         assert ended == [True]
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _every_chunk_general(monkeypatch):

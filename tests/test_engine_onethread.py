@@ -7,14 +7,12 @@ that ``read_ahead=True`` keeps a slow consumer from holding tools back.
 """
 from __future__ import annotations
 
-import gc
 import json
 import socket
 import ssl
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, List
 
 import pytest
 
@@ -26,6 +24,7 @@ from streamengine.tools import ToolContext, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
+from gc_support import left_for_the_collector
 from test_engine import block, make_engine  # the same engine and block helpers as the engine's own tests
 
 MESSAGES = [{"role": "user", "content": "question"}]
@@ -288,21 +287,3 @@ def test_a_finished_run_leaves_nothing_for_the_garbage_collector(read_ahead):
             ours = left_for_the_collector(lambda: list(engine.run(MESSAGES, read_ahead=read_ahead)))
     assert ours == []
 
-
-def left_for_the_collector(run: Callable[[], List[Any]]) -> List[str]:
-    """The streamengine objects ``run`` leaves in reference cycles (their type names), the collector off meanwhile."""
-    enabled = gc.isenabled()
-    gc.disable()
-    gc.collect()
-    try:
-        events = run()
-        assert isinstance(events[-1], DoneEvent), events[-1]
-        del events
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        return [type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("streamengine")]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if enabled:
-            gc.enable()

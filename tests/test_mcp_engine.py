@@ -212,7 +212,7 @@ def test_an_mcp_call_is_a_client_span_under_its_tool_span_and_carries_traceparen
 def test_a_run_with_an_mcp_call_leaves_nothing_for_the_garbage_collector():
     """A call handed over (MCP, process pool, Dask) dies with its run: a done future keeps its callbacks,
     and the handle's give-up hook held the future back, a cycle only the collector freed."""
-    from test_engine_onethread import left_for_the_collector
+    from gc_support import left_for_the_collector
 
     with McpServer.stdio("mcp-server-time", "--local-timezone", "UTC") as clock, FakeProvider() as fp:
         for _ in range(2):  # a warm run, then the one looked at

@@ -326,7 +326,7 @@ def test_a_run_builds_a_trace_only_when_something_would_record_or_pass_it_on():
 
 def test_a_traced_run_leaves_nothing_for_the_garbage_collector(otel):
     """A run's trace and its chats' spans die with the run: a chat that held its run made the two a cycle."""
-    from test_engine_onethread import left_for_the_collector
+    from gc_support import left_for_the_collector
 
     with FakeProvider() as fp:
         _two_rounds(fp)

@@ -788,8 +788,9 @@ class Unused:
 def test_a_finished_stream_is_freed_by_reference_counting_alone(fp):
     """A closed response holds nothing that refers back to it: it dies with its last reference, not in a
     garbage collection's cycle search (one of a served session's cycles, timed in scripts/bench section 14)."""
-    import gc
     import weakref
+
+    from gc_support import collector_off
 
     fp.add_turn(s.text("hello"))
     with make_engine(fp) as engine:
@@ -797,13 +798,10 @@ def test_a_finished_stream_is_freed_by_reference_counting_alone(fp):
         got: dict = {}
         body = app(environ_for("POST", "/v1/chat/stream", json.dumps({"messages": [{"role": "user", "content": "q"}]})
                                .encode()), lambda status, headers, exc_info=None: got.update(status=status))
-        gc.disable()
-        try:
+        with collector_off():
             data = b"".join(body)
             body.close()
             freed = weakref.ref(body)
             del body
             assert freed() is None
-        finally:
-            gc.enable()
     assert got["status"].startswith("200") and b'data: "hello"' in data

@@ -232,8 +232,7 @@ class RunTrace:
             leftovers = list(self._tools.values())
             self._tools.clear()
             chats = [chat for chat in self._chats if chat.open]
-            answered = [chat.attributes[c.PROVIDER] for chat in self._chats if chat.answered]
-        provider = answered[-1] if answered else None
+            provider = next((chat.attributes[c.PROVIDER] for chat in reversed(self._chats) if chat.answered), None)
         for chat in chats:
             chat.abandoned(stop_reason or "cancelled")
         for span in leftovers:

@@ -307,10 +307,10 @@ class ToolHandle:
             self._result = result
             self._done.set()
             self._changed.notify_all()
-            # What points back here goes with the result: the caller's cancel (its remover holds
-            # our ``cancel``) and ``on_start`` (the dispatcher's, which holds this handle).
+            # ``on_start`` (the dispatcher's, which holds this handle) goes with the result; the
+            # caller's cancel lets go of our ``cancel`` when unlinked (a remover is used once).
             unlink, callbacks, self._callbacks = self._unlink, self._callbacks, []
-            self._unlink, self._on_start = no_callback, None
+            self._on_start = None
         unlink()
         for fn in callbacks:
             self._run_callback(fn)

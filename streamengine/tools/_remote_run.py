@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .._cancel import no_callback
 from .._messages import ToolResult
 from .._tool_context import ToolContext
 from ._handle import ToolHandle
@@ -44,10 +43,8 @@ def hand_over(handle: ToolHandle, tool: Tool, remote: Optional[concurrent.future
 
     def settle(done: "concurrent.futures.Future[str]") -> None:
         # A done future keeps its callbacks (this one, which holds the handle): the handle's hold on
-        # the future goes, and this closure's, or they are a cycle that only the garbage collector frees.
-        nonlocal forget_give_up
+        # the future goes, or the two are a cycle that only the garbage collector frees.
         forget_give_up()
-        forget_give_up = no_callback
         ended = time.monotonic()
         if done.cancelled():
             result = ToolResult.error_result(handle.call, f"tool '{tool.name}' cancelled",

@@ -253,7 +253,7 @@ def test_a_long_lived_pool_does_not_keep_every_thread_it_ever_started():
 def test_closing_the_client_closes_its_provider_connections_at_once():
     """urllib3 2 only drops its pools on close; a pool held by a reference cycle (an exception's
     traceback...) kept its keep-alive sockets -- and the provider's threads -- alive until a full GC."""
-    import gc
+    from gc_support import collector_off
 
     with FakeProvider() as fp:
         client = OpenAICompatibleClient(fp.base_url)
@@ -263,10 +263,7 @@ def test_closing_the_client_closes_its_provider_connections_at_once():
         held = [adapter.poolmanager.pools[key] for key in adapter.poolmanager.pools.keys()]  # as a cycle would
         conn_threads = lambda: [t for t in threading.enumerate() if t.name == f"FakeProvider-{fp.port}-conn"]
         assert len(conn_threads()) == 1  # the pooled keep-alive connection is served by a thread
-        gc.disable()  # no collector run may hide the bug
-        try:
+        with collector_off():  # no collector run may hide the bug
             client.close()
             assert wait_for(lambda: not conn_threads()), "the pooled connection was left open"
-        finally:
-            gc.enable()
         assert held  # the pools were still referenced the whole time
