@@ -102,3 +102,26 @@ def test_a_filing_past_the_timeout_is_reported_late_once():
     store.release.set()
     assert ticket.done.wait(5) and len(problems) == 1
     filing.close(5)
+
+
+class FailingStore:
+    def add_chunks(self, source, chunks, embed_model=None, *, scope=""):
+        raise RuntimeError("database is locked")
+
+
+def test_a_failed_filing_is_told_before_its_ticket_counts_as_done():
+    """The round that sees a ticket done may end the run: the problem must be told by then."""
+    filing, told = FilingQueue(FailingStore(), CONFIG, logger), []
+    ticket = None
+    made = threading.Event()
+
+    def on_problem(problem):
+        made.wait(5)
+        told.append((problem, ticket.done.is_set()))
+
+    ticket = filing.file(ok(1), "s", on_problem)
+    made.set()
+    assert ticket.done.wait(5)
+    assert len(told) == 1 and "database is locked" in told[0][0]
+    assert told[0][1] is False  # not yet done while it was told
+    filing.close(5)

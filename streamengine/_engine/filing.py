@@ -72,10 +72,15 @@ class FilingTicket:
         self.wake()
 
     def fail(self, problem: str) -> None:
+        """Tell the problem, then wake the waiting round.
+
+        In that order: the round that sees the ticket done may end the run at
+        once, and a problem told after its ``done`` event would be lost.
+        """
         self.problem = problem
-        self.filed()
         if self.claim():
             self._on_problem(problem)
+        self.filed()
 
     def late(self, problem: str) -> None:
         """The round stopped waiting: report it now, unless its failure already was."""
