@@ -56,6 +56,23 @@ def test_close_marks_the_end_and_drain_returns_everything_once():
     assert channel.drain(1) == [0, 1, 2] and channel.closed and channel.drain(1) == []
 
 
+def test_a_channel_never_reads_as_closed_while_its_last_item_is_untaken():
+    """``closed`` looked at while ``close()`` runs (another thread) must not hide the last item."""
+    channel = EventChannel()
+    seen_while_closing = []
+
+    class Watched(type(channel._queue)):
+        def put(self, item, *args):
+            seen_while_closing.append(channel.closed)  # the consumer looks now, between close()'s steps
+            super().put(item, *args)
+
+    channel._queue = Watched()
+    channel.put("done")
+    channel.close()
+    assert seen_while_closing == [False, False]
+    assert channel.drain(1) == ["done"] and channel.closed
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
 def test_max_items_is_checked(bad):
     with pytest.raises(ValueError, match="max_items"):

@@ -74,15 +74,20 @@ class EventChannel:
         self._producer_waiting = False
 
     def close(self) -> None:
-        """No more items will come; wakes the consumer."""
+        """No more items will come; wakes the consumer.
+
+        The marker goes in before ``closed`` can say so: a consumer that looked
+        in between would otherwise count the last item (the run's ``done``) as
+        the marker, and never take it.
+        """
         if not self._closing:
-            self._closing = True
             self._queue.put(_CLOSED)
+            self._closing = True
             self._stop_watch()
 
     @property
     def closed(self) -> bool:
-        """Closed and every item taken."""
+        """Closed and every item taken (the marker, queued before ``_closing`` is set, is all that is left)."""
         return self._done or (self._closing and self._queue.qsize() <= 1)
 
     @property
