@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from streamengine._cancel import CancelToken
-from streamengine._engine.dispatch import DispatchLimits, ToolDispatcher, canonical_key
+from streamengine._engine.dispatch import DispatchLimits, ToolDispatcher, canonical_key, entry_handle
 from streamengine._messages import ToolCall, ToolResult
 from streamengine.tools import ToolContext, ToolExecutor, ToolHandle, ToolRegistry, tool
 
@@ -50,7 +50,8 @@ class Harness:
         out = []
         for entry in self.dispatcher.entries():
             out.append(entry.result(timeout=5) if isinstance(entry, ToolHandle) else entry)
-        assert self.dispatcher.wait_until_reported(5)
+        handles = [h for h in map(entry_handle, self.dispatcher.entries()) if h is not None]
+        assert all(self.dispatcher.report_of(h).wait(5) for h in handles)
         return out
 
 
@@ -172,7 +173,8 @@ def test_results_are_delivered_on_the_worker_before_the_round_is_joined(executor
     h = Harness(executor)
     h.dispatcher.dispatch(call(1, arguments='{"text": "a"}'))
     h.dispatcher.dispatch(call(2, arguments='{"text": "b"}'))
-    assert h.dispatcher.wait_until_reported(5.0)
+    a, b = h.dispatcher.entries()
+    assert h.dispatcher.report_of(a).wait(5.0) and h.dispatcher.report_of(b).wait(5.0)
     assert sorted(r.text for r in h.delivered) == ["echo a", "echo b"]
 
 

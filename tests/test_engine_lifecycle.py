@@ -4,6 +4,7 @@ after tokens, approval of side effects."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ from streamengine._engine.events import (
 )
 from streamengine.rag import SqliteRagStore
 from streamengine.testing import FakeProvider, steps as s
-from streamengine.tools import ToolContext, tool
+from streamengine.tools import ToolContext, ToolHandle, tool
 
 from test_engine import block, collect, done, make_engine, names
 
@@ -275,6 +276,72 @@ def test_a_lost_filing_is_told_in_telemetry_and_an_event(blocking):
     assert "RAG store" in notices[0].message
     result = done(events)
     assert result.telemetry.filing_errors == 1 and result.error is None and result.answer == "done"
+
+
+# --- 7b. a result is told before the run goes on ---------------------------------------------------------
+
+@pytest.fixture
+def slow_to_tell(monkeypatch):
+    """Tool workers pause between fixing a result and telling it (a thread switch there, made long)."""
+    driver = threading.get_ident()
+    tell = ToolHandle._run_callback
+
+    def late(handle, callback):
+        if threading.get_ident() != driver:
+            time.sleep(0.3)
+        tell(handle, callback)
+
+    monkeypatch.setattr(ToolHandle, "_run_callback", late)
+
+
+def answered_when_started():
+    """A tool that returns once the consumer saw it start: its done callback is registered by then."""
+    go = threading.Event()
+
+    @tool
+    def look(q: str) -> str:
+        """Looks."""
+        go.wait(10)
+        return "some text worth keeping"
+
+    def consume(run):
+        events = []
+        for event in run:
+            events.append(event)
+            if isinstance(event, ToolStartEvent):
+                go.set()
+        return events
+
+    return look, consume
+
+
+def test_a_result_fixed_on_its_worker_is_told_before_done(slow_to_tell):
+    """A handle is done before its worker has told the result: the run waits for the telling."""
+    look, consume = answered_when_started()
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("checking " + block("look", {"q": "a"})))
+        with make_engine(fp, [look], max_continuations=0) as engine:
+            events = consume(engine.run(Q))
+    assert names(events).count("tool_result") == 1 and isinstance(events[-1], DoneEvent)
+    assert done(events).telemetry.tools_ok == 1
+
+
+def test_a_reused_result_and_its_filing_are_waited_for_in_the_replay(slow_to_tell):
+    """The replay of a failed attempt reuses the attempt's tool: its report and filing are still waited for."""
+    look, consume = answered_when_started()
+    with FakeProvider() as fp:
+        fp.respond_with(lambda request: (
+            [s.text("Partial " + block("look", {"q": "a"})), s.delay(0.05), s.drop()]
+            if request["model"] == "flaky" else [s.text("Again " + block("look", {"q": "a"}))]))
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [look],
+                             EngineConfig(models=["flaky", "steady"], failover_after_tokens=True, max_retries=0,
+                                          max_continuations=0), rag=BrokenStore()) as engine:
+            events = consume(engine.run(Q))
+    assert names(events).count("reset") == 1 and isinstance(events[-1], DoneEvent)
+    assert names(events).count("tool_result") == 1
+    result = done(events)
+    assert result.telemetry.tools_ok == 1 and result.telemetry.filing_errors == 1
+    assert any(isinstance(e, ErrorEvent) and "RAG store" in e.message for e in events)
 
 
 # --- 8. failover after tokens, opt-in ----------------------------------------------------------------------

@@ -16,7 +16,9 @@ given) before they run.
 Results are reported the moment they exist, exactly once per call:
 ``on_result`` runs in the thread that fixed the result -- the worker when the
 tool returned, the thread that noticed a deadline, queue limit or cancel, or
-at once for a call a gate stopped.
+at once for a call a gate stopped.  A started call's :class:`Report` is set
+once its ``on_result`` has returned: what the round waits for, since a
+handle is done (its result fixed) before its ``on_result`` has run.
 
 Call ids are the run's: the provider's id is kept when it is new in the run,
 and a repeated one (two native calls ``dup``, or a native id that equals an
@@ -34,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from .._cancel import no_callback
 from .._errors import ToolError
 from .._messages import ToolCall, ToolResult
 from ..tools import Tool, ToolExecutor, ToolHandle, ToolRegistry
@@ -61,6 +64,31 @@ class DispatchLimits:
     max_tools_total: int
     tool_timeout: float
     allowed_tools: Optional[frozenset]
+
+
+class Report:
+    """Set once a started call's ``on_result`` returned: its ``tool_result`` is out, counted and queued for filing.
+
+    A round must wait for this, not for the handle: a handle is done the
+    moment its result is fixed, before its done callbacks run, and a round
+    that went on then could end the run while the worker was still telling
+    the result (a ``tool_result`` lost or after ``done``, telemetry short).
+    ``wake`` is set by whoever waits for it from another thread (the run's loop).
+    """
+
+    __slots__ = ("_told", "is_set", "wait", "wake")
+
+    def __init__(self) -> None:
+        self._told = threading.Event()
+        # The event's own methods: a wait whose ``ready`` is ``is_set`` holds the event, not
+        # this report, which holds that wait's ``wake`` (no cycle for the collector).
+        self.is_set: Callable[[], bool] = self._told.is_set
+        self.wait: Callable[[float], bool] = self._told.wait
+        self.wake: Callable[[], None] = no_callback
+
+    def set(self) -> None:
+        self._told.set()
+        self.wake()
 
 
 @dataclass
@@ -122,6 +150,7 @@ class ToolDispatcher:
         self._started: Dict[Key, ToolHandle] = {}
         self._replayable: Dict[Key, ToolHandle] = {}
         self._ids: Set[str] = set()  # every call id of the run so far
+        self._reports: Dict[ToolHandle, Report] = {}  # every started call's, for the run (a replay reuses them)
         self._total = 0
         #: Started calls whose result may not be fixed yet; one list for the run (changed in place), so
         #: the run's loop looks at it directly and asks for tool deadlines only while it is non-empty.
@@ -135,7 +164,6 @@ class ToolDispatcher:
     def begin_round(self) -> None:
         self._round: List[Entry] = []  # one entry per call found this round, in order
         self._round_count = 0
-        self._reported: List[threading.Event] = []  # this round's started calls: set once on_result returned
         self._held: List[Tuple[int, Key, Tool, ToolCall]] = []
         self._round_started: Dict[Key, ToolHandle] = {}
         self._round_ids: List[str] = []
@@ -238,21 +266,21 @@ class ToolDispatcher:
             self._started[key] = self._round_started[key] = reused
             return _Reused(reused, call)
         self.counters.tools_started += 1
-        reported = threading.Event()
-        self._reported.append(reported)
+        report = Report()
         on_result = self._on_result
 
         def deliver(done: ToolHandle) -> None:
             try:
                 on_result(done.result(), True)
             finally:
-                reported.set()
+                report.set()
 
         # The tool's own timeout wins over the engine default: that rule lives in ToolExecutor.submit.
         handle = self._executor.submit(tool, call, self._limits.tool_timeout, cancel=self._cancel,
                                        on_start=self._entered, owner=self._owner)
         # Registered at submit, whatever fixes the result (return, deadline, busy
         # refusal, cancel, refusal at submit): each call is told exactly once.
+        self._reports[handle] = report  # before the callback: a call refused at submit is told in it at once
         handle.add_done_callback(deliver)
         self._started[key] = self._round_started[key] = handle
         self.pending.append(handle)
@@ -287,18 +315,9 @@ class ToolDispatcher:
         self.pending[:] = still
         self._next_deadline = min((h.next_limit for h in still), default=float("inf"))
 
-    def wait_until_reported(self, timeout: float, cancel: Optional[threading.Event] = None) -> bool:
-        """Block until each of this round's started calls has had its ``on_result`` return (or ``timeout``).
-
-        ``on_result`` only emits and queues (it never files), so this is short;
-        a set ``cancel`` ends the wait at once.
-        """
-        deadline = time.monotonic() + timeout
-        for event in self._reported:
-            while not event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
-                if (cancel is not None and cancel.is_set()) or time.monotonic() >= deadline:
-                    return event.is_set()
-        return True
+    def report_of(self, handle: ToolHandle) -> Report:
+        """The :class:`Report` of a call this dispatcher started (in this round or, reused, in an earlier attempt)."""
+        return self._reports[handle]
 
     def release_side_effects(self) -> None:
         """The stream finished normally: ask ``approve``, then start the side-effect tools held back."""
@@ -365,10 +384,6 @@ class ToolDispatcher:
         """The one line that stands for this round's calls stopped past ``MAX_TOLD_STOPPED``."""
         return (f"{self.untold_stopped} more tool calls of this round were not run (limits, duplicates or "
                 f"unreadable blocks); they are counted, not told one by one")
-
-    def round_ids(self) -> List[str]:
-        """The ids of this round's calls, in the order they were found."""
-        return list(self._round_ids)
 
     def available_names(self) -> List[str]:
         allowed = self._limits.allowed_tools

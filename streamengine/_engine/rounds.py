@@ -8,9 +8,8 @@ call the next round asks the model for a revised answer.
 
 :meth:`RoundRunner.run` does not block on the provider or on a tool: where it
 would, it yields a :class:`~streamengine._clients.base.Wait`, and the run's
-loop (``loop.RunLoop``) waits for it together with everything else.  (The
-wait for filing, with a RAG store only, blocks: bounded by
-``filing_timeout``, ended by a cancel within 50 ms.)
+loop (``loop.RunLoop``) waits for it together with everything else: a
+tool's report, a round's filing (bounded by ``filing_timeout``), the model.
 """
 from __future__ import annotations
 
@@ -33,13 +32,11 @@ from .result import CUT_OFF_FINISH_REASONS, EngineResult
 from .traced import RoundTrace, traced_tool_callbacks
 from .round_stream import RoundStream
 from .run_state import RunDeps, RunState
-from ..tools import ToolHandle
 
 Steps = Generator[Wait, None, Any]
-
-
-def _abandoned(handle: ToolHandle, reason: str) -> ToolResult:
-    return ToolResult.error_result(handle.call, reason)
+_NEVER = float("inf")
+#: A cancelled run waits at most this long for a result fixed just before the cancel to be told.
+REPORT_GRACE_S = 0.05
 
 
 def _joined(parts: Iterable[str]) -> str:
@@ -103,8 +100,13 @@ class RoundRunner:
                 self.state.emit(ErrorEvent(f"a tool block could not be read: {reason}", fatal=False))
 
     def _on_tool_start(self, call: ToolCall) -> None:
-        """Runs on the tool's worker as the function is entered."""
-        self.state.emit(ToolStartEvent(call))
+        """Runs on the tool's worker as the function is entered.
+
+        A call given up on while it was being entered (its ``tool_result``, a
+        cancel, is out already; the run may be over) is not news any more.
+        """
+        if call.id not in self._reported:
+            self.state.emit(ToolStartEvent(call))
 
     def _on_tool_result(self, result: ToolResult, ran: bool) -> None:
         """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call)."""
@@ -249,45 +251,61 @@ class RoundRunner:
             self.state.emit(RefusalEvent(refusal, self._round_no))
 
     def _join_round(self) -> Steps:
-        """The round's results in call order (each was already sent as it finished)."""
-        results = []
+        """The round's results in call order (each was already sent as it finished).
+
+        With a store, the round's filings must be searchable when the next round
+        starts: each is waited for (one slower than ``filing_timeout`` is one
+        filing error, never waited for again), found by the id its result was
+        told under (a call reused from a failed attempt keeps its first id).
+        """
+        results, told_as = [], []
         for entry in self.dispatcher.entries():
             results.append((yield from self._await(entry)))
+            handle = entry_handle(entry)
+            told_as.append(handle.call.id if handle is not None else results[-1].call_id)
         self.state.results.extend(results)
         if self.deps.filing is not None:
-            yield from self._wait_for_filing()
+            with self._lock:  # each result was told (``_await``): its filing, if any, is queued
+                tickets = [self._tickets.pop(i) for i in told_as if i in self._tickets]
+            yield from wait_filed(tickets, self.config.filing_timeout, self.state.cancel)
         return results
 
-    def _wait_for_filing(self) -> Steps:
-        """This round's filed results must be searchable when the next round starts.
-
-        Only this round's calls are waited for, and a filing slower than
-        ``filing_timeout`` is one filing error, never waited for again.
-        """
-        timeout, cancel = self.config.filing_timeout, self.state.cancel
-        self.dispatcher.wait_until_reported(timeout, cancel)  # on_result has queued each filing
-        with self._lock:
-            tickets = [self._tickets.pop(i) for i in self.dispatcher.round_ids() if i in self._tickets]
-        yield from wait_filed(tickets, timeout, cancel)
-
     def _await(self, entry: Any) -> Steps:
-        """The entry's result at its deadline at the latest; at once if the run is cancelled."""
+        """The entry's result once told (sent, counted, queued for filing); at once if the run is cancelled.
+
+        Its :class:`~.dispatch.Report` says so, not the handle: a handle is done before the thread
+        that fixed its result has told it.  ``handle.done()`` fixes a result whose deadline passed.
+        """
         handle = entry_handle(entry)
         if handle is None:
             return entry_result(entry)
         cancel = self.state.cancel
-        wait = Wait(None, ready=handle.done)  # woken by the tool's result event or the cancel
-        while not handle.done():
+        report = self.dispatcher.report_of(handle)
+        wait = Wait(None, ready=report.is_set)  # woken by the report, or the cancel
+        report.wake = wait.wake
+        while not report.is_set():
             if cancel.is_set():
                 handle.cancel()
-                if not handle.done():
-                    result = _abandoned(handle, "cancelled: the run was cancelled before the tool finished")
-                    self._on_tool_result(result, True)
-                    return result
-                break
-            wait.until = handle.next_limit
+                return self._given_up(entry, "cancelled: the run was cancelled before the tool finished")
+            wait.until = _NEVER if handle.done() else handle.next_limit
             yield wait
         return entry_result(entry)
+
+    def _given_up(self, entry: Any, reason: str) -> ToolResult:
+        """A call the run stops waiting for: its result if fixed, else an abandoned one (``reason``), told now.
+
+        A result fixed just now is being told by the thread that fixed it: that
+        is waited for (briefly), so its ``tool_result`` is not sent after ``done``.
+        """
+        handle = entry_handle(entry)
+        if handle is None:
+            return entry_result(entry)
+        if handle.done():
+            self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
+            return entry_result(entry)
+        result = ToolResult.error_result(handle.call, reason)
+        self._on_tool_result(result, True)
+        return result
 
     def _count_tool_outcome(self, result: ToolResult) -> None:
         telemetry = self.state.telemetry
@@ -349,13 +367,7 @@ class RoundRunner:
     def _collect_abandoned(self) -> None:
         """The tools of a broken round, without waiting for the ones still running."""
         for entry in self.dispatcher.entries():
-            handle = entry_handle(entry)
-            if handle is None or handle.done():
-                self.state.results.append(entry_result(entry))
-            else:
-                result = _abandoned(handle, "cancelled: the round ended before the tool finished")
-                self._on_tool_result(result, True)
-                self.state.results.append(result)
+            self.state.results.append(self._given_up(entry, "cancelled: the round ended before the tool finished"))
 
     def _stop(self, reason: str) -> None:
         if self.state.telemetry.stop_reason is None:
