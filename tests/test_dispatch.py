@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from streamengine._cancel import CancelToken
-from streamengine._engine.dispatch import DispatchLimits, ToolDispatcher, canonical_key, entry_handle
+from streamengine._engine.dispatch import DispatchLimits, ToolDispatcher, canonical_key
+from streamengine._engine.entries import entry_handle
 from streamengine._messages import ToolCall, ToolResult
 from streamengine.tools import ToolContext, ToolExecutor, ToolHandle, ToolRegistry, tool
 

@@ -344,7 +344,69 @@ def test_a_reused_result_and_its_filing_are_waited_for_in_the_replay(slow_to_tel
     assert any(isinstance(e, ErrorEvent) and "RAG store" in e.message for e in events)
 
 
+def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatch):
+    """The run gives up on a call (cancel) just as its worker fixes the real result: the worker's telling wins.
+
+    The driving thread makes its "cancelled" result and, before telling it, lets the tool return; the worker
+    claims the telling first and pauses before sending it.  The run must wait for that, not end without it.
+    """
+    from streamengine._engine import rounds
+    from streamengine._messages import ToolResult
+
+    driver, returned, claimed = threading.get_ident(), threading.Event(), threading.Event()
+
+    @tool
+    def slow() -> str:
+        """Returns when the run gives up on it."""
+        returned.wait(10)
+        return "real"
+
+    make_result, make_event = ToolResult.error_result.__func__, rounds.ToolResultEvent
+
+    def error_result(cls, call, reason, **fields):
+        if reason.startswith("cancelled: the run") and threading.get_ident() == driver:
+            returned.set()
+            claimed.wait(5)  # the worker has fixed its result and claimed the telling
+        return make_result(cls, call, reason, **fields)
+
+    def event(result):
+        if threading.get_ident() != driver:
+            claimed.set()
+            time.sleep(0.002)  # a thread switch before the worker sends it
+        return make_event(result)
+
+    monkeypatch.setattr(ToolResult, "error_result", classmethod(error_result))
+    monkeypatch.setattr(rounds, "ToolResultEvent", event)
+    cancel = threading.Event()
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("slow")))
+        with make_engine(fp, [slow]) as engine:
+            events = []
+            for e in engine.run(Q, cancel):
+                events.append(e)
+                if isinstance(e, ToolStartEvent):
+                    cancel.set()
+    told = results(events)
+    assert [r.text for r in told] == ["real"] and isinstance(events[-1], DoneEvent)
+    assert [r.text for r in done(events).tool_results] == ["real"]
+
+
 # --- 8. failover after tokens, opt-in ----------------------------------------------------------------------
+
+def flaky_first_attempt(first_q, replay_q, final, drop_after=0.05):
+    """Model "flaky" asks ``look(first_q)`` in round 1, then drops; the next model asks ``look(replay_q)``."""
+    def respond(request):
+        if len(request["messages"]) > 2:
+            return [s.text(final)]
+        if request["model"] == "flaky":
+            return [s.text("Partial " + block("look", {"q": first_q})), s.delay(drop_after), s.drop()]
+        return [s.text("Again " + block("look", {"q": replay_q}))]
+    return respond
+
+
+def failover_engine(fp, look):
+    return make_engine(fp, [look], models=["flaky", "steady"], failover_after_tokens=True, max_retries=0)
+
 
 def test_failover_after_tokens_resets_the_round_and_reuses_started_tools():
     ran = []
@@ -356,13 +418,8 @@ def test_failover_after_tokens_resets_the_round_and_reuses_started_tools():
         return "42"
 
     with FakeProvider() as primary_fp:
-        primary_fp.respond_with(lambda request: (
-            [s.text("Partial " + block("look", {"q": "a"})), s.delay(0.05), s.drop()]
-            if request["model"] == "flaky" and len(request["messages"]) <= 2 else
-            [s.text("Again " + block("look", {"q": "a"}))] if len(request["messages"]) <= 2 else
-            [s.text("It is 42.")]))
-        with make_engine(primary_fp, [look], models=["flaky", "steady"], failover_after_tokens=True,
-                         max_retries=0) as engine:
+        primary_fp.respond_with(flaky_first_attempt("a", "a", "It is 42."))
+        with failover_engine(primary_fp, look) as engine:
             events = collect(engine)
     resets = [e for e in events if isinstance(e, ResetEvent)]
     assert len(resets) == 1 and resets[0].round == 1 and "flaky" in resets[0].reason
@@ -371,6 +428,25 @@ def test_failover_after_tokens_resets_the_round_and_reuses_started_tools():
     assert result.error is None and result.answer == "It is 42."
     assert result.rounds[0].startswith("Again")
     assert len([e for e in events if isinstance(e, ToolStartEvent)]) == 1
+
+
+def test_a_replay_that_asks_for_another_call_tells_it_under_an_id_of_its_own():
+    """The failed attempt's call was told under its id; the replay's different call must not pass for it."""
+    ran = []
+    look = recording_look(ran)
+    with FakeProvider() as fp:
+        fp.respond_with(flaky_first_attempt("a", "b", "Both.", drop_after=0.3))
+        with failover_engine(fp, look) as engine:
+            events = collect(engine)
+    assert sorted(ran) == ["a", "b"]
+    starts = {e.call.id: e.call.args()["q"] for e in events if isinstance(e, ToolStartEvent)}
+    told = {r.call_id: r.text for r in results(events)}
+    assert sorted(starts.values()) == ["a", "b"] and len(starts) == 2
+    assert told == {i: q for i, q in starts.items()}  # each result told under its own call's id
+    result = done(events)
+    assert result.telemetry.tools_ok == 2 and result.answer == "Both."
+    assert [(r.call_id, r.text) for r in result.tool_results if r.text == "b"] == \
+        [(i, q) for i, q in starts.items() if q == "b"]
 
 
 def test_without_the_flag_a_failure_after_tokens_ends_the_run():

@@ -16,7 +16,7 @@ given) before they run.
 Results are reported the moment they exist, exactly once per call:
 ``on_result`` runs in the thread that fixed the result -- the worker when the
 tool returned, the thread that noticed a deadline, queue limit or cancel, or
-at once for a call a gate stopped.  A started call's :class:`Report` is set
+at once for a call a gate stopped.  A started call's :class:`~.entries.Report` is set
 once its ``on_result`` has returned: what the round waits for, since a
 handle is done (its result fixed) before its ``on_result`` has run.
 
@@ -36,10 +36,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from .._cancel import no_callback
 from .._errors import ToolError
 from .._messages import ToolCall, ToolResult
 from ..tools import Tool, ToolExecutor, ToolHandle, ToolRegistry
+from .entries import Entry, Report, Reused, entry_handle
 from .result import Telemetry
 
 Key = Tuple[str, str]
@@ -66,60 +66,9 @@ class DispatchLimits:
     allowed_tools: Optional[frozenset]
 
 
-class Report:
-    """Set once a started call's ``on_result`` returned: its ``tool_result`` is out, counted and queued for filing.
-
-    A round must wait for this, not for the handle: a handle is done the
-    moment its result is fixed, before its done callbacks run, and a round
-    that went on then could end the run while the worker was still telling
-    the result (a ``tool_result`` lost or after ``done``, telemetry short).
-    ``wake`` is set by whoever waits for it from another thread (the run's loop).
-    """
-
-    __slots__ = ("_told", "is_set", "wait", "wake")
-
-    def __init__(self) -> None:
-        self._told = threading.Event()
-        # The event's own methods: a wait whose ``ready`` is ``is_set`` holds the event, not
-        # this report, which holds that wait's ``wake`` (no cycle for the collector).
-        self.is_set: Callable[[], bool] = self._told.is_set
-        self.wait: Callable[[float], bool] = self._told.wait
-        self.wake: Callable[[], None] = no_callback
-
-    def set(self) -> None:
-        self._told.set()
-        self.wake()
-
-
-@dataclass
-class _Reused:
-    """A call of a replayed round answered by the handle its first attempt started."""
-
-    handle: ToolHandle
-    call: ToolCall
-
-    def result(self) -> ToolResult:
-        return dataclasses.replace(self.handle.result(), call_id=self.call.id)
-
-
-Entry = Union[ToolHandle, ToolResult, _Reused]
-
-
 def canonical_key(call: ToolCall) -> Key:
     """Same name and same arguments (key order and spacing aside) = same call."""
     return call.name, json.dumps(call.args(), sort_keys=True, separators=(",", ":"))
-
-
-def entry_handle(entry: Entry) -> Optional[ToolHandle]:
-    """The running call behind an entry, if any."""
-    if isinstance(entry, _Reused):
-        return entry.handle
-    return entry if isinstance(entry, ToolHandle) else None
-
-
-def entry_result(entry: Entry) -> ToolResult:
-    """The entry's result; blocks (up to the tool's deadline) for a running call."""
-    return entry if isinstance(entry, ToolResult) else entry.result()
 
 
 class ToolDispatcher:
@@ -166,7 +115,6 @@ class ToolDispatcher:
         self._round_count = 0
         self._held: List[Tuple[int, Key, Tool, ToolCall]] = []
         self._round_started: Dict[Key, ToolHandle] = {}
-        self._round_ids: List[str] = []
         self.untold_stopped = 0  # stopped calls past MAX_TOLD_STOPPED this round: counted, not told
         self._told_stopped = 0
         self._counters_at_round_start = _gate_counters(self.counters)  # one C call: begin_round runs per round
@@ -177,11 +125,13 @@ class ToolDispatcher:
 
         Tools the attempt started keep running: a call with the same name
         and arguments in the replay reuses its result instead of running twice.
+        The attempt's ids stay taken: its calls were told (``tool_start``,
+        ``tool_result``) under them, and a different call of the replay must not
+        pass for one of them (:meth:`own_id`).
         """
         for key, handle in self._round_started.items():
             self._started.pop(key, None)
             self._replayable[key] = handle
-        self._ids.difference_update(self._round_ids)  # the replay's calls may take the same ids again
         self._total = self._total_at_round_start
         for name, value in zip(GATE_COUNTERS, self._counters_at_round_start):
             setattr(self.counters, name, value)
@@ -196,14 +146,26 @@ class ToolDispatcher:
         return bool(self._round_started)
 
     def own_id(self, call: ToolCall) -> ToolCall:
-        """The call under an id no other call of the run has: its own, or its own plus ``_2``, ``_3``, ..."""
+        """The call under an id no other call of the run has: its own, or its own plus ``_2``, ``_3``, ...
+
+        Except a replay's call that repeats, id and all, one its failed attempt
+        started: it keeps that id, under which the result it reuses is told.
+        """
+        if self._replayable and self._repeats_a_replayable(call):
+            return call
         wanted, n = call.id, 1
         while call.id in self._ids:
             n += 1
             call = dataclasses.replace(call, id=f"{wanted}_{n}")
         self._ids.add(call.id)
-        self._round_ids.append(call.id)
         return call
+
+    def _repeats_a_replayable(self, call: ToolCall) -> bool:
+        try:
+            handle = self._replayable.get(canonical_key(call))
+        except ToolError:
+            return False  # unreadable arguments: the gate says so
+        return handle is not None and handle.call.id == call.id
 
     def dispatch(self, call: ToolCall) -> Optional[ToolCall]:
         """Run the gates for one completed call; start it unless a gate stops it.
@@ -264,7 +226,7 @@ class ToolDispatcher:
         reused = self._replayable.pop(key, None)
         if reused is not None:
             self._started[key] = self._round_started[key] = reused
-            return _Reused(reused, call)
+            return Reused(reused, call)
         self.counters.tools_started += 1
         report = Report()
         on_result = self._on_result

@@ -19,7 +19,8 @@ from typing import Any, Dict, Generator, Iterable, List, Set
 
 from .._clients.base import Wait
 from .continuation import build_continuation_message, tool_result_messages
-from .dispatch import DispatchLimits, ToolDispatcher, entry_handle, entry_result
+from .dispatch import DispatchLimits, ToolDispatcher
+from .entries import REPORT_GRACE_S, entry_handle, entry_result
 from .filing import wait_filed
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .events import (
@@ -35,8 +36,6 @@ from .run_state import RunDeps, RunState
 
 Steps = Generator[Wait, None, Any]
 _NEVER = float("inf")
-#: A cancelled run waits at most this long for a result fixed just before the cancel to be told.
-REPORT_GRACE_S = 0.05
 
 
 def _joined(parts: Iterable[str]) -> str:
@@ -108,10 +107,13 @@ class RoundRunner:
         if call.id not in self._reported:
             self.state.emit(ToolStartEvent(call))
 
-    def _on_tool_result(self, result: ToolResult, ran: bool) -> None:
-        """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call)."""
+    def _on_tool_result(self, result: ToolResult, ran: bool) -> bool:
+        """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call).
+
+        False when the call's result was told already (this one is dropped).
+        """
         if not self._report_once(result):
-            return
+            return False
         if ran:
             self._count_tool_outcome(result)
         filing = self.deps.filing
@@ -119,6 +121,7 @@ class RoundRunner:
         if ticket is not None:
             with self._lock:
                 self._tickets[result.call_id] = ticket
+        return True
 
     def _report_once(self, result: ToolResult) -> bool:
         """Send ``tool_result`` for a call once: a tool given up on may still return later."""
@@ -273,7 +276,7 @@ class RoundRunner:
     def _await(self, entry: Any) -> Steps:
         """The entry's result once told (sent, counted, queued for filing); at once if the run is cancelled.
 
-        Its :class:`~.dispatch.Report` says so, not the handle: a handle is done before the thread
+        Its :class:`~.entries.Report` says so, not the handle: a handle is done before the thread
         that fixed its result has told it.  ``handle.done()`` fixes a result whose deadline passed.
         """
         handle = entry_handle(entry)
@@ -294,18 +297,17 @@ class RoundRunner:
     def _given_up(self, entry: Any, reason: str) -> ToolResult:
         """A call the run stops waiting for: its result if fixed, else an abandoned one (``reason``), told now.
 
-        A result fixed just now is being told by the thread that fixed it: that
-        is waited for (briefly), so its ``tool_result`` is not sent after ``done``.
+        A result fixed just now is told by the thread that fixed it: waited for (briefly), not sent after ``done``.
         """
         handle = entry_handle(entry)
         if handle is None:
             return entry_result(entry)
-        if handle.done():
-            self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
-            return entry_result(entry)
-        result = ToolResult.error_result(handle.call, reason)
-        self._on_tool_result(result, True)
-        return result
+        if not handle.done():
+            result = ToolResult.error_result(handle.call, reason)
+            if self._on_tool_result(result, True):  # False: the worker fixed the real one meanwhile, and tells it
+                return result
+        self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
+        return entry_result(entry)
 
     def _count_tool_outcome(self, result: ToolResult) -> None:
         telemetry = self.state.telemetry

@@ -174,11 +174,7 @@ class RunTrace:
             if self.owner.capture.on_span:
                 span.set_attribute(c.TOOL_CALL_ARGUMENTS, call.arguments)
         with self._lock:
-            late = self._ended  # the run was given up while this call was being entered
-            if not late:
-                self._tools[call.id] = span
-        if late:
-            span.end()  # nothing would close it later: ``ended`` closed the run's spans already
+            self._tools[call.id] = span
         context = trace.set_span_in_context(span, self.context)
         if hand_over:
             _handing_over.pending = (context, self.owner.tracer)
