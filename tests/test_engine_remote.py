@@ -253,19 +253,23 @@ def test_the_round_cap_skips_the_second_remote_call(provider, remote):
 
 
 @tool
-def mark_file(path: str) -> str:
-    """A local tool: create the file the remote tool of the same round waits for."""
-    write_note(path, "the mark")  # atomically: the remote tool must never read half of it
+def mark_file() -> str:
+    """A local tool of the same round as the remote one."""
     return "marked"
 
 
 def test_a_local_and_a_remote_tool_in_one_round_answer_in_call_order(provider, remote, tmp_path):
     flag = str(tmp_path / "flag")
-    # The remote call is first but can only finish after the local one has run.
-    provider.add_turn(s.text(block("after_file", {"path": flag}) + block("mark_file", {"path": flag})))
+    # The remote call is first but finishes only once the local one's result was told: the consumer
+    # writes the file the remote tool waits for when it sees that result (atomically: never half of it).
+    provider.add_turn(s.text(block("after_file", {"path": flag}) + block("mark_file", {})))
     provider.add_turn(s.text("Both answered."))
     with make_engine(provider, [after_file, mark_file], remote) as engine:
-        events = ask(engine)
+        events = []
+        for event in engine.run([{"role": "user", "content": "q"}]):
+            events.append(event)
+            if event.name == "tool_result" and event.result.name == "mark_file":
+                write_note(flag, "the mark")
     result = done(events)
     finished = [e.result.name for e in events if e.name == "tool_result"]
     assert finished == ["mark_file", "after_file"]  # the order they finished in
