@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from conftest import wait_for
 from streamengine._cancel import CancelToken
 from streamengine._engine.channel import EventChannel
 
@@ -27,8 +28,8 @@ def test_a_full_channel_blocks_the_producer_until_the_consumer_drains():
     channel = EventChannel(max_items=4)
     done, progress = threading.Event(), []
     thread = producer(channel, 10, done, progress)
-    assert not done.wait(0.3)  # a failure guard: the producer must be stuck, not slow
-    assert channel.backlog == 4 and len(progress) == 3  # the 4th put is queued and waits for room
+    assert wait_for(lambda: channel.backlog == 4)  # the 4th put is queued and waits for room
+    assert not done.wait(0.3) and len(progress) == 3 and channel.backlog == 4  # stuck there, not slow
     got = []
     while len(got) < 10:
         got += channel.drain(5)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import io
 import json
 import os
@@ -31,11 +32,16 @@ SCENARIOS = sorted(glob.glob(os.path.join(ROOT, "scripts", "scenarios", "*.json"
 BLOCK = '<tool name="lookup">{"city": "Oslo"}</tool>'
 
 TOOLS_SOURCE = '''
+import threading
+
 from streamengine.tools import ToolContext, tool
+
+STARTED = threading.Event()  # the provider goes on with " Still talking." once lookup runs
 
 @tool
 def lookup(city: str, ctx: ToolContext) -> str:
     """Weather for a city."""
+    STARTED.set()
     ctx.sleep(1.0)  # longer than the rest of the stream: its result line comes after "Still talking."
     return "sunny in " + city
 
@@ -54,8 +60,10 @@ def run(capsys, *argv, **hooks):
     return rc, out, err
 
 
-def tool_turns(fp):
-    fp.add_turn(s.text("Checking. "), s.text(BLOCK), s.delay(0.05), s.text(" Still talking."))
+def tool_turns(fp, tools_module):
+    """The model calls lookup, and talks on once it runs (the tools module is imported now, by the CLI later)."""
+    started = importlib.import_module(tools_module).STARTED
+    fp.add_turn(s.text("Checking. "), s.text(BLOCK), s.wait(started, timeout=5), s.text(" Still talking."))
     fp.add_turn(s.text("It is sunny in Oslo."))
 
 
@@ -78,7 +86,7 @@ def assert_one_error_line(err):
 
 def test_chat_streams_the_answer_to_stdout_and_tool_lines_to_stderr(capsys, tools_module):
     with FakeProvider() as fp:
-        tool_turns(fp)
+        tool_turns(fp, tools_module)
         rc, out, err = run(capsys, "chat", "weather?", "--base-url", fp.base_url, "--model", "m1",
                            "--tools", f"{tools_module}:TOOLS")
     assert rc == 0, err
@@ -99,7 +107,7 @@ def test_chat_streams_the_answer_to_stdout_and_tool_lines_to_stderr(capsys, tool
 
 def test_chat_json_prints_one_event_per_line(capsys, tools_module):
     with FakeProvider() as fp:
-        tool_turns(fp)
+        tool_turns(fp, tools_module)
         rc, out, err = run(capsys, "chat", "weather?", "--base-url", fp.base_url, "--model", "m1",
                            "--tools", f"{tools_module}:lookup", "--json", "--system", "Be brief.")
     assert rc == 0, err

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 
 import pytest
 
 from streamengine._cancel import CancelToken, cancel_flag
-from streamengine._engine.events import DoneEvent, TokenEvent
+from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent
 from streamengine._inline.scanner import FeedResult, InlineToolScanner
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
@@ -150,11 +151,17 @@ def test_tokens_and_a_tool_result_keep_their_order_when_the_driver_appends_direc
         """Answers at once."""
         return "fine"
 
+    result_seen = threading.Event()
     with FakeProvider() as fp:
-        fp.add_turn(s.text("a"), s.text(block("quick")), s.delay(0.3), s.text("b"))
+        # "b" is written once the consumer has the result: both reach it, each from its own thread.
+        fp.add_turn(s.text("a"), s.text(block("quick")), s.wait(result_seen, timeout=5), s.text("b"))
         fp.add_turn(s.text("c"))
         with make_engine(fp, [quick]) as engine:
-            events = list(engine.run(MESSAGES))
+            events = []
+            for event in engine.run(MESSAGES):
+                events.append(event)
+                if isinstance(event, ToolResultEvent):
+                    result_seen.set()
     kinds = [(type(e).__name__, getattr(e, "text", None)) for e in events]
     result_at = [k for k, _ in kinds].index("ToolResultEvent")
     assert kinds.index(("TokenEvent", "b")) > result_at > kinds.index(("TokenEvent", "a"))

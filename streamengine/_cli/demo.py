@@ -15,7 +15,8 @@ the tool phase would have ended at *stream end + longest tool* (in
 parallel) or *stream end + sum of tools* (one by one) instead of when it
 really did, and everything after it shifts by the difference.
 
-``--fast`` scales every delay by 0.1 (the tests use it).
+``--fast`` scales every delay by 0.1 (the tests use it), but the pauses right
+after the tool blocks (see :func:`_script`).
 """
 from __future__ import annotations
 
@@ -90,11 +91,17 @@ def demo_tools(scale: float = 1.0) -> List[Tool]:
 
 
 def _script(parts: Sequence[Tuple[str, float]], scale: float) -> List[Step]:
+    """The provider's steps; a pause right after a tool block is not scaled.
+
+    A tool starts on a fresh worker thread: even ``--fast`` leaves it the
+    time of a real stream to do so before the next words, so the demo shows
+    what it says (tools start mid-stream) on a loaded machine too.
+    """
     out: List[Step] = []
     for text, pause in parts:
         out.append(s.text(text))
         if pause:
-            out.append(s.delay(pause * scale))
+            out.append(s.delay(pause if text.startswith("<tool") else pause * scale))
     return out
 
 
