@@ -89,6 +89,10 @@ def browser(chromium, chromium_process) -> Iterator["Browser"]:
         b.end_context()
 
 
+class PageChanged(AssertionError):
+    """An evaluation the page's navigation cut short (its old document is gone): not an answer."""
+
+
 class Browser:
     """Headless Chromium driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``).
 
@@ -148,7 +152,9 @@ class Browser:
             reply = self._read()
             if reply.get("id") == self._next_id:
                 if "error" in reply:
-                    raise AssertionError(f"{method} failed: {reply['error']}")
+                    error = reply["error"].get("message", "")
+                    kind = PageChanged if "navigated" in error or "Cannot find context" in error else AssertionError
+                    raise kind(f"{method} failed: {reply['error']}")
                 return reply.get("result", {})
 
     def _read(self) -> Dict[str, Any]:
@@ -189,7 +195,10 @@ class Browser:
         """Evaluate ``expression`` until it is truthy (a failure guard, not a speed assertion)."""
         deadline = time.monotonic() + timeout
         while True:
-            value = self.js(expression)
+            try:
+                value = self.js(expression)
+            except PageChanged:  # asked while the page navigated: ask the next page
+                value = None
             if value or time.monotonic() > deadline:
                 assert value, f"{expression!r} never became true; page:\n{self.js('document.body.innerText')[-2000:]}"
                 return value
