@@ -427,7 +427,8 @@ def test_failover_after_tokens_resets_the_round_and_reuses_started_tools():
     result = done(events)
     assert result.error is None and result.answer == "It is 42."
     assert result.rounds[0].startswith("Again")
-    assert len([e for e in events if isinstance(e, ToolStartEvent)]) == 1
+    (start,) = [e for e in events if isinstance(e, ToolStartEvent)]
+    assert [r.call_id for r in result.tool_results] == [start.call.id]  # an exact repeat keeps the told id
 
 
 def test_a_replay_that_asks_for_another_call_tells_it_under_an_id_of_its_own():
@@ -447,6 +448,29 @@ def test_a_replay_that_asks_for_another_call_tells_it_under_an_id_of_its_own():
     assert result.telemetry.tools_ok == 2 and result.answer == "Both."
     assert [(r.call_id, r.text) for r in result.tool_results if r.text == "b"] == \
         [(i, q) for i, q in starts.items() if q == "b"]
+
+
+def test_a_replay_never_tells_a_result_under_an_id_its_attempt_told_another_under():
+    """An exact repeat stopped by a gate in the replay is told under a fresh id; a told id is never reused."""
+    def respond(request):
+        if len(request["messages"]) > 3:
+            return [s.text("final")]
+        if request["model"] == "flaky":
+            return [s.text("Partial " + block("nosuch") + block("look", {"q": "a"})), s.delay(0.3), s.drop()]
+        return [s.text("Again " + block("look", {"q": "b"}) + block("look", {"q": "a"}))]  # a: over the cap
+
+    with FakeProvider() as fp:
+        fp.respond_with(respond)
+        with make_engine(fp, [recording_look([])], models=["flaky", "steady"], failover_after_tokens=True,
+                         max_retries=0, max_tools_per_round=1) as engine:
+            events = collect(engine)
+    starts = {e.call.id: e.call.args()["q"] for e in events if isinstance(e, ToolStartEvent)}
+    told = [r.call_id for r in results(events)]
+    assert len(told) == len(set(told))  # each id told once
+    for call_id, q in starts.items():  # and a started call's id is told with its own result
+        assert [r.text for r in results(events) if r.call_id == call_id] == [q]
+    skipped = [r for r in done(events).tool_results if not r.ok]
+    assert len(skipped) == 1 and "limit" in skipped[0].error and skipped[0].call_id not in starts
 
 
 def test_without_the_flag_a_failure_after_tokens_ends_the_run():

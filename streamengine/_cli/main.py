@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="with --serve: interface (default 127.0.0.1)")
     demo.add_argument("--port", type=_port, default=8000, help="with --serve: port (default 8000)")
     demo.add_argument("--threads", type=int, default=32, help=argparse.SUPPRESS)
-    demo.add_argument("--fast", action="store_true", help="every delay 10x shorter")
+    demo.add_argument("--fast", action="store_true", help="the model writes 10x faster (tools still get time to start)")
     demo.set_defaults(handler=_cmd_demo)
 
     harness = sub.add_parser("harness", parents=[common], help="run scenario files against FakeProvider",

@@ -127,7 +127,7 @@ class ToolDispatcher:
         and arguments in the replay reuses its result instead of running twice.
         The attempt's ids stay taken: its calls were told (``tool_start``,
         ``tool_result``) under them, and a different call of the replay must not
-        pass for one of them (:meth:`own_id`).
+        pass for one of them (:meth:`own_id`; an exact repeat, :meth:`_reusing`).
         """
         for key, handle in self._round_started.items():
             self._started.pop(key, None)
@@ -146,26 +146,13 @@ class ToolDispatcher:
         return bool(self._round_started)
 
     def own_id(self, call: ToolCall) -> ToolCall:
-        """The call under an id no other call of the run has: its own, or its own plus ``_2``, ``_3``, ...
-
-        Except a replay's call that repeats, id and all, one its failed attempt
-        started: it keeps that id, under which the result it reuses is told.
-        """
-        if self._replayable and self._repeats_a_replayable(call):
-            return call
+        """The call under an id no other call of the run has: its own, or its own plus ``_2``, ``_3``, ..."""
         wanted, n = call.id, 1
         while call.id in self._ids:
             n += 1
             call = dataclasses.replace(call, id=f"{wanted}_{n}")
         self._ids.add(call.id)
         return call
-
-    def _repeats_a_replayable(self, call: ToolCall) -> bool:
-        try:
-            handle = self._replayable.get(canonical_key(call))
-        except ToolError:
-            return False  # unreadable arguments: the gate says so
-        return handle is not None and handle.call.id == call.id
 
     def dispatch(self, call: ToolCall) -> Optional[ToolCall]:
         """Run the gates for one completed call; start it unless a gate stops it.
@@ -174,40 +161,57 @@ class ToolDispatcher:
         a native call must be sent back to the provider under that id.  None:
         the call was stopped past ``MAX_TOLD_STOPPED`` and is only summed up.
         """
+        wanted = call.id
         call = self.own_id(call)
         untold = self.untold_stopped
-        self._gate(call)
+        call = self._gate(call, wanted)
         return call if self.untold_stopped == untold else None
 
-    def _gate(self, call: ToolCall) -> None:
+    def _gate(self, call: ToolCall, wanted: str) -> ToolCall:
+        """The gates in order; returns the call under its final id (see :meth:`_reusing`)."""
         try:
             key = canonical_key(call)
         except ToolError as exc:
             self.counters.parse_errors += 1
             self._settle_now(call, f"invalid arguments for tool '{call.name}': {exc}")
-            return
+            return call
         if key in self._started or any(key == held[1] for held in self._held):
             self.counters.dedup_skipped += 1
             self._settle_now(call, f"skipped: duplicate of an earlier call to '{call.name}' "
                                    f"with the same arguments; use its result")
-            return
+            return call
         if self._round_count >= self._limits.max_tools_per_round or self._total >= self._limits.max_tools_total:
             self.counters.cap_skipped += 1
             self._settle_now(call, self._cap_reason(call))
-            return
+            return call
         tool = self._run_tools.get(call.name) or self._registry.get(call.name)
         allowed = self._limits.allowed_tools
         if tool is None or (allowed is not None and call.name not in allowed):
             self.counters.disallowed += 1
             self._settle_now(call, self._unavailable_reason(call))
-            return
+            return call
         self._round_count += 1
         self._total += 1
         if tool.side_effects:
             self._held.append((len(self._round), key, tool, call))
             self._round.append(ToolResult.error_result(call, "held: waiting for the stream to finish"))
-            return
-        self._round.append(self._start(key, tool, call))
+            return call
+        entry = self._start(key, tool, call)
+        if isinstance(entry, Reused):
+            entry = self._reusing(entry, wanted)
+        self._round.append(entry)
+        return entry.call if isinstance(entry, Reused) else call
+
+    def _reusing(self, entry: Reused, wanted: str) -> Reused:
+        """A replay's call answered by its failed attempt's: an exact repeat (same id too) keeps that id.
+
+        The attempt's ids stay taken (:meth:`reset_round`), so :meth:`own_id` renamed
+        it; but its result was told under the attempt's id, which is its own.
+        """
+        if entry.handle.call.id != wanted or entry.call.id == wanted:
+            return entry
+        self._ids.discard(entry.call.id)
+        return Reused(entry.handle, dataclasses.replace(entry.call, id=wanted))
 
     def reject(self, call: ToolCall, reason: str) -> None:
         """A block the model wrote but that cannot be a call (the scanner counted it): the model reads why."""

@@ -304,8 +304,8 @@ class RoundRunner:
             return entry_result(entry)
         if not handle.done():
             result = ToolResult.error_result(handle.call, reason)
-            if self._on_tool_result(result, True):  # False: the worker fixed the real one meanwhile, and tells it
-                return result
+            if self._on_tool_result(result, True) or not handle.done():
+                return result  # told here (or its id was, by another): nothing is coming to wait for
         self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
         return entry_result(entry)
 
