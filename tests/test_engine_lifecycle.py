@@ -330,9 +330,7 @@ def test_a_reused_result_and_its_filing_are_waited_for_in_the_replay(slow_to_tel
     """The replay of a failed attempt reuses the attempt's tool: its report and filing are still waited for."""
     look, consume = answered_when_started()
     with FakeProvider() as fp:
-        fp.respond_with(lambda request: (
-            [s.text("Partial " + block("look", {"q": "a"})), s.delay(0.05), s.drop()]
-            if request["model"] == "flaky" else [s.text("Again " + block("look", {"q": "a"}))]))
+        fp.respond_with(flaky_first_attempt("a", "a", "never asked: no continuation"))
         with StreamingEngine(OpenAICompatibleClient(fp.base_url), [look],
                              EngineConfig(models=["flaky", "steady"], failover_after_tokens=True, max_retries=0,
                                           max_continuations=0), rag=BrokenStore()) as engine:

@@ -13,7 +13,7 @@ import time
 from typing import Optional, Sequence
 
 from .._cancel import CancelToken, on_cancel
-from .._clients.base import Wait
+from .._clients.base import Flag, Wait
 from .._errors import LlmCancelledError, LlmTimeoutError
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCallDelta, ToolSpec
 from .strategies import (
@@ -36,10 +36,10 @@ class BufferedCallStrategy(CallStrategy):
                     on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Steps:
         refuse_if_cancelled(cancel)
         token = CancelToken()
-        done = threading.Event()
+        done = Flag()
         wait = Wait(None, ready=done.is_set)
+        done.wake = wait.wake
         token.add_callback(done.set)
-        token.add_callback(wait.wake)
         box: dict = {}
 
         def work() -> None:
@@ -49,7 +49,6 @@ class BufferedCallStrategy(CallStrategy):
                 box["error"] = exc
             finally:
                 done.set()
-                wait.wake()
 
         worker = threading.Thread(target=work, name=f"streamengine-complete[{_model_of(options)}]", daemon=True)
         stop_following = on_cancel(cancel, token.set)

@@ -74,6 +74,33 @@ class Wait:
             waker()
 
 
+def _nobody() -> None:
+    pass
+
+
+class Flag:
+    """An event another thread sets that also ends, at once, the driver's wait watching it.
+
+    The waiter makes a :class:`Wait` whose ``ready`` is :attr:`is_set` and sets
+    :attr:`wake` to that wait's ``wake``; :meth:`set` sets the event first, then
+    wakes.  ``is_set`` and ``wait`` are the event's own methods: such a wait
+    holds the event, not this flag (which holds the wait), so the two make no
+    cycle for the garbage collector.
+    """
+
+    __slots__ = ("_event", "is_set", "wait", "wake")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.is_set: Callable[[], bool] = self._event.is_set
+        self.wait: Callable[[Optional[float]], bool] = self._event.wait
+        self.wake: Callable[[], None] = _nobody
+
+    def set(self) -> None:
+        self._event.set()
+        self.wake()
+
+
 class LlmClient(abc.ABC):
     """A provider that answers a conversation in one piece."""
 

@@ -16,7 +16,7 @@ given) before they run.
 Results are reported the moment they exist, exactly once per call:
 ``on_result`` runs in the thread that fixed the result -- the worker when the
 tool returned, the thread that noticed a deadline, queue limit or cancel, or
-at once for a call a gate stopped.  A started call's :class:`~.entries.Report` is set
+at once for a call a gate stopped.  A started call's report (:meth:`ToolDispatcher.report_of`) is set
 once its ``on_result`` has returned: what the round waits for, since a
 handle is done (its result fixed) before its ``on_result`` has run.
 
@@ -34,12 +34,13 @@ import operator
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from .._clients.base import Flag
 from .._errors import ToolError
 from .._messages import ToolCall, ToolResult
 from ..tools import Tool, ToolExecutor, ToolHandle, ToolRegistry
-from .entries import Entry, Report, Reused, entry_handle
+from .entries import Entry, Reused, entry_handle
 from .result import Telemetry
 
 Key = Tuple[str, str]
@@ -99,7 +100,7 @@ class ToolDispatcher:
         self._started: Dict[Key, ToolHandle] = {}
         self._replayable: Dict[Key, ToolHandle] = {}
         self._ids: Set[str] = set()  # every call id of the run so far
-        self._reports: Dict[ToolHandle, Report] = {}  # every started call's, for the run (a replay reuses them)
+        self._reports: Dict[ToolHandle, Flag] = {}  # every started call's, for the run (a replay reuses them)
         self._total = 0
         #: Started calls whose result may not be fixed yet; one list for the run (changed in place), so
         #: the run's loop looks at it directly and asks for tool deadlines only while it is non-empty.
@@ -232,7 +233,7 @@ class ToolDispatcher:
             self._started[key] = self._round_started[key] = reused
             return Reused(reused, call)
         self.counters.tools_started += 1
-        report = Report()
+        report = Flag()
         on_result = self._on_result
 
         def deliver(done: ToolHandle) -> None:
@@ -281,8 +282,14 @@ class ToolDispatcher:
         self.pending[:] = still
         self._next_deadline = min((h.next_limit for h in still), default=float("inf"))
 
-    def report_of(self, handle: ToolHandle) -> Report:
-        """The :class:`Report` of a call this dispatcher started (in this round or, reused, in an earlier attempt)."""
+    def report_of(self, handle: ToolHandle) -> Flag:
+        """Set once the call's ``on_result`` returned: its ``tool_result`` is out, counted, queued for filing.
+
+        For a call this dispatcher started, in this round or (reused) in an earlier
+        attempt.  A round waits for this, not for the handle: a handle is done the
+        moment its result is fixed, before its done callbacks run, and a round that
+        went on then could end the run while the worker was still telling the result.
+        """
         return self._reports[handle]
 
     def release_side_effects(self) -> None:

@@ -23,8 +23,7 @@ import uuid
 from typing import Any, Callable, Deque, Generator, Optional, Sequence, Tuple
 
 from .. import _validation as validation
-from .._cancel import no_callback
-from .._clients.base import Wait
+from .._clients.base import Flag, Wait
 from .._messages import ToolResult
 
 #: Filings waiting at most, per store: past it the store is not keeping up, and a
@@ -52,10 +51,8 @@ class FilingTicket:
     """
 
     def __init__(self, on_problem: Callable[[str], None]) -> None:
-        self.done = threading.Event()
+        self.done = Flag()  # its setting ends the wait of the round that waits for it (any thread)
         self.problem: Optional[str] = None
-        # ends the wait of the round that waits for it (any thread); a ticket nobody waits for wakes nobody
-        self.wake: Callable[[], None] = no_callback
         self._on_problem = on_problem
         self._claimed = False
         self._lock = threading.Lock()
@@ -69,7 +66,6 @@ class FilingTicket:
 
     def filed(self) -> None:
         self.done.set()
-        self.wake()
 
     def fail(self, problem: str) -> None:
         """Tell the problem, then wake the waiting round.
@@ -201,7 +197,7 @@ def wait_filed(tickets: Sequence[FilingTicket], timeout: float,
         return
     wait = Wait(None, until=time.monotonic() + timeout, ready=lambda: all(t.done.is_set() for t in waiting))
     for ticket in waiting:
-        ticket.wake = wait.wake
+        ticket.done.wake = wait.wake
     while not wait.ready() and not cancel.is_set() and time.monotonic() < wait.until:  # type: ignore[misc]
         yield wait
     if cancel.is_set():

@@ -276,7 +276,7 @@ class RoundRunner:
     def _await(self, entry: Any) -> Steps:
         """The entry's result once told (sent, counted, queued for filing); at once if the run is cancelled.
 
-        Its :class:`~.entries.Report` says so, not the handle: a handle is done before the thread
+        Its report (``dispatcher.report_of``) says so, not the handle: a handle is done before the thread
         that fixed its result has told it.  ``handle.done()`` fixes a result whose deadline passed.
         """
         handle = entry_handle(entry)
@@ -304,8 +304,8 @@ class RoundRunner:
             return entry_result(entry)
         if not handle.done():
             result = ToolResult.error_result(handle.call, reason)
-            if self._on_tool_result(result, True) or not handle.done():
-                return result  # told here (or its id was, by another): nothing is coming to wait for
+            if self._on_tool_result(result, True):
+                return result  # else the worker fixed the real one meanwhile, and is telling it
         self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
         return entry_result(entry)
 
