@@ -481,6 +481,33 @@ def test_without_the_flag_a_failure_after_tokens_ends_the_run():
     assert done(events).error is not None and len(fp.requests) == 1
 
 
+def test_without_the_flag_a_drop_after_a_native_tool_started_and_before_any_text_ends_the_run():
+    entered = threading.Event()
+    ran = []
+
+    @tool
+    def look(q: str) -> str:
+        """Looks."""
+        ran.append(q)
+        entered.set()
+        return q
+
+    with FakeProvider() as fp:
+        # The second call's start completes the first, which is dispatched (and entered) before the drop.
+        fp.add_turn(s.tool_call(0, id="c1", name="look", arguments='{"q": "a"}'),
+                    s.tool_call(1, id="c2", name="look", arguments='{"q": '),
+                    s.wait(entered, timeout=10), s.drop())
+        fp.add_turn(s.tool_call(0, id="c1", name="look", arguments='{"q": "a"}'), s.finish("tool_calls"))
+        fp.add_turn(s.text("never asked"))
+        with make_engine(fp, [look], models=["a", "b"], max_retries=0, tool_mode="native") as engine:
+            events = collect(engine)
+    assert [r.json["model"] for r in fp.requests] == ["a"]  # the second model was never asked
+    assert not [e for e in events if isinstance(e, (ResetEvent, TokenEvent))]
+    assert done(events).telemetry.stop_reason == "llm_error_after_tokens"
+    assert ran == ["a"]
+    assert [(r.call_id, r.text) for r in results(events)] == [("c1", "a")]  # told once, with its result
+
+
 # --- approval of side effects ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("verdict", [True, False])
