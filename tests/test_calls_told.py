@@ -151,7 +151,7 @@ def test_a_provider_id_repeated_in_one_response_is_renamed_and_both_calls_are_an
     assert [(m["tool_call_id"], m["content"]) for m in messages[2:]] == [("dup", "found a"), ("dup_2", "found b")]
 
 
-def test_a_native_id_that_equals_an_inline_id_keeps_each_result_in_its_own_channel():
+def test_a_native_id_that_equals_an_earlier_inline_id_is_answered_under_the_providers_id():
     @tool
     def look(q: str) -> str:
         """Looks."""
@@ -163,14 +163,39 @@ def test_a_native_id_that_equals_an_inline_id_keeps_each_result_in_its_own_chann
                     s.finish("tool_calls"))
         fp.add_turn(s.text("both"))
         with make(fp, [look], tool_mode="auto") as engine:
-            result = engine.complete(ASK)
-    assert sorted(r.call_id for r in result.tool_results) == ["call_inline_r1_1", "call_inline_r1_1_2"]
+            events = list(engine.run(ASK))
+    result = done(events)
+    told = Counter(e.result.call_id for e in of(events, ToolResultEvent))
+    assert len(told) == 2 and set(told.values()) == {1}  # each call told once, under an id of its own
+    assert {r.text for r in result.tool_results} == {"found inline", "found native"}
     messages = fp.requests[1].json["messages"]
-    tool_messages = [m for m in messages if m["role"] == "tool"]
-    assert [m["content"] for m in tool_messages] == ["found native"]
     assistant = next(m for m in messages if m["role"] == "assistant")
-    assert tool_messages[0]["tool_call_id"] == assistant["tool_calls"][0]["id"] == "call_inline_r1_1_2"
+    tool_messages = [m for m in messages if m["role"] == "tool"]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["call_inline_r1_1"]  # the provider's, unchanged
+    assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [("call_inline_r1_1", "found native")]
     assert "found inline" in messages[-1]["content"] and "found native" not in messages[-1]["content"]
+
+
+def test_a_native_id_that_equals_an_inline_id_of_an_earlier_round_is_answered_under_the_providers_id():
+    @tool
+    def look(q: str) -> str:
+        """Looks."""
+        return f"found {q}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("look", {"q": "inline"})))
+        fp.add_turn(s.tool_call(0, id="call_inline_r1_1", name="look", arguments='{"q": "native"}'),
+                    s.finish("tool_calls"))
+        fp.add_turn(s.text("both"))
+        with make(fp, [look], tool_mode="auto") as engine:
+            events = list(engine.run(ASK))
+    told = Counter(e.result.call_id for e in of(events, ToolResultEvent))
+    assert len(told) == 2 and set(told.values()) == {1}
+    messages = fp.requests[2].json["messages"]
+    assistant = [m for m in messages if m["role"] == "assistant"][-1]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["call_inline_r1_1"]
+    assert [(m["tool_call_id"], m["content"]) for m in messages if m["role"] == "tool"] == \
+        [("call_inline_r1_1", "found native")]
 
 
 # --- filing never holds a worker -----------------------------------------------------------------

@@ -9,10 +9,11 @@ request is reproducible in tests and logs.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import List, Sequence
+from typing import List, Mapping, Sequence
 
-from .._messages import Message, ToolResult
+from .._messages import Message, ToolCall, ToolResult
 
 MAX_RESULT_CHARS = 8000
 _FENCE_RUN = re.compile(r"`{3,}")
@@ -81,3 +82,25 @@ def build_continuation_message(results: Sequence[ToolResult], untold: int = 0) -
 def tool_result_messages(results: Sequence[ToolResult]) -> List[Message]:
     """``tool`` role messages answering native tool calls, one per result, in order."""
     return [Message(role="tool", content=result_content(r), tool_call_id=r.call_id) for r in results]
+
+
+def continuation_messages(text: str, native_calls: Sequence[ToolCall], results: Sequence[ToolResult],
+                          untold: int, wire_ids: Mapping[str, str]) -> List[Message]:
+    """What follows a round's messages: its answer with its native calls, their results, then the rest.
+
+    Native calls are answered in ``tool`` messages, the others (inline blocks,
+    ``untold`` stopped calls) in one user message.  ``wire_ids`` maps a native
+    call's run id to the id its provider gave it, where they differ: the
+    provider is answered under its own id.
+    """
+    native_ids = {call.id for call in native_calls}
+    native = [r for r in results if r.call_id in native_ids]
+    inline = [r for r in results if r.call_id not in native_ids]
+    sent_calls = tuple(dataclasses.replace(c, id=wire_ids[c.id]) if c.id in wire_ids else c for c in native_calls)
+    messages = [Message(role="assistant", content=text, tool_calls=sent_calls)]
+    messages.extend(tool_result_messages(
+        [dataclasses.replace(r, call_id=wire_ids[r.call_id]) if r.call_id in wire_ids else r for r in native]))
+    if inline or not native or untold:
+        told = inline if native else results
+        messages.append(Message(role="user", content=build_continuation_message(told, untold=untold)))
+    return messages

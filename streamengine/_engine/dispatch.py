@@ -20,11 +20,12 @@ at once for a call a gate stopped.  A started call's report (:meth:`ToolDispatch
 once its ``on_result`` has returned: what the round waits for, since a
 handle is done (its result fixed) before its ``on_result`` has run.
 
-Call ids are the run's: the provider's id is kept when it is new in the run,
-and a repeated one (two native calls ``dup``, or a native id that equals an
-inline call's ``call_inline_r1_1``) is renamed ``dup_2``, ``dup_3``, ... --
-the renamed id is what the continuation sends back, so the provider sees
-each call answered once under the id it is shown with.
+Call ids are the run's: a call's id is kept when it is new in the run, and a
+repeated one is renamed ``dup_2``, ``dup_3``, ... for the run (events,
+results, filing).  An inline call that comes after a native call with its id
+is the one renamed; a native call keeps the provider's id on the wire
+(``RoundStream.wire_ids``) unless its own answer repeats it, so the provider
+sees each of its calls answered under the id it gave.
 """
 from __future__ import annotations
 

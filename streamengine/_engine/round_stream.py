@@ -12,7 +12,7 @@ live in the call strategy's aggregator, but only the run sees every round.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, List, Set
+from typing import TYPE_CHECKING, Any, Dict, List, Set
 
 from .._accumulate import BLOCK, TextBuffer
 from .._output_limits import output_chars, output_limit_error
@@ -52,6 +52,10 @@ class RoundStream:
         self._parts = self.text_parts.parts  # show() appends here directly
         self._untimed = self._telemetry.time_to_first_token_s is None
         self.native_calls: List[ToolCall] = []  # as dispatched: under the id the run gave each
+        #: A native call's run id -> the id its provider gave it, where the run renamed it (the id was taken
+        #: by an inline call, or by a failed attempt) but the provider's is still free in this answer.
+        self.wire_ids: Dict[str, str] = {}
+        self._wire_taken: Set[str] = set()  # the ids this answer's native calls are answered under
         self._taken: Set[int] = set()  # the accumulator's calls handed to the dispatcher (by identity)
 
     def on_chunk(self, chunk: Chunk) -> None:
@@ -91,14 +95,22 @@ class RoundStream:
             self.runner.dispatcher.dispatch(call)
 
     def on_tool_calls(self, calls: List[ToolCall]) -> None:
-        """Native calls the strategy's accumulator found complete: dispatched at once."""
+        """Native calls the strategy's accumulator found complete: dispatched at once.
+
+        Each is dispatched under the id the run gives it (:meth:`ToolDispatcher.own_id`)
+        and answered under the provider's own, unless this answer has two calls with
+        that id: the second is answered under its run id (``dup_2``).  A call only
+        summed up (None) is not answered one by one.
+        """
         for call in calls:
             self._taken.add(id(call))
-            # Under the id the run gave it (a repeated provider id is renamed, and sent back renamed);
-            # a call only summed up (None) is not sent back at all.
             dispatched = self.runner.dispatcher.dispatch(call)
-            if dispatched is not None:
-                self.native_calls.append(dispatched)
+            if dispatched is None:
+                continue
+            self.native_calls.append(dispatched)
+            if dispatched.id != call.id and call.id not in self._wire_taken:
+                self.wire_ids[dispatched.id] = call.id
+            self._wire_taken.add(self.wire_ids.get(dispatched.id, dispatched.id))
 
     def finish(self, response: Response) -> None:
         """The stream completed: release held-back text, dispatch the native calls not dispatched yet."""

@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, Generator, Iterable, List, Set
 
 from .._clients.base import Wait
-from .continuation import build_continuation_message, tool_result_messages
+from .continuation import continuation_messages
 from .dispatch import DispatchLimits, ToolDispatcher
 from .entries import REPORT_GRACE_S, entry_handle, entry_result
 from .filing import wait_filed
@@ -321,15 +321,8 @@ class RoundRunner:
                 telemetry.tools_failed += 1
 
     def _continue_with(self, stream: RoundStream, results: List[ToolResult]) -> None:
-        native_ids: Set[str] = {call.id for call in stream.native_calls}
-        self.messages.append(Message(role="assistant", content=stream.text, tool_calls=tuple(stream.native_calls)))
-        native = [r for r in results if r.call_id in native_ids]
-        inline = [r for r in results if r.call_id not in native_ids]
-        self.messages.extend(tool_result_messages(native))
-        untold = self.dispatcher.untold_stopped
-        if inline or not native or untold:
-            self.messages.append(Message(role="user", content=build_continuation_message(inline, untold=untold)
-                                         if native else build_continuation_message(results, untold=untold)))
+        self.messages.extend(continuation_messages(stream.text, stream.native_calls, results,
+                                                   self.dispatcher.untold_stopped, stream.wire_ids))
 
     # --- endings ----------------------------------------------------------------------------
     def _count_parse_errors(self, stream: RoundStream) -> None:
