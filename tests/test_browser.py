@@ -436,6 +436,32 @@ def test_status_words_skipped_chips_tool_errors_and_markup_spacing(browser):
     assert "stopped after the last revision round" in status and "max_continuations_reached" not in status
 
 
+def test_a_skipped_call_is_shown_as_skipped_not_failed_with_errors_hidden(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    @tool(side_effects=True)
+    def send(to: str) -> str:
+        """Sends."""
+        return "sent"
+
+    oslo = block("lookup", {"city": "Oslo"})
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(f"Weather {oslo} again {oslo} and mail {block('send', {'to': 'x'})}."))
+        fp.add_turn(s.text("Sunny."))
+        with make_engine(fp, [lookup, send]) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            log = logged(browser)
+    assert log["state"] == "done"
+    chips = browser.js("Array.from(document.querySelectorAll('section')[0].querySelectorAll('.tool'))"
+                       ".map(c => [c.className, c.textContent])")
+    assert [c[0] for c in chips] == ["tool ok", "tool skipped", "tool skipped"], chips
+    assert "repeat" in chips[1][1] and "not approved" in chips[2][1], chips
+    assert not [c for c in chips if "failed" in c[1] or "\u2717" in c[1]], chips
+
+
 def test_a_cut_off_answer_and_a_refusal_are_told(browser):
     with FakeProvider() as fp:
         fp.add_turn(s.text("Hello"), s.finish("length"))

@@ -35,9 +35,14 @@ def done(events):
     return events[-1].result
 
 
-def make(fp, tools, rag=None, **config):
+def make(fp, tools, rag=None, approve=None, **config):
     config.setdefault("models", ["m"])
-    return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config), rag=rag)
+    return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config), rag=rag,
+                           approve=approve)
+
+
+def yes(call):
+    return True
 
 
 def recording_sender():
@@ -122,7 +127,7 @@ def test_a_side_effect_call_repeated_in_its_round_runs_once():
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("send", {"to": "bob"}) + " and again " + block("send", {"to": "bob"})))
         fp.add_turn(s.text("sent"))
-        with make(fp, [send]) as engine:
+        with make(fp, [send], approve=yes) as engine:
             result = engine.complete(ASK)
     assert ran == ["bob"]
     assert result.telemetry.dedup_skipped == 1
@@ -358,7 +363,7 @@ def test_native_arguments_refuse_duplicate_keys_as_inline_blocks_do():
                     s.finish("tool_calls"))
         fp.add_turn(s.text('<tool name="send">{"to": "bob", "to": "eve"}</tool>'))
         fp.add_turn(s.text("refused twice"))
-        with make(fp, [send]) as engine:
+        with make(fp, [send], approve=yes) as engine:
             result = engine.complete(ASK)
     assert ran == []
     native, inline = result.tool_results

@@ -40,12 +40,18 @@ def executor():
 
 
 class Harness:
-    def __init__(self, executor, tools=(echo, patient, send), allowed=None, per_round=3, total=5, timeout=3.0):
+    def __init__(self, executor, tools=(echo, patient, send), allowed=None, per_round=3, total=5, timeout=3.0,
+                 approve=lambda call: True):
         self.started = []
         self.delivered = []
+        self.skipped = []
         self.dispatcher = ToolDispatcher(
             ToolRegistry(list(tools)), executor, DispatchLimits(per_round, total, timeout, allowed),
-            CancelToken(), on_start=self.started.append, on_result=lambda result, ran: self.delivered.append(result))
+            CancelToken(), on_start=self.started.append, on_result=self.deliver, approve=approve)
+
+    def deliver(self, result, skipped):
+        self.delivered.append(result)
+        self.skipped.append(skipped)
 
     def results(self):
         out = []
@@ -147,7 +153,26 @@ def test_a_side_effect_tool_never_starts_when_the_stream_broke(executor):
     (held,) = h.results()
     assert not held.ok and "not run" in held.error
     assert h.started == [] and h.dispatcher.counters.tools_started == 0
-    assert [r.error for r in h.delivered] == [held.error]
+    assert [r.error for r in h.delivered] == [held.error] and h.skipped == ["not_approved"]
+
+
+def test_without_approve_a_held_side_effect_call_is_refused_and_never_started(executor):
+    h = Harness(executor, approve=None)
+    h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
+    h.dispatcher.release_side_effects()  # the stream finished normally, and nothing approves
+    (refused,) = h.results()
+    assert not refused.ok and "nothing approved it" in refused.error
+    assert h.started == [] and h.skipped == ["not_approved"]
+    assert (h.dispatcher.counters.refused, h.dispatcher.counters.tools_started) == (1, 0)
+
+
+@pytest.mark.parametrize("answer", [1, "yes", None, [True]])
+def test_only_true_from_approve_lets_a_call_run(executor, answer):
+    h = Harness(executor, approve=lambda c: answer)
+    h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
+    h.dispatcher.release_side_effects()
+    (refused,) = h.results()
+    assert "was not approved" in refused.error and h.started == []
 
 
 def test_reset_round_forgets_an_attempt_that_started_nothing(executor):

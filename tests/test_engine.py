@@ -21,11 +21,16 @@ from conftest import wait_for
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 
-def make_engine(fp, tools=(), **config):
+def make_engine(fp, tools=(), approve=None, **config):
     config.setdefault("models", ["m1"])
     config.setdefault("idle_timeout", 5.0)
     config.setdefault("completion_timeout", 10.0)
-    return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config))
+    return StreamingEngine(OpenAICompatibleClient(fp.base_url), tools, EngineConfig(**config), approve=approve)
+
+
+def approve_all(call):
+    """Lets every side-effect call run: these tests are about when such calls run, not whether."""
+    return True
 
 
 def block(name, args=None):
@@ -251,7 +256,7 @@ def test_side_effect_tool_waits_for_a_normal_end_of_stream():
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("send_mail", {"to": "x"})), s.text(" more"), s.signal(stream_done))
         fp.add_turn(s.text("mailed"))
-        with make_engine(fp, [send_mail]) as engine:
+        with make_engine(fp, [send_mail], approve=approve_all) as engine:
             result = engine.complete([{"role": "user", "content": "q"}])
     assert seen_at_start == [True]
     assert result.tool_results[0].ok and result.answer == "mailed"
@@ -271,7 +276,7 @@ def test_side_effect_tool_never_runs_after_a_cut_off_or_broken_stream(ending):
         tail = [s.drop()] if ending == "drop" else [s.finish(ending)]
         fp.add_turn(s.text(block("pay", {"amount": 5})), *tail)
         fp.add_turn(s.text("after"))
-        with make_engine(fp, [pay]) as engine:
+        with make_engine(fp, [pay], approve=approve_all) as engine:
             result = engine.complete([{"role": "user", "content": "q"}])
     assert ran == []
     assert not result.tool_results[0].ok

@@ -17,7 +17,7 @@ from streamengine.rag import SqliteRagStore
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import ToolContext, ToolHandle, tool
 
-from test_engine import block, collect, done, make_engine, names
+from test_engine import approve_all, block, collect, done, make_engine, names
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -185,7 +185,7 @@ def test_a_side_effect_call_held_on_a_cut_stream_runs_when_asked_again():
         fp.add_turn(s.text(block("send", {"to": "x"})), s.finish("length"))
         fp.add_turn(s.text(block("send", {"to": "x"})))
         fp.add_turn(s.text("done"))
-        with make_engine(fp, [send]) as engine:
+        with make_engine(fp, [send], approve=approve_all) as engine:
             result = engine.complete(Q)
     assert sent == ["x"]
     assert result.telemetry.dedup_skipped == 0
@@ -367,11 +367,11 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
             claimed.wait(5)  # the worker has fixed its result and claimed the telling
         return make_result(cls, call, reason, **fields)
 
-    def event(result):
+    def event(result, skipped=None):
         if threading.get_ident() != driver:
             claimed.set()
             time.sleep(0.002)  # a thread switch before the worker sends it
-        return make_event(result)
+        return make_event(result, skipped)
 
     monkeypatch.setattr(ToolResult, "error_result", classmethod(error_result))
     monkeypatch.setattr(rounds, "ToolResultEvent", event)

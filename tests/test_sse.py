@@ -288,7 +288,7 @@ def test_hostile_tool_result_is_one_tool_result_event(text):
     event = only_event(frame)
     assert event.type == "tool_result"
     assert json.loads(event.data) == {
-        "call_id": "c1", "name": text, "ok": False, "text": text, "error": text, "duration_s": 0.25,
+        "call_id": "c1", "name": text, "ok": False, "text": text, "error": text, "duration_s": 0.25, "skipped": None,
     }
 
 
@@ -296,7 +296,13 @@ def test_tool_result_payload_ok_and_non_finite_duration():
     result = ToolResult(call_id="c2", name="search", ok=True, text="found", duration_s=float("nan"))
     payload = json.loads(only_event(encode_event(ToolResultEvent(result))).data)
     assert payload == {"call_id": "c2", "name": "search", "ok": True, "text": "found",
-                       "error": None, "duration_s": None}
+                       "error": None, "duration_s": None, "skipped": None}
+
+
+def test_a_skipped_calls_reason_is_in_its_tool_result_payload():
+    result = ToolResult(call_id="c3", name="send", ok=False, text="", error="not run", duration_s=0.0)
+    payload = json.loads(only_event(encode_event(ToolResultEvent(result, "not_approved"))).data)
+    assert payload["skipped"] == "not_approved" and payload["error"] == "not run"
 
 
 def test_round_and_error_frames():
@@ -528,7 +534,8 @@ def random_event(rng: random.Random) -> Any:
         return ToolStartEvent(ToolCall(random_text(rng), random_text(rng), random_text(rng)))
     if kind == 7:
         return ToolResultEvent(ToolResult(random_text(rng), random_text(rng), rng.random() < 0.5,
-                                          random_text(rng), random_text(rng) or None, rng.random()))
+                                          random_text(rng), random_text(rng) or None, rng.random()),
+                               rng.choice([None, "duplicate", "pool_busy"]))
     if kind == 8:
         return ErrorEvent(random_text(rng))
     return HeartbeatEvent()
@@ -541,7 +548,7 @@ def expected(event: Any) -> Optional[tuple]:
         return ("tool_start", {"id": event.call.id, "name": event.call.name,
                                "arguments": event.call.arguments})
     if isinstance(event, ToolResultEvent):
-        return ("tool_result", dataclasses.asdict(event.result))
+        return ("tool_result", dict(dataclasses.asdict(event.result), skipped=event.skipped))
     if isinstance(event, ErrorEvent):
         return ("error", {"message": event.message, "fatal": event.fatal})
     return None
@@ -596,7 +603,7 @@ def test_real_result_types_encode():
                               duration_s=0.5)
     payload = json.loads(only_event(encode_event(ToolResultEvent(result))).data)
     assert payload == {"call_id": "c1", "name": "t\n", "ok": False, "text": "out\r\n",
-                       "error": "boom", "duration_s": 0.5}
+                       "error": "boom", "duration_s": 0.5, "skipped": None}
     telemetry = engine.Telemetry()
     done = engine.EngineResult(answer="a\n\nb", rounds=("a\n\nb",), tool_results=(result,),
                                telemetry=telemetry, usage=Usage(1, 2, 3))

@@ -7,16 +7,18 @@ continuation to read it.  A call that fails a gate is not dropped silently:
 it becomes an error :class:`ToolResult` that the continuation reports to the
 model, and a counter in the telemetry.
 
-Dedup remembers only calls that were *started*: a call skipped by a cap, or
-a side-effect call held back on a stream that broke, has no result, so the
-model may ask for it again.  Tools with side effects wait at the last gate
-until the round's stream has finished normally, then pass ``approve`` (when
-given) before they run.
+Dedup remembers only calls that were *started*: a call skipped by a cap, or a
+side-effect call held back on a stream that broke, has no result, so the
+model may ask for it again.  Tools with
+side effects wait at the last gate until the round's stream has finished
+normally, then run only if ``approve`` says yes: without one they are refused.
 
 Results are reported the moment they exist, exactly once per call:
-``on_result`` runs in the thread that fixed the result -- the worker when the
-tool returned, the thread that noticed a deadline, queue limit or cancel, or
-at once for a call a gate stopped.  A started call's report (:meth:`ToolDispatcher.report_of`) is set
+``on_result(result, skipped)`` runs in the thread that fixed the result -- the
+worker when the tool returned, the thread that noticed a deadline, queue limit
+or cancel, or at once for a call a gate stopped.  ``skipped`` says why a call
+never ran (:data:`GATE_SKIPS`, or the pool's ``pool_busy``/``cancelled``), None
+for one that ran.  A started call's report (:meth:`ToolDispatcher.report_of`) is set
 once its ``on_result`` has returned: what the round waits for, since a
 handle is done (its result fixed) before its ``on_result`` has run.
 
@@ -35,7 +37,7 @@ import operator
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._clients.base import Flag
 from .._errors import ToolError
@@ -46,6 +48,11 @@ from .result import Telemetry
 
 Key = Tuple[str, str]
 Approve = Callable[[ToolCall], object]
+OnResult = Callable[[ToolResult, Optional[str]], object]
+
+#: Skip reasons of calls a gate stopped: they never reached the pool, so they are no tool outcome
+#: (``tools_ok``/``failed``/``timed_out``); the pool's own are ``pool_busy`` and ``cancelled``.
+GATE_SKIPS = frozenset({"invalid", "duplicate", "round_cap", "request_cap", "not_allowed", "not_approved"})
 
 
 #: Calls a gate stopped (caps, duplicates, unknown tools, unreadable) that are told one by one
@@ -78,8 +85,8 @@ class ToolDispatcher:
 
     ``on_start(call)`` runs when the tool's function is entered (on its
     worker), so ``tool_start`` never precedes a wait in the pool's queue.
-    ``on_result(result, ran)`` runs once per call the moment its result is
-    fixed; ``ran`` is False for a call a gate stopped (it never reached the pool).
+    ``on_result(result, skipped)`` runs once per call the moment its result is
+    fixed; ``skipped`` is why it never ran (None: it ran).
     The gates count into ``telemetry`` (the run's one counter record).
     ``tools`` overrides registry entries for this run only (``rag_search``
     bound to the run's scope).
@@ -87,8 +94,9 @@ class ToolDispatcher:
 
     def __init__(self, registry: ToolRegistry, executor: ToolExecutor, limits: DispatchLimits,
                  cancel: threading.Event, on_start: Callable[[ToolCall], None],
-                 on_result: Callable[[ToolResult, bool], None], approve: Optional[Approve] = None,
-                 telemetry: Optional[Telemetry] = None, tools: Optional[Dict[str, Tool]] = None) -> None:
+                 on_result: OnResult, approve: Optional[Approve] = None,
+                 telemetry: Optional[Telemetry] = None, tools: Optional[Dict[str, Tool]] = None,
+                 log: Any = None) -> None:
         self._registry = registry
         self._run_tools = dict(tools or {})
         self._executor = executor
@@ -97,6 +105,7 @@ class ToolDispatcher:
         self._on_start = on_start
         self._on_result = on_result
         self._approve = approve
+        self._log = log
         self._owner = object()  # this request, for the pool's fair share
         self._started: Dict[Key, ToolHandle] = {}
         self._replayable: Dict[Key, ToolHandle] = {}
@@ -175,22 +184,22 @@ class ToolDispatcher:
             key = canonical_key(call)
         except ToolError as exc:
             self.counters.parse_errors += 1
-            self._settle_now(call, f"invalid arguments for tool '{call.name}': {exc}")
+            self._settle_now(call, f"invalid arguments for tool '{call.name}': {exc}", "invalid")
             return call
         if key in self._started or any(key == held[1] for held in self._held):
             self.counters.dedup_skipped += 1
             self._settle_now(call, f"skipped: duplicate of an earlier call to '{call.name}' "
-                                   f"with the same arguments; use its result")
+                                   f"with the same arguments; use its result", "duplicate")
             return call
         if self._round_count >= self._limits.max_tools_per_round or self._total >= self._limits.max_tools_total:
             self.counters.cap_skipped += 1
-            self._settle_now(call, self._cap_reason(call))
+            self._settle_now(call, *self._cap_reason(call))
             return call
         tool = self._run_tools.get(call.name) or self._registry.get(call.name)
         allowed = self._limits.allowed_tools
         if tool is None or (allowed is not None and call.name not in allowed):
             self.counters.disallowed += 1
-            self._settle_now(call, self._unavailable_reason(call))
+            self._settle_now(call, self._unavailable_reason(call), "not_allowed")
             return call
         self._round_count += 1
         self._total += 1
@@ -217,16 +226,16 @@ class ToolDispatcher:
 
     def reject(self, call: ToolCall, reason: str) -> None:
         """A block the model wrote but that cannot be a call (the scanner counted it): the model reads why."""
-        self._settle_now(self.own_id(call), reason)
+        self._settle_now(self.own_id(call), reason, "invalid")
 
-    def _settle_now(self, call: ToolCall, reason: str) -> None:
+    def _settle_now(self, call: ToolCall, reason: str, skipped: str) -> None:
         if self._told_stopped >= MAX_TOLD_STOPPED:
             self.untold_stopped += 1
             return
         self._told_stopped += 1
         result = ToolResult.error_result(call, reason)
         self._round.append(result)
-        self._on_result(result, False)
+        self._on_result(result, skipped)
 
     def _start(self, key: Key, tool: Tool, call: ToolCall) -> Entry:
         reused = self._replayable.pop(key, None)
@@ -239,7 +248,7 @@ class ToolDispatcher:
 
         def deliver(done: ToolHandle) -> None:
             try:
-                on_result(done.result(), True)
+                on_result(done.result(), done.skipped)
             finally:
                 report.set()
 
@@ -294,35 +303,45 @@ class ToolDispatcher:
         return self._reports[handle]
 
     def release_side_effects(self) -> None:
-        """The stream finished normally: ask ``approve``, then start the side-effect tools held back."""
+        """The stream finished normally: start the side-effect tools held back that ``approve`` says yes to."""
         held, self._held = self._held, []
         for slot, key, tool, call in held:
             refusal = self._refusal(call)
             if refusal is not None:
                 self.counters.refused += 1
-                refused = ToolResult.error_result(call, refusal)
-                self._round[slot] = refused
-                self._on_result(refused, False)
+                self._settle_held(slot, call, refusal)
                 continue
             self._round[slot] = self._start(key, tool, call)
 
     def drop_held(self) -> None:
-        """The stream broke: held side-effect calls never run (and may be asked for again)."""
+        """The stream broke: held side-effect calls never run, nor are they asked about (the model may ask again)."""
         held, self._held = self._held, []
         for slot, _key, _tool, call in held:
-            dropped = ToolResult.error_result(
-                call, "not run: the stream did not finish normally, so a tool with side effects was not started")
-            self._round[slot] = dropped
-            self._on_result(dropped, False)
+            self._settle_held(slot, call, "not run: the stream did not finish normally, so a tool with side "
+                                          "effects was not started")
+
+    def _settle_held(self, slot: int, call: ToolCall, reason: str) -> None:
+        """A held call that will not run: its error result takes its slot, and is told at once."""
+        result = ToolResult.error_result(call, reason)
+        self._round[slot] = result
+        self._on_result(result, "not_approved")
 
     def _refusal(self, call: ToolCall) -> Optional[str]:
+        """Why ``call`` may not run, or None: only an ``approve`` that returns True lets it.
+
+        A hook that raises refuses; its exception goes to the log, not to the model.
+        """
         if self._approve is None:
-            return None
+            return (f"not run: '{call.name}' has side effects and nothing approved it; do not retry it, "
+                    "answer without it")
         try:
             approved = self._approve(call)
         except Exception as exc:
-            return f"not run: approval of '{call.name}' failed ({type(exc).__name__}: {exc}); do not retry it"
-        if approved:
+            if self._log is not None:
+                self._log.opt(exception=exc).warning("approval of tool {!r} (call {}) raised, so the call is "
+                                                     "refused: {}", call.name, call.id, exc)
+            return f"not run: the approval check for '{call.name}' failed; do not retry it, answer without it"
+        if approved is True:
             return None
         return f"not run: the call to '{call.name}' was not approved; do not retry it, answer without it"
 
@@ -342,12 +361,12 @@ class ToolDispatcher:
         return list(self._round)
 
     # --- messages ----------------------------------------------------------
-    def _cap_reason(self, call: ToolCall) -> str:
+    def _cap_reason(self, call: ToolCall) -> Tuple[str, str]:
         if self._total >= self._limits.max_tools_total:
             return (f"skipped: the limit of {self._limits.max_tools_total} tool calls per request "
-                    f"was reached; answer with what you have")
+                    f"was reached; answer with what you have"), "request_cap"
         return (f"skipped: the limit of {self._limits.max_tools_per_round} tool calls per round "
-                f"was reached; call '{call.name}' again next round only if it is still needed")
+                f"was reached; call '{call.name}' again next round only if it is still needed"), "round_cap"
 
     def _unavailable_reason(self, call: ToolCall) -> str:
         names = sorted(self.available_names())

@@ -41,10 +41,19 @@ class ToolStartEvent:
 
 @dataclass(frozen=True)
 class ToolResultEvent:
-    """A tool finished, failed, timed out or was skipped: sent the moment that is known."""
+    """A tool finished, failed, timed out or was skipped: sent the moment that is known.
+
+    ``skipped`` is None for a call that ran (ok, failed or timed out), else why it
+    never ran, for a program or a page to show without reading the error text
+    (which a web app may redact): ``"duplicate"``, ``"not_approved"`` (a side-effect
+    call nothing said yes to), ``"not_allowed"`` (not in ``allowed_tools``, or no
+    such tool), ``"round_cap"``, ``"request_cap"``, ``"invalid"`` (a block or
+    arguments that could not be read), ``"pool_busy"``, ``"cancelled"``.
+    """
 
     name: ClassVar[str] = "tool_result"
     result: "ToolResult"
+    skipped: Optional[str] = None
 
 
 @dataclass(frozen=True)

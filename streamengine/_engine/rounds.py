@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, Generator, Iterable, List, Set
+from typing import Any, Dict, Generator, Iterable, List, Optional, Set
 
 from .._clients.base import Wait
 from .continuation import continuation_messages
-from .dispatch import DispatchLimits, ToolDispatcher
+from .dispatch import GATE_SKIPS, DispatchLimits, ToolDispatcher
 from .entries import REPORT_GRACE_S, entry_handle, entry_result
 from .filing import wait_filed
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
@@ -65,7 +65,7 @@ class RoundRunner:
                            self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
             state.cancel, on_start=on_start, on_result=on_result,
             approve=deps.approve, telemetry=state.telemetry,
-            tools=deps.run_tools(state.scope) if deps.run_tools is not None else None)
+            tools=deps.run_tools(state.scope) if deps.run_tools is not None else None, log=deps.log)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
         self.output_left = self.config.max_run_output_chars  # spent chunk by chunk by each RoundStream
@@ -107,15 +107,19 @@ class RoundRunner:
         if call.id not in self._reported:
             self.state.emit(ToolStartEvent(call))
 
-    def _on_tool_result(self, result: ToolResult, ran: bool) -> bool:
+    def _on_tool_result(self, result: ToolResult, skipped: Optional[str]) -> bool:
         """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call).
 
-        False when the call's result was told already (this one is dropped).
+        False when the call's result was told already (this one is dropped).  A call a
+        gate stopped is no tool outcome (it is counted by its gate); a skip is logged.
         """
-        if not self._report_once(result):
+        if not self._report_once(result, skipped):
             return False
-        if ran:
+        if skipped not in GATE_SKIPS:
             self._count_tool_outcome(result)
+        if skipped is not None:
+            self.deps.log.info("tool {!r} (call {}) not run ({}): {}", result.name, result.call_id, skipped,
+                               result.error)
         filing = self.deps.filing
         ticket = filing.file(result, self.state.scope, self._filing_failed) if filing is not None else None
         if ticket is not None:
@@ -123,13 +127,13 @@ class RoundRunner:
                 self._tickets[result.call_id] = ticket
         return True
 
-    def _report_once(self, result: ToolResult) -> bool:
+    def _report_once(self, result: ToolResult, skipped: Optional[str]) -> bool:
         """Send ``tool_result`` for a call once: a tool given up on may still return later."""
         with self._lock:
             if result.call_id in self._reported:
                 return False
             self._reported.add(result.call_id)
-        self.state.emit(ToolResultEvent(result))
+        self.state.emit(ToolResultEvent(result, skipped))
         return True
 
     def _filing_failed(self, problem: str) -> None:
@@ -304,7 +308,7 @@ class RoundRunner:
             return entry_result(entry)
         if not handle.done():
             result = ToolResult.error_result(handle.call, reason)
-            if self._on_tool_result(result, True):
+            if self._on_tool_result(result, "cancelled"):
                 return result  # else the worker fixed the real one meanwhile, and is telling it
         self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
         return entry_result(entry)

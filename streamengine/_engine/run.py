@@ -39,6 +39,7 @@ from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, To
 from .result import EngineResult, Telemetry
 from .filing import FilingQueue, run_scope
 from .rounds import RoundRunner, RunDeps, RunState
+from .run_tools import checked_approve, register_rag_search, scoped_tools, warn_unapproved
 from .._otel import instrumentation
 from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
@@ -87,9 +88,10 @@ class StreamingEngine:
     tool arguments and results (off by default; the environment's
     ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` otherwise).
 
-    ``approve(call) -> bool`` (optional) is asked, on the thread that drives the run, before
-    each tool marked ``side_effects=True`` runs; a refusal becomes an error
-    result the model reads.
+    ``approve(call) -> bool`` is asked, on the thread that drives the run, before
+    each tool marked ``side_effects=True`` (an MCP tool not marked read-only)
+    runs; only ``True`` lets it run.  Without it (here or per run) such calls are
+    refused.  A refusal, or a hook that raised, becomes an error result the model reads.
     """
 
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
@@ -106,13 +108,13 @@ class StreamingEngine:
         if not isinstance(self.config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(self.config).__name__}")
         self.client = client
-        if approve is not None and not callable(approve):
-            raise ConfigError(f"approve must be a callable taking a ToolCall and returning True to run it, "
-                              f"got {type(approve).__name__}")
+        approve = checked_approve(approve, "StreamingEngine(approve=...)")
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.rag = rag
-        self._registered_search = self._register_rag_search(rag) if rag is not None else None
+        self._registered_search = register_rag_search(self.registry, rag) if rag is not None else None
         self._log = component_logger("streamengine._engine.run.StreamingEngine", logger)
+        if approve is None:
+            warn_unapproved(self.registry, self._log)
         self.emitter = emitter if emitter is not None else EventEmitter()
         strategy = make_call_strategy(client, idle_timeout=self.config.idle_timeout,
                                       completion_timeout=self.config.completion_timeout,
@@ -142,26 +144,14 @@ class StreamingEngine:
                              run_tools=self._scoped_tools if rag is not None else None, approve=approve)
         self._closed = False
 
-    def _register_rag_search(self, rag: Any) -> Any:
-        """Our ``rag_search`` template (its spec is what the model sees), or None if the app has its own."""
-        from ..rag._search_tool import make_rag_search_tool
-        if "rag_search" in self.registry:
-            return None
-        template = make_rag_search_tool(rag, scope=None)  # each run calls a copy bound to its scope
-        self.registry.register(template)
-        return template
-
     def _scoped_tools(self, scope: str) -> dict:
-        from ..rag._search_tool import bound_to_scope
-        template = self._registered_search
-        if template is None or self.registry.get("rag_search") is not template:
-            return {}  # the application's own rag_search (registered before or after the engine) runs as is
-        return {"rag_search": bound_to_scope(template, self.rag, scope)}
+        return scoped_tools(self.registry, self._registered_search, self.rag, scope)
 
     # --- public API --------------------------------------------------------------
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None, model: Optional[str] = None,
-            options: Any = None, conversation_id: Optional[str] = None, read_ahead: bool = False) -> Iterator[Event]:
+            options: Any = None, conversation_id: Optional[str] = None, read_ahead: bool = False,
+            approve: Optional[Callable[[ToolCall], object]] = None) -> Iterator[Event]:
         """Yield events as they happen; ``DoneEvent`` is always last.
 
         The run happens in the thread that iterates it.  Stopping iteration
@@ -183,14 +173,19 @@ class StreamingEngine:
         the run into a bounded queue, so the provider is read and tools start
         while the consumer is busy.  The default reads only as fast as the
         consumer takes events (up to what the socket buffers hold).
+
+        ``approve(call) -> bool`` replaces the engine's ``approve`` for this run
+        (e.g. asking the person of this request): only ``True`` lets a
+        side-effect call run.
         """
         return self._flattened(self.run_batches(messages, cancel, heartbeat_s=heartbeat_s, model=model,
                                                 options=options, conversation_id=conversation_id,
-                                                read_ahead=read_ahead))
+                                                read_ahead=read_ahead, approve=approve))
 
     def run_batches(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
                     heartbeat_s: Optional[float] = None, model: Optional[str] = None, options: Any = None,
-                    conversation_id: Optional[str] = None, read_ahead: bool = False) -> Iterator[List[Event]]:
+                    conversation_id: Optional[str] = None, read_ahead: bool = False,
+                    approve: Optional[Callable[[ToolCall], object]] = None) -> Iterator[List[Event]]:
         """:meth:`run` in lists: each list is what was ready before the run would wait (write it now).
 
         A consumer that batches its output (the WSGI stream joins a list's
@@ -208,7 +203,7 @@ class StreamingEngine:
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
-        deps = self._deps_for(model, options)
+        deps = self._deps_for(model, options, checked_approve(approve, "run(approve=...)"))
         # The run's span is a child of the context current *here*, whichever thread then drives the run.
         otel = self._otel
         parent = otel.current_context() if otel is not None else None
@@ -226,8 +221,10 @@ class StreamingEngine:
         finally:
             batches.close()  # type: ignore[attr-defined]
 
-    def _deps_for(self, model: Optional[str], options: Any) -> RunDeps:
-        """The engine's run dependencies, or a copy with this run's model and options."""
+    def _deps_for(self, model: Optional[str], options: Any, approve: Optional[Callable[[ToolCall], object]]) -> RunDeps:
+        """The engine's run dependencies, or a copy with this run's model, options and approve hook."""
+        if approve is not None:
+            return dataclasses.replace(self._deps_for(model, options, None), approve=approve)
         if model is None and options is None:
             return self._deps
         extra = completion_options(options, "run(options=...)")
@@ -239,7 +236,7 @@ class StreamingEngine:
 
     def complete(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
                  model: Optional[str] = None, options: Any = None, conversation_id: Optional[str] = None,
-                 raise_on_error: bool = True) -> EngineResult:
+                 raise_on_error: bool = True, approve: Optional[Callable[[ToolCall], object]] = None) -> EngineResult:
         """Run to the end and return the result (no events).
 
         A run that failed before producing any answer raises its error
@@ -247,11 +244,12 @@ class StreamingEngine:
         partial result), so a script does not go on with a warning as its
         answer.  ``raise_on_error=False`` returns that result instead, with
         ``answer`` the visible ``⚠️ LLM error: ...`` and ``error`` set.
-        ``model``, ``options`` and ``conversation_id`` are as for :meth:`run`.
+        ``model``, ``options``, ``conversation_id`` and ``approve`` are as for :meth:`run`.
         """
         # run() always ends with DoneEvent; a deque of length 1 keeps it and
         # consumes the rest in C, not one Python loop step per token.
-        events = self.run(messages, cancel, model=model, options=options, conversation_id=conversation_id)
+        events = self.run(messages, cancel, model=model, options=options, conversation_id=conversation_id,
+                          approve=approve)
         last = collections.deque(events, maxlen=1)
         assert last and isinstance(last[0], DoneEvent)
         result = last[0].result

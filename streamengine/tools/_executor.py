@@ -31,7 +31,7 @@ from .._errors import ConfigError, ToolError
 from .._logs import component_logger
 from .._messages import ToolCall, ToolResult
 from .._tool_context import ToolContext
-from ._handle import PENDING, ToolHandle
+from ._handle import CANCELLED_FIRST, PENDING, POOL_BUSY, ToolHandle
 from ._remote_run import hand_over
 from ._results import ToolFailure
 from ._tool import Tool
@@ -131,7 +131,8 @@ class ToolExecutor:
         except ToolError as exc:
             return ToolHandle.refused(tool, call, str(exc), self._log)
         if cancel is not None and cancel.is_set():
-            return ToolHandle.refused(tool, call, f"tool '{tool.name}' cancelled before it started", self._log)
+            return ToolHandle.refused(tool, call, f"tool '{tool.name}' cancelled before it started", self._log,
+                                      CANCELLED_FIRST)
         handle = ToolHandle(tool, call, args, effective, queue_timeout=self.queue_timeout, on_start=on_start,
                             owner=owner, log=self._log)
         handle.link_cancel(cancel)
@@ -140,7 +141,7 @@ class ToolExecutor:
             return handle
         refusal, spawn = self._place(handle)
         if refusal is not None:
-            handle.refuse(refusal)
+            handle.refuse(*refusal)
         elif spawn is not None:
             self._start(spawn, handle)
         return handle
@@ -164,7 +165,8 @@ class ToolExecutor:
             running = [w.current for w in self._workers if w.current is not None]
             workers = list(self._workers)
         for handle in queued:
-            handle.refuse(f"tool '{handle.call.name}' cancelled: the tool executor shut down before it started")
+            handle.refuse(f"tool '{handle.call.name}' cancelled: the tool executor shut down before it started",
+                          CANCELLED_FIRST)
         began = time.monotonic()
         for handle in running:
             handle.cancel_event.set()
@@ -190,14 +192,14 @@ class ToolExecutor:
 
     # -- placement
 
-    def _place(self, handle: ToolHandle) -> Tuple[Optional[str], Optional[_Worker]]:
-        """Hand to an idle worker, or reserve a new one, or queue; else say why not."""
+    def _place(self, handle: ToolHandle) -> Tuple[Optional[Tuple[str, str]], Optional[_Worker]]:
+        """Hand to an idle worker, or reserve a new one, or queue; else say why not (message, skip reason)."""
         late: List[ToolHandle] = []
         try:
             with self._lock:
                 if self._shutdown:
                     return (f"tool '{handle.call.name}' not started: the tool executor is shut down; "
-                            "create a new one"), None
+                            "create a new one", CANCELLED_FIRST), None
                 owner = handle.owner
                 if self.max_per_owner is not None and self._held.get(owner, 0) >= self.max_per_owner:
                     handle.busy_reason = f"its run already held its limit of {self.max_per_owner} workers"
@@ -218,7 +220,7 @@ class ToolExecutor:
                 late = stuck  # their timeout results are fixed outside the lock
                 if len(stuck) >= self.max_workers:
                     return (f"tool pool exhausted: all {self.max_workers} workers are stuck in tools that "
-                            "timed out or ignored a cancel; try again later"), None
+                            "timed out or ignored a cancel; try again later", POOL_BUSY), None
                 handle.busy_reason = f"all {self.max_workers} workers were in use"
                 self._enqueue(handle)
                 return None, None
@@ -278,7 +280,7 @@ class ToolExecutor:
                 self._workers.discard(worker)
                 self._release(first)
             first.refuse(f"tool '{first.call.name}' not started: could not start a worker thread ({exc}); "
-                         "try again later")
+                         "try again later", POOL_BUSY)
             return
         with self._lock:
             # Pruned here, not only in threads_alive(): idle threads retire and new

@@ -15,6 +15,10 @@ section; it never touches the handle's fields.
 The deadline counts from the moment the function is entered (or, for a
 remote executor, handed over), not from submit: time spent waiting for a free
 worker is bounded separately by the executor's ``queue_timeout``.
+
+A call whose function never ran because the pool could not take it or it was
+cancelled first says so in :attr:`ToolHandle.skipped` (``"pool_busy"``,
+``"cancelled"``): not a failure of the tool, and not a call that started.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from .._messages import ToolCall, ToolResult
 from ._tool import Tool
 
 PENDING, RUNNING, FINISHED, CANCELLED = "pending", "running", "finished", "cancelled"
+
+#: Why a call's function never ran (:attr:`ToolHandle.skipped`): the pool was busy, or it was cancelled first.
+POOL_BUSY, CANCELLED_FIRST = "pool_busy", "cancelled"
 
 
 def seconds(value: float) -> str:
@@ -55,6 +62,9 @@ class ToolHandle:
         self._log = log
         self._state = PENDING
         self._result: Optional[ToolResult] = None
+        #: Set with the result when the function never ran: ``"pool_busy"`` or ``"cancelled"`` (None: it ran,
+        #: or its arguments were refused).  A busy call may be asked for again; it is no duplicate.
+        self.skipped: Optional[str] = None
         self._done = threading.Event()
         self._lock = threading.Lock()
         # Notified when the call starts and when its result is fixed: a waiter
@@ -65,10 +75,11 @@ class ToolHandle:
         self._callbacks: List[Callable[["ToolHandle"], None]] = []
 
     @classmethod
-    def refused(cls, tool: Optional[Tool], call: ToolCall, message: str, log: Any = None) -> "ToolHandle":
-        """A handle that is already done with an error: the function never runs."""
+    def refused(cls, tool: Optional[Tool], call: ToolCall, message: str, log: Any = None,
+                skipped: Optional[str] = None) -> "ToolHandle":
+        """A handle that is already done with an error: the function never runs (``skipped``: why, if not a fault)."""
         handle = cls(tool, call, {}, 0.0, log=log)
-        handle.refuse(message)
+        handle.refuse(message, skipped)
         return handle
 
     # -- public
@@ -155,7 +166,7 @@ class ToolHandle:
             if self._state != PENDING or self._result is not None:
                 return False
             self._state = CANCELLED
-        self._settle(ToolResult.error_result(self.call, f"tool '{self.call.name}' cancelled before it started"))
+        self._settle(self._cancelled_result(), CANCELLED_FIRST)
         return True
 
     def __repr__(self) -> str:
@@ -198,7 +209,10 @@ class ToolHandle:
             else:
                 self._state = CANCELLED
         if self._state == CANCELLED:  # a plain Event's watcher may not have fired yet: never start a cancelled call
-            self._settle(self._cancelled_result() if cancelled else self._busy_result(now))
+            if cancelled:
+                self._settle(self._cancelled_result(), CANCELLED_FIRST)
+            else:
+                self._settle(self._busy_result(now), POOL_BUSY)
             return False
         if on_start is not None:
             self._safely(on_start, "on_start hook")
@@ -214,13 +228,17 @@ class ToolHandle:
             self._log.info("tool {!r} (call {}) returned after it was given up; result discarded",
                            self.call.name, self.call.id)
 
-    def refuse(self, message: str) -> bool:
-        """PENDING -> CANCELLED with an error result (shutdown, exhausted pool); False if too late."""
+    def refuse(self, message: str, skipped: Optional[str] = None) -> bool:
+        """PENDING -> CANCELLED with an error result (shutdown, exhausted pool); False if too late.
+
+        ``skipped`` (:data:`POOL_BUSY`, :data:`CANCELLED_FIRST`) says the call was not at fault:
+        None for arguments the tool refused.
+        """
         with self._lock:
             if self._state != PENDING or self._result is not None:
                 return False
             self._state = CANCELLED
-        return self._settle(ToolResult.error_result(self.call, message))
+        return self._settle(ToolResult.error_result(self.call, message), skipped)
 
     def abandon(self, message: str) -> bool:
         """Fix an error result for a running call nobody will wait for (a remote call given up)."""
@@ -264,7 +282,7 @@ class ToolHandle:
                 if self._state != PENDING or self._result is not None:
                     return
                 self._state = CANCELLED
-            self._settle(self._busy_result(now))
+            self._settle(self._busy_result(now), POOL_BUSY)
         else:
             self.expire_if_late(now)
 
@@ -300,11 +318,12 @@ class ToolHandle:
     def _cancelled_result(self) -> ToolResult:
         return ToolResult.error_result(self.call, f"tool '{self.call.name}' cancelled before it started")
 
-    def _settle(self, result: ToolResult) -> bool:
+    def _settle(self, result: ToolResult, skipped: Optional[str] = None) -> bool:
         with self._lock:
             if self._result is not None:
                 return False
             self._result = result
+            self.skipped = skipped
             self._done.set()
             self._changed.notify_all()
             # ``on_start`` (the dispatcher's, which holds this handle) goes with the result; the

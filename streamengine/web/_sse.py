@@ -25,7 +25,8 @@ Frames::
     : ok                                             OK_FRAME (first, from encode_stream)
     data: "<token text>"                             token
     event: tool_start   data: {"id","name","arguments"}
-    event: tool_result  data: {"call_id","name","ok","text","error","duration_s"}
+    event: tool_result  data: {"call_id","name","ok","text","error","duration_s","skipped"}
+                        (skipped: why the call never ran, e.g. "duplicate"; null when it ran)
     event: round        data: {"round": n}
     event: refusal      data: {"text": "...", "round": n}   (the model refused; not the answer)
     event: reset        data: {"round": n, "reason": "..."}   (clear round n's text)
@@ -161,11 +162,15 @@ def _tool_start(event: Any) -> bytes:
 
 def _tool_result(event: Any) -> bytes:
     result = getattr(event, "result", None)
-    return tool_result_frame(result, getattr(result, "error", None))
+    return tool_result_frame(result, getattr(result, "error", None), getattr(event, "skipped", None))
 
 
-def tool_result_frame(result: Any, error: Any) -> bytes:
-    """The ``tool_result`` frame of ``result`` with ``error`` as the text its error is shown as."""
+def tool_result_frame(result: Any, error: Any, skipped: Any = None) -> bytes:
+    """The ``tool_result`` frame of ``result`` with ``error`` as the text its error is shown as.
+
+    ``skipped`` (the event's) is sent as it is, whatever ``error`` became: a page tells a
+    skipped call from a failed one by it, not by error text a redaction replaced.
+    """
     return _named_frame(b"event: tool_result\ndata: ", {
         "call_id": getattr(result, "call_id", None),
         "name": getattr(result, "name", None),
@@ -173,6 +178,7 @@ def tool_result_frame(result: Any, error: Any) -> bytes:
         "text": getattr(result, "text", None),
         "error": error,
         "duration_s": getattr(result, "duration_s", None),
+        "skipped": skipped,
     })
 
 
