@@ -99,6 +99,57 @@ def test_a_call_refused_as_pool_busy_gets_its_tool_result_and_is_counted():
     assert done(events_a).answer == "answered"
 
 
+def test_a_call_refused_as_pool_busy_is_not_a_duplicate_when_asked_again_next_round():
+    release, holding, a_done = threading.Event(), threading.Event(), threading.Event()
+    quick_ran = []
+
+    @tool
+    def hold() -> str:
+        """Holds the only worker."""
+        holding.set()
+        release.wait(10)
+        return "held"
+
+    @tool
+    def quick() -> str:
+        """Quick."""
+        quick_ran.append(1)
+        return "quick"
+
+    def respond(request):
+        last = request["messages"][-1]["content"]
+        if last == "a":
+            return [s.text(block("hold"))]
+        if last == "b":
+            return [s.text(block("quick"))]
+        if "quick" in last and "busy" in last:  # b's continuation: the pool is free again once a is done
+            release.set()
+            return [s.wait(a_done, timeout=10), s.text("Again " + block("quick"))]
+        return [s.text("answered")]
+
+    with FakeProvider() as fp:
+        fp.respond_with(respond)
+        with make(fp, [hold, quick], pool_size=1, tool_queue_timeout=0.3) as engine:
+            events_a = []
+
+            def run_a():
+                events_a.extend(engine.run([{"role": "user", "content": "a"}]))
+                a_done.set()
+
+            runner_a = threading.Thread(target=run_a)
+            runner_a.start()
+            assert holding.wait(10)
+            events_b = list(engine.run([{"role": "user", "content": "b"}]))
+            release.set()
+            runner_a.join(10)
+    busy, retried = of(events_b, ToolResultEvent)
+    assert "busy" in busy.result.error and busy.skipped == "pool_busy"
+    assert retried.result.ok and retried.result.text == "quick" and retried.skipped is None
+    assert quick_ran == [1]
+    telemetry = done(events_b).telemetry
+    assert telemetry.dedup_skipped == 0 and telemetry.tools_ok == 1
+
+
 def test_a_tool_given_up_and_returning_later_is_told_once():
     late = threading.Event()
 

@@ -7,9 +7,9 @@ continuation to read it.  A call that fails a gate is not dropped silently:
 it becomes an error :class:`ToolResult` that the continuation reports to the
 model, and a counter in the telemetry.
 
-Dedup remembers only calls that were *started*: a call skipped by a cap, or a
-side-effect call held back on a stream that broke, has no result, so the
-model may ask for it again.  Tools with
+Dedup remembers only calls that were *started*: a call skipped by a cap, a
+side-effect call held back on a stream that broke, or one the pool was too
+busy to start has no result, so the model may ask for it again.  Tools with
 side effects wait at the last gate until the round's stream has finished
 normally, then run only if ``approve`` says yes: without one they are refused.
 
@@ -186,7 +186,7 @@ class ToolDispatcher:
             self.counters.parse_errors += 1
             self._settle_now(call, f"invalid arguments for tool '{call.name}': {exc}", "invalid")
             return call
-        if key in self._started or any(key == held[1] for held in self._held):
+        if self._is_duplicate(key):
             self.counters.dedup_skipped += 1
             self._settle_now(call, f"skipped: duplicate of an earlier call to '{call.name}' "
                                    f"with the same arguments; use its result", "duplicate")
@@ -212,6 +212,14 @@ class ToolDispatcher:
             entry = self._reusing(entry, wanted)
         self._round.append(entry)
         return entry.call if isinstance(entry, Reused) else call
+
+    def _is_duplicate(self, key: Key) -> bool:
+        """Asked before in the run and started (or held this round); a call the pool refused as busy never was."""
+        started = self._started.get(key)
+        if started is not None and started.skipped == "pool_busy":
+            del self._started[key]  # its retry runs
+            started = None
+        return started is not None or any(key == held[1] for held in self._held)
 
     def _reusing(self, entry: Reused, wanted: str) -> Reused:
         """A replay's call answered by its failed attempt's: an exact repeat (same id too) keeps that id.
@@ -239,7 +247,7 @@ class ToolDispatcher:
 
     def _start(self, key: Key, tool: Tool, call: ToolCall) -> Entry:
         reused = self._replayable.pop(key, None)
-        if reused is not None:
+        if reused is not None and reused.skipped != "pool_busy":  # a busy refusal is not a result to reuse
             self._started[key] = self._round_started[key] = reused
             return Reused(reused, call)
         self.counters.tools_started += 1
