@@ -1,13 +1,16 @@
 """The tools a run gets besides the registry's, and what lets a side-effect tool run.
 
 With a store (``rag=``) the engine registers its own ``rag_search`` template
-and hands each run a copy bound to the run's scope; the application's own
-``rag_search`` wins, as documented.  A side-effect tool runs only when an ``approve``
+and hands each run a copy bound to the run's scope.  The application's own
+Python ``rag_search`` wins, as documented; one an MCP server offers is a
+clash refused at construction, like any other name clash: it would silently
+replace the scoped search.  A side-effect tool runs only when an ``approve``
 hook returns True; an engine that has such tools and no hook says so once,
 when it is built.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, Optional
 
 from .._errors import ConfigError
@@ -35,6 +38,12 @@ def register_rag_search(registry: ToolRegistry, rag: Any) -> Optional[Tool]:
     """Our ``rag_search`` template (its spec is what the model sees), or None if the application has its own."""
     from ..rag._search_tool import make_rag_search_tool
     if "rag_search" in registry:
+        server = _mcp_server_of(registry.get("rag_search"))
+        if server is not None:
+            raise ConfigError(
+                f"MCP server {server!r} offers a tool named 'rag_search', which would replace the engine's own "
+                f"search of rag=; rename the server's tools with McpServer.tools(prefix='...') (e.g. "
+                f"prefix='mcp_') or leave it out with McpServer.tools(include=[...]) naming the others")
         return None
     template = make_rag_search_tool(rag, scope=None)  # each run calls a copy bound to its scope
     registry.register(template)
@@ -48,3 +57,10 @@ def scoped_tools(registry: ToolRegistry, template: Optional[Tool], rag: Any, sco
         return {}  # the application's own rag_search (registered before or after the engine) runs as is
     return {"rag_search": bound_to_scope(template, rag, scope)}
 
+
+def _mcp_server_of(tool: Any) -> Optional[str]:
+    """The name of the MCP server ``tool`` came from, or None for any other tool."""
+    if "streamengine.mcp" not in sys.modules:  # no MCP tool exists before that package is imported
+        return None
+    from ..mcp import McpTool
+    return tool.server.name if isinstance(tool, McpTool) else None
