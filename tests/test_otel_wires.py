@@ -36,7 +36,8 @@ def data(payload: Any) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-#: One answer "hi" per wire, with id "<wire>-answer-7", 100 input tokens of which 64 were read from the cache.
+#: One answer "hi" per wire, with id "<wire>-answer-7", 100 input tokens of which 64 were read from the cache,
+#: and (where the wire counts them) 2 of its 5 output tokens spent reasoning.
 CACHED_STREAMS = {
     "openai": "".join([
         data({"id": "openai-answer-7", "object": "chat.completion.chunk", "model": "m",
@@ -47,7 +48,8 @@ CACHED_STREAMS = {
               "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
         data({"id": "openai-answer-7", "object": "chat.completion.chunk", "model": "m", "choices": [],
               "usage": {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105,
-                        "prompt_tokens_details": {"cached_tokens": 64, "audio_tokens": 0}}}),
+                        "prompt_tokens_details": {"cached_tokens": 64, "audio_tokens": 0},
+                        "completion_tokens_details": {"reasoning_tokens": 2}}}),
         data("[DONE]"),
     ]),
     "anthropic": "".join([
@@ -74,7 +76,7 @@ CACHED_STREAMS = {
             "output": [{"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
                         "content": [{"type": "output_text", "text": "hi", "annotations": []}]}],
             "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 64}, "output_tokens": 5,
-                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 105}}}),
+                      "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 105}}}),
     ]),
 }
 
@@ -115,15 +117,20 @@ def run_on(wire: str, fp: FakeProvider, spans: Spans, **config: Any) -> Any:
         return engine.complete(QUESTION)
 
 
-@pytest.mark.parametrize("wire", WIRES)
-def test_a_chat_span_carries_the_id_the_provider_gave_its_answer(wire):
+def two_runs(wire: str, *options: Any) -> Any:
+    """Two runs on ``wire`` (with ``options`` each, if given): their chat spans and the request bodies."""
     spans = Spans()
     with FakeProvider(wire=wire) as fp:
-        fp.add_turn(s.text("one"))
-        fp.add_turn(s.text("two"))
-        run_on(wire, fp, spans)
-        run_on(wire, fp, spans)
-    ids = [span.attributes.get("gen_ai.response.id") for span in spans.chats()]
+        for number, run_options in enumerate(options or (None, None)):
+            fp.add_turn(s.text(f"answer {number}"))
+            run_on(wire, fp, spans, **({"options": run_options} if run_options is not None else {}))
+        return spans.chats(), [request.json for request in fp.requests]
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_chat_span_carries_the_id_the_provider_gave_its_answer(wire):
+    chats, _ = two_runs(wire)
+    ids = [span.attributes.get("gen_ai.response.id") for span in chats]
     assert [value.startswith(FAKE_IDS[wire]) for value in ids] == [True, True] and ids[0] != ids[1]
 
 
@@ -139,6 +146,7 @@ def test_cached_input_tokens_are_read_from_each_wire_and_reach_the_span(wire):
     assert chat.attributes["gen_ai.response.id"] == f"{wire}-answer-7"
     assert chat.attributes["gen_ai.usage.input_tokens"] == 100
     assert chat.attributes["gen_ai.usage.cache_read.input_tokens"] == 64
+    assert chat.attributes.get("gen_ai.usage.reasoning.output_tokens") == (None if wire == "anthropic" else 2)
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -153,16 +161,10 @@ def test_a_whole_answer_carries_its_id_and_cached_tokens(wire):
 
 @pytest.mark.parametrize("wire", WIRES)
 def test_top_p_is_an_option_sent_on_each_wire_and_named_on_the_span(wire):
-    spans = Spans()
-    with FakeProvider(wire=wire) as fp:
-        fp.add_turn(s.text("one"))
-        fp.add_turn(s.text("two"))
-        run_on(wire, fp, spans, options={"top_p": 0.25, "temperature": 0.5})
-        run_on(wire, fp, spans, options=CompletionOptions(top_p=0.75))
-        sent = [request.json for request in fp.requests]
+    chats, sent = two_runs(wire, {"top_p": 0.25, "temperature": 0.5}, CompletionOptions(top_p=0.75))
     assert [body["top_p"] for body in sent] == [0.25, 0.75]
-    assert [span.attributes["gen_ai.request.top_p"] for span in spans.chats()] == [0.25, 0.75]
-    assert spans.chats()[0].attributes["gen_ai.request.temperature"] == 0.5
+    assert [span.attributes["gen_ai.request.top_p"] for span in chats] == [0.25, 0.75]
+    assert chats[0].attributes["gen_ai.request.temperature"] == 0.5
 
 
 def test_top_p_is_merged_and_kept_like_every_other_option():
