@@ -58,6 +58,7 @@ def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
 
 
 def end_mcp_client_span(handle: tuple, error: Optional[BaseException]) -> None:
+    """End the span :func:`mcp_client_span` made (none when its start failed), with the call's error."""
     span, owner = handle
     if span is None:
         return
