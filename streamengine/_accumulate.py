@@ -235,8 +235,8 @@ class ResponseAggregator:
     """Folds chunks into one :class:`Response`, within ``limits`` (:class:`OutputLimits`).
 
     Content (and reasoning, and refusal) pieces are joined; tool-call deltas go through a
-    :class:`ToolCallAccumulator`; ``usage``, ``model`` and ``finish_reason`` are
-    the last non-null values seen (providers send usage in a trailing frame).
+    :class:`ToolCallAccumulator`; ``usage``, ``model``, ``finish_reason`` and
+    the response's id are the last non-null values seen (providers send usage in a trailing frame).
     A chunk that takes a text past its cap raises :class:`LlmOutputLimitError`
     and is not kept.  :meth:`add` is on the per-token path, so it does as little as it can.
     """
@@ -255,6 +255,7 @@ class ResponseAggregator:
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
         self.finish_reason: Optional[str] = None
+        self.response_id: Optional[str] = None
         self.completed = False
         self.chunks = 0
 
@@ -285,6 +286,8 @@ class ResponseAggregator:
             self.usage = chunk.usage
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
+        if chunk.response_id:
+            self.response_id = chunk.response_id
         if chunk.is_completed:
             self.completed = True
         if not chunk.tool_calls:
@@ -329,4 +332,5 @@ class ResponseAggregator:
             finish_reason=self.finish_reason,
             refusal=self._refusal.text() or None,
             reasoning=self.reasoning or None,
+            id=self.response_id,
         )

@@ -6,6 +6,7 @@ messages are taken and turned into :class:`Message` by :func:`as_message`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -214,7 +215,9 @@ class Chunk:
     refusal (OpenAI's ``delta.refusal``): not the answer, but model output.
     ``text_only`` (answer text and at most the model's name, nothing else:
     nearly every frame) is computed here too, so the layers above take such
-    a chunk with one test instead of one per field.
+    a chunk with one test instead of one per field.  ``response_id`` is the
+    provider's id for the whole answer (``chatcmpl-...``, ``msg_...``,
+    ``resp_...``), on whichever chunk the wire carries it: not model output.
     """
 
     content: Optional[str] = None
@@ -225,6 +228,7 @@ class Chunk:
     finish_reason: Optional[str] = None
     model: Optional[str] = None
     refusal: Optional[str] = None
+    response_id: Optional[str] = None
 
     # Written by hand, not generated: one chunk is built per provider frame
     # (100k+/s), and the generated frozen __init__ pays an object.__setattr__
@@ -233,7 +237,8 @@ class Chunk:
     def __init__(self, content: Optional[str] = None, reasoning: Optional[str] = None,
                  tool_calls: Tuple[ToolCallDelta, ...] = (), is_completed: bool = False,
                  usage: Optional[Usage] = None, finish_reason: Optional[str] = None,
-                 model: Optional[str] = None, refusal: Optional[str] = None) -> None:
+                 model: Optional[str] = None, refusal: Optional[str] = None,
+                 response_id: Optional[str] = None) -> None:
         d = self.__dict__
         d["content"] = content
         d["reasoning"] = reasoning
@@ -243,9 +248,10 @@ class Chunk:
         d["finish_reason"] = finish_reason
         d["model"] = model
         d["refusal"] = refusal
+        d["response_id"] = response_id
         rest = reasoning or tool_calls or is_completed or refusal
         d["is_meaningful"] = bool(content or rest)
-        d["text_only"] = bool(content) and not (rest or usage is not None or finish_reason)
+        d["text_only"] = bool(content) and not (rest or usage is not None or finish_reason or response_id)
 
     if TYPE_CHECKING:  # read-only attributes set by __init__ (frozen like the fields)
         is_meaningful: bool
@@ -279,6 +285,7 @@ class Response:
     ``refusal`` is the model's refusal text (None when it did not refuse):
     kept apart from ``content`` because it is not an answer to show as one.
     ``reasoning`` is what a thinking model thought (None without any).
+    ``id`` is the provider's id for this answer (None when it sent none).
     """
 
     content: str = ""
@@ -288,6 +295,7 @@ class Response:
     finish_reason: Optional[str] = None
     refusal: Optional[str] = None
     reasoning: Optional[str] = None
+    id: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -306,16 +314,20 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class CompletionOptions:
-    """Per-call settings; ``extra`` is merged into the request JSON as is."""
+    """Per-call settings; ``extra`` is merged into the request JSON as is (and wins over a field).
+
+    ``top_p`` comes after ``extra`` so that options built by position before it existed mean what they meant.
+    """
 
     model: Optional[str] = None
     temperature: Optional[float] = None
     max_tokens: Optional[int] = None
     stop: Optional[Sequence[str]] = None
     extra: Optional[Mapping[str, Any]] = None
+    top_p: Optional[float] = None
 
     def with_model(self, model: str) -> "CompletionOptions":
-        return CompletionOptions(model, self.temperature, self.max_tokens, self.stop, self.extra)
+        return dataclasses.replace(self, model=model)
 
     def merged(self, override: Optional["CompletionOptions"]) -> "CompletionOptions":
         """These options with ``override``'s set fields on top (``extra`` merged key by key)."""
@@ -325,7 +337,7 @@ class CompletionOptions:
         pick = lambda mine, theirs: mine if theirs is None else theirs  # noqa: E731
         return CompletionOptions(pick(self.model, override.model), pick(self.temperature, override.temperature),
                                  pick(self.max_tokens, override.max_tokens), pick(self.stop, override.stop),
-                                 extra or None)
+                                 extra or None, pick(self.top_p, override.top_p))
 
     def to_body(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {}
@@ -333,6 +345,8 @@ class CompletionOptions:
             body["model"] = self.model
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         if self.stop is not None:

@@ -146,7 +146,7 @@ def test_usage_counts_cached_prompt_tokens_and_takes_the_last_cumulative_counts(
         + event("message_stop")), auto_finish=False)
     chunks = collect(client)
     assert text_of(chunks) == "a"
-    assert chunks[-1].usage == Usage(1120, 9, 1129) and chunks[-1].finish_reason == "stop"
+    assert chunks[-1].usage == Usage(1120, 9, 1129, cached_tokens=1000) and chunks[-1].finish_reason == "stop"
 
 
 # -- completion rules ---------------------------------------------------------------------

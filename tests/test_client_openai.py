@@ -62,7 +62,8 @@ def test_usage_frame_comes_last_and_completed_chunk_carries_it(fp, client):
     assert chunks[-2].usage == Usage(2, 1, 3) and not chunks[-2].is_meaningful
     assert chunks[-2].finish_reason is None
     assert any(c.finish_reason == "stop" and not c.is_completed for c in chunks)
-    assert chunks[-1] == Chunk(is_completed=True, finish_reason="stop", usage=Usage(2, 1, 3), model="m1")
+    assert chunks[-1] == Chunk(is_completed=True, finish_reason="stop", usage=Usage(2, 1, 3), model="m1",
+                               response_id="chatcmpl-fake-1")
 
 
 def test_reasoning_field_named_reasoning_is_accepted(fp, client):

@@ -8,6 +8,7 @@ Studio), flat and nested ``error`` events, hosted tools' progress.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from typing import Any, Dict, Iterator, List
@@ -462,4 +463,6 @@ def test_the_aggregate_of_a_stream_is_the_buffered_answer(fp, client):
     aggregator = ResponseAggregator()
     for chunk in collect(client):
         aggregator.add(chunk)
-    assert aggregator.response() == client.complete(MESSAGES, options=OPTIONS)
+    streamed, whole = aggregator.response(), client.complete(MESSAGES, options=OPTIONS)
+    assert (streamed.id, whole.id) == ("resp_fake_1", "resp_fake_2")  # two answers, each with its own id
+    assert dataclasses.replace(streamed, id=None) == dataclasses.replace(whole, id=None)

@@ -215,9 +215,13 @@ def test_a_cancelled_run_ends_every_span_it_opened(otel):
         release.set()
     names = sorted(span.name for span in otel.finished())
     assert names == ["chat m", "execute_tool wait_here", "invoke_agent streamengine"]
+    for span in otel.finished():  # none of them completed: each is an ERROR of type "cancelled"
+        assert span.status.status_code is StatusCode.ERROR and span.attributes["error.type"] == "cancelled"
     (agent,) = otel.named("invoke_agent")
-    assert agent.status.status_code is StatusCode.UNSET
     assert agent.attributes["streamengine.stop_reason"] == "cancelled"
+    metrics = otel.metrics()
+    for name in ("gen_ai.client.operation.duration", "gen_ai.invoke_agent.duration"):
+        assert [point.attributes.get("error.type") for point in metrics[name]] == ["cancelled"]
 
 
 def test_content_is_captured_only_when_asked(otel, monkeypatch):

@@ -28,7 +28,6 @@ RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 USAGE_INPUT = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
-USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
@@ -134,8 +133,7 @@ def usage_attributes(usage: Any) -> Dict[str, int]:
         return {}
     out = {USAGE_INPUT: int(getattr(usage, "prompt_tokens", 0) or 0),
            USAGE_OUTPUT: int(getattr(usage, "completion_tokens", 0) or 0)}
-    for field, key in (("cache_read_tokens", USAGE_CACHE_READ), ("cache_creation_tokens", USAGE_CACHE_CREATION),
-                       ("reasoning_tokens", USAGE_REASONING)):
+    for field, key in (("cached_tokens", USAGE_CACHE_READ), ("reasoning_tokens", USAGE_REASONING)):
         value = getattr(usage, field, None)
         if value:
             out[key] = int(value)

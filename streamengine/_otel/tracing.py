@@ -10,7 +10,9 @@ exactly as the tool overlapped the model's stream.
 
 A span that was never recording (no SDK configured) gets no attributes: the
 work of building them is skipped, which is what keeps the API-only cost near
-zero.
+zero.  What the SDK runs inside these calls (span processors, exemplar
+filters) cannot raise into the run (``guard.Guard``), and a span's status
+shows an error's text only with content capture on (``Instrumentation.error_status``).
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 from opentelemetry import context as otel_context, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
 
 from . import conventions as c
+from .guard import Guard
+from .chat import ChatTrace, mark_unfinished, unfinished_text
 from .metrics import Instruments
 
 SCOPE = "streamengine"
@@ -32,7 +36,7 @@ _handing_over = threading.local()
 
 
 def take_hand_over() -> Optional[tuple]:
-    """``(context, tracer)`` of the tool span being handed over on this thread, once; else None."""
+    """``(context, instrumentation)`` of the tool span being handed over on this thread, once; else None."""
     pending = getattr(_handing_over, "pending", None)
     _handing_over.pending = None
     return pending
@@ -41,21 +45,29 @@ def take_hand_over() -> Optional[tuple]:
 def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
     """The MCP client span (``tools/call {tool}``) under the call's tool span, and its ``_meta`` carrier."""
     from opentelemetry import propagate
-    parent, tracer = pending
-    span = tracer.start_span(f"tools/call {tool_name}", context=parent, kind=SpanKind.CLIENT)
-    if span.is_recording():
-        span.set_attributes({"mcp.method.name": "tools/call", c.TOOL_NAME: tool_name,
-                             c.OPERATION: "execute_tool", "network.transport": transport})
+    parent, owner = pending
+    span: Any = None
     carrier: Dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span, parent))
-    return span, carrier
+    with owner.guard("starting an MCP client span"):
+        span = owner.tracer.start_span(f"tools/call {tool_name}", context=parent, kind=SpanKind.CLIENT)
+        if span.is_recording():
+            span.set_attributes({"mcp.method.name": "tools/call", c.TOOL_NAME: tool_name,
+                                 c.OPERATION: "execute_tool", "network.transport": transport})
+        propagate.inject(carrier, context=trace.set_span_in_context(span, parent))
+    return (span, owner), carrier
 
 
-def end_mcp_client_span(span: Any, error: Optional[BaseException]) -> None:
-    if error is not None:
-        span.set_attribute(c.ERROR_TYPE, type(error).__name__)
-        span.set_status(Status(StatusCode.ERROR, str(error)))
-    span.end()
+def end_mcp_client_span(handle: tuple, error: Optional[BaseException]) -> None:
+    """End the span :func:`mcp_client_span` made (none when its start failed), with the call's error."""
+    span, owner = handle
+    if span is None:
+        return
+    with owner.guard("ending an MCP client span"):
+        if error is not None:
+            kind = type(error).__name__
+            span.set_attribute(c.ERROR_TYPE, kind)
+            span.set_status(owner.error_status(kind, str(error)))
+        span.end()
 
 
 def _api_own(provider: Any, api_module: str) -> bool:
@@ -79,7 +91,8 @@ class Instrumentation:
         self.capture = capture
         self.client = client
         self.tracer = trace.get_tracer(SCOPE, version, tracer_provider=tracer_provider)
-        self.instruments = Instruments(meter_provider, version)
+        self.guard = Guard()
+        self.instruments = Instruments(meter_provider, version, self.guard)
         self._meter_given = meter_provider is not None
         self._tracer_given = tracer_provider is not None
 
@@ -101,6 +114,16 @@ class Instrumentation:
             return True
         from opentelemetry import metrics
         return not _api_own(metrics.get_meter_provider(), "opentelemetry.metrics")
+
+    def error_status(self, kind: str, detail: Optional[str]) -> Status:
+        """An ERROR status: its description is ``detail`` (a tool's exception text, a provider's error body)
+        only with content capture on the span, else the error type alone."""
+        return Status(StatusCode.ERROR, detail if detail and self.capture.on_span else kind)
+
+    def end_span(self, span: Any, where: str, end_time: Optional[int] = None) -> None:
+        """``span.end()``, where the SDK runs the span processors' ``on_end``: guarded."""
+        with self.guard(where):
+            span.end(end_time=end_time)
 
     @staticmethod
     def current_context() -> Any:
@@ -130,10 +153,12 @@ class RunTrace:
                  messages: Sequence[Any]) -> None:
         self.owner = owner
         self.started = time.monotonic()
-        self.span = owner.tracer.start_span(f"invoke_agent {owner.agent_name}", context=parent,
-                                            kind=SpanKind.INTERNAL)
-        self.context = trace.set_span_in_context(self.span, parent)
-        self.recording = self.span.is_recording()
+        span: Any = INVALID_SPAN  # a span that failed to start: its children go under the caller's
+        with owner.guard("starting the run's span"):
+            span = owner.tracer.start_span(f"invoke_agent {owner.agent_name}", context=parent, kind=SpanKind.INTERNAL)
+        self.span = span
+        self.context = parent if span is INVALID_SPAN else trace.set_span_in_context(span, parent)
+        self.recording = span.is_recording()
         #: Whether per-chunk work (the first meaningful chunk) is worth doing: nothing records it otherwise.
         self.watches_chunks = self.recording or owner.metrics_live()
         self._tools: Dict[str, Any] = {}
@@ -177,7 +202,7 @@ class RunTrace:
             self._tools[call.id] = span
         context = trace.set_span_in_context(span, self.context)
         if hand_over:
-            _handing_over.pending = (context, self.owner.tracer)
+            _handing_over.pending = (context, self.owner)
         return context
 
     def tool_ended(self, result: Any, *, remote: bool = False) -> None:
@@ -199,9 +224,9 @@ class RunTrace:
             if not result.ok:
                 kind = "timeout" if result.timed_out else "tool_error"
                 span.set_attribute(c.ERROR_TYPE, kind)
-                span.set_status(Status(StatusCode.ERROR, result.error or kind))
+                span.set_status(self.owner.error_status(kind, result.error))
                 attributes[c.ERROR_TYPE] = kind
-        span.end(end_time=end)
+        self.owner.end_span(span, "ending a tool span", end)
         if result.duration_s:
             self.owner.instruments.tool_duration.record(result.duration_s, attributes)
         if result.queue_wait_s:
@@ -233,10 +258,14 @@ class RunTrace:
             self._tools.clear()
             chats = [chat for chat in self._chats if chat.open]
             provider = next((chat.attributes[c.PROVIDER] for chat in reversed(self._chats) if chat.answered), None)
+        unfinished = stop_reason or "cancelled"
         for chat in chats:
-            chat.abandoned(stop_reason or "cancelled")
-        for span in leftovers:
-            span.end()
+            with self.owner.guard("ending a chat span"):
+                chat.abandoned(unfinished)
+        for span in leftovers:  # tools still running: they did not complete
+            with self.owner.guard("ending a tool span"):
+                mark_unfinished(span, unfinished)
+                span.end()
         attributes: Dict[str, Any] = {c.OPERATION: "invoke_agent", c.AGENT_NAME: self.owner.agent_name}
         if provider:
             attributes[c.PROVIDER] = provider
@@ -247,23 +276,27 @@ class RunTrace:
                 self.span.set_attribute("streamengine.stop_reason", stop_reason)
             if self.owner.capture.on_span and result is not None:
                 self.span.set_attribute(c.OUTPUT_MESSAGES, c.output_messages(result.answer, (), None))
-        failure = _run_failure(result, error)
+        failure = _run_failure(result, error, stop_reason)
         if failure is not None:
-            self.span.set_attribute(c.ERROR_TYPE, failure[0])
-            self.span.set_status(Status(StatusCode.ERROR, failure[1]))
             attributes[c.ERROR_TYPE] = failure[0]
-        self.span.end()
+            if self.recording:
+                self.span.set_attribute(c.ERROR_TYPE, failure[0])
+                self.span.set_status(self.owner.error_status(*failure))
+        self.owner.end_span(self.span, "ending the run's span")
         self.owner.instruments.agent_duration.record(time.monotonic() - self.started, attributes)
 
 
-def _run_failure(result: Any, error: Optional[BaseException]) -> Optional[tuple]:
-    """The run failed (not: was cancelled, or recovered by failover): its error type and message."""
+#: Stop reasons of a run that did not complete: its span is an ERROR with the reason as ``error.type``
+#: (``cancelled`` is this engine's own value: the conventions name none for a cancelled operation).
+FAILED_STOP_REASONS = frozenset({"cancelled", "llm_error", "llm_error_after_tokens", "internal_error", "output_limit"})
+
+
+def _run_failure(result: Any, error: Optional[BaseException], stop_reason: Optional[str]) -> Optional[tuple]:
+    """The run failed or was cancelled (not: recovered by failover): its error type and message."""
     if error is not None:
         return c.error_type(error), str(error)
-    telemetry = getattr(result, "telemetry", None)
-    reason = getattr(telemetry, "stop_reason", None)
-    if reason in ("llm_error", "llm_error_after_tokens", "internal_error"):
-        return reason, getattr(result, "error", None) or reason
+    if stop_reason in FAILED_STOP_REASONS:
+        return stop_reason, getattr(result, "error", None) or unfinished_text(stop_reason)
     return None
 
 
@@ -272,92 +305,3 @@ class _Named:
 
     def __init__(self, result: Any) -> None:
         self.id, self.name, self.arguments = result.call_id, result.name, ""
-
-
-class ChatTrace:
-    """The ``chat {model}`` span of one model call (one failover attempt)."""
-
-    def __init__(self, run: RunTrace, model: str, provider: str, base_url: Optional[str], options: Any,
-                 stream: bool, messages: Sequence[Any]) -> None:
-        # The run's instrumentation, not the run: the run holds its chats, and a chat that held the run
-        # back would make the two a cycle, left to the garbage collector after every run.
-        self.owner = run.owner
-        self.answered = False  # the provider answered: the run's span names it
-        self.started = time.monotonic()
-        self.ended_at: Optional[float] = None
-        self.first_chunk_at: Optional[float] = None
-        self.open = True
-        self.attributes: Dict[str, Any] = {c.OPERATION: "chat", c.PROVIDER: provider, c.REQUEST_MODEL: model,
-                                           **c.server_of(base_url)}
-        self.span = self.owner.tracer.start_span(f"chat {model}", context=run.context, kind=SpanKind.CLIENT)
-        if self.span.is_recording():
-            self.span.set_attributes({**self.attributes, c.REQUEST_STREAM: stream,
-                                      **c.request_attributes(options)})
-            if self.owner.capture.on_span and messages:
-                self.span.set_attribute(c.INPUT_MESSAGES, c.input_messages(messages))
-
-    def first_chunk(self) -> None:
-        """The first *meaningful* chunk arrived (a keep-alive or an empty role delta is not one)."""
-        if self.first_chunk_at is not None:
-            return
-        self.first_chunk_at = time.monotonic()
-        ttfc = self.first_chunk_at - self.started
-        if self.span.is_recording():
-            self.span.set_attribute(c.RESPONSE_TIME_TO_FIRST_CHUNK, ttfc)
-            self.span.add_event(c.FIRST_CHUNK_EVENT, {c.RESPONSE_TIME_TO_FIRST_CHUNK: ttfc})
-        self.owner.instruments.time_to_first_chunk.record(ttfc, self.attributes)
-
-    def succeeded(self, response: Any) -> None:
-        self.answered = True
-        metric = dict(self.attributes)
-        if response.model:
-            metric[c.RESPONSE_MODEL] = response.model
-        if self.span.is_recording():
-            if response.model:
-                self.span.set_attribute(c.RESPONSE_MODEL, response.model)
-            response_id = getattr(response, "id", None)
-            if response_id:
-                self.span.set_attribute(c.RESPONSE_ID, response_id)
-            self.span.set_attribute(c.RESPONSE_FINISH_REASONS, c.finish_reasons(response.finish_reason))
-            self.span.set_attributes(c.usage_attributes(response.usage))
-            self._capture_output(response)
-        self._record_usage(response.usage, metric)
-        self._end(metric)
-
-    def failed(self, exc: BaseException) -> None:
-        kind = c.error_type(exc)
-        self.span.set_attribute(c.ERROR_TYPE, kind)
-        self.span.set_status(Status(StatusCode.ERROR, str(exc)))
-        self._end({**self.attributes, c.ERROR_TYPE: kind})
-
-    def abandoned(self, why: str) -> None:
-        """The run ended while this call was still open (cancelled): end it, without calling it an error."""
-        if self.span.is_recording():
-            self.span.set_attribute("streamengine.stop_reason", why)
-        self._end(dict(self.attributes))
-
-    def _capture_output(self, response: Any) -> None:
-        capture = self.owner.capture
-        if not capture.any:
-            return
-        output = c.output_messages(response.content, response.tool_calls, response.finish_reason)
-        if capture.on_span:
-            self.span.set_attribute(c.OUTPUT_MESSAGES, output)
-        if capture.as_event:
-            self.span.add_event(c.CONTENT_EVENT, {c.OUTPUT_MESSAGES: output})
-
-    def _record_usage(self, usage: Any, attributes: Dict[str, Any]) -> None:
-        if usage is None:
-            return
-        histogram = self.owner.instruments.token_usage
-        histogram.record(usage.prompt_tokens, {**attributes, c.TOKEN_TYPE: "input"})
-        histogram.record(usage.completion_tokens, {**attributes, c.TOKEN_TYPE: "output"})
-
-    def _end(self, metric: Dict[str, Any]) -> None:
-        if not self.open:
-            return
-        self.open = False
-        self.ended_at = time.monotonic()
-        self.span.end()
-        self.owner.instruments.operation_duration.record(self.ended_at - self.started, metric)
-

@@ -61,6 +61,8 @@ def chat_body(messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec
         body["tools"] = [_tool(spec) for spec in tools]
     if options.temperature is not None:
         body["temperature"] = options.temperature
+    if options.top_p is not None:
+        body["top_p"] = options.top_p
     if options.stop is not None:
         body["stop_sequences"] = list(options.stop)
     if stream:
@@ -160,12 +162,13 @@ def merge_usage(counts: Dict[str, int], raw: Any) -> Dict[str, int]:
 
 
 def usage_of(counts: Dict[str, int]) -> Optional[Usage]:
-    """The usage the counts add up to (cached prompt tokens are prompt tokens too); None without any."""
+    """The usage the counts add up to (cached prompt tokens are prompt tokens too, and ``cached_tokens``
+    the part read from the cache); None without any."""
     if not counts:
         return None
     prompt = sum(counts.get(key, 0) for key in _PROMPT_KEYS)
     completion = counts.get("output_tokens", 0)
-    return Usage(prompt, completion, prompt + completion)
+    return Usage(prompt, completion, prompt + completion, cached_tokens=counts.get("cache_read_input_tokens", 0))
 
 
 def response_from_json(payload: Any, redact: Any) -> Response:
@@ -187,7 +190,8 @@ def response_from_json(payload: Any, redact: Any) -> Response:
                                   name=_text(block.get("name")) or "",
                                   arguments=json.dumps(arguments if isinstance(arguments, dict) else {})))
     return Response(content="".join(text), tool_calls=tuple(calls), usage=usage_of(merge_usage({}, payload.get("usage"))),
-                    model=_text(payload.get("model")), finish_reason=finish_reason(payload.get("stop_reason")))
+                    model=_text(payload.get("model")), finish_reason=finish_reason(payload.get("stop_reason")),
+                    id=_text(payload.get("id")))
 
 
 def _text(value: Any) -> Optional[str]:

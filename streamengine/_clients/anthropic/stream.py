@@ -23,7 +23,10 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
 * the answer is complete at ``message_stop``, or when the body ends after a
   ``message_delta`` with a stop reason (everything has arrived); any other
   end is a broken stream.  Usage is input tokens from ``message_start`` and
-  output tokens from the last ``message_delta``.
+  output tokens from the last ``message_delta``;
+* ``message_start`` gives the message's id: a chunk with nothing else in it
+  (not model output, so it neither resets the idle timer nor counts as the
+  first chunk).
 """
 from __future__ import annotations
 
@@ -70,11 +73,8 @@ class AnthropicStreamParser(TypedEventParser):
         if kind == "content_block_stop":
             return self._block_stop(frame)
         if kind == "message_start":
-            message = frame.get("message") if isinstance(frame.get("message"), dict) else {}
-            if isinstance(message.get("model"), str) and message["model"]:
-                self.model = message["model"]
-            self.usage = usage_of(merge_usage(self._counts, message.get("usage")))
-        elif kind == "message_delta":
+            return self._message_start(frame)
+        if kind == "message_delta":
             delta = frame.get("delta") if isinstance(frame.get("delta"), dict) else {}
             self.finish_reason = finish_reason(delta.get("stop_reason")) or self.finish_reason
             self.usage = usage_of(merge_usage(self._counts, frame.get("usage")))
@@ -84,6 +84,14 @@ class AnthropicStreamParser(TypedEventParser):
             raise error_from_payload(frame, f"{self.url} sent an error in the stream after {self.events - 1} "
                                             f"events", self.redact)
         return None  # ping, and event types this client does not know yet
+
+    def _message_start(self, frame: Dict[str, Any]) -> Optional[Chunk]:
+        message = frame.get("message") if isinstance(frame.get("message"), dict) else {}
+        if isinstance(message.get("model"), str) and message["model"]:
+            self.model = message["model"]
+        self.usage = usage_of(merge_usage(self._counts, message.get("usage")))
+        message_id = message.get("id")
+        return Chunk(response_id=message_id) if isinstance(message_id, str) and message_id else None
 
     def _block_start(self, frame: Dict[str, Any]) -> Optional[Chunk]:
         block = frame.get("content_block")

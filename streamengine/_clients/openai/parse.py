@@ -9,6 +9,7 @@ is not a JSON object is a protocol error.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -30,6 +31,8 @@ class StreamParser(SseStreamParser):
     """SSE events of one response -> Chunks, with the completion rule and error mapping."""
 
     end_marker = "a finish reason or [DONE]"
+    #: The answer's id (every frame's ``id``), read by the general path, told on the completing chunk.
+    response_id: Optional[str] = None
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
@@ -115,11 +118,16 @@ class StreamParser(SseStreamParser):
         return text_chunk(content, self.model)
 
     def _chunk_of_any_frame(self, frame: Dict[str, Any]) -> Chunk:
-        # Exact type checks are isinstance checks here: json makes exact types.
+        # Exact type checks are isinstance checks here: json makes exact types.  The answer's id is
+        # read here, not in the text fast path: the role delta, the finish and the usage frames carry it too.
         get = frame.get
         model = get("model")
         if type(model) is str:
             self.model = model
+        if self.response_id is None:
+            response_id = get("id")
+            if type(response_id) is str and response_id:
+                self.response_id = response_id
         usage = get("usage")
         if usage is not None:
             usage = _usage(usage)
@@ -155,6 +163,10 @@ class StreamParser(SseStreamParser):
         tool_calls = delta.get("tool_calls")
         return Chunk(content, reasoning, () if tool_calls is None else _tool_call_deltas(tool_calls),
                      False, usage, finish, self.model, refusal)
+
+    def completed(self) -> Chunk:
+        """The completing chunk, with the answer's id: the wire's finish and usage, like the model's name."""
+        return dataclasses.replace(super().completed(), response_id=self.response_id)
 
 
 def _text_or_none(value: Any) -> Optional[str]:
@@ -241,7 +253,10 @@ def _usage(raw: Any, prompt_key: str = "prompt_tokens", completion_key: str = "c
     """Usage numbers; a frame with absurd ones (``1e400``, ``"x"``, ``-5``) carries no usage.
 
     The keys are Chat Completions'; the Responses wire passes its own
-    (``input_tokens``, ``output_tokens``).
+    (``input_tokens``, ``output_tokens``).  Both wires give the cached part
+    of the prompt and the reasoning part of the completion in
+    ``{key}_details`` (``prompt_tokens_details.cached_tokens``,
+    ``input_tokens_details.cached_tokens``...); an absurd detail counts as 0.
     """
     if not isinstance(raw, dict):
         return None
@@ -252,7 +267,13 @@ def _usage(raw: Any, prompt_key: str = "prompt_tokens", completion_key: str = "c
     total = _token_count(raw.get("total_tokens") or (prompt + completion))
     if total is None:
         return None
-    return Usage(prompt, completion, total)
+    return Usage(prompt, completion, total, _detail(raw, f"{prompt_key}_details", "cached_tokens"),
+                 _detail(raw, f"{completion_key}_details", "reasoning_tokens"))
+
+
+def _detail(raw: Dict[str, Any], group: str, name: str) -> int:
+    details = raw.get(group)
+    return (_token_count(details.get(name) or 0) or 0) if isinstance(details, dict) else 0
 
 
 def _arguments_text(raw: Any) -> Optional[str]:
@@ -325,6 +346,7 @@ def response_from_json(payload: Any, redact: Any) -> Response:
         usage=_usage(payload.get("usage")),
         model=payload.get("model") if isinstance(payload.get("model"), str) else None,
         finish_reason=finish if isinstance(finish, str) else None,
+        id=_string_or_none(payload.get("id")),
     )
 
 

@@ -8,14 +8,13 @@ same exception for the same error on either OpenAI wire.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 from ..._errors import LlmProtocolError
 from ..._messages import Response, ToolCall, Usage
 from ..openai.errors import raise_in_band_error
-from ..openai.parse import _token_count, _usage
+from ..openai.parse import _usage
 
 #: ``incomplete_details.reason`` -> the finish reasons the engine knows (Chat Completions' names).
 INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
@@ -24,18 +23,9 @@ Redact = Callable[[str], str]
 
 
 def usage_of(raw: Any) -> Optional[Usage]:
-    """A Responses ``usage`` object as :class:`Usage`; absurd counts (``-5``, ``"x"``) mean no usage."""
-    usage = _usage(raw, "input_tokens", "output_tokens")
-    if usage is None:
-        return None
-    return dataclasses.replace(usage, cached_tokens=_detail(raw, "input_tokens_details", "cached_tokens"),
-                               reasoning_tokens=_detail(raw, "output_tokens_details", "reasoning_tokens"))
-
-
-def _detail(raw: Mapping[str, Any], group: str, name: str) -> int:
-    details = raw.get(group)
-    count = _token_count(details.get(name) or 0) if isinstance(details, Mapping) else 0
-    return count or 0
+    """A Responses ``usage`` object as :class:`Usage` (cached and reasoning tokens from its ``*_details``);
+    absurd counts (``-5``, ``"x"``) mean no usage."""
+    return _usage(raw, "input_tokens", "output_tokens")
 
 
 def finish_reason_of(response: Mapping[str, Any], made_calls: bool, incomplete: bool = False) -> str:
@@ -79,11 +69,9 @@ def response_from_json(payload: Any, url: str, redact: Redact) -> Response:
     if payload.get("status") == "failed" or payload.get("error"):
         raise_error(payload.get("error") or {"message": "the response failed"}, url, redact)
     found = output_of(payload["output"])
-    model = payload.get("model")
     return Response(content=found.text, tool_calls=tuple(found.calls), usage=usage_of(payload.get("usage")),
-                    model=model if isinstance(model, str) and model else None,
-                    finish_reason=finish_reason_of(payload, bool(found.calls)),
-                    refusal=found.refusal or None, reasoning=found.reasoning or None)
+                    model=_text(payload.get("model")), finish_reason=finish_reason_of(payload, bool(found.calls)),
+                    refusal=found.refusal or None, reasoning=found.reasoning or None, id=_text(payload.get("id")))
 
 
 class Output(NamedTuple):

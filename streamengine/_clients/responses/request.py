@@ -59,6 +59,8 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
         body["stream"] = True
     if options.temperature is not None:
         body["temperature"] = options.temperature
+    if options.top_p is not None:
+        body["top_p"] = options.top_p
     if options.max_tokens is not None:
         body["max_output_tokens"] = options.max_tokens
     if options.stop is not None:

@@ -29,7 +29,9 @@ per output item ``response.output_item.added``, its deltas and
   ``content_filter``); both carry the usage.  Any other end is a broken
   stream.  ``event:`` lines are optional (OpenRouter and older OpenAI
   streams send none; the ``type`` field says it all), as is
-  ``sequence_number``.
+  ``sequence_number``;
+* the response's id (``response.id`` of ``response.created``, or of the
+  final event) goes out once, on a chunk with nothing else in it.
 """
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ class ResponsesStreamParser(TypedEventParser):
         self._calls: Dict[Any, _Call] = {}  # item id and ("output", index) -> its call
         self._call_count = 0
         self._shown = False  # text or a call was streamed (else response.completed's output is the answer)
+        self._response_id: Optional[str] = None  # the id told so far
 
     def plain_error(self, text: str) -> Dict[str, Any]:
         return {"type": "error", "message": text}
@@ -101,10 +104,10 @@ class ResponsesStreamParser(TypedEventParser):
         if kind == "response.output_item.done":
             return self._item_done(frame)
         if kind in _LIFECYCLE:
-            self._note_model(frame.get("response"))
-            return None
+            return self._note_response(frame.get("response"))
         if kind in ("response.completed", "response.incomplete"):
-            return self._finished(frame.get("response"), incomplete=kind == "response.incomplete")
+            told = self._note_response(frame.get("response"))
+            return self._finished(frame.get("response"), incomplete=kind == "response.incomplete") or told
         if kind == "response.failed":
             response = frame.get("response") if isinstance(frame.get("response"), Mapping) else {}
             raise_error(response.get("error") or {"message": "the response failed"}, self.url, self.redact,
@@ -129,9 +132,17 @@ class ResponsesStreamParser(TypedEventParser):
         self._shown = True
         return Chunk(refusal=text)
 
-    def _note_model(self, response: Any) -> None:
-        if isinstance(response, Mapping) and isinstance(response.get("model"), str) and response["model"]:
+    def _note_response(self, response: Any) -> Optional[Chunk]:
+        """Note the response's model; a chunk with its id the first time that id is seen, else None."""
+        if not isinstance(response, Mapping):
+            return None
+        if isinstance(response.get("model"), str) and response["model"]:
             self.model = response["model"]
+        response_id = response.get("id")
+        if not isinstance(response_id, str) or not response_id or response_id == self._response_id:
+            return None
+        self._response_id = response_id
+        return Chunk(response_id=response_id)
 
     # -- function calls ----------------------------------------------------------------
 
@@ -207,7 +218,6 @@ class ResponsesStreamParser(TypedEventParser):
 
     def _finished(self, response: Any, incomplete: bool) -> Optional[Chunk]:
         response = response if isinstance(response, Mapping) else {}
-        self._note_model(response)
         self.usage = usage_of(response.get("usage")) or self.usage
         self.ended = True
         output = response.get("output")
@@ -220,7 +230,8 @@ class ResponsesStreamParser(TypedEventParser):
         deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments) for i, call in enumerate(found.calls))
         if not (found.text or deltas or found.refusal):
             return None
-        return Chunk(content=found.text or None, tool_calls=deltas, refusal=found.refusal or None)
+        return Chunk(content=found.text or None, tool_calls=deltas, refusal=found.refusal or None,
+                     response_id=self._response_id)
 
 
 def _is_index(value: Any) -> bool:
