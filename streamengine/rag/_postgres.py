@@ -257,24 +257,16 @@ class PostgresRagStore(_StoreBase):
 
     # -- RagStore ------------------------------------------------------------
 
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
-                   scope: str = "") -> int:
-        """Store the non-blank ``chunks`` under ``source`` in ``scope``, in one transaction; how many were stored.
-
-        Embedding failures never raise (the text is stored without vectors);
-        database errors raise StreamEngineError.
-        """
-        texts, vectors, label = self._checked_chunks(source, chunks, embed_model, scope)
-        if not texts:
-            return 0
-        rows = [(_storable(source), text, None if vector is None else label, vector, scope)
-                for text, vector in zip(texts, vectors)]
+    def _insert(self, rows: List[Tuple[str, str, str]], vectors: List[Optional[List[float]]],
+                label: Optional[str], what: str) -> None:
+        """One transaction on a pooled connection; psycopg sends the rows pipelined."""
+        values = [(_storable(source), text, None if vector is None else label, vector, scope)
+                  for (source, text, scope), vector in zip(rows, vectors)]
         insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector, scope) "
                            "VALUES (%s, %s, %s, %s, %s)")
-        with self._connection(f"store {len(texts)} chunk(s) of {source!r}") as conn:
+        with self._connection(f"store {what}") as conn:
             with conn.cursor() as cursor:
-                cursor.executemany(insert, rows)
-        return len(texts)
+                cursor.executemany(insert, values)
 
     def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
         """The ``k`` best chunks of ``scope`` for ``query``, best first; never raises for odd query text.
