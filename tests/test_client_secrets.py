@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import traceback
 from typing import Any, Iterator, List
 
 import pytest
@@ -54,8 +55,11 @@ def closed_port() -> int:
 
 
 def everything_shown(error: BaseException, client: Any, lines: List[str]) -> str:
-    """All the text a user, a log or a browser could see of the error and the client."""
-    return "\n".join([str(error), repr(error), repr(error.args), getattr(error, "body", ""), repr(client), *lines])
+    """All the text a user, a log or a browser could see of the error and the client (its printed
+    traceback too, with the exceptions it was raised from)."""
+    printed = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return "\n".join([str(error), repr(error), repr(error.args), getattr(error, "body", ""), repr(client),
+                      printed, *lines])
 
 
 def fail(client: Any) -> BaseException:

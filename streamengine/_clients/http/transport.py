@@ -48,7 +48,7 @@ from .credentials import check_api_key, check_headers, credentials_in, parse_bas
 from .body import (
     ALWAYS, STREAM_ERRORS, SocketBody, cancelled, drain_after_done, excerpt, read_limited, seconds_left, timed_reads,
 )
-from .errors import short_cause
+from .errors import redact_exception, short_cause
 
 ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
 JSON_BODY_LIMIT = 64 * 1024 * 1024
@@ -287,13 +287,13 @@ class HttpProviderClient(StreamingLlmClient):
                     stream=True, timeout=(self.connect_timeout, read_timeout), **environment,
                 )
         except STREAM_ERRORS as exc:
+            redact_exception(exc, self._redact)  # chained below: a printed traceback shows its words
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"call to {url} was cancelled while waiting for the answer") from exc
-            self._log.info("POST {} got no answer: {}", url, self._redact(repr(exc)))
+            self._log.info("POST {} got no answer: {!r}", url, exc)
             if read_timeout is not None and isinstance(exc, requests.exceptions.ReadTimeout):
-                raise LlmConnectionError(
-                    f"{url} sent no response headers within {read_timeout:.3g}s (what was left of the call's "
-                    f"deadlines)") from exc
+                raise LlmConnectionError(f"{url} sent no response headers within {read_timeout:.3g}s "
+                                         f"(what was left of the call's deadlines)") from exc
             raise LlmConnectionError(self._redact(self._no_answer(exc, url))) from exc
         except UnicodeEncodeError as exc:
             # http.client encodes header values as latin-1; the only headers
