@@ -232,7 +232,7 @@ class _StoreBase:
         rows: List[Tuple[str, str, str]] = []
         counts: List[int] = []
         for filing in filings:
-            source, chunks, scope = filing
+            source, chunks, scope = Filing(*filing)  # a plain (source, chunks) or (source, chunks, scope) too
             _check_source(source, allow_none=False)
             _check_scope(scope)
             texts = _clean_chunks(chunks)

@@ -1,8 +1,9 @@
-"""What a provider client may put in its request headers, and which of it must never be shown.
+"""What a provider client may put in its request headers and base URL, and which of it must never be shown.
 
 Everything here is checked when the client is built, so a bad key or header
 is a ConfigError naming it -- never a failure deep in ``requests`` whose
-message would quote the key.
+message would quote the key.  What must never be shown is handed to the
+client's ``_redact.Redactor``.
 """
 from __future__ import annotations
 
