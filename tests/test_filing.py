@@ -126,7 +126,8 @@ def test_a_failed_batch_fails_each_of_its_filings_once_with_the_stores_words():
     filing.close(5)
 
 
-def test_a_store_subclass_that_changes_add_chunks_alone_gets_every_filing_through_it(tmp_path):
+@pytest.mark.parametrize("changed", ["in a subclass", "on the instance"])
+def test_a_store_whose_add_chunks_alone_was_changed_gets_every_filing_through_it(tmp_path, changed):
     seen = []
 
     class Signalling(SqliteRagStore):
@@ -134,7 +135,11 @@ def test_a_store_subclass_that_changes_add_chunks_alone_gets_every_filing_throug
             seen.append(source)
             return super().add_chunks(source, chunks, embed_model, scope=scope)
 
-    with Signalling(str(tmp_path / "rag.sqlite")) as store:
+    store = (Signalling if changed == "in a subclass" else SqliteRagStore)(str(tmp_path / "rag.sqlite"))
+    if changed == "on the instance":
+        add_chunks = store.add_chunks
+        store.add_chunks = lambda source, *args, **kwargs: seen.append(source) or add_chunks(source, *args, **kwargs)
+    with store:
         filing = FilingQueue(store, CONFIG, logger)
         tickets = [filing.file(ok(n), "s", print) for n in range(1, 6)]
         assert all(t.done.wait(5) and t.problem is None for t in tickets)

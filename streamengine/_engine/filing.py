@@ -285,19 +285,20 @@ class FilingQueue:
 
 
 def batch_adder(store: Any) -> Optional[Callable[..., Any]]:
-    """The store's ``add_many``, or None: a store without one, or whose subclass changed ``add_chunks``
-    alone (that change must see every filing, so the engine files through it)."""
+    """The store's ``add_many``, or None: a store without one, or where ``add_chunks`` was changed closer
+    to the store than ``add_many`` (a subclass, or a patch on the instance): that change must see every
+    filing, so the engine files through it."""
     add_many = getattr(store, "add_many", None)
     if not callable(add_many):
         return None
-    many, one = _defined_in(type(store), "add_many"), _defined_in(type(store), "add_chunks")
-    if many is not None and one is not None and not issubclass(many, one):
-        return None
-    return add_many
+    return add_many if _defined_at(store, "add_many") <= _defined_at(store, "add_chunks") else None
 
 
-def _defined_in(cls: type, name: str) -> Optional[type]:
-    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+def _defined_at(store: Any, name: str) -> int:
+    """How close to ``store`` its attribute ``name`` is defined: 0 on the instance, then along its class's MRO."""
+    if name in getattr(store, "__dict__", {}):
+        return 0
+    return next((i for i, klass in enumerate(type(store).__mro__, 1) if name in vars(klass)), sys.maxsize)
 
 
 def _size(size: int) -> str:
