@@ -1,6 +1,7 @@
 """FilingQueue: filing off the tool workers, bounded, on a thread that ends when idle."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -8,9 +9,10 @@ from loguru import logger
 
 from conftest import wait_for
 from streamengine._config import EngineConfig
-from streamengine._engine.filing import FilingQueue, run_scope, wait_filed
+from streamengine._engine.filing import FILING_OVERHEAD_BYTES, FilingQueue, run_scope, wait_filed
 from streamengine._errors import ConfigError
 from streamengine._messages import ToolResult
+from streamengine.rag import SqliteRagStore
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -32,18 +34,117 @@ def ok(n, name="fetch"):
     return ToolResult(f"c{n}", name, True, f"text {n}")
 
 
+def held_bytes(result):
+    """What one waiting filing of ``result`` counts against the bound."""
+    return sys.getsizeof(result.text) + FILING_OVERHEAD_BYTES
+
+
 def test_a_full_queue_refuses_at_once_and_each_refusal_is_one_problem():
     store, problems = HeldStore(), []
-    filing = FilingQueue(store, CONFIG, logger, max_pending=2)
+    filing = FilingQueue(store, CONFIG, logger, max_pending_bytes=3 * held_bytes(ok(1)))
     tickets = [filing.file(ok(1), "s", problems.append)]
-    assert wait_for(lambda: not filing._jobs)  # the thread took the first one and holds it
+    assert wait_for(lambda: not filing._jobs)  # the thread took the first one and holds it (it still counts)
     tickets += [filing.file(ok(n), "s", problems.append) for n in (2, 3, 4)]
-    assert tickets[3].done.is_set() and "2 filings are already waiting" in tickets[3].problem
+    assert tickets[3].done.is_set() and "the store cannot keep up: 3 filings are waiting (3.2 KiB)" in tickets[3].problem
     assert problems == [tickets[3].problem]
     store.release.set()
     assert all(t.done.wait(5) for t in tickets)
     assert store.filed == [("tool:fetch:c1", "s"), ("tool:fetch:c2", "s"), ("tool:fetch:c3", "s")]
     filing.close(5)
+
+
+def test_a_store_that_files_nothing_for_the_filing_timeout_is_called_stuck():
+    store, problems = HeldStore(), []
+    config = EngineConfig(model="m", filing_timeout=0.05)
+    filing = FilingQueue(store, config, logger, max_pending_bytes=2 * held_bytes(ok(1)))
+    first, second = filing.file(ok(1), "s", problems.append), filing.file(ok(2), "s", problems.append)
+    assert wait_for(lambda: "stuck" in (filing.file(ok(3), "s", problems.append).problem or ""))
+    assert "the store is stuck or down: no filing finished in" in problems[-1]
+    assert "2 filings are waiting (2.1 KiB)" in problems[-1] and "cannot keep up" not in problems[-1]
+    store.release.set()
+    assert first.done.wait(5) and second.done.wait(5) and first.problem is None and second.problem is None
+    filing.close(5)
+
+
+def test_a_store_that_files_but_too_slowly_is_told_to_be_unable_to_keep_up():
+    store, problems = HeldStore(), []
+    filing = FilingQueue(store, CONFIG, logger, max_pending_bytes=2 * held_bytes(ok(1)))  # filing_timeout 5 s
+    filing.file(ok(1), "s", problems.append)
+    assert wait_for(lambda: not filing._jobs)  # the store's call has begun
+    filing.file(ok(2), "s", problems.append)
+    refused = filing.file(ok(3), "s", problems.append)
+    assert "the store cannot keep up: 2 filings are waiting (2.1 KiB)" in refused.problem
+    assert "it filed 0 in the last second and its current call has run" in refused.problem
+    assert "stuck" not in refused.problem
+    store.release.set()
+    filing.close(5)
+
+
+def test_a_result_larger_than_the_bound_is_refused_saying_so():
+    filing, problems = FilingQueue(HeldStore(), CONFIG, logger, max_pending_bytes=100), []
+    ticket = filing.file(ok(1), "s", problems.append)
+    assert "more than the 0.1 KiB that may wait to be filed" in ticket.problem and problems == [ticket.problem]
+    assert filing._thread is None
+
+
+class BatchStore(HeldStore):
+    """A store with ``add_many``: each call is one batch (one transaction in a real store)."""
+
+    def __init__(self, fail=False):
+        super().__init__()
+        self.batches = []
+        self.fail = fail
+
+    def add_many(self, filings, embed_model=None):
+        self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("the disk is full")
+        self.batches.append([(source, scope) for source, _chunks, scope in filings])
+        return [len(chunks) for _source, chunks, _scope in filings]
+
+
+def test_everything_waiting_is_filed_in_one_store_call():
+    store = BatchStore()
+    filing = FilingQueue(store, CONFIG, logger)
+    tickets = [filing.file(ok(n), f"s{n}", print) for n in range(1, 6)]
+    store.release.set()
+    assert all(t.done.wait(5) and t.problem is None for t in tickets)
+    assert sorted(item for batch in store.batches for item in batch) == [(f"tool:fetch:c{n}", f"s{n}")
+                                                                         for n in range(1, 6)]
+    assert len(store.batches) <= 2 and store.filed == []  # the first may go alone, the rest together
+    filing.close(5)
+
+
+def test_a_failed_batch_fails_each_of_its_filings_once_with_the_stores_words():
+    store, problems = BatchStore(fail=True), []
+    filing = FilingQueue(store, CONFIG, logger)
+    tickets = [filing.file(ok(n), "s", problems.append) for n in (1, 2, 3)]
+    store.release.set()
+    assert all(t.done.wait(5) for t in tickets)
+    assert sorted(problems) == sorted(t.problem for t in tickets) and len(problems) == 3
+    assert all("RuntimeError: the disk is full" in p for p in problems)
+    filing.close(5)
+
+
+@pytest.mark.parametrize("changed", ["in a subclass", "on the instance"])
+def test_a_store_whose_add_chunks_alone_was_changed_gets_every_filing_through_it(tmp_path, changed):
+    seen = []
+
+    class Signalling(SqliteRagStore):
+        def add_chunks(self, source, chunks, embed_model=None, *, scope=""):
+            seen.append(source)
+            return super().add_chunks(source, chunks, embed_model, scope=scope)
+
+    store = (Signalling if changed == "in a subclass" else SqliteRagStore)(str(tmp_path / "rag.sqlite"))
+    if changed == "on the instance":
+        add_chunks = store.add_chunks
+        store.add_chunks = lambda source, *args, **kwargs: seen.append(source) or add_chunks(source, *args, **kwargs)
+    with store:
+        filing = FilingQueue(store, CONFIG, logger)
+        tickets = [filing.file(ok(n), "s", print) for n in range(1, 6)]
+        assert all(t.done.wait(5) and t.problem is None for t in tickets)
+        assert sorted(seen) == [f"tool:fetch:c{n}" for n in range(1, 6)] and store.count() == 5
+        filing.close(5)
 
 
 def test_nothing_to_file_gives_no_ticket():
@@ -98,9 +199,20 @@ def test_a_filing_past_the_timeout_is_reported_late_once():
     ticket = filing.file(ok(1), "s", problems.append)
     steps = wait_filed([ticket], 0.0, threading.Event())
     assert list(steps) == []  # the timeout is over already: no wait, reported late
-    assert len(problems) == 1 and "took longer than 0s" in problems[0]
+    assert len(problems) == 1 and "took longer than 0s (1 filing is waiting (1.1 KiB), it filed 0" in problems[0]
     store.release.set()
     assert ticket.done.wait(5) and len(problems) == 1
+    filing.close(5)
+
+
+def test_a_round_that_stops_waiting_for_a_stuck_store_is_told_it_is_stuck():
+    store, problems = HeldStore(), []
+    filing = FilingQueue(store, EngineConfig(model="m", filing_timeout=0.05), logger)
+    ticket = filing.file(ok(1), "s", problems.append)
+    assert list(wait_filed([ticket], 0.3, threading.Event())) != []  # it waited, then gave up
+    assert len(problems) == 1 and "(the store is stuck or down: no filing finished in" in problems[0]
+    store.release.set()
+    assert ticket.done.wait(5)
     filing.close(5)
 
 

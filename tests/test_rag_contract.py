@@ -17,7 +17,7 @@ from rag_stores import (  # noqa: F401 - stores and warnings_log are fixtures
     stores, warnings_log, writer_script,
 )
 from streamengine._errors import ConfigError, StreamEngineError
-from streamengine.rag import HashingEmbedder, Hit, RagStore, _base as rag_base
+from streamengine.rag import Filing, HashingEmbedder, Hit, RagStore, _base as rag_base
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -41,6 +41,31 @@ def test_a_search_sees_only_its_scope_whatever_it_asks(stores):
     assert store.search("bank", k=10, source="tool:mail:a", scope="conversation:bob") == []
     with pytest.raises(ConfigError, match="scope"):
         store.add_chunks("s", ["x"], scope=None)
+
+
+def test_many_filings_go_in_one_call_each_in_its_own_scope_with_one_embedding_call(stores):
+    calls = []
+
+    class CountingEmbedder(HashingEmbedder):
+        def embed(self, texts, model=None):
+            calls.append(len(texts))
+            return super().embed(texts, model)
+
+    store = stores.new(embedder=CountingEmbedder())
+    counts = store.add_many([Filing("tool:mail:a", ["alice quokka notes", "second alice chunk"], "conversation:a"),
+                             ("tool:mail:b", ["bob quokka notes"], "conversation:b"),
+                             Filing("tool:mail:empty", ["  ", ""], "conversation:a")])
+    assert counts == [2, 1, 0] and calls == [3]
+    assert [h.source for h in store.search("quokka", k=5, scope="conversation:a")] == ["tool:mail:a"]
+    assert [h.source for h in store.search("quokka", k=5, scope="conversation:b")] == ["tool:mail:b"]
+    assert store.add_many([]) == []
+
+
+def test_a_batch_with_one_bad_filing_stores_nothing(stores):
+    store = stores.new()
+    with pytest.raises(ConfigError, match="source"):
+        store.add_many([Filing("tool:ok:1", ["fine words"], "s"), Filing("", ["no source"], "s")])
+    assert store.count() == 0
 
 
 # ---------------------------------------------------------------------------

@@ -54,15 +54,28 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("secret_dsn,shown", [
-    ("postgresql://app:s3cr3t@db.internal:5432/rag", "postgresql://app:***@db.internal:5432/rag"),
+    # The URL form is masked like every URL (streamengine._redact): its userinfo and query values.
+    ("postgresql://app:s3cr3t@db.internal:5432/rag", "postgresql://***@db.internal:5432/rag"),
     ("host=db user=app password=s3cr3t dbname=rag", "host=db user=app password=*** dbname=rag"),
     ("host=db password='s3 cr\\'3t' user=app", "host=db password=*** user=app"),
     ("postgresql://db/rag?user=app&password=s3cr3t&sslmode=require",
-     "postgresql://db/rag?user=app&password=***&sslmode=require"),
+     "postgresql://db/rag?user=***&password=***&sslmode=***"),
+    ("postgres://tok3n@db/rag", "postgres://***@db/rag"),
     ("postgresql://db/rag", "postgresql://db/rag"),
 ])
 def test_the_password_never_shows(secret_dsn, shown):
     assert redact_dsn(secret_dsn) == shown
+
+
+@pytest.mark.parametrize("secret_dsn", [
+    "postgresql://app:s3cr3tpass@[bad/rag",  # libpq quotes the whole URL back
+    "host=127.0.0.1 port=1 password=s3cr3tpass junk",
+])
+def test_a_dsn_the_driver_cannot_read_is_refused_without_its_password(secret_dsn):
+    with pytest.raises(ConfigError) as caught:
+        PostgresRagStore(secret_dsn, connect_timeout=2)
+    assert "s3cr3tpass" not in str(caught.value) and "s3cr3tpass" not in repr(caught.value.args)
+    assert caught.value.__cause__ is not None
 
 
 def test_an_unreachable_server_is_a_config_error_without_the_password():
@@ -70,7 +83,7 @@ def test_an_unreachable_server_is_a_config_error_without_the_password():
     with pytest.raises(ConfigError) as caught:
         PostgresRagStore(f"postgresql://app:s3cr3t@127.0.0.1:{port}/rag", connect_timeout=2)
     message = str(caught.value)
-    assert f"postgresql://app:***@127.0.0.1:{port}/rag" in message and "s3cr3t" not in message
+    assert f"postgresql://***@127.0.0.1:{port}/rag" in message and "s3cr3t" not in message
     assert "server runs" in message and DSN_ENV in message
     assert caught.value.__cause__ is not None  # the driver's error is chained
 

@@ -1,14 +1,21 @@
-"""Filing tool results in the RAG store, off the tool workers.
+"""Filing tool results in the RAG store, off the tool workers, many at a time.
 
 A store can be slow or stuck (PostgreSQL down, a table locked, an SQLite
 file locked by another process).  Filed on the tool's worker, one stuck
 ``add_chunks`` held that worker and, with a few runs, the whole pool.  So an
-engine with a store has one :class:`FilingQueue`: a bounded queue and its own
-thread.  A tool worker only queues (never blocks); a full queue refuses the
-filing at once, as a filing error of that run.  The round that made a result
-waits for its filing at most ``filing_timeout`` (so the next round's
-``rag_search`` finds it), and only for its own calls; a filing late past that
-is one filing error, never counted again.
+engine with a store has one :class:`FilingQueue`: a queue bounded by the
+memory its results hold, and a thread of its own.  A tool worker only queues
+(never blocks).  The thread files everything waiting at once: through the
+store's ``add_many`` where it has one (both of ours), in one transaction and
+one embedding call, so a healthy store keeps up with hundreds of runs at once
+(filed one by one behind a bound of 256 filings, 200 concurrent runs had a
+quarter of their results refused).  A full queue refuses a filing at once, as
+a filing error of that run, saying why: the store is stuck (no filing
+finished for ``filing_timeout``) or cannot keep up (it says how many it filed
+in the last second).  The round that made a result waits for its filing at
+most ``filing_timeout`` (so the next round's ``rag_search`` finds it), and
+only for its own calls; a filing late past that is one filing error, never
+counted again.
 
 The thread starts with the first filing and ends when the queue has been
 empty for ``IDLE_EXIT_S`` (or at :meth:`FilingQueue.close`), so an idle engine
@@ -17,18 +24,25 @@ holds no thread.
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Deque, Generator, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Generator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import _validation as validation
 from .._clients.base import Flag, Wait
 from .._messages import ToolResult
 
-#: Filings waiting at most, per store: past it the store is not keeping up, and a
-#: new filing is refused at once (a filing error) instead of piling up memory.
-MAX_PENDING = 256
+#: What the results waiting to be filed may hold, per store, in bytes (their text, plus
+#: ``FILING_OVERHEAD_BYTES`` each): past it a new filing is refused at once (a filing error)
+#: instead of piling up memory.  64 MiB holds some 13,000 results of 4,000 characters.
+MAX_PENDING_BYTES = 64 * 1024 * 1024
+#: What one waiting filing holds besides its text (its ticket, lock and tuples): many tiny ones are bounded too.
+FILING_OVERHEAD_BYTES = 1024
+#: One store call files at most this much of what is waiting, so a transaction stays short.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+MAX_BATCH_FILINGS = 512
 IDLE_EXIT_S = 1.0
 
 
@@ -50,10 +64,11 @@ class FilingTicket:
     first (the store's failure, or a round that stopped waiting) counts it.
     """
 
-    def __init__(self, on_problem: Callable[[str], None]) -> None:
+    def __init__(self, on_problem: Callable[[str], None], explain_delay: Optional[Callable[[], str]] = None) -> None:
         self.done = Flag()  # its setting ends the wait of the round that waits for it (any thread)
         self.problem: Optional[str] = None
         self._on_problem = on_problem
+        self.explain_delay = explain_delay  # why the store is slow, for a round that stops waiting
         self._claimed = False
         self._lock = threading.Lock()
 
@@ -84,23 +99,33 @@ class FilingTicket:
             self._on_problem(problem)
 
 
-Job = Tuple[ToolResult, str, FilingTicket]
+class Job(NamedTuple):
+    result: ToolResult
+    scope: str
+    ticket: FilingTicket
+    size: int  # bytes held while it waits
 
 
 class FilingQueue:
-    """Files results of one engine's runs in ``store``, on one thread of its own.
+    """Files results of one engine's runs in ``store``, on one thread of its own, many in one store call.
 
     ``file(result, scope, on_problem)`` returns a :class:`FilingTicket`, or
     None when there is nothing to file (an error, an empty text, a
-    ``rag_search`` result, filing turned off).
+    ``rag_search`` result, filing turned off).  ``max_pending_bytes`` bounds
+    the memory of what waits (:data:`MAX_PENDING_BYTES`).
     """
 
-    def __init__(self, store: Any, config: Any, log: Any, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self, store: Any, config: Any, log: Any, max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
         self.store = store
+        self._add_many = batch_adder(store)
         self._config = config
         self._log = log
-        self._max_pending = max_pending
+        self._max_pending_bytes = validation.count(max_pending_bytes, "max_pending_bytes", minimum=1)
         self._jobs: Deque[Job] = collections.deque()
+        self._pending_bytes = 0  # of the jobs queued and of those being filed
+        self._pending_count = 0
+        self._busy_since: Optional[float] = None  # when the store call in progress began
+        self._finished: Deque[Tuple[float, int]] = collections.deque()  # (when, how many) in the last second
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
@@ -110,11 +135,14 @@ class FilingQueue:
             return None
         if result.name == "rag_search":
             return None  # re-filing search hits would only duplicate what the store already has
-        ticket = FilingTicket(on_problem)
+        ticket = FilingTicket(on_problem, self.explain_delay)
+        job = Job(result, scope, ticket, sys.getsizeof(result.text) + FILING_OVERHEAD_BYTES)
         with self._cond:
-            refusal = self._refusal()
+            refusal = self._refusal(job.size)
             if refusal is None:
-                self._jobs.append((result, scope, ticket))
+                self._jobs.append(job)
+                self._pending_bytes += job.size
+                self._pending_count += 1
                 self._cond.notify()
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._work, name="streamengine-filing", daemon=True)
@@ -124,13 +152,40 @@ class FilingQueue:
                         f"a later rag_search will not find it")
         return ticket
 
-    def _refusal(self) -> Optional[str]:
+    def _refusal(self, size: int) -> Optional[str]:
+        """Why a filing of ``size`` bytes cannot wait now (None: it can), with the true cause; under the lock."""
         if self._closed:
             return "the engine is closed"
-        if len(self._jobs) >= self._max_pending:
-            return (f"{len(self._jobs)} filings are already waiting (the store is slow or stuck; "
-                    f"the limit is {self._max_pending})")
-        return None
+        limit = self._max_pending_bytes
+        if self._pending_bytes + size <= limit:
+            return None
+        if size > limit:
+            return f"it holds {_size(size)}, more than the {_size(limit)} that may wait to be filed"
+        stuck, state = self._store_state()
+        cause = "the store is stuck or down" if stuck else "the store cannot keep up"
+        return f"{cause}: {state}; at most {_size(limit)} may wait"
+
+    def explain_delay(self) -> str:
+        """How the store is doing, for a round that stopped waiting for its filings."""
+        with self._cond:
+            stuck, state = self._store_state()
+        return ("the store is stuck or down: " if stuck else "") + state
+
+    def _store_state(self) -> Tuple[bool, str]:
+        """Whether the store is stuck (one store call running for ``filing_timeout`` or more), and the facts."""
+        now = time.monotonic()
+        busy = 0.0 if self._busy_since is None else now - self._busy_since
+        count = self._pending_count
+        waiting = f"{count} {'filing is' if count == 1 else 'filings are'} waiting ({_size(self._pending_bytes)})"
+        if busy >= self._config.filing_timeout:
+            return True, f"no filing finished in {busy:.1f}s and {waiting}"
+        running = f" and its current call has run {busy:.1f}s" if self._busy_since is not None else ""
+        return False, f"{waiting}, it filed {self._filed_since(now - 1.0)} in the last second{running}"
+
+    def _filed_since(self, since: float) -> int:
+        while self._finished and self._finished[0][0] < since:
+            self._finished.popleft()
+        return sum(n for _, n in self._finished)
 
     def close(self, timeout: float) -> None:
         """Refuse new filings, let queued ones finish for up to ``timeout`` s, then fail the rest."""
@@ -142,23 +197,23 @@ class FilingQueue:
             thread.join(timeout)
         with self._cond:
             left, self._jobs = list(self._jobs), collections.deque()
-        for result, _scope, ticket in left:
-            ticket.fail(f"the result of tool '{result.name}' was not filed: the engine closed first")
+        for job in left:
+            job.ticket.fail(f"the result of tool '{job.result.name}' was not filed: the engine closed first")
 
     # --- the filing thread ---------------------------------------------------------
     def _work(self) -> None:
         while True:
-            job = self._next()
-            if job is None:
+            batch = self._next_batch()
+            if batch is None:
                 return
-            result, scope, ticket = job
-            problem = self._ingest(result, scope)
-            if problem is None:
-                ticket.filed()
-            else:
-                ticket.fail(problem)
+            try:
+                self._file(batch)
+            finally:
+                with self._cond:
+                    self._busy_since = None
 
-    def _next(self) -> Optional[Job]:
+    def _next_batch(self) -> Optional[List[Job]]:
+        """Everything waiting, up to one batch's bounds; None once idle for ``IDLE_EXIT_S`` or closed."""
         idle_until = time.monotonic() + IDLE_EXIT_S
         with self._cond:
             while not self._jobs:
@@ -167,20 +222,87 @@ class FilingQueue:
                     self._thread = None
                     return None
                 self._cond.wait(left)
-            return self._jobs.popleft()
+            batch = [self._jobs.popleft()]
+            size = batch[0].size
+            while (self._jobs and len(batch) < MAX_BATCH_FILINGS
+                   and size + self._jobs[0].size <= MAX_BATCH_BYTES):
+                batch.append(self._jobs.popleft())
+                size += batch[-1].size
+            self._busy_since = time.monotonic()
+            return batch
 
-    def _ingest(self, result: ToolResult, scope: str) -> Optional[str]:
-        """File one successful result; what went wrong, if anything (the store is an aid: never raises)."""
-        from ..rag import chunks_for_ingest
+    def _file(self, batch: List[Job]) -> None:
+        """File the batch: in one ``add_many`` call where the store has one, else one ``add_chunks`` each."""
+        from ..rag import Filing, chunks_for_ingest
         config = self._config
+        filings: List[Tuple[Job, Any]] = []
+        for job in batch:
+            try:
+                chunks = chunks_for_ingest(job.result.text, config.chunk_size, config.chunk_overlap)
+            except Exception as exc:  # the store is an aid: never raises
+                self._failed([job], exc)
+                self._progress([job], filed=0)
+                continue
+            filings.append((job, Filing(f"tool:{job.result.name}:{job.result.call_id}", chunks, job.scope)))
+        if self._add_many is not None and filings:
+            self._store_call([job for job, _ in filings], self._add_many, [filing for _, filing in filings],
+                             config.embed_model)
+            return
+        for job, filing in filings:
+            self._store_call([job], self.store.add_chunks, filing.source, filing.chunks, config.embed_model,
+                             scope=filing.scope)
+
+    def _store_call(self, jobs: List[Job], call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
-            chunks = chunks_for_ingest(result.text, config.chunk_size, config.chunk_overlap)
-            self.store.add_chunks(f"tool:{result.name}:{result.call_id}", chunks, config.embed_model, scope=scope)
-        except Exception as exc:
-            self._log.opt(exception=True).warning("could not file result of tool {!r}: {}", result.name, exc)
-            return (f"the result of tool '{result.name}' could not be filed in the RAG store "
-                    f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
+            call(*args, **kwargs)
+        except Exception as exc:  # the store is an aid: never raises
+            self._failed(jobs, exc)
+            self._progress(jobs, filed=0)
+            return
+        for job in jobs:
+            job.ticket.filed()
+        self._progress(jobs, filed=len(jobs))
+
+    def _progress(self, jobs: List[Job], filed: int) -> None:
+        """A store call returned: its jobs no longer wait, ``filed`` of them count as filed, the next call's
+        clock starts (so "no filing finished in" measures one call, also when results go one by one)."""
+        with self._cond:
+            now = time.monotonic()
+            self._busy_since = now
+            self._pending_bytes -= sum(job.size for job in jobs)
+            self._pending_count -= len(jobs)
+            if filed:
+                self._finished.append((now, filed))
+            self._filed_since(now - 1.0)  # forget what is older than a second
+
+    def _failed(self, jobs: List[Job], exc: Exception) -> None:
+        names = sorted({job.result.name for job in jobs})
+        self._log.opt(exception=True).warning("could not file {} result(s) of tool(s) {} in the RAG store: {}",
+                                              len(jobs), names, exc)
+        for job in jobs:
+            job.ticket.fail(f"the result of tool '{job.result.name}' could not be filed in the RAG store "
+                            f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
+
+
+def batch_adder(store: Any) -> Optional[Callable[..., Any]]:
+    """The store's ``add_many``, or None: a store without one, or where ``add_chunks`` was changed closer
+    to the store than ``add_many`` (a subclass, or a patch on the instance): that change must see every
+    filing, so the engine files through it."""
+    add_many = getattr(store, "add_many", None)
+    if not callable(add_many):
         return None
+    return add_many if _defined_at(store, "add_many") <= _defined_at(store, "add_chunks") else None
+
+
+def _defined_at(store: Any, name: str) -> int:
+    """How close to ``store`` its attribute ``name`` is defined: 0 on the instance, then along its class's MRO."""
+    if name in getattr(store, "__dict__", {}):
+        return 0
+    return next((i for i, klass in enumerate(type(store).__mro__, 1) if name in vars(klass)), sys.maxsize)
+
+
+def _size(size: int) -> str:
+    return f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / (1024 * 1024):.1f} MiB"
 
 
 def wait_filed(tickets: Sequence[FilingTicket], timeout: float,
@@ -204,5 +326,6 @@ def wait_filed(tickets: Sequence[FilingTicket], timeout: float,
         return
     for ticket in waiting:
         if not ticket.done.is_set():
-            ticket.late(f"filing tool results in the RAG store took longer than {timeout:g}s; "
+            because = f" ({ticket.explain_delay()})" if ticket.explain_delay is not None else ""
+            ticket.late(f"filing tool results in the RAG store took longer than {timeout:g}s{because}; "
                         f"the next round may not find them")

@@ -1,11 +1,12 @@
 """Retrieval store: what the tools fetched becomes searchable in the same request.
 
 The engine files every successful tool result (``chunks_for_ingest`` then
-``RagStore.add_chunks``) so that a later ``rag_search`` -- in the same
-continuation round or a later one -- finds it.
+``RagStore.add_chunks``, or one ``add_many`` for all that wait) so that a
+later ``rag_search`` -- in the same continuation round or a later one --
+finds it.
 
 - ``_chunking``: :func:`chunks_for_ingest`;
-- ``_base``: :class:`RagStore` and :class:`Embedder` protocols, :class:`Hit`,
+- ``_base``: :class:`RagStore` and :class:`Embedder` protocols, :class:`Hit`, :class:`Filing`,
   the query words and rank fusion every store shares;
 - ``_embedders``: :class:`OpenAIEmbedder`, :class:`HashingEmbedder`;
 - ``_sqlite``: :class:`SqliteRagStore`, the embedded default;
@@ -16,13 +17,13 @@ continuation round or a later one -- finds it.
 Layering: this package depends only on ``_errors``/``_logs``/``tools`` and the
 standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
 """
-from ._base import Embedder, Hit, RagStore
+from ._base import Embedder, Filing, Hit, RagStore
 from ._chunking import chunks_for_ingest
 from ._embedders import HashingEmbedder, OpenAIEmbedder
 from ._postgres import PostgresRagStore
 from ._sqlite import SqliteRagStore
 
 __all__ = [
-    "Embedder", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore", "SqliteRagStore",
+    "Embedder", "Filing", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore", "SqliteRagStore",
     "chunks_for_ingest",
 ]

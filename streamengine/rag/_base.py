@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from typing import Protocol, runtime_checkable
 
@@ -43,9 +43,22 @@ class Hit:
     score: float
 
 
+class Filing(NamedTuple):
+    """One result to file: its ``chunks`` under ``source`` in ``scope`` (a plain tuple of the three does too)."""
+
+    source: str
+    chunks: Sequence[str]
+    scope: str = ""
+
+
 @runtime_checkable
 class RagStore(Protocol):
-    """What the engine needs from a retrieval store; small so pgvector can implement it."""
+    """What the engine needs from a retrieval store; small so pgvector can implement it.
+
+    A store may also have ``add_many(filings, embed_model=None)`` (as
+    :class:`SqliteRagStore` and :class:`PostgresRagStore` do): the engine then
+    files every result waiting in one call, one transaction.
+    """
 
     def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
                    scope: str = "") -> int:
@@ -184,17 +197,53 @@ class _StoreBase:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def _checked_chunks(self, source: Any, chunks: Any, embed_model: Optional[str], scope: Any,
-                        ) -> Tuple[List[str], List[Optional[List[float]]], Optional[str]]:
-        """The non-blank texts to store, their unit vectors (or None) and the vectors' label."""
-        _check_source(source, allow_none=False)
-        _check_scope(scope)
-        texts = _clean_chunks(chunks)
-        if not texts:
-            return [], [], None
+    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
+                   scope: str = "") -> int:
+        """Store the non-blank ``chunks`` under ``source`` in ``scope``, in one transaction; how many were stored.
+
+        Embedding failures never raise: they are logged and the text is
+        stored without vectors.  Database errors raise StreamEngineError.
+        """
+        return self.add_many([Filing(source, chunks, scope)], embed_model)[0]
+
+    def add_many(self, filings: Sequence[Filing], embed_model: Optional[str] = None) -> List[int]:
+        """Store every filing (``(source, chunks, scope)``) in one transaction, all or none; chunks stored per filing.
+
+        One transaction and one embedding call for many results: what lets the
+        engine's filing keep up with hundreds of runs at once.  Errors as for
+        :meth:`add_chunks`.
+        """
+        rows, vectors, label, counts = self._prepared(filings, embed_model)
+        if rows:
+            what = (f"{len(rows)} chunk(s) of {rows[0][0]!r}" if len(counts) == 1
+                    else f"{len(rows)} chunk(s) of {len(counts)} results")
+            self._insert(rows, vectors, label, what)
+        return counts
+
+    def _insert(self, rows: List[Tuple[str, str, str]], vectors: List[Optional[List[float]]],
+                label: Optional[str], what: str) -> None:  # pragma: no cover - every store defines its own
+        """Insert ``(source, text, scope)`` rows and their vectors in one transaction; ``what`` names them in errors."""
+        raise NotImplementedError
+
+    def _prepared(self, filings: Sequence[Filing], embed_model: Optional[str],
+                  ) -> Tuple[List[Tuple[str, str, str]], List[Optional[List[float]]], Optional[str], List[int]]:
+        """The ``(source, text, scope)`` rows of every non-blank chunk, their unit vectors (or None), the
+        vectors' label, and how many rows each filing gave; everything is checked before anything is stored."""
+        rows: List[Tuple[str, str, str]] = []
+        counts: List[int] = []
+        for filing in filings:
+            source, chunks, scope = Filing(*filing)  # a plain (source, chunks) or (source, chunks, scope) too
+            _check_source(source, allow_none=False)
+            _check_scope(scope)
+            texts = _clean_chunks(chunks)
+            rows += [(source, text, scope) for text in texts]
+            counts.append(len(texts))
+        if not rows:
+            return [], [], None, counts
         self._require_open()  # before a possibly slow embedding call
-        vectors, label = self._embedding.for_storage(source, texts, embed_model)
-        return texts, vectors, label
+        about = rows[0][0] if len(counts) == 1 else f"{len(counts)} results"
+        vectors, label = self._embedding.for_storage(about, [text for _, text, _ in rows], embed_model)
+        return rows, vectors, label, counts
 
     def _checked_query(self, query: Any, k: Any, source: Any, scope: Any) -> Tuple[bool, Optional[List[float]]]:
         """Whether there is anything to search for, and the query's unit vector (None: keywords only)."""

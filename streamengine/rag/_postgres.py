@@ -11,10 +11,12 @@ import re
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import unquote
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
 from .._logs import component_logger
+from .._redact import Redactor, redact_urls
 
 from ._base import (
     Embedder, Hit, _candidate_depth, _check_source, _fuse_or_keywords, _hits_in_order, _query_tokens,
@@ -66,10 +68,26 @@ _COSINE_RANKING = (
 )
 
 
+_KEY_VALUE_PASSWORD = re.compile(r"(password\s*=\s*)('(?:\\.|[^'\\])*'|[^\s&]+)")
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, for messages and logs (URL and key=value forms)."""
-    dsn = re.sub(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)('(?:\\.|[^'\\])*'|[^\s&]+)", r"\1***", dsn)
+    """The DSN without its password, for messages and logs.
+
+    The URL form is masked like every URL (``_redact``: userinfo and query
+    values); the key=value form loses its ``password=`` value.
+    """
+    return _KEY_VALUE_PASSWORD.sub(r"\1***", redact_urls(dsn))
+
+
+def _dsn_redactor(dsn: str) -> Redactor:
+    """Hides the DSN's password wherever the driver's message quotes it, in a URL or on its own."""
+    passwords = [match.group(2).strip("'") for match in _KEY_VALUE_PASSWORD.finditer(dsn)]
+    userinfo, at, _ = dsn.partition("://")[2].partition("/")[0].rpartition("@")
+    if at:
+        password = userinfo.partition(":")[2]
+        passwords += [password, unquote(password)]
+    return Redactor(passwords)
 
 
 def _import_psycopg() -> Tuple[Any, Any]:
@@ -136,6 +154,7 @@ class PostgresRagStore(_StoreBase):
         self._embedding = _StoreEmbedding(embedder, embed_model, self._log)
         self.dsn = _resolve_dsn(dsn)
         self.safe_dsn = redact_dsn(self.dsn)
+        self._redact = _dsn_redactor(self.dsn)
         self.table = _check_table(table)
         validation.count(pool_size, "pool_size (connections per process)", minimum=1)
         self.statement_timeout = validation.seconds(statement_timeout, "statement_timeout")
@@ -169,7 +188,8 @@ class PostgresRagStore(_StoreBase):
                 return uses_pgvector
         except self._psycopg.Error as exc:
             raise ConfigError(
-                f"cannot use the PostgreSQL RAG store at {self.safe_dsn} ({type(exc).__name__}: {exc}); "
+                f"cannot use the PostgreSQL RAG store at {self.safe_dsn} "
+                f"({type(exc).__name__}: {self._redact(str(exc))}); "
                 f"check that the server runs and accepts this DSN (dsn= or ${DSN_ENV}) and that the user "
                 "may create tables in the database"
             ) from exc
@@ -210,7 +230,8 @@ class PostgresRagStore(_StoreBase):
         except self._psycopg.Error as exc:
             pool.close()
             raise ConfigError(
-                f"cannot open a connection pool to the PostgreSQL RAG store at {self.safe_dsn} ({exc}); "
+                f"cannot open a connection pool to the PostgreSQL RAG store at {self.safe_dsn} "
+                f"({self._redact(str(exc))}); "
                 "check the server's max_connections and that it still accepts this DSN"
             ) from exc
         return pool
@@ -231,29 +252,21 @@ class PostgresRagStore(_StoreBase):
         except self._psycopg.Error as exc:
             raise StreamEngineError(
                 f"the PostgreSQL RAG store at {self.safe_dsn} could not {doing} "
-                f"({type(exc).__name__}: {exc}); is the server up?"
+                f"({type(exc).__name__}: {self._redact(str(exc))}); is the server up?"
             ) from exc
 
     # -- RagStore ------------------------------------------------------------
 
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
-                   scope: str = "") -> int:
-        """Store the non-blank ``chunks`` under ``source`` in ``scope``, in one transaction; how many were stored.
-
-        Embedding failures never raise (the text is stored without vectors);
-        database errors raise StreamEngineError.
-        """
-        texts, vectors, label = self._checked_chunks(source, chunks, embed_model, scope)
-        if not texts:
-            return 0
-        rows = [(_storable(source), text, None if vector is None else label, vector, scope)
-                for text, vector in zip(texts, vectors)]
+    def _insert(self, rows: List[Tuple[str, str, str]], vectors: List[Optional[List[float]]],
+                label: Optional[str], what: str) -> None:
+        """One transaction on a pooled connection; psycopg sends the rows pipelined."""
+        values = [(_storable(source), text, None if vector is None else label, vector, scope)
+                  for (source, text, scope), vector in zip(rows, vectors)]
         insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector, scope) "
                            "VALUES (%s, %s, %s, %s, %s)")
-        with self._connection(f"store {len(texts)} chunk(s) of {source!r}") as conn:
+        with self._connection(f"store {what}") as conn:
             with conn.cursor() as cursor:
-                cursor.executemany(insert, rows)
-        return len(texts)
+                cursor.executemany(insert, values)
 
     def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
         """The ``k`` best chunks of ``scope`` for ``query``, best first; never raises for odd query text.

@@ -44,6 +44,10 @@ _SCOPE_INDEX = "CREATE INDEX IF NOT EXISTS chunks_by_scope ON chunks(scope, sour
 # text, which lets a store reopened with FTS5 index rows that a store without
 # FTS5 added meanwhile (rowid > max indexed rowid), with no bookkeeping table.
 _FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(text, tokenize='porter unicode61')"
+_INSERT = "INSERT INTO chunks(source, text, embed_model, vector, scope) VALUES "
+# 5 values a row, and SQLite may allow only 999 in one statement (before 3.32).
+_ROWS_PER_INSERT = 199
+_FTS_INDEX_NEW = "INSERT INTO chunks_fts(rowid, text) SELECT id, text FROM chunks WHERE id > ? ORDER BY id"
 _FTS_CATCH_UP = (
     "INSERT INTO chunks_fts(rowid, text) SELECT id, text FROM chunks "
     "WHERE id > (SELECT coalesce(max(rowid), 0) FROM chunks_fts) ORDER BY id"
@@ -169,39 +173,31 @@ class SqliteRagStore(_StoreBase):
 
     # -- RagStore ------------------------------------------------------------
 
-    def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
-                   scope: str = "") -> int:
-        """Store the non-blank ``chunks`` under ``source`` in ``scope``; returns how many were stored.
-
-        Embedding failures never raise: they are logged and the text is
-        stored without vectors.  Database errors do raise (StreamEngineError).
-        """
-        texts, vectors, label = self._checked_chunks(source, chunks, embed_model, scope)
-        if not texts:
-            return 0
-        blobs = [None if vector is None else _to_blob(vector) for vector in vectors]
+    def _insert(self, rows: List[Tuple[str, str, str]], vectors: List[Optional[List[float]]],
+                label: Optional[str], what: str) -> None:
+        """One transaction; the keyword index gets the new rows in one statement (their ids follow the old
+        largest: the write lock is held), so a batch costs a few statements, not two per chunk."""
+        values = [(source, text, None if vector is None else label, None if vector is None else _to_blob(vector), scope)
+                  for (source, text, scope), vector in zip(rows, vectors)]
         with self._lock:
             conn = self._require_open()
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for text, blob in zip(texts, blobs):
-                        row = conn.execute(
-                            "INSERT INTO chunks(source, text, embed_model, vector, scope) VALUES (?, ?, ?, ?, ?)",
-                            (source, text, label if blob is not None else None, blob, scope),
-                        )
-                        if self.uses_fts:
-                            conn.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?, ?)", (row.lastrowid, text))
+                    last = conn.execute("SELECT coalesce(max(id), 0) FROM chunks").fetchone()[0]
+                    for start in range(0, len(values), _ROWS_PER_INSERT):
+                        part = values[start:start + _ROWS_PER_INSERT]
+                        conn.execute(_INSERT + ", ".join(["(?, ?, ?, ?, ?)"] * len(part)),
+                                     [value for row in part for value in row])
+                    if self.uses_fts:
+                        conn.execute(_FTS_INDEX_NEW, (last,))
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:  # SQLite may have rolled back already (disk full)
                         conn.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
-                raise StreamEngineError(
-                    f"the RAG store at {self.path!r} could not store {len(texts)} chunk(s) of {source!r}: {exc}"
-                ) from exc
-        return len(texts)
+                raise StreamEngineError(f"the RAG store at {self.path!r} could not store {what}: {exc}") from exc
 
     def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
         """The ``k`` best chunks of ``scope`` for ``query``, best first; never raises for odd query text.

@@ -18,6 +18,7 @@ import urllib3.exceptions
 
 from .sse_read import WAIT, SseFramer, read1_iter
 from ..._errors import LlmProtocolError
+from ..._redact import redact_url
 from ..base import Wait, readable
 from .connection import RequestTracker
 
@@ -95,7 +96,7 @@ def read_limited(resp: requests.Response, limit: int, truncate: bool) -> bytes:
             if truncate:
                 break
             raise LlmProtocolError(
-                f"the answer from {resp.url} is over {limit} bytes; refusing to buffer it"
+                f"the answer from {redact_url(resp.url)} is over {limit} bytes; refusing to buffer it"
             )
     return b"".join(parts)[:limit]
 

@@ -1,18 +1,20 @@
-"""What a provider client may put in its request headers, and which of it must never be shown.
+"""What a provider client may put in its request headers and base URL, and which of it must never be shown.
 
 Everything here is checked when the client is built, so a bad key or header
 is a ConfigError naming it -- never a failure deep in ``requests`` whose
-message would quote the key.
+message would quote the key.  What must never be shown is handed to the
+client's ``_redact.Redactor``.
 """
 from __future__ import annotations
 
 import re
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from ..._errors import ConfigError
 
-# Header names whose values are credentials (``Authorization``, Azure's
-# ``api-key``, ``x-api-key``, ``X-Auth-Token``...): never shown in errors.
+# Header and query parameter names whose values are credentials (``Authorization``,
+# Azure's ``api-key``, ``x-api-key``, ``X-Auth-Token``, ``?key=``...): never shown in errors.
 SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)
 _BAD_HEADER_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -63,14 +65,30 @@ def _is_latin1(text: str) -> bool:
     return True
 
 
-def secret_forms(secrets: Sequence[Optional[str]]) -> Tuple[str, ...]:
-    """Each secret as it may appear in a message: raw, and escaped inside a repr()."""
-    forms = []
-    for secret in secrets:
-        if secret:
-            forms.append(secret)
-            escaped = repr(secret)[1:-1]
-            if escaped != secret:
-                forms.append(escaped)
-    # Longest first, so a secret containing another is replaced whole.
-    return tuple(sorted(set(forms), key=len, reverse=True))
+def parse_base_url(base_url: str) -> Tuple[str, Optional[Tuple[str, str]], Dict[str, str]]:
+    """``base_url`` without its ``user:password@`` and query; that pair (percent-decoded, as requests
+    reads it) or None; the query, sent with every request.
+
+    The pair is sent as Basic auth, so the URL that is shown, logged or put
+    on a span never holds it.
+    """
+    root, _, query = base_url.partition("?")
+    parts = urlsplit(root)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    auth = None
+    if at:
+        user, _, password = userinfo.partition(":")
+        root, auth = urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+    return root, auth, dict(parse_qsl(query, keep_blank_values=True))
+
+
+def credentials_in(auth: Optional[Tuple[str, str]], *named: Mapping[str, str]) -> List[str]:
+    """What a client must never show: the password of ``auth`` (the user name when it stands alone,
+    as a token does), and the values of credential-like names in ``named`` (headers, query parameters)."""
+    secrets: List[str] = []
+    if auth is not None:
+        user, password = auth
+        secrets.append(password or user)
+    for values in named:
+        secrets += [value for name, value in values.items() if SENSITIVE_HEADER.search(name)]
+    return secrets

@@ -27,6 +27,24 @@ def status_error(status: int, reason: str, url: str, text: str, headers: Mapping
     return LlmHttpError(status, text, retry_after, message=message)
 
 
+def redact_exception(exc: BaseException, redact: Callable[[str], str]) -> None:
+    """Redact the words of ``exc`` and of everything under it (cause, context, urllib3's ``reason``).
+
+    It is chained to the error we raise, and a printed traceback shows the
+    whole chain: urllib3 quotes the request's path with its query
+    (``Max retries exceeded with url: /v1/chat?key=...``).
+    """
+    seen, todo = set(), [exc]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        error.args = tuple(redact(arg) if isinstance(arg, str) else arg for arg in error.args)
+        todo += [error.__cause__, error.__context__, getattr(error, "reason", None)]
+        todo += [arg for arg in error.args if isinstance(arg, BaseException)]
+
+
 def short_cause(exc: BaseException, limit: int = 160) -> str:
     """An exception's own words, without urllib3's object reprs and argument tuples."""
     first = exc.args[0] if exc.args and isinstance(exc.args[0], str) else None

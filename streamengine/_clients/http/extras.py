@@ -5,8 +5,8 @@ sent as they are they would become literal top-level keys of the request
 body, and a server silently ignores them (llama.cpp drops a ``grammar`` it
 never sees at the top level).  Here they are read for what they mean:
 ``extra_body`` is merged into the body, ``extra_headers`` and ``extra_query``
-go with this one request.  The header values are checked and redacted like
-the client's own.
+go with this one request.  The header values are checked, and credential-like
+header and query values redacted, like the client's own.
 
 The constructors take the SDK's ``default_headers=`` (the same as
 ``headers=``), ``timeout=`` (seconds to connect: the SDK's per-read timeout
@@ -23,7 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ..._errors import ConfigError
 from ..._messages import CompletionOptions
 from ..._validation import count, seconds
-from .credentials import SENSITIVE_HEADER, check_headers, secret_forms
+from .credentials import check_headers, credentials_in
 
 EXTRA_KEYS = ("extra_body", "extra_headers", "extra_query")
 
@@ -82,8 +82,7 @@ class RequestExtras:
         view = copy.copy(self)
         view._headers = {**self._headers, **headers}  # type: ignore[attr-defined]
         view._query = {**self._query, **query}  # type: ignore[attr-defined]
-        secrets = [v for k, v in headers.items() if SENSITIVE_HEADER.search(k)]
-        view._secrets = secret_forms(list(self._secrets) + secrets)  # type: ignore[attr-defined]
+        view._redact = self._redact.with_secrets(credentials_in(None, headers, query))  # type: ignore[attr-defined]
         view._owns_session = False  # closing the view must never close the shared session
         return view, options
 

@@ -13,7 +13,8 @@ provider alike:
   reused).  Idle and total timeouts live in the call strategies, where only
   meaningful chunks count: a socket timeout would be reset by keep-alives;
 * an error body, a JSON answer and an SSE event are read with bounds;
-* the API key and credential-like header values never appear in a message.
+* no message or log line shows a credential: the key, the base_url's userinfo, credential-like
+  header and query values, or any URL's userinfo and query values (``_redact.Redactor``).
 
 A provider subclasses :class:`HttpProviderClient` (request body and headers,
 answer parsing, error wording) and :class:`SseStreamParser` (events -> chunks).
@@ -26,8 +27,8 @@ import json
 import re
 import threading
 import time
+from functools import cached_property
 from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union
-from urllib.parse import parse_qsl
 
 import requests
 
@@ -37,16 +38,17 @@ from ..._errors import (
     ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError,
 )
 from ..._logs import component_logger
+from ..._redact import Redactor, redact_urls
 from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
 from ..._validation import seconds
 from ..base import StreamingLlmClient, Wait, chunks_only
 from .connection import RequestTracker, mount_cancellable, tracking
 from .environment import read_once
-from .credentials import SENSITIVE_HEADER, check_api_key, check_headers, secret_forms
+from .credentials import check_api_key, check_headers, credentials_in, parse_base_url
 from .body import (
     ALWAYS, STREAM_ERRORS, SocketBody, cancelled, drain_after_done, excerpt, read_limited, seconds_left, timed_reads,
 )
-from .errors import short_cause
+from .errors import redact_exception, short_cause
 
 ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
 JSON_BODY_LIMIT = 64 * 1024 * 1024
@@ -128,10 +130,10 @@ class SseStreamParser:
         except STREAM_ERRORS as exc:
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"stream from {self.url} was cancelled") from exc
-            raise LlmStreamError(
+            raise LlmStreamError(self.redact(
                 f"stream from {self.url} broke after {self.events} events: the provider dropped the connection "
                 f"mid-answer ({short_cause(exc)}); retry or fail over"
-            ) from exc
+            )) from exc
 
     def unfinished(self, cancel: Optional[threading.Event], tracker: RequestTracker) -> Chunk:
         """The events stopped before the end marker: cancelled, complete (a finish reason came) or broken.
@@ -160,7 +162,7 @@ class HttpProviderClient(StreamingLlmClient):
     A ``session`` you pass is used as is, except that a cancellable adapter is
     mounted for ``base_url`` (needed to abort a request before its headers);
     it is not closed by :meth:`close`.  A query string in ``base_url`` is sent
-    with every request.
+    with every request, and its ``user:password@`` as Basic auth.
     """
 
     #: An SSE event larger than this is refused (LlmProtocolError), bounding memory.
@@ -179,17 +181,13 @@ class HttpProviderClient(StreamingLlmClient):
     def __init__(self, base_url: str, api_key: Optional[str], *, key_source: str, session: Optional[requests.Session],
                  headers: Optional[Mapping[str, str]], connect_timeout: float) -> None:
         if not isinstance(base_url, str) or not re.match(r"^https?://[^/]", base_url):
-            raise ConfigError(f"base_url must be an http(s) URL such as {self.example_base_url!r}, got {base_url!r}")
+            raise ConfigError(f"base_url must be an http(s) URL such as {self.example_base_url!r}, "
+                              f"got {redact_urls(repr(base_url))}")
         self.connect_timeout = seconds(connect_timeout, "connect_timeout")
-        root, _, query_string = base_url.partition("?")
+        root, self._auth, self._query = parse_base_url(base_url)  # userinfo: Basic auth, never shown
         self.base_url = self._api_root(root.rstrip("/"))
-        self._query = dict(parse_qsl(query_string, keep_blank_values=True))
         self._api_key = check_api_key(api_key, key_source)
         self._headers = check_headers(headers)
-        # Everything an error message or log line must never show: the key and
-        # the values of credential-like headers (Azure's ``api-key``...).
-        self._secrets = secret_forms(
-            [self._api_key] + [v for k, v in self._headers.items() if SENSITIVE_HEADER.search(k)])
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
         mount_cancellable(self._session, ("http://", "https://") if self._owns_session else (self.base_url + "/",))
@@ -266,11 +264,11 @@ class HttpProviderClient(StreamingLlmClient):
 
     # -- the transport -----------------------------------------------------------------
 
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, "***")
-        return text
+    @cached_property
+    def _redact(self) -> Redactor:
+        """Hides the client's credentials and every URL's userinfo and query values (made at first use:
+        a provider's constructor may still add headers and query parameters)."""
+        return Redactor([self._api_key, *credentials_in(self._auth, self._headers, self._query)])
 
     def _send(self, path: str, data: bytes, stream: bool, tracker: RequestTracker,
               cancel: Optional[threading.Event], read_timeout: Optional[float] = None) -> requests.Response:
@@ -280,6 +278,8 @@ class HttpProviderClient(StreamingLlmClient):
         if cancelled(cancel, tracker):
             raise LlmCancelledError(f"call to {url} was cancelled before it was sent")
         environment = self._environment.for_url(url) if self._environment is not None else {}
+        if self._auth is not None:  # the base_url's userinfo, as requests would send it (and before ~/.netrc)
+            environment = {**environment, "auth": self._auth}
         try:
             with tracking(tracker):
                 resp = self._session.post(
@@ -287,13 +287,13 @@ class HttpProviderClient(StreamingLlmClient):
                     stream=True, timeout=(self.connect_timeout, read_timeout), **environment,
                 )
         except STREAM_ERRORS as exc:
+            redact_exception(exc, self._redact)  # chained below: a printed traceback shows its words
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"call to {url} was cancelled while waiting for the answer") from exc
             self._log.info("POST {} got no answer: {!r}", url, exc)
             if read_timeout is not None and isinstance(exc, requests.exceptions.ReadTimeout):
-                raise LlmConnectionError(
-                    f"{url} sent no response headers within {read_timeout:.3g}s (what was left of the call's "
-                    f"deadlines)") from exc
+                raise LlmConnectionError(f"{url} sent no response headers within {read_timeout:.3g}s "
+                                         f"(what was left of the call's deadlines)") from exc
             raise LlmConnectionError(self._redact(self._no_answer(exc, url))) from exc
         except UnicodeEncodeError as exc:
             # http.client encodes header values as latin-1; the only headers
@@ -354,8 +354,8 @@ class HttpProviderClient(StreamingLlmClient):
             except STREAM_ERRORS as exc:
                 if cancelled(cancel, tracker):
                     raise LlmCancelledError(f"call to {url} was cancelled while reading the answer") from exc
-                raise LlmConnectionError(
-                    f"the answer from {url} broke off ({short_cause(exc)}); retry or fail over") from exc
+                raise LlmConnectionError(self._redact(
+                    f"the answer from {url} broke off ({short_cause(exc)}); retry or fail over")) from exc
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"call to {url} was cancelled")
             try:
