@@ -156,6 +156,16 @@ def test_a_list_changed_flood_keeps_one_refresh_in_flight_and_another_server_fas
     assert during < 20 * baseline + 0.25, (baseline, during)  # a failure guard; the flood had made it 600x
 
 
+def test_a_server_that_floods_requests_and_reads_no_answers_holds_a_bounded_part_of_the_loop(record, log_lines):
+    with McpServer.stdio(*hostile_stdio_args(record), name="deaf") as deaf, ToolExecutor() as executor:
+        tasks_before = _tasks_on_the_mcp_loop()
+        assert call(executor, by_name(deaf.tools(eager=True))["flood"], {"seconds": 3, "pings": True}).ok
+        time.sleep(1.5)
+        tasks_during = _tasks_on_the_mcp_loop()
+    assert tasks_during < tasks_before + 50, (tasks_before, tasks_during)  # it was 16,000 after 5 s
+    assert sum("requests are dropped unanswered" in line for line in log_lines) == 1
+
+
 # --- tool lists ----------------------------------------------------------------------------
 
 def test_an_odd_tool_list_is_bounded_and_each_problem_is_told_once(record, log_lines):

@@ -54,7 +54,7 @@ class McpServer:
         self._log = component_logger("streamengine.mcp", logger)
         self._warn = Warnings(lambda text: self._log.warning("{}", endpoint.redact(text)))
         self._listed: List[Any] = []
-        self._connection = Connection(endpoint, self.startup_timeout, self._note_tools)
+        self._connection = Connection(endpoint, self.startup_timeout, self._note_tools, self._warn)
         self._lock = threading.Lock()
         self._state = "new"  # new -> open -> closed
 
@@ -235,7 +235,8 @@ class McpServer:
     async def _answer(self, tool: McpTool, arguments: Dict[str, Any], meta: Optional[Dict[str, Any]]) -> str:
         """The call's text; every failure an :class:`McpToolError` whose text hides the server's credentials."""
         def progress(done: float, total: Optional[float], message: Optional[str]) -> None:
-            self._log.debug("tool {!r}: progress {}/{} {}", tool.name, done, total, message or "")
+            self._log.debug("tool {!r}: progress {}/{} {}", tool.name, done, total,
+                            self._endpoint.redact((message or "")[:300]))
 
         try:
             result = await self._connection.call(tool.remote_name, arguments, _async(progress), meta=meta)

@@ -22,6 +22,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from ._endpoint import Endpoint
+from ._gate import gated
 from ._results import McpToolError
 
 #: Seconds to wait for a crashed server's exit status before describing it without one.
@@ -42,12 +43,14 @@ class McpUnavailable(McpToolError):
 
 
 class Connection:
-    """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``."""
+    """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``, warnings to ``warn``."""
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None]) -> None:
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None],
+                 warn: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.startup_timeout = startup_timeout
         self._on_tools = on_tools
+        self._warn = warn
         self._client: Optional[Client] = None
         self._runner: Optional["asyncio.Task[None]"] = None
         self._stop: Optional[asyncio.Event] = None
@@ -120,7 +123,8 @@ class Connection:
     async def _hold(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
         """The runner: keep the client's context open until ``stop`` (enter and exit in this one task)."""
         try:
-            async with Client(self.endpoint.transport(), message_handler=self._on_message,
+            transport = gated(self.endpoint.transport(), lambda text: self._warn(f"{self.endpoint.label}: {text}"))
+            async with Client(transport, message_handler=self._on_message,
                               mode=self.endpoint.protocol) as client:
                 if not ready.done():
                     ready.set_result(client)

@@ -127,6 +127,7 @@ class Stdio:
         self.out = sys.stdout.buffer
         self.lock = threading.Lock()
         self.lister = Lister(record, self.send, kind)
+        self.deaf = False  # stopped reading stdin (a ping flood)
 
     def send(self, data: bytes) -> None:
         with self.lock:
@@ -135,6 +136,8 @@ class Stdio:
 
     def serve(self, ignore_eof: bool) -> None:
         for line in sys.stdin.buffer:
+            while self.deaf:
+                time.sleep(3600)
             if line.strip():
                 self.handle(json.loads(line))
         while ignore_eof:
@@ -165,16 +168,20 @@ class Stdio:
                 self.out.flush()
             self.record.note(event="wrote", bytes=wrote)
         elif name == "flood":
-            threading.Thread(target=self.flood, args=(float(args.get("seconds", 1)),), daemon=True).start()
+            what = CHANGED if not args.get("pings") else None
+            threading.Thread(target=self.flood, args=(float(args.get("seconds", 1)), what), daemon=True).start()
             self.send(reply(rid, text_result("flooding")))
         else:
             self.send(reply(rid, text_result(str(args.get("text", "")))))
 
-    def flood(self, seconds: float) -> None:
+    def flood(self, seconds: float, what: Optional[bytes]) -> None:
+        """``what`` as fast as possible; ``None``: ping requests, while no longer reading stdin."""
         until = time.monotonic() + seconds
         sent = 0
+        if what is None:
+            self.deaf = True
         while time.monotonic() < until:
-            self.send(CHANGED)
+            self.send(what or b'{"jsonrpc":"2.0","id":"p%d","method":"ping"}' % sent)
             sent += 1
         self.record.note(event="flooded", sent=sent)
 
