@@ -270,3 +270,18 @@ def test_a_token_in_the_url_and_credential_headers_never_reach_the_model_an_erro
     assert "127.0.0.1" in down.error and "127.0.0.1" in str(caught.value)
     leaks = [text for text in shown if "SECRETVALUE" in text or "SECRETHEADER" in text]
     assert leaks == []
+
+
+def test_a_stdio_servers_credentials_in_its_arguments_env_and_stderr_are_masked():
+    from streamengine.mcp import McpToolError
+
+    script = ("import os, sys; print('token is', os.environ['API_TOKEN'], 'key is', sys.argv[2], file=sys.stderr, "
+              "flush=True); sys.exit(3)")
+    server = McpServer.stdio(sys.executable, "-c", script, "--api-key", "ARGSECRET99", name="leaky",
+                             env={"API_TOKEN": "ENVSECRET99", "TZ": "Europe/Paris"}, startup_timeout=10)
+    with pytest.raises(McpToolError) as caught:
+        server.start()
+    server.close()
+    text = f"{caught.value} {server!r}"
+    assert "token is *** key is ***" in text and "--api-key ***" in text, text
+    assert "ARGSECRET99" not in text and "ENVSECRET99" not in text

@@ -278,6 +278,16 @@ def _async(fn: Any) -> Any:
     return call
 
 
+def _forget_the_parents() -> None:
+    """In a forked child: the parent's servers, sessions and loop thread are the parent's, not to close here."""
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # another thread may have held it at the fork
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents)
+
+
 @atexit.register
 def _close_left_open() -> None:
     """At exit, close what the program left open: a stdio child that ignores EOF would outlive it."""
