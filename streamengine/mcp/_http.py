@@ -61,6 +61,7 @@ async def http_transport(url: str, headers: Dict[str, str], limit: int) -> Async
 
     # The SDK's own defaults: a response stream may stay open for minutes; the engine's
     # per-tool timeout, not this read timeout, is what bounds a call.
+    headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
     async with httpx2.AsyncClient(headers={**headers, "Accept-Encoding": "identity"},
                                   timeout=httpx2.Timeout(30.0, read=300.0),
                                   event_hooks={"response": [_capping(limit)]}) as http:
