@@ -105,6 +105,16 @@ def test_an_answer_past_the_cap_is_an_error_result_and_memory_stays_bounded(shap
         assert wrote and wrote[0] < offered // 2, wrote
 
 
+def test_a_compressed_http_answer_is_refused_not_inflated(hostile_http):
+    with McpServer.http(hostile_http.url, name="hostile", limits=McpLimits(max_result_bytes=CAP)) as server, \
+            ToolExecutor() as executor:
+        tools = by_name(server.tools(eager=True))
+        bomb = call(executor, tools["bomb"], {})
+        after = call(executor, tools["echo"], {"text": "still here"})
+    assert not bomb.ok and "'gzip'-compressed answer though none was asked for" in bomb.error, bomb.error
+    assert after.ok
+
+
 def test_a_stdio_answer_past_the_cap_without_its_id_first_closes_the_connection_and_says_why(record):
     with McpServer.stdio(*hostile_stdio_args(record), name="hostile", limits=McpLimits(max_result_bytes=CAP)) \
             as server, ToolExecutor() as executor:

@@ -12,6 +12,7 @@ handshake era only: it refuses ``server/discover``).  Its tools:
   With ``id_last`` the id comes at the end of the message (as some SDKs write it).
 * ``flood(seconds)``: writes ``notifications/tools/list_changed`` as fast as
   it can for ``seconds`` (over HTTP on the GET stream).
+* ``bomb()`` (HTTP): a gzip-compressed answer of 32 MiB, sent though the client asked for none.
 * ``leak()`` (HTTP): an error result quoting the URL path it was called at
   and its ``Authorization`` header, as a careless server might.
 
@@ -25,6 +26,7 @@ client should take whole (a bad name, a huge description, a huge schema,
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import queue
@@ -45,6 +47,7 @@ TOOLS = [
      "inputSchema": {"type": "object", "properties": {"size": {"type": "integer"}, "sse": {"type": "boolean"}}}},
     {"name": "flood", "description": "Floods the client with list_changed.", "annotations": {"readOnlyHint": True},
      "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}}},
+    {"name": "bomb", "description": "A compressed answer.", "inputSchema": {"type": "object", "properties": {}}},
     {"name": "leak", "description": "Fails, quoting its URL and credentials.",
      "inputSchema": {"type": "object", "properties": {}}},
 ]
@@ -227,6 +230,14 @@ def http_handler(state: HttpState) -> type:
             elif name == "flood":
                 state.flood_until = time.monotonic() + float(args.get("seconds", 1))
                 self._json(reply(rid, text_result("flooding")))
+            elif name == "bomb":  # 32 MiB of text in ~32 KiB of gzip, sent though the client asked for none
+                body = gzip.compress(b"".join(huge_parts(rid, 32 * 1024 * 1024)))
+                self.send_response(200)
+                for key, value in (("Content-Type", "application/json"), ("Content-Encoding", "gzip"),
+                                   ("Content-Length", str(len(body)))):
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
             elif name == "leak":
                 text = f"denied: {self.path} with {self.headers.get('Authorization')}"
                 self._json(reply(rid, {"content": [{"type": "text", "text": text}], "isError": True}))
