@@ -190,7 +190,7 @@ def test_an_odd_tool_list_is_bounded_and_each_problem_is_told_once(record, log_l
     assert all(len(json.dumps(t)) < 20_000 for t in listed)
     text = "".join(log_lines)
     for said in ("'bad name!' left out", "'wordy' is 100000 characters", "'sprawling' left out",
-                 "lists 307 tools; only the first 50"):
+                 "tools; only the first 50 are used (McpLimits.max_tools)"):
         assert text.count(said) == 1, (said, text)
 
 
