@@ -56,7 +56,7 @@ def lab_over(transport, lab_http, record):
 def test_time_server_tools_carry_the_servers_schema_unchanged_and_answer():
     with McpServer.stdio(server_command("mcp-server-time"), "--local-timezone", "UTC") as clock:
         listed = {t["name"]: t for t in clock.list_tools()}
-        tools = by_name(clock.tools())
+        tools = by_name(clock.tools(trust_annotations=True))
         now = tools["get_current_time"]
         assert now.spec.parameters == listed["get_current_time"]["inputSchema"]
         assert now.spec.parameters["properties"]["timezone"]["title"] == "Timezone"  # titles and all
@@ -81,7 +81,7 @@ def test_git_server_on_a_temporary_repository(tmp_path):
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "notes.txt").write_text("hello\n")
     with McpServer.stdio(server_command("mcp-server-git"), "--repository", str(repo)) as git:
-        tools = by_name(git.tools(prefix="git."))
+        tools = by_name(git.tools(prefix="git.", trust_annotations=True))
         status = call(tools["git.git_status"], {"repo_path": str(repo)})
         assert status.ok and "notes.txt" in status.text
         assert tools["git.git_status"].side_effects is False
@@ -91,13 +91,31 @@ def test_git_server_on_a_temporary_repository(tmp_path):
 
 # --- the lab server over streamable HTTP ----------------------------------------------------
 
-def test_annotations_decide_what_runs_eagerly_and_eager_overrides(lab_http):
+def test_by_default_no_tool_is_eager_whatever_the_server_annotates(lab_http):
     with McpServer.http(lab_http.url, name="lab") as lab:
         default = by_name(lab.tools())
-        assert default["slow"].side_effects is False and default["plain"].side_effects is True
+    assert default["slow"].annotations == {"readOnlyHint": True}
+    assert all(t.side_effects for t in default.values())
+    assert {t.side_effects_reason for t in default.values()} == {
+        "server annotations not trusted (trust_annotations=False)"}
+    assert not any(t.annotations_trusted for t in default.values())
+
+
+def test_trusted_annotations_decide_what_runs_eagerly_and_eager_overrides(lab_http):
+    with McpServer.http(lab_http.url, name="lab") as lab:
+        trusted = by_name(lab.tools(trust_annotations=True))
+        assert trusted["slow"].side_effects is False and trusted["plain"].side_effects is True
+        assert trusted["slow"].side_effects_reason == "server annotations trusted: readOnlyHint: true"
+        assert trusted["plain"].side_effects_reason == "server annotations trusted: not marked readOnlyHint: true"
         assert all(not t.side_effects for t in lab.tools(eager=True))
-        chosen = by_name(lab.tools(prefix="lab_", eager={"lab_plain"}, include={"lab_plain", "lab_slow"}))
-        assert sorted(chosen) == ["lab_plain", "lab_slow"] and chosen["lab_plain"].side_effects is False
+        chosen = by_name(lab.tools(prefix="lab_", eager={"lab_plain"}, include={"lab_plain", "lab_slow", "lab_grow"}))
+        assert sorted(chosen) == ["lab_grow", "lab_plain", "lab_slow"]
+        assert chosen["lab_plain"].side_effects is False and chosen["lab_plain"].side_effects_reason == "named in eager="
+        # Naming one tool makes that one eager, not the server: an unannotated tool outside the set still waits,
+        # and so does a read-only one while annotations are not trusted.
+        assert chosen["lab_grow"].side_effects is True and chosen["lab_slow"].side_effects is True
+        with pytest.raises(ConfigError, match="trust_annotations"):
+            lab.tools(trust_annotations="yes")
         with pytest.raises(ConfigError, match="lab_nope"):
             lab.tools(prefix="lab_", include={"lab_nope"})
         with pytest.raises(ConfigError, match="after prefix"):
@@ -257,7 +275,7 @@ def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(transport, l
         assert "sprout" not in by_name(server.tools())
         assert call(by_name(server.tools(eager=True))["grow"], {"name": "sprout"}).ok
         assert wait_for(lambda: "sprout" in by_name(server.tools()), timeout=10), [t.name for t in server.tools()]
-        sprout = by_name(server.tools())["sprout"]
+        sprout = by_name(server.tools(trust_annotations=True))["sprout"]
         assert sprout.side_effects is False and call(sprout, {}).text == "sprout was added at run time"
 
 

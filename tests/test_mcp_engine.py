@@ -43,7 +43,7 @@ def test_an_mcp_call_starts_on_the_server_before_the_stream_ends(lab_http, recor
         fp.add_turn(s.text("Looking. " + block("slow", {"seconds": 0.2, "tag": "early"})),
                     s.wait(started_on_server, timeout=20), s.text(" still talking"))
         fp.add_turn(s.text("Done."))
-        with engine_for(fp, lab.tools()) as engine:
+        with engine_for(fp, lab.tools(trust_annotations=True)) as engine:
             events = list(engine.run(Q))
     assert started_on_server.is_set()
     start = next(i for i, e in enumerate(events) if isinstance(e, ToolStartEvent))
@@ -59,7 +59,7 @@ def test_native_tool_calls_reach_mcp_tools_with_the_servers_schema(lab_http):
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
         fp.add_turn(s.tool_call(0, id="call_1", name="measure", arguments=json.dumps({"text": "one two"})))
         fp.add_turn(s.text("Two words."))
-        tools = lab.tools(include={"measure"})
+        tools = lab.tools(include={"measure"}, eager={"measure"})
         with engine_for(fp, tools) as engine:
             result = engine.complete(Q)
     sent = fp.requests[0].json["tools"][0]["function"]
@@ -67,21 +67,29 @@ def test_native_tool_calls_reach_mcp_tools_with_the_servers_schema(lab_http):
     assert json.loads(result.tool_results[0].text) == {"chars": 7, "words": 2}
 
 
-def test_a_tool_without_annotations_waits_for_the_stream_and_approve(lab_http, record):
+@pytest.mark.parametrize("name, text, trust, reason", [
+    ("plain", "WRITE", False, "server annotations not trusted (trust_annotations=False)"),
+    ("plain", "WRITE", True, "server annotations trusted: not marked readOnlyHint: true"),
+    # readOnlyHint and destructiveHint at once: taken at its more dangerous word.
+    ("wipe", "wiped write", True, "server annotations trusted: destructiveHint: true"),
+])
+def test_a_tool_that_may_write_waits_for_the_stream_and_approve(name, text, trust, reason, lab_http, record):
     asked = []
     ended = s.Stamp()
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
-        fp.add_turn(s.text(block("plain", {"text": "write"})), s.text(" and more"), s.signal(ended))
+        fp.add_turn(s.text(block(name, {"text": "write"})), s.text(" and more"), s.signal(ended))
         fp.add_turn(s.text("ok"))
 
         def approve(call):
             asked.append(call.name)
             return True
 
-        with engine_for(fp, lab.tools(), approve=approve) as engine:
+        tools = lab.tools(trust_annotations=trust, include={name})
+        assert tools[0].side_effects and tools[0].side_effects_reason == reason
+        with engine_for(fp, tools, approve=approve) as engine:
             result = engine.complete(Q)
-    assert asked == ["plain"] and result.tool_results[0].text == "WRITE"
-    assert record.when("plain", "write") is not None
+    assert asked == [name] and result.tool_results[0].text == text
+    assert record.when(name, "write") is not None
     assert result.tool_results[0].started_at >= ended.at  # gated until the stream had ended
 
 
@@ -89,7 +97,7 @@ def test_three_mcp_calls_in_one_round_run_at_once(lab_http, record):
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
         fp.add_turn(s.text("".join(block("slow", {"seconds": 2, "tag": f"p{i}"}) for i in range(3))))
         fp.add_turn(s.text("ok"))
-        with engine_for(fp, lab.tools()) as engine:
+        with engine_for(fp, lab.tools(trust_annotations=True)) as engine:
             result = engine.complete(Q)
     assert [r.ok for r in result.tool_results] == [True] * 3
     starts = [record.when("start", f"p{i}") for i in range(3)]
@@ -101,7 +109,7 @@ def test_the_engines_tool_timeout_cancels_the_servers_handler(lab_http, record):
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
         fp.add_turn(s.text(block("slow", {"seconds": 30, "tag": "late"})))
         fp.add_turn(s.text("gave up"))
-        with engine_for(fp, lab.tools(), tool_timeout=1.0) as engine:
+        with engine_for(fp, lab.tools(trust_annotations=True), tool_timeout=1.0) as engine:
             result = engine.complete(Q)
     failed = result.tool_results[0]
     assert not failed.ok and "timed out after 1s" in failed.error
@@ -114,7 +122,7 @@ def test_a_crash_mid_call_is_an_error_result_and_the_run_goes_on(record):
         fp.add_turn(s.text(block("exit_now", {"code": 7})))
         fp.add_turn(s.text(block("slow", {"seconds": 0.01, "tag": "after"})))
         fp.add_turn(s.text("recovered"))
-        with engine_for(fp, lab.tools()) as engine:
+        with engine_for(fp, lab.tools(trust_annotations=True)) as engine:
             result = engine.complete(Q)
     crashed, after = result.tool_results
     assert not crashed.ok and "exit status 7" in crashed.error and "'lab'" in crashed.error
@@ -132,7 +140,7 @@ def test_mcp_tools_beside_python_tools_and_results_filed_in_the_rag_store():
         fp.add_turn(s.text(block("get_current_time", {"timezone": "Asia/Tokyo"}) + block("shout", {"word": "hi"})))
         fp.add_turn(s.text(block("rag_search", {"query": "Asia/Tokyo timezone"})))
         fp.add_turn(s.text("ok"))
-        with engine_for(fp, [*clock.tools(), shout], rag=store) as engine:
+        with engine_for(fp, [*clock.tools(trust_annotations=True), shout], rag=store) as engine:
             events = list(engine.run(Q))
     results = [e.result for e in events if isinstance(e, ToolResultEvent)]
     assert {r.name for r in results} == {"get_current_time", "shout", "rag_search"}
@@ -171,7 +179,7 @@ def test_the_readme_example_calls_the_time_server():
 def test_closing_the_run_cancels_the_mcp_request_on_the_server(lab_http, record):
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
         fp.add_turn(s.text(block("slow", {"seconds": 30, "tag": "abandoned"})), s.forever(s.comment()))
-        with engine_for(fp, lab.tools()) as engine:
+        with engine_for(fp, lab.tools(trust_annotations=True)) as engine:
             run = engine.run(Q)
             for event in run:
                 if isinstance(event, ToolStartEvent):
@@ -194,7 +202,7 @@ def test_an_mcp_call_is_a_client_span_under_its_tool_span_and_carries_traceparen
     with McpServer.http(lab_http.url) as lab, FakeProvider() as fp:
         fp.add_turn(s.text('<tool name="traced">{}</tool>'))
         fp.add_turn(s.text("done"))
-        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), lab.tools(include=["traced"]),
+        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), lab.tools(include=["traced"], eager=True),
                                  EngineConfig(models=["m"], tool_mode="inline"), tracer_provider=provider)
         with engine:
             result = engine.complete([{"role": "user", "content": "q"}])
@@ -218,7 +226,7 @@ def test_a_run_with_an_mcp_call_leaves_nothing_for_the_garbage_collector():
         for _ in range(2):  # a warm run, then the one looked at
             fp.add_turn(s.text(block("get_current_time", {"timezone": "Europe/Paris"})))
             fp.add_turn(s.text("It is evening in Paris."))
-        with engine_for(fp, clock.tools()) as engine:
+        with engine_for(fp, clock.tools(trust_annotations=True)) as engine:
             assert isinstance(list(engine.run(Q))[-1], DoneEvent)
             ours = left_for_the_collector(lambda: list(engine.run(Q)))
     assert ours == []

@@ -8,7 +8,8 @@
         engine = StreamingEngine(client, tools=[*clock.tools(), my_tool])
 
 Needs the ``mcp`` extra (``pip install 'streamengine[mcp]'``, Python 3.10+).
-See docs/mcp.md for eager tools, deadlines, cancellation and faults.
+See docs/mcp.md for which tools start mid-stream (none by default: ``tools(eager=...)`` or
+``tools(trust_annotations=True)``), limits, deadlines, cancellation and faults.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("streamengine.mcp needs the MCP SDK: pip install 'streamengine[mcp]'") from exc
 
+from ._limits import McpLimits
 from ._results import McpToolError
 from ._server import McpServer
 from ._tools import McpTool
 
-__all__ = ["McpServer", "McpTool", "McpToolError"]
+__all__ = ["McpLimits", "McpServer", "McpTool", "McpToolError"]

@@ -10,8 +10,9 @@ cannot read base64.  ``isError`` makes the server's text the error result.
 from __future__ import annotations
 
 import json
-from typing import Any, List
+from typing import Any, Callable, List
 
+from .._redact import redact as redact_urls
 from ..tools._results import ToolFailure
 
 
@@ -19,13 +20,18 @@ class McpToolError(ToolFailure):
     """An MCP call that failed: the message (the server's own text, or what went wrong) is the result."""
 
 
-def result_text(result: Any, tool_name: str) -> str:
-    """The text of ``result``; raises :class:`McpToolError` with the server's text when ``isError``."""
+def result_text(result: Any, tool_name: str, redact: Callable[[str], str] = redact_urls) -> str:
+    """The text of ``result``; raises :class:`McpToolError` with the server's text when ``isError``.
+
+    ``redact`` hides the server's credentials in that error (a server may
+    quote the URL it was called at); a result that is not an error is the
+    server's content and is left as it is.
+    """
     described = [_describe(block) for block in result.content if getattr(block, "type", "") != "text"]
     texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
     if result.is_error:
         detail = "\n".join(texts + described).strip() or "the server gave no reason"
-        raise McpToolError(f"tool '{tool_name}' failed: {detail}")
+        raise McpToolError(redact(f"tool '{tool_name}' failed: {detail}"))
     parts: List[str] = []
     if texts:
         parts.extend(texts)

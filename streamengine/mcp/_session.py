@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
 import anyio
@@ -21,12 +22,20 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from ._endpoint import Endpoint
+from ._gate import gated
 from ._results import McpToolError
 
 #: Seconds to wait for a crashed server's exit status before describing it without one.
 _EXIT_WAIT_S = 1.0
 #: Restarts after a crash before calls fail for good ("once, then errors").
 MAX_RESTARTS = 1
+#: Seconds calls still in flight get to end (their requests cancelled) when the server is closed.
+_CALLS_GRACE_S = 2.0
+#: Seconds between two reads of a changed tool list: a server that says "changed" in a loop gets
+#: one ``tools/list`` in flight at a time, at most one every this often.
+REFRESH_GAP_S = 0.5
+#: How the SDK words an SSE event past ``max_sse_event_size`` (an answer past the cap, over HTTP).
+_SSE_TOO_LARGE = re.compile(r"Server-sent event exceeded the \d+ byte limit")
 
 
 class McpUnavailable(McpToolError):
@@ -34,12 +43,14 @@ class McpUnavailable(McpToolError):
 
 
 class Connection:
-    """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``."""
+    """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``, warnings to ``warn``."""
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None]) -> None:
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None],
+                 warn: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.startup_timeout = startup_timeout
         self._on_tools = on_tools
+        self._warn = warn
         self._client: Optional[Client] = None
         self._runner: Optional["asyncio.Task[None]"] = None
         self._stop: Optional[asyncio.Event] = None
@@ -48,7 +59,17 @@ class Connection:
         self._broken: Optional[str] = None  # why the live session is unusable
         self._calls: Set["asyncio.Task[Any]"] = set()  # in flight: cancelled by close()
         self._closing = False
+        self._refresh: Optional["asyncio.Task[None]"] = None  # the one tools/list re-read in flight
+        self._refresh_again = False  # the list changed again while it was being read
         self.restarts = 0
+
+    @property
+    def close_deadline(self) -> float:
+        """Seconds :meth:`close` may take at most: calls' grace, the session's close, the process's stop."""
+        return _CALLS_GRACE_S + self.endpoint.close_timeout + self.endpoint.stop_timeout + 1.0
+
+    def _unavailable(self, text: str) -> "McpUnavailable":
+        return McpUnavailable(self.endpoint.redact(text))
 
     # -- lifecycle
 
@@ -66,8 +87,8 @@ class Connection:
                 return self._client
             if self._broken is not None:
                 if self.restarts >= MAX_RESTARTS:
-                    raise McpUnavailable(f"{self._broken}; it was restarted {self.restarts} time(s) already and "
-                                         "is not started again: fix the server, then open a new McpServer")
+                    raise self._unavailable(f"{self._broken}; it was restarted {self.restarts} time(s) already and "
+                                            "is not started again: fix the server, then open a new McpServer")
                 await self._shutdown()
                 self.restarts += 1
                 self._broken = None
@@ -83,21 +104,27 @@ class Connection:
             client = await asyncio.wait_for(asyncio.shield(ready), self.startup_timeout)
         except asyncio.TimeoutError as exc:
             await self._shutdown()
-            raise McpUnavailable(f"{self.endpoint.label} did not answer initialize within "
-                                 f"{self.startup_timeout:g}s (startup_timeout); {self.endpoint.describe_exit()}"
-                                 ) from exc
+            raise self._unavailable(f"{self.endpoint.label} did not answer initialize within "
+                                    f"{self.startup_timeout:g}s (startup_timeout); {self.endpoint.describe_exit()}"
+                                    ) from exc
         except Exception as exc:
             await self._shutdown()
-            raise McpUnavailable(f"{self.endpoint.label} could not be started: {_reason(exc)}; "
-                                 f"{self.endpoint.describe_exit()}") from exc
+            raise self._unavailable(f"{self.endpoint.label} could not be started: {_reason(exc)}; "
+                                    f"{self.endpoint.describe_exit()}") from exc
         self._client = client
-        await self._refresh_tools(client)
+        try:
+            await self._refresh_tools(client)
+        except Exception as exc:
+            await self._shutdown()
+            raise self._unavailable(f"{self.endpoint.label} started, but its tools/list failed: {_reason(exc)}; "
+                                    f"{self._too_large_hint(exc)}{self.endpoint.describe_exit()}") from exc
         return client
 
     async def _hold(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
         """The runner: keep the client's context open until ``stop`` (enter and exit in this one task)."""
         try:
-            async with Client(self.endpoint.transport(), message_handler=self._on_message,
+            transport = gated(self.endpoint.transport(), lambda text: self._warn(f"{self.endpoint.label}: {text}"))
+            async with Client(transport, message_handler=self._on_message,
                               mode=self.endpoint.protocol) as client:
                 if not ready.done():
                     ready.set_result(client)
@@ -116,6 +143,9 @@ class Connection:
 
     async def _shutdown(self) -> None:
         runner, self._runner, self._client = self._runner, None, None
+        refresh, self._refresh = self._refresh, None
+        if refresh is not None:
+            refresh.cancel()
         if runner is None:
             return
         assert self._stop is not None
@@ -135,7 +165,7 @@ class Connection:
         for task in calls:
             task.cancel()
         if calls:
-            await asyncio.wait(calls, timeout=self.endpoint.close_timeout)
+            await asyncio.wait(calls, timeout=_CALLS_GRACE_S)
         async with self._guard:
             await self._shutdown()
 
@@ -152,7 +182,7 @@ class Connection:
             page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
             tools.extend(page.tools)
             cursor = page.next_cursor
-            if not cursor:
+            if not cursor or len(tools) > self.endpoint.limits.max_tools:  # more are never used
                 break
         self._on_tools(tools)
         return tools
@@ -161,7 +191,7 @@ class Connection:
                    meta: Optional[Dict[str, Any]] = None) -> Any:
         """``tools/call``; a crash or lost connection becomes :class:`McpUnavailable` naming what happened."""
         if self._closing:
-            raise McpUnavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
+            raise self._unavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
         task = asyncio.current_task()
         assert task is not None
         self._calls.add(task)
@@ -169,7 +199,7 @@ class Connection:
             return await self._call(name, arguments, on_progress, meta)
         except asyncio.CancelledError:
             if self._closing:  # close(), not the caller: say so instead of "cancelled"
-                raise McpUnavailable(f"{self.endpoint.label} was closed during the call to {name!r}") from None
+                raise self._unavailable(f"{self.endpoint.label} was closed during the call to {name!r}") from None
             raise
         finally:
             self._calls.discard(task)
@@ -182,9 +212,12 @@ class Connection:
                 return await client.call_tool(name, arguments, progress_callback=on_progress, meta=meta)
             return await client.call_tool(name, arguments, progress_callback=on_progress)
         except MCPError as exc:
+            if _too_large(exc.error.message):
+                raise McpToolError(self.endpoint.redact(
+                    f"{self.endpoint.label}: the answer to {name!r} {self._too_large_hint(exc).rstrip()}")) from exc
             if exc.error.code != types.CONNECTION_CLOSED:
-                raise McpToolError(f"{self.endpoint.label} refused the call to {name!r}: {exc.error.message}") \
-                    from exc
+                raise McpToolError(self.endpoint.redact(
+                    f"{self.endpoint.label} refused the call to {name!r}: {exc.error.message}")) from exc
             raise await self._lost(name, exc) from exc
         except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise await self._lost(name, exc) from exc
@@ -192,21 +225,43 @@ class Connection:
     async def _lost(self, name: str, exc: BaseException) -> McpUnavailable:
         await self.endpoint.wait_exit(_EXIT_WAIT_S)
         self._broken = f"{self.endpoint.label} failed during the call to {name!r}: {self.endpoint.describe_exit()}"
-        return McpUnavailable(f"{self._broken} ({_reason(exc)}); the next call restarts it"
-                              if self.restarts < MAX_RESTARTS else self._broken)
+        return self._unavailable(f"{self._broken} ({_reason(exc)}); the next call restarts it"
+                                 if self.restarts < MAX_RESTARTS else self._broken)
+
+    def _too_large_hint(self, exc: BaseException) -> str:
+        """For an answer past the cap: what was refused and which setting to raise; else ``""``."""
+        if not (isinstance(exc, MCPError) and _too_large(exc.error.message)):
+            return ""
+        limit = self.endpoint.limits.max_result_bytes
+        return (f"is over {limit} bytes (McpLimits.max_result_bytes) and was not read; if such answers are "
+                "expected, raise it: McpServer.stdio/http(..., limits=McpLimits(max_result_bytes=...)). ")
 
     # -- notifications
 
     async def _on_message(self, message: Any) -> None:
         """Handshake-era servers announce a changed tool list with a plain notification."""
         if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
-            client = self._client
-            if client is not None:
-                asyncio.get_running_loop().create_task(self._refresh_quietly(client))
+            self._changed()
 
-    async def _refresh_quietly(self, client: Client) -> None:
-        with contextlib.suppress(Exception):
-            await self._refresh_tools(client)
+    def _changed(self) -> None:
+        """Re-read the list: one ``tools/list`` in flight per server, however often the server says so."""
+        client = self._client
+        if client is None or self._closing:
+            return
+        if self._refresh is not None and not self._refresh.done():
+            self._refresh_again = True
+            return
+        self._refresh_again = False
+        self._refresh = asyncio.get_running_loop().create_task(self._refresh_while_changed(client))
+
+    async def _refresh_while_changed(self, client: Client) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self._refresh_tools(client)
+            if not self._refresh_again:
+                return
+            self._refresh_again = False
+            await asyncio.sleep(REFRESH_GAP_S)
 
     @contextlib.asynccontextmanager
     async def _listening(self, client: Client) -> AsyncIterator[None]:
@@ -227,7 +282,12 @@ class Connection:
         with contextlib.suppress(Exception):
             async with client.listen(tools_list_changed=True) as subscription:
                 async for _event in subscription:
-                    await self._refresh_quietly(client)
+                    self._changed()
+
+
+def _too_large(message: str) -> bool:
+    """Whether an error says an answer was past the cap (ours on stdio and HTTP JSON, the SDK's on SSE)."""
+    return "McpLimits.max_result_bytes" in message or _SSE_TOO_LARGE.search(message) is not None
 
 
 def _reason(exc: BaseException) -> str:

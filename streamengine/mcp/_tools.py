@@ -1,22 +1,26 @@
 """An MCP server's tools as engine :class:`Tool` s: the server's schema, eager only where it is safe.
 
-Which tools may start while the model is still talking follows the MCP
-spec's annotations and their defaults: ``readOnlyHint`` defaults to
-``false``, so a tool that does not say it is read-only is treated as having
-side effects (held until the stream finished normally, then ``approve``).
-``destructiveHint``/``idempotentHint``/``openWorldHint`` do not change that:
-they only mean something for a tool that may write.  ``eager=True`` (every
-tool) or a set of names overrides the rule for servers the caller trusts.
+A tool may start while the model is still talking only when it cannot
+write.  The MCP spec calls annotations *hints* from servers that may not be
+trusted, so by default they decide nothing: every tool of a server is a
+side-effect tool (held until the stream finished normally, then
+``approve``) unless the caller names it in ``eager=`` (or passes
+``eager=True``).  With ``trust_annotations=True`` a tool that says
+``readOnlyHint: true`` is eager, unless it also says ``destructiveHint:
+true``: a tool that claims both is taken at its more dangerous word.
+Each tool says why it is what it is (:attr:`McpTool.side_effects_reason`).
 """
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Collection, Dict, List, Optional, Union
+from typing import Any, Collection, Dict, List, Optional, Tuple, Union
 
 from .._errors import ConfigError, ToolError
 from .._tool_context import ToolContext
+from .._validation import short_repr
 from ..tools._schema import _NAME_RE
 from ..tools._tool import Tool
+from ._limits import bad_name
 
 Eager = Union[None, bool, Collection[str]]
 
@@ -28,12 +32,18 @@ class McpTool(Tool):
     rename_hint = "McpServer.tools(prefix='...') (e.g. prefix='crm_')"
 
     def __init__(self, server: Any, remote_name: str, name: str, description: str, schema: Dict[str, Any],
-                 side_effects: bool, annotations: Optional[Dict[str, Any]], timeout: Optional[float] = None) -> None:
+                 side_effects: bool, annotations: Optional[Dict[str, Any]], timeout: Optional[float] = None,
+                 side_effects_reason: str = "", annotations_trusted: bool = False) -> None:
         super().__init__(self._call_blocking, name=name, description=description, side_effects=side_effects,
                          parameters=schema, timeout=timeout)
         object.__setattr__(self, "server", server)
         object.__setattr__(self, "remote_name", remote_name)
+        #: The server's annotations as it sent them (hints, trusted or not).
         object.__setattr__(self, "annotations", dict(annotations or {}))
+        #: Whether ``annotations`` decided ``side_effects`` (``McpServer.tools(trust_annotations=True)``).
+        object.__setattr__(self, "annotations_trusted", annotations_trusted)
+        #: Why the tool is eager or not, in words (``streamengine mcp list`` shows it).
+        object.__setattr__(self, "side_effects_reason", side_effects_reason)
 
     def start(self, checked: Dict[str, Any], context: ToolContext) -> "concurrent.futures.Future[str]":
         return self.server._start_call(self, checked)
@@ -57,14 +67,17 @@ class McpTool(Tool):
         return self._invoke(arguments, None)
 
     def __repr__(self) -> str:
-        return f"McpTool(name={self.name!r}, server={self.server.name!r}, side_effects={self.side_effects!r})"
+        return (f"McpTool(name={self.name!r}, server={self.server.name!r}, side_effects={self.side_effects!r}: "
+                f"{self.side_effects_reason or '-'})")
 
 
 def build_tools(server: Any, listed: List[Any], prefix: Optional[str], include: Optional[Collection[str]],
-                eager: Eager, timeout: Optional[float] = None) -> List[McpTool]:
+                eager: Eager, timeout: Optional[float] = None, trust_annotations: bool = False) -> List[McpTool]:
     """The server's listed tools, named ``prefix + name``, filtered by ``include`` (names after prefix)."""
     prefix = _check_prefix(prefix)
-    names = {prefix + t.name: t for t in listed}
+    if not isinstance(trust_annotations, bool):
+        raise ConfigError(f"trust_annotations must be True or False, got {trust_annotations!r}")
+    names = _unique_names(listed, prefix, server.name)
     wanted = _check_names(include, "include", names, server.name)
     eager_names = _eager_names(eager, names, server.name)
     made: List[McpTool] = []
@@ -72,15 +85,37 @@ def build_tools(server: Any, listed: List[Any], prefix: Optional[str], include: 
         if wanted is not None and shown not in wanted:
             continue
         if not _NAME_RE.fullmatch(shown):
-            raise ConfigError(f"MCP server {server.name!r} offers a tool named {shown!r}, which model providers "
-                              "refuse (1-64 characters from A-Z, a-z, 0-9, '_', '.', '-'); leave it out with "
-                              "include=[...]")
+            server._warn(bad_name(server.name, shown))
+            continue
         annotations = _annotations(listed_tool)
-        read_only = annotations.get("readOnlyHint") is True  # the spec's default: false
-        side_effects = not (read_only or shown in eager_names)
+        side_effects, reason = _side_effects(annotations, shown in eager_names, trust_annotations)
         made.append(McpTool(server, listed_tool.name, shown, listed_tool.description or listed_tool.title or "",
-                            listed_tool.input_schema, side_effects, annotations, timeout))
+                            listed_tool.input_schema, side_effects, annotations, timeout, reason, trust_annotations))
     return made
+
+
+def _side_effects(annotations: Dict[str, Any], named_eager: bool, trusted: bool) -> Tuple[bool, str]:
+    """Whether a tool waits for the stream's end and ``approve``, and why (the words ``mcp list`` shows)."""
+    if named_eager:
+        return False, "named in eager="
+    if not trusted:
+        return True, "server annotations not trusted (trust_annotations=False)"
+    if annotations.get("destructiveHint") is True:
+        return True, "server annotations trusted: destructiveHint: true"
+    if annotations.get("readOnlyHint") is True:  # the spec's default: false
+        return False, "server annotations trusted: readOnlyHint: true"
+    return True, "server annotations trusted: not marked readOnlyHint: true"
+
+
+def _unique_names(listed: List[Any], prefix: str, server: str) -> Dict[str, Any]:
+    names: Dict[str, Any] = {}
+    for listed_tool in listed:
+        shown = prefix + listed_tool.name
+        if shown in names:
+            raise ConfigError(f"MCP server {server!r} lists two tools named {short_repr(listed_tool.name)}; "
+                              "a server's tool names must be unique: fix the server (neither is used until then)")
+        names[shown] = listed_tool
+    return names
 
 
 def _annotations(listed_tool: Any) -> Dict[str, Any]:

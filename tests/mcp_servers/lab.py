@@ -1,4 +1,5 @@
-"""The MCP server the tests start: slow tools, a failing one, one that exits, one without annotations.
+"""The MCP server the tests start: slow tools, a failing one, one that exits, one without annotations,
+one whose annotations contradict each other.
 
 Run as ``python lab.py http PORT RECORD`` (streamable HTTP on 127.0.0.1),
 ``python lab.py stdio RECORD``, or ``python lab.py forks``: that one reads a
@@ -69,6 +70,13 @@ def plain(text: str) -> str:
     """A tool without annotations: the spec's defaults make it a side-effect tool."""
     note("plain", text)
     return text.upper()
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=True))
+def wipe(text: str) -> str:
+    """Claims to be read-only and destructive at once: the engine must take the dangerous word."""
+    note("wipe", text)
+    return f"wiped {text}"
 
 
 class Counts(TypedDict):

@@ -72,6 +72,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_listening(port: int, gone: Any, stop: Any, what: str) -> None:
+    """Return once 127.0.0.1:``port`` accepts; raise (after ``stop()``) if the server died or took 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if gone():
+            raise RuntimeError(f"{what} exited before it listened")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    stop()
+    raise RuntimeError(f"{what} did not listen within 30 s")
+
+
 class _LabForks:
     """This process's ``lab.py forks``: it has imported the MCP SDK once and forks each HTTP lab server.
 
@@ -96,25 +111,20 @@ class _LabForks:
         return int(reply)
 
 
-class LabHttp:
-    """The lab server over streamable HTTP on 127.0.0.1, a process of its own (forked by _LabForks)."""
-
+class _OnAPort:
     def __init__(self, record: Record) -> None:
         self.record = record
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
+
+
+class LabHttp(_OnAPort):
+    """The lab server over streamable HTTP on 127.0.0.1, a process of its own (forked by _LabForks)."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__(record)
         self.pid = _LabForks.fork(self.port, record.path)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if process_gone(self.pid):
-                raise RuntimeError("the lab MCP server exited before it listened")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("the lab MCP server did not listen within 30 s")
+        wait_listening(self.port, lambda: process_gone(self.pid), self.stop, "the lab MCP server")
 
     def kill(self) -> None:
         """SIGKILL: the server goes down at once, mid-call if one is running."""
@@ -178,3 +188,37 @@ def no_mcp_leak():
         time.sleep(0.01)
     assert _loop.alive() is None, "the MCP loop thread outlived every server"
     assert not [t for t in threading.enumerate() if t.name == "streamengine-mcp-loop"]
+
+
+HOSTILE = str(Path(__file__).with_name("hostile.py"))
+
+
+def hostile_stdio_args(record: Record, *flags: str) -> List[str]:
+    return [sys.executable, HOSTILE, "stdio", str(record.path), *flags]
+
+
+class HostileHttp(_OnAPort):
+    """The hostile server over streamable HTTP on 127.0.0.1, a process of its own."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__(record)
+        self.process = subprocess.Popen([sys.executable, HOSTILE, "http", str(self.port), str(record.path)],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        wait_listening(self.port, lambda: self.process.poll() is not None, self.stop, "the hostile MCP server")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def hostile_http(record: Record):
+    server = HostileHttp(record)
+    try:
+        yield server
+    finally:
+        server.stop()
