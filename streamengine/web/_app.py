@@ -264,22 +264,36 @@ class StreamApp:
         return body
 
     def _refuse_cross_site_get(self, environ: dict) -> None:
-        """A GET run must come from this site's own script (fetch/EventSource), never from a tag.
+        """A GET run must come from this site's own script (fetch/EventSource), never from a link or a tag.
 
         A GET needs no preflight: ``<img src=".../v1/chat/stream?q=...">`` on
-        any page would start a run from each visitor's browser.  So whatever
-        ``allow_origin`` says, a browser's GET must be same-origin (or typed
-        in: ``none``) and made by script (``Sec-Fetch-Dest: empty``).  Clients
-        that are not browsers send no ``Sec-Fetch-*`` headers and pass.
+        any page, or a link clicked in a mail or chat app (``Sec-Fetch-Site:
+        none``, ``Sec-Fetch-Mode: navigate``), would start a run.  So whatever
+        ``allow_origin`` says, a browser's GET must be same-origin and made by
+        script (``Sec-Fetch-Dest: empty``, not a navigation).  Clients that are
+        not browsers send no ``Sec-Fetch-*`` headers and pass, unless their
+        ``Accept`` asks for HTML: that is a browser too old to send them
+        following a link.
         """
         site = environ.get("HTTP_SEC_FETCH_SITE", "")
-        dest = environ.get("HTTP_SEC_FETCH_DEST", "")
-        if site and site not in ("same-origin", "none"):
+        if site == "none":
+            raise HttpError("refused a GET run from outside this site's page (a link opened from another "
+                            "application, a bookmark or a typed address); open the page at / and ask there",
+                            403, field="Sec-Fetch-Site")
+        if site and site != "same-origin":
             raise HttpError(f"refused a {site} GET run: other sites may start runs only with a POST that "
                             "allow_origin admits", 403, field="Sec-Fetch-Site")
-        if dest and dest not in ("empty", "document"):
-            raise HttpError(f"refused a GET run loaded as {dest!r}: runs start from fetch() or EventSource",
-                            403, field="Sec-Fetch-Dest")
+        dest = environ.get("HTTP_SEC_FETCH_DEST", "")
+        if dest and dest != "empty":
+            raise HttpError(f"refused a GET run loaded as {dest!r}: runs start from the page's fetch() or "
+                            "EventSource; open the page at / and ask there", 403, field="Sec-Fetch-Dest")
+        if environ.get("HTTP_SEC_FETCH_MODE", "") == "navigate":
+            raise HttpError("refused a GET run opened as a page: runs start from the page's fetch() or "
+                            "EventSource; open the page at / and ask there", 403, field="Sec-Fetch-Mode")
+        if not site and _asks_for_html(environ):
+            raise HttpError("refused a GET run asking for HTML (a browser following a link); open the page at / "
+                            "and ask there, or send Accept: text/event-stream from a client of your own",
+                            403, field="Accept")
 
     def _refuse_cross_site(self, environ: dict) -> None:
         """Another site may POST a run only if ``allow_origin`` lets its origin in.
@@ -348,6 +362,13 @@ def _cross_site(environ: dict) -> str:
     """``"cross-site"`` or ``"same-site"`` when a browser says the request comes from elsewhere, else ``""``."""
     site = environ.get("HTTP_SEC_FETCH_SITE", "")
     return site if site in ("cross-site", "same-site") else ""
+
+
+def _asks_for_html(environ: dict) -> bool:
+    """Whether ``Accept`` names an HTML type: what a browser sends for a navigation, never fetch() or EventSource."""
+    accept = environ.get("HTTP_ACCEPT", "").lower()
+    types = {part.split(";", 1)[0].strip() for part in accept.split(",")}
+    return bool(types & {"text/html", "application/xhtml+xml"})
 
 
 def _wsgi_text(native: str) -> str:
