@@ -30,7 +30,7 @@ from ._guard import ClientKey, HostCheck, StreamLimiter, client_address
 from ._http import Headers, HttpError, StartResponse, json_response, status_line
 from ._page import fill_page, load_page
 from ._policy import SEND, RequestRejected, messages_from_request, with_system_prompt
-from ._response import SseResponse, StuckReaders
+from ._response import SseResponse, StuckReaders, connection_dropper
 from ._sites import CrossSite
 
 STREAM_PATH = "/v1/chat/stream"
@@ -206,7 +206,8 @@ class StreamApp:
             response = SseResponse(self.engine, messages, heartbeat_s=self.heartbeat_s,
                                    disconnected=probe if callable(probe) else None, on_close=closed,
                                    errors=PublicErrors(request_id, expose=self.expose_errors, logger=self._log),
-                                   logger=self._log, run_options=self._run_options(environ))
+                                   logger=self._log, run_options=self._run_options(environ),
+                                   drop_connection=connection_dropper(environ))
         except ConfigError as exc:  # the messages were checked: this is the engine refusing (closed)
             release()
             raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
