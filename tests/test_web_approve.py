@@ -8,7 +8,9 @@ Without it the engine's own hook decides (and an engine without one refuses).
 """
 from __future__ import annotations
 
+import io
 import json
+import queue
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -19,6 +21,7 @@ from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider, steps as s
 from streamengine.tools import tool
+from streamengine.web import serve
 from streamengine.wsgi import make_wsgi_app
 
 from test_wsgi import block, call, environ_for, serving, sse
@@ -75,6 +78,22 @@ def test_approve_needs_an_engine_whose_runs_take_it():
     with pytest.raises(ConfigError, match="approve"):
         make_wsgi_app(RunOnly(), approve=lambda call, environ: True)
     make_wsgi_app(RunOnly())  # without approve it serves as before
+
+
+def test_serve_passes_approve_to_its_app():
+    engine, asked, urls, stop = Recorder(), [], queue.Queue(), threading.Event()
+    server = threading.Thread(target=serve, args=(engine,), name="test-serve", kwargs=dict(
+        port=0, threads=4, out=io.StringIO(), stop=stop, ready=urls.put,
+        approve=lambda call, environ: asked.append((call, environ["HTTP_X_USER"])) is None))
+    server.start()
+    try:
+        resp = requests.post(f"{urls.get(timeout=10)}v1/chat/stream", data=ASK, timeout=10,
+                             headers={"Content-Type": "application/json", "X-User": "alice"})
+        assert resp.status_code == 200
+    finally:
+        stop.set()
+        server.join(15)
+    assert engine.runs[0]["approve"]("the call") is True and asked == [("the call", "alice")]
 
 
 # --- end to end, a real engine under waitress --------------------------------------------------------
