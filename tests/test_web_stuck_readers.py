@@ -33,7 +33,7 @@ from test_wsgi import block, read1_pieces, sse, tokens_of
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
-STUCK_TIMEOUT_S = 1.0
+STUCK_TIMEOUT_S = 2.0  # long enough that the four streams are all open before the first is given up
 TOKEN = "x" * 1023 + "\n"
 #: 32 MB an answer: far more than waitress's output buffer and the kernel's socket buffers hold.
 TOKENS = 32 * 1024
