@@ -17,7 +17,9 @@ from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S as DEFAULT_TIMEOUT
 from streamengine.testing import FakeProvider
 from streamengine.web import make_wsgi_app
 from serve_support import served
-from streamengine.web._serve import CHANNEL_TIMEOUT_S, OUTBUF_HIGH_WATERMARK, server_limits
+from streamengine.web._serve import (
+    CHANNEL_TIMEOUT_S, CONNECTION_LIMIT, CONNECTIONS_PER_CLIENT, OUTBUF_HIGH_WATERMARK, client_of, server_limits,
+)
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.run import StreamingEngine
 
@@ -39,13 +41,31 @@ def port_of(url: str) -> int:
     return int(url.rstrip("/").rsplit(":", 1)[1])
 
 
-def half_sent(port: int, count: int) -> List[socket.socket]:
+def half_sent(port: int, count: int, source: str = "127.0.0.1") -> List[socket.socket]:
     sockets = []
     for _ in range(count):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
         sock.sendall(HALF_SENT)
         sockets.append(sock)
     return sockets
+
+
+def refusal(port: int, source: str = "127.0.0.1") -> bytes:
+    """What the server says to a connection that sends nothing: a refusal comes at once, unasked."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as sock:
+        try:
+            return sock.recv(4096)
+        except ConnectionResetError:  # the kernel may turn the close into a reset: still refused
+            return b"reset"
+
+
+def healthz_from(port: int, source: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        try:
+            return sock.recv(4096)
+        except ConnectionResetError:
+            return b"reset"
 
 
 def close_all(sockets: List[socket.socket]) -> None:
@@ -55,12 +75,49 @@ def close_all(sockets: List[socket.socket]) -> None:
 
 def test_healthz_answers_while_120_connections_sit_half_sent(app, no_thread_leak):
     with served(app) as url:
-        waiting = half_sent(port_of(url), 120)
+        waiting = [sock for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+                   for sock in half_sent(port_of(url), 40, source)]
         try:
             health = requests.get(url + "healthz", timeout=10)
             assert health.status_code == 200 and health.json() == {"status": "ok"}
         finally:
             close_all(waiting)
+
+
+def test_one_address_dribbling_headers_cannot_take_every_connection(app, no_thread_leak):
+    with served(app, connection_limit=20, max_connections_per_client=5) as url:
+        dribbling = half_sent(port_of(url), 5)
+        try:
+            assert refusal(port_of(url)).startswith(b"HTTP/1.1 429 "), "a sixth connection from one address"
+            assert healthz_from(port_of(url), "127.0.0.2").startswith(b"HTTP/1.1 200 ")  # another client is served
+        finally:
+            close_all(dribbling)
+        # Once the server has seen the closes, the address is served again.
+        assert wait_for(lambda: healthz_from(port_of(url), "127.0.0.1").startswith(b"HTTP/1.1 200 "))
+
+
+def test_by_default_one_address_holds_a_small_share_of_the_connections(app, no_thread_leak):
+    assert CONNECTIONS_PER_CLIENT * 10 <= CONNECTION_LIMIT
+    with served(app) as url:
+        dribbling = half_sent(port_of(url), CONNECTIONS_PER_CLIENT)
+        try:
+            answer = refusal(port_of(url))
+            assert answer.startswith(b"HTTP/1.1 429 ") and b"Retry-After: 5" in answer
+            assert f"{CONNECTIONS_PER_CLIENT} open connections".encode() in answer
+            assert healthz_from(port_of(url), "127.0.0.2").startswith(b"HTTP/1.1 200 ")
+        finally:
+            close_all(dribbling)
+
+
+@pytest.mark.parametrize("address,client", [
+    ("192.0.2.7", "192.0.2.7"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),   # one IPv6 host has a /64 to pick addresses from
+    ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+    ("::ffff:192.0.2.7", "192.0.2.7"),
+    ("fe80::1%eth0", "fe80::/64"),
+])
+def test_a_client_is_its_ipv4_address_or_its_ipv6_64(address, client):
+    assert client_of((address, 1234)) == client
 
 
 def test_past_the_connection_limit_a_client_is_refused_not_left_hanging(app, no_thread_leak):

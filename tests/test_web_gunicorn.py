@@ -43,8 +43,8 @@ APP = textwrap.dedent("""
 
 
 @contextmanager
-def gunicorn_serving(provider_url: str, tmp_path: Path, threads: int = 3) -> Iterator[str]:
-    (tmp_path / "se_app.py").write_text(APP)
+def gunicorn_serving(provider_url: str, tmp_path: Path, threads: int = 3, app_source: str = APP) -> Iterator[str]:
+    (tmp_path / "se_app.py").write_text(app_source)
     env = dict(os.environ, SE_PROVIDER=provider_url, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
                              "--threads", str(threads), "--bind", "127.0.0.1:0", "--log-level", "info",

@@ -1,6 +1,7 @@
 """The engine over the web: a WSGI app serving Server-Sent Events, and SSE for your own framework.
 
 ``make_wsgi_app(engine)`` is the whole app (page, stream, health check);
+``serve(engine)`` runs it under waitress with limits fit for the internet;
 ``mount`` puts it under a prefix beside Flask or Django; ``encode_stream``
 with ``PublicErrors`` turns ``engine.run()`` into SSE frames inside a view of
 your own; ``messages_from_request`` reads a browser's conversation the way
@@ -10,8 +11,8 @@ Modules (private): ``_app`` (routes, checks in order), ``_policy`` (which
 messages a request may bring), ``_guard`` (Host check, authorize, stream
 limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
 readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
-``_mount``, ``_http`` (JSON refusals), ``_page`` (the page and its CSP), ``_serve``
-(waitress, for the CLI).
+``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
+``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's).
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from ._mount import mount
 from ._policy import RequestRejected, messages_from_request
 from ._public_errors import PublicErrors
 from ._response import SseResponse
+from ._serve import serve
 from ._sse import encode_stream
 
 __all__ = [
     "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp", "client_address",
-    "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
+    "encode_stream", "make_wsgi_app", "messages_from_request", "mount", "serve",
 ]

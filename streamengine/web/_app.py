@@ -15,11 +15,10 @@ A request passes, in order: the Host check, the cross-site check, the
 """
 from __future__ import annotations
 
+import inspect
 import json
-import math
-import re
 import uuid
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
@@ -31,15 +30,16 @@ from ._guard import ClientKey, HostCheck, StreamLimiter, client_address
 from ._http import Headers, HttpError, StartResponse, json_response, status_line
 from ._page import fill_page, load_page
 from ._policy import SEND, RequestRejected, messages_from_request, with_system_prompt
-from ._response import SseResponse, StuckReaders
+from ._response import SseResponse, StuckReaders, connection_dropper
+from ._sites import CrossSite
 
 STREAM_PATH = "/v1/chat/stream"
 HEALTH_PATH = "/healthz"
 PAGE_PATH = "/"
 
 Authorize = Callable[[dict], Any]
+Approve = Callable[[Any, dict], object]
 Route = Callable[[dict], Tuple[str, Headers, Iterable[bytes]]]
-_ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+$")
 
 
 class StreamApp:
@@ -63,6 +63,14 @@ class StreamApp:
     ``stuck_reader_timeout_s``: cancel a run whose client read nothing for
     that long (``None``: never).  ``heartbeat_s``: seconds of silence before
     a ``: ping``.  ``max_body_bytes`` caps a POST body (and a ``q``).
+
+    Side effects: ``approve(call, environ) -> bool`` is asked, on the thread
+    driving the run (the server's), before each call of a tool with side
+    effects (``@tool(side_effects=True)``, an MCP tool not marked read-only)
+    in this app's runs; ``environ`` is the request's, so the answer can
+    depend on who asks.  False, or an exception, refuses the call: the model
+    reads that it was not run.  Without ``approve`` the engine's own hook
+    decides, and an engine without one refuses every such call.
     """
 
     def __init__(self, engine: Any, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
@@ -71,7 +79,8 @@ class StreamApp:
                  max_streams: int = 32, max_streams_per_client: int = 4, client_key: Optional[ClientKey] = None,
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
-                 max_body_bytes: int = 1_000_000, scope: Optional[Callable[[dict], Optional[str]]] = None) -> None:
+                 max_body_bytes: int = 1_000_000, scope: Optional[Callable[[dict], Optional[str]]] = None,
+                 approve: Optional[Approve] = None) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -82,6 +91,7 @@ class StreamApp:
         validation.count(max_body_bytes, "max_body_bytes", minimum=1)
         if scope is not None and not callable(scope):
             raise ConfigError(f"scope must be a function environ -> str or None, got {type(scope).__name__}")
+        _check_approve(engine, approve)
         self.engine = engine
         self.system_prompt = system_prompt
         self.trusted_messages = bool(trusted_messages)
@@ -91,8 +101,9 @@ class StreamApp:
         self.max_body_bytes = max_body_bytes
         self._authorize = authorize
         self._scope = scope
+        self._approve = approve
         self._hosts = HostCheck(allowed_hosts)
-        self._origins = _check_origins(allow_origin)
+        self._sites = CrossSite(allow_origin)
         self._limiter = StreamLimiter(max_streams, max_streams_per_client, client_key or client_address,
                                       retry_after_s)
         self._log = component_logger("streamengine.web.StreamApp")
@@ -114,7 +125,7 @@ class StreamApp:
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         method = environ.get("REQUEST_METHOD", "GET").upper()
-        cors = self._cors_headers(environ)
+        cors = self._sites.cors_headers(environ)
         try:
             if path != HEALTH_PATH:  # load balancers probe health by address; it reveals nothing
                 self._hosts.check(environ)
@@ -129,9 +140,9 @@ class StreamApp:
         if methods is None:
             raise HttpError(f"no such path {path!r}; this app serves GET {PAGE_PATH} (page), "
                             f"GET {HEALTH_PATH}, and POST {STREAM_PATH}", 404)
-        allowed = sorted(methods) + (["OPTIONS"] if self._origins is not None else [])
-        if method == "OPTIONS" and self._origins is not None:
-            return status_line(204), self._preflight_headers(allowed), []
+        allowed = sorted(methods) + (["OPTIONS"] if self._sites.cors else [])
+        if method == "OPTIONS" and self._sites.cors:
+            return status_line(204), self._sites.preflight_headers(allowed), []
         handler = methods.get(method)
         if handler is None:
             hint = " (GET runs are off: make_wsgi_app(get_runs=True))" if path == STREAM_PATH and not self.get_runs \
@@ -157,7 +168,7 @@ class StreamApp:
         return json_response(200, {"status": "ok"})
 
     def _stream_get(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
-        self._refuse_cross_site_get(environ)
+        self._sites.refuse_get(environ)
         self._check_authorized(environ)
         query = parse_qs(_wsgi_text(environ.get("QUERY_STRING", "")), keep_blank_values=True)
         values = query.get("q")
@@ -170,7 +181,7 @@ class StreamApp:
                             environ)
 
     def _stream_post(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
-        self._refuse_cross_site(environ)
+        self._sites.refuse_post(environ)
         self._check_authorized(environ)
         payload = _decode_json(self._read_body(environ))
         try:
@@ -195,7 +206,8 @@ class StreamApp:
             response = SseResponse(self.engine, messages, heartbeat_s=self.heartbeat_s,
                                    disconnected=probe if callable(probe) else None, on_close=closed,
                                    errors=PublicErrors(request_id, expose=self.expose_errors, logger=self._log),
-                                   logger=self._log, run_options=self._run_options(environ))
+                                   logger=self._log, run_options=self._run_options(environ),
+                                   drop_connection=connection_dropper(environ))
         except ConfigError as exc:  # the messages were checked: this is the engine refusing (closed)
             release()
             raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
@@ -229,14 +241,18 @@ class StreamApp:
             raise HttpError("not authorized: sign in (or send your credentials) and retry", 401)
 
     def _run_options(self, environ: dict) -> Dict[str, Any]:
-        """``conversation_id`` from the application's ``scope`` hook (nothing without one)."""
+        """The run's ``approve`` (the app's, asked with this request's environ) and ``conversation_id``."""
+        options: Dict[str, Any] = {}
+        approve = self._approve
+        if approve is not None:
+            options["approve"] = lambda call: approve(call, environ)
         if self._scope is None:
-            return {}
+            return options
         try:
             scope = self._scope(environ)
             if scope is not None and (not isinstance(scope, str) or not scope.strip()):
                 raise TypeError(f"the scope hook must return a non-empty str or None, got {scope!r}")
-            return {"conversation_id": scope}
+            return dict(options, conversation_id=scope)
         except Exception as exc:
             request_id = uuid.uuid4().hex[:12]
             self._log.opt(exception=exc).error("request {}: the scope hook failed: {}", request_id, exc)
@@ -263,73 +279,6 @@ class StreamApp:
             raise HttpError(f"body ended after {len(body)} of {length} bytes; resend the request", field="body")
         return body
 
-    def _refuse_cross_site_get(self, environ: dict) -> None:
-        """A GET run must come from this site's own script (fetch/EventSource), never from a tag.
-
-        A GET needs no preflight: ``<img src=".../v1/chat/stream?q=...">`` on
-        any page would start a run from each visitor's browser.  So whatever
-        ``allow_origin`` says, a browser's GET must be same-origin (or typed
-        in: ``none``) and made by script (``Sec-Fetch-Dest: empty``).  Clients
-        that are not browsers send no ``Sec-Fetch-*`` headers and pass.
-        """
-        site = environ.get("HTTP_SEC_FETCH_SITE", "")
-        dest = environ.get("HTTP_SEC_FETCH_DEST", "")
-        if site and site not in ("same-origin", "none"):
-            raise HttpError(f"refused a {site} GET run: other sites may start runs only with a POST that "
-                            "allow_origin admits", 403, field="Sec-Fetch-Site")
-        if dest and dest not in ("empty", "document"):
-            raise HttpError(f"refused a GET run loaded as {dest!r}: runs start from fetch() or EventSource",
-                            403, field="Sec-Fetch-Dest")
-
-    def _refuse_cross_site(self, environ: dict) -> None:
-        """Another site may POST a run only if ``allow_origin`` lets its origin in.
-
-        A run costs money and may call tools.  Browsers say where a request
-        comes from in ``Sec-Fetch-Site``; clients that are not browsers send
-        no such header and are not affected.
-        """
-        site = _cross_site(environ)
-        if not site:
-            return
-        origin = environ.get("HTTP_ORIGIN", "")
-        if origin and self._origin_allowed(origin):
-            return
-        source = f" from {origin}" if origin else ""
-        raise HttpError(f"refused a {site} request{source}: another site may not start runs here; to allow "
-                        "one, pass its origin as make_wsgi_app(engine, allow_origin=[...])", 403, field="Origin")
-
-    # --- CORS ---------------------------------------------------------------------------------
-    def _origin_allowed(self, origin: str) -> bool:
-        if self._origins is None:
-            return False
-        if self._origins == "*":
-            return True
-        if isinstance(self._origins, str):
-            return origin == self._origins
-        return origin in self._origins
-
-    def _cors_headers(self, environ: dict) -> Headers:
-        if self._origins is None:
-            return []
-        if self._origins == "*":
-            return [("Access-Control-Allow-Origin", "*")]
-        if isinstance(self._origins, str):
-            return [("Access-Control-Allow-Origin", self._origins)]
-        origin = environ.get("HTTP_ORIGIN", "")
-        headers = [("Vary", "Origin")]
-        if origin in self._origins:
-            headers.append(("Access-Control-Allow-Origin", origin))
-        return headers
-
-    @staticmethod
-    def _preflight_headers(allowed: Sequence[str]) -> Headers:
-        return [
-            ("Allow", ", ".join(allowed)),
-            ("Access-Control-Allow-Methods", ", ".join(allowed)),
-            ("Access-Control-Allow-Headers", "Content-Type"),
-            ("Access-Control-Max-Age", "600"),
-        ]
-
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -344,12 +293,6 @@ def _decode_json(body: bytes) -> Any:
         raise HttpError(f"body is not valid JSON ({str(exc)[:200]}); {SEND}", field="body") from exc
 
 
-def _cross_site(environ: dict) -> str:
-    """``"cross-site"`` or ``"same-site"`` when a browser says the request comes from elsewhere, else ``""``."""
-    site = environ.get("HTTP_SEC_FETCH_SITE", "")
-    return site if site in ("cross-site", "same-site") else ""
-
-
 def _wsgi_text(native: str) -> str:
     """A PEP 3333 native string holds the raw bytes as latin-1; raw (unescaped) UTF-8 is decoded."""
     try:
@@ -358,20 +301,23 @@ def _wsgi_text(native: str) -> str:
         return native
 
 
+def _check_approve(engine: Any, approve: Optional[Approve]) -> None:
+    """``approve`` is a function, and the engine's runs take it (one that would not must not serve unasked)."""
+    if approve is None:
+        return
+    if not callable(approve):
+        raise ConfigError(f"approve must be a function (call, environ) -> bool, got {type(approve).__name__}")
+    run = getattr(engine, "run_batches", None) or engine.run
+    try:
+        parameters = inspect.signature(run).parameters.values()
+    except (TypeError, ValueError):  # a callable whose signature cannot be read: its first run will tell
+        return
+    if not any(p.name == "approve" or p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ConfigError(f"approve= needs an engine whose run() takes approve= (StreamingEngine does); "
+                          f"{type(engine).__name__}.run does not")
+
+
 #: ``make_wsgi_app(engine, **options)`` is the app's documented name; the
 #: class is the one place its options and their defaults are written.
 make_wsgi_app = StreamApp
 
-
-def _check_origins(allow_origin: Union[None, str, Iterable[str]]) -> Union[None, str, FrozenSet[str]]:
-    """``None``, ``"*"``, one origin, or a frozenset of origins; each checked so no header can be forged."""
-    if allow_origin is None or allow_origin == "*":
-        return allow_origin
-    origins = [allow_origin] if isinstance(allow_origin, str) else list(allow_origin)
-    for origin in origins:
-        if not isinstance(origin, str) or not _ORIGIN.match(origin):
-            raise ConfigError(f"allow_origin entries must look like 'https://app.example' (scheme://host[:port], "
-                              f"no path or trailing slash) or be '*', got {origin!r}")
-    if not origins:
-        raise ConfigError("allow_origin is an empty collection; pass None for same-origin only")
-    return origins[0] if isinstance(allow_origin, str) else frozenset(origins)

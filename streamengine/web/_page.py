@@ -15,6 +15,7 @@ from typing import Dict, List, Tuple
 
 from .._errors import ConfigError
 from .._messages import LLM_WARNING
+from ._sites import same_origin
 
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.S)
 
@@ -38,9 +39,8 @@ def load_page() -> Tuple[str, str]:
 
 def fill_page(page: str, stream_url: str, environ: dict) -> bytes:
     """The page for one request: its stream URL, whether ``?autorun=`` may start a run, the warning prefix."""
-    # ?autorun=PROMPT starts a run on load only for a same-origin or typed (Sec-Fetch-Site
-    # "none") request; a link from another site, or a browser that does not say, only fills the box.
-    autorun = "on" if environ.get("HTTP_SEC_FETCH_SITE") in ("same-origin", "none") else "off"
+    # ?autorun=PROMPT asks on load only for a same-origin request (_sites); any other only fills the box.
+    autorun = "on" if same_origin(environ) else "off"
     return (page.replace("__STREAM_URL__", html.escape(stream_url, quote=True))
             .replace("__AUTORUN__", autorun)
             .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))

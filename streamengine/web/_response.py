@@ -22,10 +22,20 @@ Why it is built this way:
   reading the provider (memory stays bounded by the socket buffers); but the
   run would still hold a provider connection and tools.  :class:`StuckReaders` watches every open stream: one
   whose last batch has been in the server's hands (a blocked socket write)
-  for ``stuck_reader_timeout_s`` is cancelled.
+  for ``stuck_reader_timeout_s`` is cancelled, and its connection dropped.
+* **Cancelling is not enough for a stuck reader.**  The server's thread is
+  blocked in its write for as long as the client's kernel acknowledges
+  zero-window probes, which is for ever: the thread and the client's stream
+  slot would stay taken (seven addresses held every slot of a default
+  ``serve``).  So the connection is reset (``SO_LINGER`` 0, then
+  ``shutdown``) where the server shows its socket: waitress's channel (whose
+  method the disconnect probe is) or ``gunicorn.socket``.  The blocked write
+  then fails, the server closes the response, and the slot is released.
 """
 from __future__ import annotations
 
+import socket
+import struct
 import threading
 import time
 from typing import Any, Callable, Iterator, List, Optional, Sequence
@@ -57,8 +67,9 @@ class SseResponse:
     def __init__(self, engine: Any, messages: Sequence[Message], *, heartbeat_s: Optional[float],
                  disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
                  errors: Optional[PublicErrors] = None, logger: Any = None,
-                 run_options: Optional[dict] = None) -> None:
+                 run_options: Optional[dict] = None, drop_connection: Optional[Callable[[], None]] = None) -> None:
         self.cancel = CancelToken()
+        self._drop = drop_connection
         tick = heartbeat_s
         if disconnected is not None:
             tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
@@ -89,9 +100,23 @@ class SseResponse:
     def __next__(self) -> bytes:
         return next(self._writes)
 
+    def give_up(self) -> None:
+        """The client took nothing for too long: cancel the run and drop the connection (from any thread).
+
+        The server's thread is blocked writing to that client, so the run's end
+        could never be written; dropping the connection makes that write fail,
+        and the server then closes this response.  Without ``drop_connection``
+        (a server that does not show its socket) only the run is cancelled.
+        """
+        self.cancel.set()
+        drop, self._drop = self._drop, None
+        if drop is not None and not self._progress.closed:
+            drop()
+
     def close(self) -> None:
         """End the run (if still going) and free everything it holds; idempotent."""
         progress = self._progress
+        self._drop = None
         if progress.closed:
             return
         progress.closed = True
@@ -188,6 +213,31 @@ class StuckReaders:
             for response in streams:
                 since = response.writing_since
                 if since is not None and now - since >= self.timeout_s and not response.cancel.is_set():
-                    self._log.warning("a client read nothing for {:.1f}s; cancelling its run "
-                                      "(stuck_reader_timeout_s={})", now - since, self.timeout_s)
-                    response.cancel.set()
+                    self._log.warning("a client read nothing for {:.1f}s; cancelling its run and closing its "
+                                      "connection (stuck_reader_timeout_s={})", now - since, self.timeout_s)
+                    response.give_up()
+
+
+def connection_dropper(environ: dict) -> Optional[Callable[[], None]]:
+    """A function resetting this request's connection from any thread, or None where the server hides it.
+
+    gunicorn puts the client's socket in ``gunicorn.socket``; waitress's
+    ``waitress.client_disconnected`` is a method of its channel, which holds
+    the socket (``channel.socket``).
+    """
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+        sock = getattr(channel, "socket", None)
+    if not isinstance(sock, socket.socket):
+        return None
+    return lambda: _reset(sock)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Reset, not close: the unsent answer is dropped at once (a FIN would wait behind it for ever)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RDWR)  # wakes the server: its blocked write fails, its loop sees the hang-up
+    except OSError:  # already closed by the server: nothing left to drop
+        pass

@@ -1,26 +1,37 @@
-"""Serve a WSGI app under waitress until Ctrl-C or until a ``stop`` event is set.
+"""Serve the engine (``serve``) or a WSGI app (``serve_app``) under waitress until Ctrl-C, SIGTERM or ``stop``.
 
 Waitress has no public way to stop a server from another thread (its
 maintainers point to webtest's ``StopableWSGIServer``), so this module binds
 the socket itself, hands it to ``waitress.create_server`` and, on ``stop``,
 closes channels and listeners from the server's own loop through its trigger,
-the way webtest does.  It is the only module that knows waitress.
+the way webtest does.  SIGTERM sets ``stop`` too, so the caller's cleanup
+(closing MCP servers) runs.  Connections are capped in total and per client
+(``_ConnectionGate``), each refused at once with an answer.  It is the only
+module that drives waitress (``_response`` reads the socket of its channel).
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+import signal
 import socket
+import sys
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, Optional, Sequence, TextIO, Tuple
 
+from .. import _validation as validation
 from .._errors import ConfigError
 from .._messages import PROG
 
 
 #: Open connections at most (each a file descriptor and a little memory, no thread):
 #: far above any stream cap, so connections that sit half-sent never starve
-#: ``/healthz``; past it a client gets a 503 at once (see ``_RefuseOverLimit``).
+#: ``/healthz``; past it a client gets a 503 at once (see ``_ConnectionGate``).
 CONNECTION_LIMIT = 1000
+#: Open connections one client may hold (an IPv4 address, or an IPv6 /64: one host has a whole /64):
+#: a client dribbling its headers (slowloris) takes at most this share of ``CONNECTION_LIMIT``.
+#: A browser opens at most six per site; behind a proxy every client has the proxy's address.
+CONNECTIONS_PER_CLIENT = 64
 #: Bytes a channel buffers for a client that does not read before the app's
 #: write blocks (waitress's default is 16 MiB: 71 MB of RSS per idle reader measured).
 OUTBUF_HIGH_WATERMARK = 1 << 20
@@ -31,9 +42,14 @@ CHANNEL_TIMEOUT_S = 30
 #: The request body waitress accepts when the app does not say: the app's own default cap.
 DEFAULT_BODY_LIMIT = 1_000_000
 
-_REFUSAL_BODY = b"the server is at its connection limit; retry in 5 s\n"
-_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            b"Retry-After: 5\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(_REFUSAL_BODY)) + _REFUSAL_BODY
+
+def _refusal(status: str, text: str) -> bytes:
+    body = text.encode("utf-8") + b"\n"
+    return (f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 5\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode("ascii") + body
+
+
+_AT_LIMIT = _refusal("503 Service Unavailable", "the server is at its connection limit; retry in 5 s")
 
 
 def _write(out: TextIO, text: str) -> None:
@@ -59,57 +75,192 @@ def server_limits(app: Any, threads: int, connection_limit: Optional[int] = None
     }
 
 
-class _RefuseOverLimit:
-    """Stands in for the server's channel class: past ``limit`` open connections, answer 503 and close.
+def client_of(addr: Tuple[Any, ...]) -> str:
+    """Whose connection this is: its IPv4 address, or its IPv6 /64 (an IPv4-mapped one is its IPv4 address)."""
+    host = str(addr[0])
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+class _ConnectionGate:
+    """Stands in for the server's channel class: refuses a connection past the total or the per-client cap.
 
     Waitress at its own limit stops calling ``accept()``, so the next clients
-    sit in the kernel's backlog with no answer at all; a quick refusal lets
-    a client (or a load balancer) go elsewhere.
+    sit in the kernel's backlog with no answer at all; a quick refusal (503,
+    or 429 for one client over its share) lets a client, or a load balancer,
+    go elsewhere.  Each client's open connections are counted as they open
+    and as waitress closes them (``_counted``).
     """
 
-    def __init__(self, server: Any, limit: int) -> None:
+    def __init__(self, server: Any, limit: int, per_client: Optional[int]) -> None:
         self._server = server
-        self._channel_class = server.channel_class
+        self._channel_class = _counted(server.channel_class)
         self._limit = limit
+        self._per_client = per_client
+        self._open: Dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, server: Any, conn: socket.socket, addr: Any, adj: Any, map: Any = None) -> Any:
-        if len(self._server.active_channels) < self._limit:
-            return self._channel_class(server, conn, addr, adj, map=map)
+        if len(self._server.active_channels) >= self._limit:
+            return _refuse(conn, _AT_LIMIT)
+        client = client_of(addr)
+        with self._lock:
+            held = self._open.get(client, 0)
+            if self._per_client is not None and held >= self._per_client:
+                refusal = _refusal("429 Too Many Requests", f"this address has {held} open connections (the "
+                                   f"limit per client); close some and retry in 5 s")
+            else:
+                refusal = None
+                self._open[client] = held + 1
+        if refusal is not None:
+            return _refuse(conn, refusal)
+        closed = _Once(lambda: self._closed(client))
         try:
-            conn.settimeout(0)
-            conn.send(_REFUSAL)
-            conn.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        return None
+            return self._channel_class(server, conn, addr, adj, map=map, on_closed=closed)
+        except BaseException:
+            closed()
+            raise
+
+    def _closed(self, client: str) -> None:
+        with self._lock:
+            left = self._open.get(client, 1) - 1
+            if left > 0:
+                self._open[client] = left
+            else:
+                self._open.pop(client, None)
+
+
+def _counted(channel_class: Any) -> Any:
+    """Waitress's channel class, calling ``on_closed`` once when the channel leaves the server's map."""
+
+    class CountedChannel(channel_class):  # type: ignore[misc, valid-type]
+        def __init__(self, server: Any, sock: socket.socket, addr: Any, adj: Any, map: Any = None,
+                     on_closed: Optional[Callable[[], None]] = None) -> None:
+            self._on_closed = on_closed  # before the base class: it may close the channel while it starts
+            super().__init__(server, sock, addr, adj, map=map)
+
+        def del_channel(self, map: Any = None) -> None:
+            on_closed, self._on_closed = self._on_closed, None
+            super().del_channel(map)
+            if on_closed is not None:
+                on_closed()
+
+    return CountedChannel
+
+
+class _Once:
+    """A callable that calls ``action`` the first time only (a channel may be closed more than once)."""
+
+    __slots__ = ("_action",)
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Optional[Callable[[], None]] = action
+
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
+def _refuse(conn: socket.socket, answer: bytes) -> None:
+    try:
+        conn.settimeout(0)
+        conn.send(answer)
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def serve(engine: Any, *, host: str = "127.0.0.1", port: int = 8000, threads: int = 32,
+          approve: Optional[Callable[[Any, dict], object]] = None, out: Optional[TextIO] = None,
+          stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None,
+          max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT, **app_options: Any) -> None:
+    """Serve ``make_wsgi_app(engine, approve=approve, **app_options)`` under waitress until stopped.
+
+    It stops on Ctrl-C, on SIGTERM (when run in the main thread) or when
+    ``stop`` is set, and then returns, so the caller's cleanup runs: close
+    the engine and its MCP servers after it (``with engine: serve(engine)``).
+    ``approve(call, environ) -> bool`` lets side-effect tools run for the
+    requests it says yes to; without it they are refused (see
+    :class:`~streamengine.web.StreamApp`).  Streams are capped at ``threads
+    - 4`` unless ``max_streams`` says otherwise, so the page and ``/healthz``
+    always find a thread.  ``max_connections_per_client`` caps one address's
+    open connections (None: no cap; behind a proxy every client has the
+    proxy's address).  ``ready(url)`` is called once listening; the URL is
+    also printed to ``out`` (default stdout).
+    """
+    from ._app import StreamApp
+
+    validation.count(threads, "threads", minimum=1)
+    app_options.setdefault("max_streams", max(1, threads - 4))
+    app = StreamApp(engine, approve=approve, **app_options)
+    serve_app(app, host=host, port=port, threads=threads, out=out if out is not None else sys.stdout,
+              stop=stop, ready=ready, max_connections_per_client=max_connections_per_client)
 
 
 def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, banner: Sequence[str] = (),
               stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None,
-              connection_limit: Optional[int] = None) -> None:
-    """Serve a WSGI app under waitress until Ctrl-C or until ``stop`` is set.
+              connection_limit: Optional[int] = None,
+              max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT) -> None:
+    """Serve a WSGI app under waitress until Ctrl-C, SIGTERM, or until ``stop`` is set.
 
     Every open SSE stream holds one waitress thread for its whole length, so
     ``threads`` must exceed the concurrent streams you expect.
     ``channel_request_lookahead`` lets waitress notice a closed tab at once.
     The other limits (connections, body size, output buffer, idle channels)
-    are :func:`server_limits`.
+    are :func:`server_limits`; one client's connections are capped at
+    ``max_connections_per_client`` (None: no cap).
     """
     try:
         from waitress import wasyncore
         from waitress.server import create_server
     except ImportError as exc:
         raise ConfigError("serving needs waitress: pip install 'streamengine[serve]'") from exc
+    if max_connections_per_client is not None:
+        validation.count(max_connections_per_client, "max_connections_per_client", minimum=1)
     sock = _listen_socket(host, port)
     try:
         # Bound here, not by waitress: a busy port then fails before waitress starts its threads.
         server = create_server(app, sockets=[sock], **server_limits(app, threads, connection_limit))
-        server.channel_class = _RefuseOverLimit(server, server.adj.connection_limit - 8)
+        server.channel_class = _ConnectionGate(server, server.adj.connection_limit - 8, max_connections_per_client)
     except BaseException:
         sock.close()
         raise
+    socket_map = getattr(server, "_map", None)
+    if socket_map is None:
+        socket_map = server.map
+    stop = stop if stop is not None else threading.Event()
+    finished = threading.Event()
+    watcher = threading.Thread(target=_stop_when_set, args=(stop, finished, server, socket_map, wasyncore),
+                               name="streamengine-serve-stop", daemon=True)
+    restore = _stop_on_sigterm(stop)  # before the URL is out: from then on a SIGTERM may come
+    try:
+        watcher.start()
+        url = _announce(server, out, banner)
+        if ready is not None:
+            ready(url)
+        server.run()
+    finally:
+        restore()
+        finished.set()
+        server.task_dispatcher.shutdown(timeout=5)
+        _close_all(socket_map, wasyncore)
+        if watcher.is_alive():
+            watcher.join(timeout=10)
+    _write(out, f"{PROG}: stopped\n")
+
+
+def _announce(server: Any, out: TextIO, banner: Sequence[str]) -> str:
+    """Print where the server listens (and the banner); returns its URL."""
     bound_host, bound_port = (server.effective_host, server.effective_port) if hasattr(server, "effective_port") \
         else server.effective_listen[0]
     shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
@@ -117,26 +268,23 @@ def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, bann
     _write(out, f"{PROG}: serving on {url}  (Ctrl-C to stop)\n")
     for line in banner:
         _write(out, line + "\n")
-    socket_map = getattr(server, "_map", None)
-    if socket_map is None:
-        socket_map = server.map
-    finished = threading.Event()
-    watcher = None
-    if stop is not None:
-        watcher = threading.Thread(target=_stop_when_set, args=(stop, finished, server, socket_map, wasyncore),
-                                   name="streamengine-serve-stop", daemon=True)
-        watcher.start()
-    if ready is not None:
-        ready(url)
-    try:
-        server.run()
-    finally:
-        finished.set()
-        server.task_dispatcher.shutdown(timeout=5)
-        _close_all(socket_map, wasyncore)
-        if watcher is not None:
-            watcher.join(timeout=10)
-    _write(out, f"{PROG}: stopped\n")
+    return url
+
+
+def _stop_on_sigterm(stop: threading.Event) -> Callable[[], None]:
+    """Make SIGTERM stop the server like ``stop`` does; returns the function that puts the old handler back.
+
+    By default SIGTERM (``kill``, ``docker stop``, systemd) ends the process
+    on the spot: no ``finally`` runs, so the engine's stdio MCP servers that
+    do not exit on EOF outlive it.  Stopping instead lets ``serve`` return
+    and its caller close them.  Only the main thread may set a handler, and
+    one the application set is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _listen_socket(host: str, port: int) -> socket.socket:
