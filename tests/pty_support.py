@@ -36,6 +36,7 @@ class Terminal:
         finally:
             os.close(secondary)
         self.screen = b""
+        self._seen = 0  # wait_for looks past what an earlier wait_for found
         self._closed = False
 
     def _read(self, timeout: float) -> bool:
@@ -53,14 +54,13 @@ class Terminal:
         return bool(data)
 
     def wait_for(self, needle: bytes, timeout: float = 30.0) -> bytes:
-        """Read until ``needle`` is on the screen; the screen so far (fails the test otherwise)."""
+        """Read until ``needle`` shows after what the last wait found; the screen so far (else the test fails)."""
         deadline = time.monotonic() + timeout
-        while needle not in self.screen:
+        while self.screen.find(needle, self._seen) < 0:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._read(min(left, 0.2)):
-                if needle in self.screen:
-                    break
+            if (left <= 0 or not self._read(min(left, 0.2))) and self.screen.find(needle, self._seen) < 0:
                 raise AssertionError(f"{needle!r} never appeared; the terminal showed {self.screen!r}")
+        self._seen = self.screen.find(needle, self._seen) + len(needle)
         return self.screen
 
     def type(self, keys: bytes) -> None:
@@ -72,8 +72,11 @@ class Terminal:
         while time.monotonic() < deadline and self._read(0.2):
             if self.proc.poll() is not None and not select.select([self.primary], [], [], 0)[0]:
                 break
-        out = self.proc.stdout.read() if self.proc.stdout is not None else b""
-        return self.proc.wait(timeout=max(0.1, deadline - time.monotonic())), out
+        try:
+            status = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the command did not exit; the terminal showed {self.screen!r}") from None
+        return status, self.proc.stdout.read() if self.proc.stdout is not None else b""
 
     def close(self) -> None:
         if self._closed:

@@ -157,6 +157,28 @@ def test_the_prompt_shows_the_arguments_in_full_with_control_characters_made_vis
     assert "\u009b".encode() not in screen and "\u202e".encode() not in screen
 
 
+def test_a_conversation_at_the_terminal_asks_and_goes_on(workdir):
+    with FakeProvider() as fp:
+        branch_turns(fp)
+        fp.add_turn(s.text("Anything else?"))
+        argv = ["chat", "-m", "m", "--base-url", fp.base_url, "--tools", "se_approval_tools:create_branch", "--no-log"]
+        with Terminal(argv, env=child_env(SE_TEST_RAN=str(workdir / "ran.txt"), NO_COLOR="1"),
+                      cwd=str(workdir)) as term:
+            term.wait_for(b"> ")
+            term.type(b"make branch x\n")
+            term.wait_for(PROMPT)
+            term.type(b"y\n")
+            term.wait_for(b"Done.")
+            term.type(b"thanks\n")
+            term.wait_for(b"Anything else?")
+            term.wait_for(b"> ")
+            term.type(b"\x04")
+            rc, _ = term.finish()
+    assert rc == 0, term.screen
+    assert ran(workdir) == ["x"]
+    assert [m["content"] for m in fp.requests[2].json["messages"] if m["role"] == "user"] == ["make branch x", "thanks"]
+
+
 def test_approve_never_refuses_at_a_terminal_without_asking(workdir):
     with FakeProvider() as fp:
         branch_turns(fp)

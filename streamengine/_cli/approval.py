@@ -62,7 +62,7 @@ def shown_call(call: Any) -> str:
     """``NAME {arguments}`` in full, one line, every control character visible (never obeyed)."""
     try:
         arguments = json.dumps(json.loads(call.arguments or "{}"), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # shown as the model wrote them
         arguments = call.arguments
     return for_terminal(f"{call.name} {arguments}")
 
@@ -97,8 +97,8 @@ class Approval:
         try:
             write(self.err, f"run {shown_call(call)}? [y/N] ")
             answer = self.stdin.readline()
-        except KeyboardInterrupt:
-            write(self.err, "^C\n")
+        except KeyboardInterrupt:  # the terminal echoed ^C; the run goes on without the call
+            write(self.err, "\n")
             return False
         if not answer:  # end of input
             write(self.err, "\n")
