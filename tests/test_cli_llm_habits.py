@@ -262,12 +262,12 @@ def test_tool_notices_on_a_real_terminal_never_split_a_word(tmp_path):
     (tmp_path / "pty_tools_mod.py").write_text(LOOKUP_TOOLS_SOURCE)
     with FakeProvider() as fp:
         fp.add_turn(s.text("Me"), s.text(BLOCK), s.delay(0.3), s.text("anwhile it rains.\n"))
+        fp.add_turn(s.text("Done.\n"))
         primary, secondary = os.openpty()
         env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
         env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.Popen([sys.executable, "-m", "streamengine", "chat", "weather?", "-m", "m",
-                                 "--base-url", fp.base_url, "--tools", "pty_tools_mod:lookup",
-                                 "--max-continuations", "0", "--no-log"],
+                                 "--base-url", fp.base_url, "--tools", "pty_tools_mod:lookup", "--no-log"],
                                 stdin=secondary, stdout=secondary, stderr=secondary, env=env)
         os.close(secondary)
         screen = b""

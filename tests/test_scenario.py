@@ -125,7 +125,7 @@ def test_a_scenario_that_holds_passes_and_one_that_does_not_says_why():
 
 def test_side_effect_tool_starts_after_the_stream_by_the_providers_clock():
     result = run_scenario(scenario(
-        turns=[[{"text": BLOCK}, {"delay": 0.1}, {"text": "."}], [{"text": "sent"}]],
+        turns=[[{"text": BLOCK}, {"delay": 0.1}, {"text": "."}, {"approve": {"t": True}}], [{"text": "sent"}]],
         tools=[{"fake": "echo", "name": "t", "params": {"x": "string"}, "side_effects": True}],
         expect={"tools_started_before_stream_end": True}))
     assert len(result.failures) == 1

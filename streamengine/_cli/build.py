@@ -147,6 +147,10 @@ def add_mcp_flags(p: argparse.ArgumentParser) -> None:
                    help="a streamable-HTTP MCP server, e.g. http://127.0.0.1:8931/mcp (repeatable)")
     g.add_argument("--mcp-header", metavar="NAME:VALUE", action="append", default=[], type=_key_value(":"),
                    help="a header for the --mcp-url servers (repeatable); --header and the API key never go there")
+    g.add_argument("--mcp-trust", action="store_true",
+                   help="trust the servers' tool annotations: a tool marked read-only (and not destructive) "
+                        "starts mid-stream without approval; by default every MCP tool counts as one with "
+                        "side effects")
 
 
 def open_mcp_servers(args: argparse.Namespace) -> List[Any]:
@@ -157,7 +161,16 @@ def open_mcp_servers(args: argparse.Namespace) -> List[Any]:
         from ..mcp._cli import open_servers
     except ImportError as exc:
         raise ConfigError(f"--mcp/--mcp-url: {exc}") from exc
-    return open_servers(args.mcp, args.mcp_url, dict(args.mcp_header))
+    return open_servers(args.mcp, args.mcp_url, dict(args.mcp_header), trust=getattr(args, "mcp_trust", False))
+
+
+def mcp_tools(servers: Sequence[Any], args: argparse.Namespace) -> List[Any]:
+    """The started servers' tools, their annotations trusted only with ``--mcp-trust``."""
+    if not servers:
+        return []
+    from ..mcp._cli import server_tools
+
+    return server_tools(servers, trust=getattr(args, "mcp_trust", False))
 
 
 def close_mcp_servers(servers: Sequence[Any]) -> None:
@@ -229,8 +242,19 @@ def _tools(specs: Sequence[str]) -> List[Any]:
     return tools
 
 
-def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> Any:
-    """The engine the flags describe; its client is closed again if anything after it fails."""
+def refuse(call: Any) -> bool:
+    """The command line's answer when nobody was asked: no."""
+    return False
+
+
+def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None, *,
+                 approve: Callable[[Any], bool] = refuse) -> Any:
+    """The engine the flags describe; its client is closed again if anything after it fails.
+
+    ``approve`` answers for side-effect tool calls (chat's question, serve's
+    ``--approve all``); without one they are refused, whatever the library's
+    own default.
+    """
     from .._engine.run import EngineConfig, StreamingEngine
 
     env = os.environ if environ is None else environ
@@ -260,7 +284,7 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
                 from .._clients.responses.request import responses_body
 
                 responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
-            engine = StreamingEngine(client, tools + [t for s in servers for t in s.tools()], engine_config)
+            engine = StreamingEngine(client, tools + mcp_tools(servers, args), engine_config, approve=approve)
         except BaseException:
             client.close()
             raise

@@ -19,15 +19,16 @@ import importlib
 import io
 import os
 import select
-import sqlite3
 import sys
 import time
 from typing import Any, Dict, List, Optional, TextIO
 
 from .._messages import LLM_WARNING, PROG
+from .._terminal import for_terminal
 from .._validation import one_line
+from .approval import Approval, approval_for
 from .build import UsageError, build_engine, close_engine
-from .log import RunLog, default_log, logging_enabled
+from .log import RunLog, RunLogError, default_log, logging_enabled
 from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
 
 
@@ -78,29 +79,31 @@ def _readable_soon(stream: TextIO) -> bool:
 
 def cmd_chat(args: argparse.Namespace, hooks: Any) -> int:
     stdin, out, err = sys.stdin, sys.stdout, sys.stderr
+    approval = approval_for(args, stdin, err)
     prompt = _prompt(args, stdin)
     log = Conversation.open(args, err)
-    engine = build_engine(args)
+    engine = build_engine(args, approve=approval)
+    chat = _Chat(engine, args, out, err, log, approval)
     try:
         system = log.system = args.system or log.system  # a continued conversation keeps its system message
         history: List[Dict[str, str]] = [{"role": "system", "content": system}] if system else []
         history += log.history
         if prompt is None:
-            return _conversation(engine, history, args, out, err, log)
-        status, _ = _answer(engine, history + [{"role": "user", "content": prompt}], args, out, err, log)
+            return _conversation(chat, history)
+        status, _ = chat.answer(history + [{"role": "user", "content": prompt}])
         return status
     finally:
         close_engine(engine)
 
 
-def _conversation(engine: Any, history: List[Dict[str, str]], args: argparse.Namespace,
-                  out: TextIO, err: TextIO, log: "Conversation") -> int:
+def _conversation(chat: "_Chat", history: List[Dict[str, str]]) -> int:
     """Read a line, answer it with the whole conversation so far; Ctrl-D (or 'exit') ends it."""
     try:
         importlib.import_module("readline")  # line editing and history for input()
     except ImportError:  # pragma: no cover - Windows
         pass
-    write(err, f"{PROG} chat with {', '.join(engine.config.models)}: type a message, "
+    out, err = chat.out, chat.err
+    write(err, f"{PROG} chat with {', '.join(chat.engine.config.models)}: type a message, "
                f"Ctrl-D or 'exit' to end\n")
     while True:
         try:
@@ -114,7 +117,7 @@ def _conversation(engine: Any, history: List[Dict[str, str]], args: argparse.Nam
             continue
         history.append({"role": "user", "content": line})
         try:
-            _, answer = _answer(engine, history, args, out, err, log)
+            _, answer = chat.answer(history)
         except KeyboardInterrupt:  # stops this answer, not the conversation
             write(err, "\n[interrupted]\n")
             answer = None
@@ -133,46 +136,62 @@ def _read_line(out: TextIO, err: TextIO) -> str:
     return input()
 
 
-def _answer(engine: Any, messages: List[Dict[str, str]], args: argparse.Namespace,
-            out: TextIO, err: TextIO, log: "Conversation") -> "tuple[int, Optional[str]]":
-    """Run once and print it; returns the exit status and the final answer (None on failure)."""
-    t0 = time.monotonic()
-    models = engine.config.models
-    tools = bool(engine.registry.names)
-    # Text shown live may be revised (a later round) or taken back (failover after tokens):
-    # then a pipe or file gets the final answer once it is known, and drafts go to stderr.
-    revisable = (tools and engine.config.max_continuations > 0) \
-        or (engine.config.failover_after_tokens and len(models) > 1)
-    live = args.json or is_terminal(out) or not revisable
-    if args.json:
-        printer: Any = JsonEventPrinter(out, t0=t0)
-    else:
-        printer = EventPrinter(out if live else err, err, color=use_color(out if live else err, err), t0=t0,
-                               hide_markup=tools, models=models)
-    events = engine.run(messages)
-    try:
-        for event in events:
-            printer.handle(event, time.monotonic() - t0)
-    finally:
-        events.close()  # on Ctrl-C: cancels the provider stream and the tools
-    result = printer.result
-    failed = result is None or result.error is not None or bool(printer.errors)
-    answer = final_answer(result)
-    if not args.json:
-        if not live and answer:
-            write(out, answer + "\n")
-        summary = printer.summary()
-        if summary is not None and (result.telemetry.tools_started or result.telemetry.rounds > 1):
-            printer.note(summary)
-    elif printer.errors:
-        write_error(err, printer.errors[-1], models)
-    if failed:
-        return 1, None
-    log.record(messages[-1]["content"], answer, result)
-    return (EXIT_NOT_WHOLE if _not_whole(result, err, args.json) else 0), answer
+class _Chat:
+    """One ``chat`` command's engine, streams, run log and approval: what every answer needs."""
+
+    def __init__(self, engine: Any, args: argparse.Namespace, out: TextIO, err: TextIO, log: "Conversation",
+                 approval: Approval) -> None:
+        self.engine, self.args, self.out, self.err, self.log, self.approval = engine, args, out, err, log, approval
+
+    def answer(self, messages: List[Dict[str, str]]) -> "tuple[int, Optional[str]]":
+        """Run once and print it; returns the exit status and the final answer (None on failure)."""
+        args, out, err, engine = self.args, self.out, self.err, self.engine
+        t0 = time.monotonic()
+        models = engine.config.models
+        tools = bool(engine.registry.names)
+        # Text shown live may be revised (a later round) or taken back (failover after tokens):
+        # then a pipe or file gets the final answer once it is known, and drafts go to stderr.
+        revisable = (tools and engine.config.max_continuations > 0) \
+            or (engine.config.failover_after_tokens and len(models) > 1)
+        live = args.json or is_terminal(out) or not revisable
+        if args.json:
+            printer: Any = JsonEventPrinter(out, t0=t0)
+            self.approval.before_asking = None
+        else:
+            printer = EventPrinter(out if live else err, err, color=use_color(out if live else err, err), t0=t0,
+                                   hide_markup=tools, models=models)
+            self.approval.before_asking = printer.end_line
+        events = engine.run(messages)
+        try:
+            for event in events:
+                printer.handle(event, time.monotonic() - t0)
+        finally:
+            events.close()  # on Ctrl-C: cancels the provider stream and the tools
+        return self._finish(printer, live, messages)
+
+    def _finish(self, printer: Any, live: bool, messages: List[Dict[str, str]]) -> "tuple[int, Optional[str]]":
+        args, out, err = self.args, self.out, self.err
+        result = printer.result
+        failed = result is None or result.error is not None or bool(printer.errors)
+        answer = final_answer(result)
+        if not args.json:
+            if not live and answer:
+                write(out, answer + "\n")
+            summary = printer.summary()
+            if summary is not None and (result.telemetry.tools_started or result.telemetry.rounds > 1):
+                printer.note(summary)
+        elif printer.errors:
+            write_error(err, printer.errors[-1], self.engine.config.models)
+        if failed:
+            return 1, None
+        if not args.json:
+            _warn_failover(result, self.engine.config.models, err)
+        self.log.record(messages[-1]["content"], answer, result)
+        return (EXIT_NOT_WHOLE if _not_whole(result, err, args.json) else 0), answer
 
 
-#: The exit status of an answer that is not whole: cut off (``length``, ``content_filter``) or refused.
+#: The exit status of an answer that is not whole: cut off (``length``, ``content_filter``), refused,
+#: or a draft left when the revision rounds ran out (``max_continuations_reached``).
 EXIT_NOT_WHOLE = 3
 
 
@@ -182,8 +201,31 @@ def _not_whole(result: Any, err: TextIO, quiet: bool) -> bool:
     if not quiet and cut is not None:
         write(err, f"{PROG}: warning: {CUT_OFF_ADVICE.get(cut, cut)} (finish reason {cut})\n")
     if not quiet and result.refusal:
-        write(err, f"{PROG}: warning: the model refused: {one_line(result.refusal)}\n")
-    return cut is not None or bool(result.refusal)
+        write(err, f"{PROG}: warning: the model refused: {for_terminal(one_line(result.refusal))}\n")
+    unfinished = result.telemetry.stop_reason == "max_continuations_reached"
+    if not quiet and unfinished:
+        write(err, f"{PROG}: warning: the answer is an unfinished draft: the model called tools in its last "
+                   f"allowed round (--max-continuations {max(0, result.telemetry.rounds - 1)}) and never read "
+                   f"their results; raise --max-continuations\n")
+    return cut is not None or bool(result.refusal) or unfinished
+
+
+def _warn_failover(result: Any, models: List[str], err: TextIO) -> None:
+    """Say on stderr that the answer came from another model than the first: a mistyped name must not pass unseen.
+
+    The run's telemetry tells which model answered and how many failovers
+    there were, not why: ``-v`` shows the cause in the log lines.
+    """
+    telemetry = result.telemetry
+    if not telemetry.failovers:
+        return
+    used = telemetry.model_used
+    failed = list(models[:models.index(used)]) if used in models else []
+    if failed:
+        said = f"model {', '.join(failed)} failed" if len(failed) == 1 else f"models {', '.join(failed)} failed"
+    else:
+        said = f"{telemetry.failovers} failover(s) in earlier rounds"
+    write(err, f"{PROG}: warning: {for_terminal(said)}; answered by {for_terminal(str(used))} (-v shows why)\n")
 
 
 #: What to tell a person whose answer was cut off, by finish reason.
@@ -241,6 +283,5 @@ class Conversation:
                 self.conversation, model=result.telemetry.model_used or self.model, system=self.system,
                 prompt=prompt, answer=answer, stop_reason=result.telemetry.stop_reason,
                 finish_reason=reasons[-1] if reasons else None)
-        except (OSError, sqlite3.Error) as exc:  # the answer was given; a log that fails is only a warning
-            write(self.err, f"{PROG}: warning: could not write the run log {self.log.path}: {exc} "
-                            f"(--no-log or STREAMENGINE_LOG=0 turns it off)\n")
+        except RunLogError as exc:  # the answer was given; a log that fails is only a warning
+            write(self.err, f"{PROG}: warning: the answer was not recorded: {exc}\n")

@@ -7,17 +7,22 @@ One SQLite file under the user's data directory
 ``STREAMENGINE_LOG=0`` turns it off.  Each run is one row: the prompt, the
 final answer, the model and how the run ended; rows of one conversation
 share its ``conversation`` id, so ``-c`` rebuilds the messages in order.
-A log that cannot be written never fails the answer: it is a warning.
+A log that cannot be written never fails the answer: it is a warning; one
+that ``-c`` or ``logs`` cannot read (locked, damaged, in the wrong place) is
+one error line saying what to do.  The log holds prompts and answers: it is
+created readable by its owner only (0600, in a 0700 directory).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import stat
 import time
 import uuid
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -33,6 +38,13 @@ CREATE TABLE IF NOT EXISTS runs (
 )
 """
 _OFF = ("0", "false", "no", "off")
+#: How long a write by another streamengine may hold the log before reading or writing gives up.
+LOCK_WAIT_S = 5.0
+_TURN_OFF = "--no-log or STREAMENGINE_LOG=0 turns the log off"
+
+
+class RunLogError(Exception):
+    """The run log cannot be read or written: what is wrong with it, and what to do."""
 
 
 def log_path(environ: Mapping[str, str]) -> Path:
@@ -47,28 +59,71 @@ def logging_enabled(environ: Mapping[str, str], no_log_flag: bool) -> bool:
 
 
 class RunLog:
-    """The log file; every method opens and closes its own connection (one CLI run, few writes)."""
+    """The log file; every method opens and closes its own connection (one CLI run, few writes).
+
+    Every method raises :class:`RunLogError` (never a bare ``sqlite3`` or
+    ``OSError``) when the log cannot be used.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(str(self.path), timeout=5.0)
-        connection.execute(_SCHEMA)
-        return connection
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[sqlite3.Connection]:
+        with self._problems():
+            self._make_private()
+            with closing(sqlite3.connect(str(self.path), timeout=LOCK_WAIT_S)) as db:
+                db.execute(_SCHEMA)
+                yield db
+
+    def _make_private(self) -> None:
+        """The directory 0700 and the file 0600, made so or tightened: prompts and answers are private."""
+        directory = self.path.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _tighten(directory, 0o700)
+        os.close(os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o600))
+        _tighten(self.path, 0o600)
+
+    @contextlib.contextmanager
+    def _problems(self) -> Iterator[None]:
+        """SQLite's and the OS's errors as one :class:`RunLogError` that says what to do."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise RunLogError(f"the run log {self.path} is locked by another program (another streamengine "
+                                  f"still writing?); try again when it is done ({_TURN_OFF})") from exc
+            raise self._cannot_open(exc) from exc
+        except sqlite3.DatabaseError as exc:
+            raise RunLogError(f"the run log {self.path} is damaged ({exc}); move it aside "
+                              f"(mv {self.path} {self.path}.broken) and the next run starts a new one") from exc
+        except OSError as exc:
+            raise self._cannot_open(exc) from exc
+
+    def _cannot_open(self, exc: BaseException) -> RunLogError:
+        detail = getattr(exc, "strerror", None) or exc
+        return RunLogError(f"cannot open the run log {self.path} ({detail}): it must be a file in a directory "
+                           f"you can write; set XDG_DATA_HOME to move it ({_TURN_OFF})")
+
+    def _present(self) -> bool:
+        """Whether there is a log to read; something else in its place is an error, not "no log"."""
+        with self._problems():
+            for place in (self.path, self.path.parent):
+                if place.exists() and not (place.is_file() if place == self.path else place.is_dir()):
+                    raise OSError(f"{place} is not a {'file' if place == self.path else 'directory'}")
+            return self.path.exists()
 
     def last_conversation(self) -> Optional[str]:
         """The id of the most recent conversation, or None with an empty (or absent) log."""
-        if not self.path.exists():
+        if not self._present():
             return None
-        with closing(self._connect()) as db:
+        with self._open() as db:
             row = db.execute("SELECT conversation FROM runs ORDER BY id DESC LIMIT 1").fetchone()
         return row[0] if row else None
 
     def messages(self, conversation: str) -> Tuple[Optional[str], List[Dict[str, str]]]:
         """``(system, messages)`` of a conversation: each run's prompt and answer, in order."""
-        with closing(self._connect()) as db:
+        with self._open() as db:
             rows = db.execute("SELECT system, prompt, answer FROM runs WHERE conversation = ? ORDER BY id",
                               (conversation,)).fetchall()
         messages: List[Dict[str, str]] = []
@@ -80,7 +135,7 @@ class RunLog:
                answer: str, stop_reason: Optional[str], finish_reason: Optional[str]) -> str:
         """Add one run; returns its conversation id (a new one when ``conversation`` is None)."""
         conversation = conversation or uuid.uuid4().hex
-        with closing(self._connect()) as db, db:
+        with self._open() as db, db:
             db.execute("INSERT INTO runs (conversation, at, model, system, prompt, answer, stop_reason, "
                        "finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (conversation, time.time(), model, system, prompt, answer, stop_reason, finish_reason))
@@ -88,12 +143,19 @@ class RunLog:
 
     def recent(self, count: int) -> List[Dict[str, Any]]:
         """The last ``count`` runs, oldest first."""
-        if not self.path.exists():
+        if not self._present():
             return []
-        with closing(self._connect()) as db:
+        with self._open() as db:
             db.row_factory = sqlite3.Row
             rows = db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (count,)).fetchall()
         return [dict(row) for row in reversed(rows)]
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """``chmod mode`` when group or others may read ``path`` and it is ours (a log made by an older version)."""
+    info = path.stat()
+    if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == getattr(os, "getuid", lambda: info.st_uid)():
+        os.chmod(path, mode)
 
 
 def default_log(environ: Optional[Mapping[str, str]] = None) -> RunLog:

@@ -34,15 +34,17 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .. import __version__
-from .build import (
-    PROVIDERS, UsageError, add_mcp_flags, add_provider_flags, build_engine, close_engine, close_mcp_servers,
-    open_mcp_servers, positive_seconds,
-)
+from .approval import add_approval_flags
+from .build import UsageError, add_mcp_flags, add_provider_flags, close_mcp_servers, mcp_tools, open_mcp_servers, \
+    positive_seconds
 from .argv import llm_style
 from .chat import cmd_chat
+from .log import RunLogError
 from .logs import cmd_logs
+from .serve import cmd_serve
 from .output import (
     BOLD, RESET, EventPrinter, JsonEventPrinter, attempt_lines, error_lines, use_color, write, write_error,
+    write_error_lines,
 )
 from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
 from .._messages import PROG
@@ -63,30 +65,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-# --------------------------------------------------------------------------- serve
-
-def _cmd_serve(args: argparse.Namespace, hooks: "_Hooks") -> int:
-    if args.threads < 1:
-        raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
-    engine = build_engine(args)
-    try:
-        from ..web._serve import serve_app
-        from ..web import make_wsgi_app
-        # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
-        app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
-                            heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
-                            max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors)
-        banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
-                  f"tools: {', '.join(engine.registry.names) or 'none'}"
-                  + ("; with a system prompt" if args.system else ""),
-                  "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"]
-        serve_app(app, host=args.host, port=args.port, threads=args.threads, out=sys.stdout, banner=banner,
-                  stop=hooks.stop, ready=hooks.ready)
-    finally:
-        close_engine(engine)
-    return 0
 
 
 # --------------------------------------------------------------------------- demo
@@ -142,7 +120,7 @@ def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
 
     servers = open_mcp_servers(args)
     try:
-        results = run_files(paths, report, extra_tools=[t for s in servers for t in s.tools()])
+        results = run_files(paths, report, extra_tools=mcp_tools(servers, args))
     finally:
         close_mcp_servers(servers)
     failed = sum(1 for r in results if not r.passed)
@@ -207,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="continue the last conversation in the run log")
     chat.add_argument("--no-log", action="store_true",
                       help="do not record this run in the run log (env STREAMENGINE_LOG=0 turns it off)")
+    add_approval_flags(chat)
     chat.set_defaults(handler=cmd_chat)
 
     logs = sub.add_parser("logs", parents=[common], help="list past runs from the run log",
@@ -232,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds of silence before a ': ping' frame (default 15)")
     serve.add_argument("--expose-errors", action="store_true",
                        help="send error details to the browser, not only to the log (development only)")
-    serve.set_defaults(handler=_cmd_serve)
+    serve.add_argument("--approve", choices=("never", "all"), default="never",
+                       help="tools with side effects: refuse every call (default: a server has nobody to ask), "
+                            "or run every call for every client, unasked (a WARNING at start says so)")
+    serve.set_defaults(handler=cmd_serve)
 
     demo = sub.add_parser("demo", parents=[common], help="a scripted run with tools mid-answer (no key, no network)",
                           description="Run a scripted model on a loopback FakeProvider: two slow tools start "
@@ -312,7 +294,7 @@ def _run(args: argparse.Namespace, hooks: "_Hooks", err: Any) -> int:
     except BrokenPipeError:  # `streamengine chat ... | head`: the reader left; nothing to say
         _silence_stdout()
         return 1
-    except (StreamEngineError, OSError) as exc:
+    except (StreamEngineError, OSError, RunLogError) as exc:
         _report(err, exc, args)
         return 1
     except KeyboardInterrupt:
@@ -348,7 +330,7 @@ def _report(err: Any, exc: BaseException, args: argparse.Namespace) -> None:
         lines = error_lines(str(exc) or type(exc).__name__)
     if args.verbose:
         lines += [f"caused by {type(cause).__name__}: {_one_line(cause)}" for cause in _chain(exc)]
-    write(err, f"{PROG}: error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:]))
+    write_error_lines(err, lines)
 
 
 def _chain(exc: BaseException) -> List[BaseException]:

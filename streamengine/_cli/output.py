@@ -5,6 +5,12 @@ Three streams, three jobs.  ``EventPrinter`` writes text and tool lines;
 the text a person reads (tool lines say the same thing in words);
 ``error_lines`` turns an engine error into its cause first, without the
 failover list's bookkeeping when there was only one model.
+
+Control characters (escape sequences: a clipboard write, a hidden link, a
+cleared screen) are shown, never obeyed (:func:`streamengine._terminal.for_terminal`):
+in the answer text only where it reaches a terminal (a pipe or file gets
+the model's text byte for byte), in every tool line, warning and error
+always (they are messages for a person, wherever stderr goes).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from .._engine.events import (
     ToolStartEvent,
 )
 from .._messages import LLM_WARNING, PROG
+from .._terminal import for_terminal, is_terminal
 from .._validation import one_line as _one_line
 
 _DIM, _BOLD, _RED, _RESET = "\x1b[2m", "\x1b[1m", "\x1b[31m", "\x1b[0m"
@@ -39,8 +46,13 @@ def write(stream: TextIO, text: str) -> None:
 
 def write_error(stream: TextIO, message: str, models: Sequence[str] = ()) -> None:
     """``streamengine: error: CAUSE`` (plus one indented line per model when several failed)."""
-    lines = error_lines(message, models)
-    write(stream, f"{PROG}: error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:]))
+    write_error_lines(stream, error_lines(message, models))
+
+
+def write_error_lines(stream: TextIO, lines: Sequence[str]) -> None:
+    """The first line after ``streamengine: error:``, the others indented; control characters made visible."""
+    text = f"{PROG}: error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:])
+    write(stream, for_terminal(text))
 
 
 _ALL_FAILED = re.compile(r"(?:^|(?<= ))all \d+ model attempt\(s\) failed: ")
@@ -118,14 +130,6 @@ class MarkupFilter:
         return space
 
 
-def is_terminal(stream: Any) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(callable(isatty) and isatty())
-    except ValueError:  # a closed stream
-        return False
-
-
 def use_color(*streams: TextIO) -> bool:
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
@@ -148,6 +152,7 @@ class EventPrinter:
                  t0: Optional[float] = None, hide_llm_warning: bool = True, hide_markup: bool = False,
                  models: Sequence[str] = ()) -> None:
         self.out, self.info_stream = out, info
+        self._shown = for_terminal if is_terminal(out) else _as_is  # the answer: byte for byte into a pipe
         self.markup = MarkupFilter() if hide_markup else None
         self.models = tuple(models)
         self.color, self.spans = color, spans
@@ -174,10 +179,10 @@ class EventPrinter:
         elif isinstance(event, ToolStartEvent):
             self._info(f"tool {event.call.name} started +{t:.2f}s")
         elif isinstance(event, ToolResultEvent):
-            self._info(self._result_line(event.result))
+            self._info(self._result_line(event))
         elif isinstance(event, RefusalEvent):
             self._newline()
-            write(self.info_stream, f"{PROG}: the model refused: {_one_line(event.text)}\n")
+            write(self.info_stream, for_terminal(f"{PROG}: the model refused: {_one_line(event.text)}\n"))
         elif isinstance(event, RoundEvent) and event.round > 1:
             self._newline()
             self._info(f"round {event.round}: revised answer +{t:.2f}s")
@@ -187,7 +192,7 @@ class EventPrinter:
             self._info(f"[round {event.round} restarted: {event.reason}; discard the text above] +{t:.2f}s")
         elif isinstance(event, ErrorEvent) and not event.fatal:
             self._newline()
-            write(self.info_stream, f"{PROG}: warning: {_one_line(event.message)}\n")
+            write(self.info_stream, for_terminal(f"{PROG}: warning: {_one_line(event.message)}\n"))
         elif isinstance(event, ErrorEvent):
             self.errors.append(event.message)
             self._newline()
@@ -196,7 +201,11 @@ class EventPrinter:
             self.result = event.result
             self._newline()
 
-    def _result_line(self, r: Any) -> str:
+    def _result_line(self, event: ToolResultEvent) -> str:
+        r = event.result
+        skipped = skip_reason(event)
+        if skipped is not None:
+            return f"tool {r.name} not run: {skipped}"
         status = "ok" if r.ok else ("timed out" if getattr(r, "timed_out", False) else "error")
         line = f"tool {r.name} {status} {r.duration_s:.2f}s"
         if self.spans and r.started_at and r.ended_at:
@@ -212,6 +221,7 @@ class EventPrinter:
                 text = text.lstrip(" \t")  # after a tool line, the space that preceded the block
         if not text:
             return
+        text = self._shown(text)
         gap = _WORD_GAP.search(text) if self._notices else None
         if gap is not None:  # a word ends here: the waiting notices get their own line
             write(self.out, text[:gap.start()] + "\n")
@@ -235,7 +245,12 @@ class EventPrinter:
         """A line of tool activity (or any remark) on the info stream."""
         self._info(message)
 
+    def end_line(self) -> None:
+        """End the text's current line (and show waiting notices): a question or a note follows on its own."""
+        self._newline()
+
     def _info(self, message: str) -> None:
+        message = for_terminal(message)  # tool names and errors are the tools' and the model's text
         line = f"{_DIM}[{message}]{_RESET}\n" if self.color else f"[{message}]\n"
         if self._one_screen and not self._at_line_start:
             self._notices.append(line)  # mid-line: on its own line once this one ends
@@ -256,15 +271,44 @@ class EventPrinter:
             return None
         t = r.telemetry
         tools = f", tools {t.tools_ok} ok" + (f" / {t.tools_failed + t.tools_timed_out} failed" if
-                                             t.tools_failed + t.tools_timed_out else "")
+                                             t.tools_failed + t.tools_timed_out else "") \
+            + (f" / {t.refused} not approved" if t.refused else "")
         return f"done: {t.rounds} round{'s' if t.rounds != 1 else ''}{tools}, {t.total_s:.2f}s, model {t.model_used}"
 
 
+def _as_is(text: str) -> str:
+    return text
+
+
+#: A skipped call's reason (``ToolResultEvent.skipped``) in words.
+SKIP_REASONS = {
+    "not_approved": "not approved", "duplicate": "a repeat of an earlier call", "not_allowed": "not allowed",
+    "round_cap": "over the calls-per-round cap", "request_cap": "over the calls-per-request cap",
+    "pool_busy": "no free worker", "cancelled": "cancelled",
+}
+
+
+def skip_reason(event: ToolResultEvent) -> Optional[str]:
+    """Why a call never ran, in words; None for a call that ran (ok, failed or timed out)."""
+    skipped = getattr(event, "skipped", None)
+    if skipped:
+        return SKIP_REASONS.get(skipped, skipped.replace("_", " "))
+    error = event.result.error or ""
+    if not event.result.ok and error.startswith("not run:") and "approv" in error:
+        return "not approved"  # until ToolResultEvent.skipped is there: an engine's refusal text says so
+    return None
+
+
 class JsonEventPrinter:
-    """One JSON object per event per line (``"event"`` = its name, ``"t"`` = seconds since start)."""
+    """One JSON object per event per line (``"event"`` = its name, ``"t"`` = seconds since start).
+
+    At a terminal every character past ASCII is escaped (``\\u001b``): the
+    same JSON, and nothing a terminal obeys.
+    """
 
     def __init__(self, out: TextIO, *, t0: Optional[float] = None) -> None:
         self.out = out
+        self._ascii = is_terminal(out)
         self.t0 = time.monotonic() if t0 is None else t0
         self.result: Any = None
         self.errors: List[str] = []
@@ -272,7 +316,7 @@ class JsonEventPrinter:
     def handle(self, event: Event, t: float) -> None:
         record: Dict[str, Any] = {"event": event.name, "t": round(t, 4)}
         record.update(self._fields(event))
-        write(self.out, json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        write(self.out, json.dumps(record, ensure_ascii=self._ascii, default=str) + "\n")
 
     def _fields(self, event: Event) -> Dict[str, Any]:
         if isinstance(event, TokenEvent):
@@ -281,7 +325,8 @@ class JsonEventPrinter:
             return {"id": event.call.id, "name": event.call.name, "arguments": event.call.arguments}
         if isinstance(event, ToolResultEvent):
             r = event.result
-            return {"call_id": r.call_id, "name": r.name, "ok": r.ok, "text": r.text, "error": r.error,
+            return {"call_id": r.call_id, "name": r.name, "ok": r.ok, "skipped": getattr(event, "skipped", None),
+                    "text": r.text, "error": r.error,
                     "duration_s": r.duration_s, "timed_out": getattr(r, "timed_out", False),
                     "started_s": self._offset(r.started_at), "ended_s": self._offset(r.ended_at)}
         if isinstance(event, RoundEvent):

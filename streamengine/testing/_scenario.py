@@ -45,6 +45,11 @@ object (unknown keys are errors, so a typo never silently skips a check)::
 terminal step (done/end/stall/drop/http_error/stall_before_headers) gets
 ``finish`` + ``usage`` + ``[DONE]``, as ``FakeProvider`` does.
 
+**Approval**: ``{"approve": {"send_email": true, "delete_all": false}}`` in a
+turn is no step the provider sends: it answers the engine's ``approve`` for
+the side-effect calls that turn's answer makes, by tool name.  A side-effect
+call it does not name is refused, as the command line refuses without a yes.
+
 **Tools**: ``{"fake": KIND, "name": NAME, ...}`` with KIND ``echo`` (returns
 ``result``, else its arguments as JSON), ``sleep`` (sleeps ``seconds``
 through ``ToolContext.sleep``, so a cancel stops it, then answers like echo),
@@ -243,6 +248,8 @@ class Scenario:
     fakes: Tuple[FakeTool, ...]
     imported: Tuple[Tool, ...]
     config: EngineConfig
+    #: Per turn: tool name -> whether its side-effect calls in that turn's answer run.
+    approvals: Tuple[Mapping[str, bool], ...] = ()
     prompt: str = "hello"
     system: Optional[str] = None
     framing: str = "chunked"
@@ -282,30 +289,45 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     framing = _need(root.key("framing"), data.get("framing", "chunked"), (str,), "a string")
     if framing not in ("chunked", "close", "length"):
         raise root.key("framing").error(f"must be chunked, close or length, got {framing!r}")
-    turns = _parse_turns(root.key("turns"), data["turns"])
+    turns, approvals = _parse_turns(root.key("turns"), data["turns"])
     fakes, imported = _parse_tools(root.key("tools"), data.get("tools", []))
     config = _parse_config(root.key("config"), data.get("config", {}))
     expect = _parse_expect(root.key("expect"), data.get("expect", {}))
     return Scenario(name=name, source=source, turns=turns, fakes=fakes, imported=imported, config=config,
-                    prompt=prompt, system=system, framing=framing, expect=expect)
+                    approvals=approvals, prompt=prompt, system=system, framing=framing, expect=expect)
 
 
-def _parse_turns(where: _Where, value: Any) -> Tuple[Tuple[Step, ...], ...]:
+def _parse_turns(where: _Where, value: Any) -> Tuple[Tuple[Tuple[Step, ...], ...], Tuple[Mapping[str, bool], ...]]:
+    """Each turn's steps for the provider, and its ``approve`` answers (taken out of the steps)."""
     _need(where, value, (list,), "a list of turns (each a list of steps)")
     if not value:
         raise where.error("needs at least one turn")
-    turns = []
+    turns, approvals = [], []
     for i, turn in enumerate(value):
         at = where.index(i)
         _need(at, turn, (list,), "a list of steps")
-        turns.append(tuple(_parse_step(at.index(j), step) for j, step in enumerate(turn)))
-    return tuple(turns)
+        steps, approve = [], {}
+        for j, step in enumerate(turn):
+            if isinstance(step, dict) and set(step) == {"approve"}:
+                approve.update(_parse_approve(at.index(j).key("approve"), step["approve"]))
+            else:
+                steps.append(_parse_step(at.index(j), step))
+        turns.append(tuple(steps))
+        approvals.append(approve)
+    return tuple(turns), tuple(approvals)
+
+
+def _parse_approve(where: _Where, value: Any) -> Dict[str, bool]:
+    _need(where, value, (dict,), "an object of tool name -> true or false")
+    for name, answer in value.items():
+        _need(where.key(name), answer, (bool,), "true or false")
+    return dict(value)
 
 
 _FLAG_STEPS = {"done": s.done, "drop": s.drop, "stall": s.stall, "stall_before_headers": s.stall_before_headers,
                "end": s.end, "ping": s.ping_event, "empty_delta": s.empty_delta}
 _STEP_KEYS = ("text", "reasoning", "delay", "tool_call", "finish", "usage", "http_error", "comment", "raw",
-              "error_frame") + tuple(_FLAG_STEPS)
+              "error_frame", "approve") + tuple(_FLAG_STEPS)
 
 
 def _parse_step(where: _Where, step: Any) -> Step:
@@ -568,7 +590,7 @@ def _execute(scenario: Scenario) -> _Run:
         tools = [fake.build(release) for fake in scenario.fakes] + list(scenario.imported)
         client = OpenAICompatibleClient(fp.base_url)
         try:
-            engine = StreamingEngine(client, tools, scenario.config)
+            engine = StreamingEngine(client, tools, scenario.config, approve=_approver(scenario, fp))
             try:
                 events: List[Event] = [e for e in engine.run(messages) if not isinstance(e, HeartbeatEvent)]
             finally:
@@ -577,6 +599,19 @@ def _execute(scenario: Scenario) -> _Run:
         finally:
             client.close()
         return _Run(events, stamps, [r for r in fp.requests if r.path.rstrip("/").endswith("/chat/completions")])
+
+
+def _approver(scenario: Scenario, fp: FakeProvider) -> Callable[[Any], bool]:
+    """The scenario's ``approve`` answers for the turn whose answer made the call; unnamed calls refused.
+
+    The engine asks once the round's stream finished, so the turn is the one
+    that answered the latest chat request.
+    """
+    def approve(call: Any) -> bool:
+        asked = sum(1 for r in fp.requests if r.path.rstrip("/").endswith("/chat/completions"))
+        table = scenario.approvals[asked - 1] if 0 < asked <= len(scenario.approvals) else {}
+        return table.get(call.name, False)
+    return approve
 
 
 # --------------------------------------------------------------------------- checking
