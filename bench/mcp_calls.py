@@ -117,7 +117,7 @@ def _block(name: str, args: Dict[str, Any]) -> str:
 
 def dispatch(server: Any, record: str, calls: int, label: str) -> List[float]:
     """Milliseconds from each ``</tool>`` written to the server's handler starting."""
-    stamps = _stamped_run(server.tools(include={"stamp"}), calls, label)
+    stamps = _stamped_run(server.tools(include={"stamp"}, eager=True), calls, label)
     seen = {}
     with open(record) as lines:
         for line in lines:
@@ -179,7 +179,7 @@ def round_ready(server: Any, tool: str) -> float:
     with FakeProvider() as fp:
         fp.add_turn(*steps)
         fp.add_turn(s.text("ok"))
-        engine = _engine(fp, server.tools(include={tool}))
+        engine = _engine(fp, server.tools(include={tool}, eager=True))
         last_result = 0.0
         began = time.time()
         try:

@@ -25,6 +25,9 @@ TOOL_MODES = ("auto", "inline", "native")
 #: stalls is ended much sooner by ``idle_timeout``, which only model output resets.
 DEFAULT_COMPLETION_TIMEOUT_S = 600.0
 
+#: What waiting filings may hold: 64 MiB is some 13,000 results of 4,000 characters.
+DEFAULT_MAX_FILING_BYTES = 64 * 1024 * 1024
+
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOptions))
 
 
@@ -44,6 +47,10 @@ class EngineConfig:
     the defaults are several times the longest output any model offers
     (see ``_output_limits``).  Crossing one ends the round with
     ``stop_reason="output_limit"``.
+
+    ``max_filing_bytes`` bounds what tool results waiting to be filed in the
+    RAG store may hold (their text plus 1 KiB each); past it a filing is
+    refused with the cause (the store is stuck, or cannot keep up).
     """
 
     models: Sequence[str] = ()
@@ -65,6 +72,7 @@ class EngineConfig:
     embed_model: Optional[str] = None
     ingest_tool_results: bool = True
     filing_timeout: float = 5.0
+    max_filing_bytes: int = DEFAULT_MAX_FILING_BYTES
     failover_after_tokens: bool = False
     max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
     max_reasoning_chars: int = DEFAULT_MAX_ANSWER_CHARS
@@ -77,7 +85,7 @@ class EngineConfig:
         for field_name in ("max_continuations", "max_tools_per_round", "max_tools_total", "max_retries"):
             validation.count(getattr(self, field_name), f"EngineConfig.{field_name}")
         for field_name in ("max_block_chars", "pool_size", "chunk_size", "max_answer_chars", "max_reasoning_chars",
-                           "max_tool_argument_chars", "max_run_output_chars"):
+                           "max_tool_argument_chars", "max_run_output_chars", "max_filing_bytes"):
             validation.count(getattr(self, field_name), f"EngineConfig.{field_name}", minimum=1)
         validation.count(self.chunk_overlap, "EngineConfig.chunk_overlap")
         if self.max_tool_argument_chars > MAX_ARGUMENT_CHARS:

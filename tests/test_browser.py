@@ -179,11 +179,23 @@ class Browser:
         self.open_plain(url + "&debug=1" if "autorun=" in url and "debug=" not in url else url)
 
     def open_plain(self, url: str) -> None:
+        """Open ``url`` the way a link on its own site does: ``?autorun`` asks only for a same-origin request.
+
+        A page of the same origin is opened first and its script goes to
+        ``url``, so the browser sends ``Sec-Fetch-Site: same-origin``; a URL
+        typed in (``Page.navigate``) would be ``none``, like a link opened from a mail app.
+        """
         context = {"browserContextId": self._context} if self._context else {}
         target = self.command("Target.createTarget", session=False, url="about:blank", **context)["targetId"]
         self._session = self.command("Target.attachToTarget", session=False, targetId=target,
                                      flatten=True)["sessionId"]
-        self.command("Page.navigate", url=url)
+        origin = "/".join(url.split("/", 3)[:3])
+        self.command("Page.navigate", url=origin + "/healthz")
+        self.wait_for(f"location.origin === {json.dumps(origin)} && document.readyState === 'complete'")
+        try:
+            self.js(f"location.href = {json.dumps(url)}")
+        except PageChanged:  # the navigation began before the evaluation answered
+            pass
 
     def js(self, expression: str) -> Any:
         result = self.command("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
@@ -517,4 +529,4 @@ def test_autorun_needs_a_same_origin_request(browser):
                 browser.wait_for("(document.getElementById('prompt') || {}).value === 'spend'")
                 status = browser.js("document.getElementById('status').textContent")
             assert fp.request_count == 0
-    assert "another site" in status
+    assert "opened from a link" in status

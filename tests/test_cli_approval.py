@@ -119,8 +119,6 @@ def test_ctrl_c_at_the_prompt_refuses_and_the_run_goes_on_to_its_answer(workdir)
     assert b"interrupted" not in term.screen
 
 
-@pytest.mark.xfail(strict=True, reason="the engine asks approve before it hands over the round's events: "
-                                       "needs RoundRunner._round to yield them first (see the i35 CLI report)")
 def test_the_question_follows_the_text_it_is_about(workdir):
     with FakeProvider() as fp:
         branch_turns(fp)

@@ -125,7 +125,8 @@ def test_a_failover_from_a_mistyped_model_warns_on_stderr(capsys):
                            "--no-log")
     assert rc == 0, err
     assert out == "an answer\n"
-    assert "warning: model gpt-4o-mnii failed" in err and "answered by gpt-4o" in err
+    assert "warning: model gpt-4o-mnii failed (LlmHttpError: " in err and "404" in err
+    assert "model gpt-4o-mnii not found" in err and "; answered by gpt-4o" in err
 
 
 def test_no_failover_no_warning(capsys):

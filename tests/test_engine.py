@@ -331,6 +331,17 @@ def test_error_before_any_token_fails_over_to_the_next_model():
     assert [r.json["model"] for r in fp.requests] == ["main", "backup"]
 
 
+def test_telemetry_says_which_model_failed_and_why_in_one_line_each():
+    with FakeProvider() as fp:
+        fp.add_turn(s.http_error(404, {"error": {"message": "model mian\nnot found"}}))
+        fp.add_turn(s.text("from backup"))
+        with make_engine(fp, models=["mian", "backup"]) as engine:
+            result = engine.complete([{"role": "user", "content": "q"}])
+    [failure] = result.telemetry.failed_attempts
+    assert failure.startswith("mian: LlmHttpError: ") and "404" in failure and "mian not found" in failure
+    assert "\n" not in failure
+
+
 def test_all_models_failing_gives_a_visible_warning_and_done():
     with FakeProvider() as fp:
         fp.add_turn(s.http_error(500, {"error": {"message": "boom one"}}))

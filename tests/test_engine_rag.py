@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from streamengine import (
-    EngineConfig, OpenAICompatibleClient, OpenAIEmbedder, SqliteRagStore, StreamingEngine, tool,
+    ConfigError, EngineConfig, OpenAICompatibleClient, OpenAIEmbedder, SqliteRagStore, StreamingEngine, tool,
 )
 from streamengine.testing import FakeProvider, steps as s
 
@@ -101,3 +101,20 @@ def test_ingestion_can_be_switched_off():
         with engine_for(fp, store, ingest_tool_results=False) as engine:
             engine.complete([{"role": "user", "content": "q"}])
         assert store.count() == 0
+
+
+def test_a_result_larger_than_max_filing_bytes_is_not_filed_and_the_setting_is_named():
+    with FakeProvider() as fp, SqliteRagStore() as store:
+        fp.add_turn(s.text(block("fetch_page", {"url": "u"})))
+        fp.add_turn(s.text("ok"))
+        with engine_for(fp, store, max_filing_bytes=1000) as engine:
+            events = list(engine.run([{"role": "user", "content": "q"}]))
+        errors = [e.message for e in events if e.name == "error"]
+        assert store.count() == 0
+        assert any("was not filed" in m and "EngineConfig.max_filing_bytes" in m for m in errors), errors
+        assert events[-1].result.telemetry.filing_errors == 1
+
+
+def test_max_filing_bytes_is_checked_like_every_count():
+    with pytest.raises(ConfigError, match="max_filing_bytes"):
+        EngineConfig(models=["m"], max_filing_bytes=0)

@@ -132,7 +132,7 @@ def test_mcp_list_says_what_happens_and_whether_annotations_are_trusted(capsys):
     assert "annotations not trusted" in out
     assert "get_current_time  (side effects: chat at a terminal asks before it runs" in out
     assert "the server calls it read-only, not trusted without --mcp-trust" in out
-    rc, out, err = run(capsys, "mcp", "list", time_server, "--mcp-trust")
+    rc, out, err = run(capsys, "mcp", "list", "--mcp-trust", time_server)  # after COMMAND it would be its own
     assert rc == 0, err
     assert "annotations trusted (--mcp-trust)" in out
     assert "get_current_time  (read-only: starts mid-stream, without approval)" in out

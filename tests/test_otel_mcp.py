@@ -48,7 +48,7 @@ def call_once(url: str, tool_name: str, arguments: dict, provider: TracerProvide
     with McpServer.http(url) as lab, FakeProvider() as fp:
         fp.add_turn(s.text(f'<tool name="{tool_name}">{json.dumps(arguments)}</tool>'))
         fp.add_turn(s.text("done"))
-        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), lab.tools(include=[tool_name]),
+        engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), lab.tools(include=[tool_name], eager=True),
                                  EngineConfig(models=["m"], tool_mode="inline"), tracer_provider=provider,
                                  **engine_options)
         with engine:

@@ -156,3 +156,28 @@ def test_server_limits_follow_the_app_and_bound_buffers(app):
 
 def test_cli_timeout_default_is_the_librarys():
     assert DEFAULT_TIMEOUT_S == EngineConfig(model="m").completion_timeout
+
+
+@pytest.mark.parametrize("flag, refused", [("2", True), ("0", False)])
+def test_serve_flag_sets_the_per_client_connection_cap(capsys, flag, refused, no_thread_leak):
+    import threading
+
+    from streamengine._cli.main import main
+
+    stop, seen = threading.Event(), {}
+
+    def ready(url):
+        port = port_of(url)
+        dribbling = half_sent(port, 2)
+        try:
+            seen["answer"] = healthz_from(port, "127.0.0.1")
+        finally:
+            close_all(dribbling)
+            stop.set()
+
+    with FakeProvider() as fp:
+        rc = main(["serve", "--port", "0", "--base-url", fp.base_url, "-m", "m",
+                   "--max-connections-per-client", flag],
+                  stop=stop, ready=lambda url: threading.Thread(target=ready, args=(url,)).start())
+    assert rc == 0, capsys.readouterr().err
+    assert seen["answer"].startswith(b"HTTP/1.1 429 " if refused else b"HTTP/1.1 200 ")

@@ -55,6 +55,7 @@ def test_a_provider_error_reaches_the_browser_as_a_public_message_and_the_log_in
     assert request_id in warning[0]
     done = json.loads(next(d for k, d in events if k == "done"))
     assert done["answer"] == warning[0]  # the answer repeats the public text, not the detail
+    assert [line.split(": ")[1] for line in done["telemetry"]["failed_attempts"]] == ["LlmHttpError"]
     assert kinds(events)[-1] == "[DONE]"
     logged = [line for line in log_lines if request_id in line]
     assert logged and any("sk-live-123" in line for line in logged), log_lines

@@ -213,19 +213,19 @@ def _not_whole(result: Any, err: TextIO, quiet: bool) -> bool:
 def _warn_failover(result: Any, models: List[str], err: TextIO) -> None:
     """Say on stderr that the answer came from another model than the first: a mistyped name must not pass unseen.
 
-    The run's telemetry tells which model answered and how many failovers
-    there were, not why: ``-v`` shows the cause in the log lines.
+    Each failed attempt is one line of ``telemetry.failed_attempts``
+    (``MODEL: ErrorType: message``), shown with the model that answered.
     """
     telemetry = result.telemetry
     if not telemetry.failovers:
         return
     used = telemetry.model_used
-    failed = list(models[:models.index(used)]) if used in models else []
-    if failed:
-        said = f"model {', '.join(failed)} failed" if len(failed) == 1 else f"models {', '.join(failed)} failed"
+    failures = [line for line in telemetry.failed_attempts if not line.startswith(f"{used}: ")]
+    if failures:
+        said = "; ".join("model {} failed ({})".format(*line.split(": ", 1)) for line in dict.fromkeys(failures))
     else:
         said = f"{telemetry.failovers} failover(s) in earlier rounds"
-    write(err, f"{PROG}: warning: {for_terminal(said)}; answered by {for_terminal(str(used))} (-v shows why)\n")
+    write(err, f"{PROG}: warning: {for_terminal(said)}; answered by {for_terminal(str(used))}\n")
 
 
 #: What to tell a person whose answer was cut off, by finish reason.

@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--approve", choices=("never", "all"), default="never",
                        help="tools with side effects: refuse every call (default: a server has nobody to ask), "
                             "or run every call for every client, unasked (a WARNING at start says so)")
+    serve.add_argument("--max-connections-per-client", metavar="N", type=int, default=64,
+                       help="open connections one address (an IPv6 /64) may hold; 429 past it (default 64; "
+                            "0 = no cap, behind a proxy where every client has the proxy's address)")
     serve.set_defaults(handler=cmd_serve)
 
     demo = sub.add_parser("demo", parents=[common], help="a scripted run with tools mid-answer (no key, no network)",

@@ -290,13 +290,8 @@ SKIP_REASONS = {
 
 def skip_reason(event: ToolResultEvent) -> Optional[str]:
     """Why a call never ran, in words; None for a call that ran (ok, failed or timed out)."""
-    skipped = getattr(event, "skipped", None)
-    if skipped:
-        return SKIP_REASONS.get(skipped, skipped.replace("_", " "))
-    error = event.result.error or ""
-    if not event.result.ok and error.startswith("not run:") and "approv" in error:
-        return "not approved"  # until ToolResultEvent.skipped is there: an engine's refusal text says so
-    return None
+    skipped = event.skipped
+    return SKIP_REASONS.get(skipped, skipped.replace("_", " ")) if skipped else None
 
 
 class JsonEventPrinter:

@@ -23,6 +23,8 @@ def approve_all(call: Any) -> bool:
 def cmd_serve(args: argparse.Namespace, hooks: Any) -> int:
     if args.threads < 1:
         raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
+    if args.max_connections_per_client < 0:
+        raise UsageError("--max-connections-per-client must be 0 (no cap) or more")
     everything = args.approve == "all"
     engine = build_engine(args, approve=approve_all if everything else refuse)
     try:
@@ -38,7 +40,8 @@ def cmd_serve(args: argparse.Namespace, hooks: Any) -> int:
                   + ("; with a system prompt" if args.system else ""),
                   "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"]
         serve_app(app, host=args.host, port=args.port, threads=args.threads, out=sys.stdout, banner=banner,
-                  stop=hooks.stop, ready=hooks.ready)
+                  stop=hooks.stop, ready=hooks.ready,
+                  max_connections_per_client=args.max_connections_per_client or None)
     finally:
         close_engine(engine)
     return 0

@@ -310,6 +310,11 @@ class ToolDispatcher:
         """
         return self._reports[handle]
 
+    @property
+    def holds_calls(self) -> bool:
+        """Side-effect calls wait for the stream's end (and ``approve``)."""
+        return bool(self._held)
+
     def release_side_effects(self) -> None:
         """The stream finished normally: start the side-effect tools held back that ``approve`` says yes to."""
         held, self._held = self._held, []

@@ -31,13 +31,14 @@ import uuid
 from typing import Any, Callable, Deque, Generator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import _validation as validation
+from .._config import DEFAULT_MAX_FILING_BYTES
 from .._clients.base import Flag, Wait
 from .._messages import ToolResult
 
 #: What the results waiting to be filed may hold, per store, in bytes (their text, plus
 #: ``FILING_OVERHEAD_BYTES`` each): past it a new filing is refused at once (a filing error)
-#: instead of piling up memory.  64 MiB holds some 13,000 results of 4,000 characters.
-MAX_PENDING_BYTES = 64 * 1024 * 1024
+#: instead of piling up memory (``EngineConfig.max_filing_bytes``).
+MAX_PENDING_BYTES = DEFAULT_MAX_FILING_BYTES
 #: What one waiting filing holds besides its text (its ticket, lock and tuples): many tiny ones are bounded too.
 FILING_OVERHEAD_BYTES = 1024
 #: One store call files at most this much of what is waiting, so a transaction stays short.
@@ -160,10 +161,11 @@ class FilingQueue:
         if self._pending_bytes + size <= limit:
             return None
         if size > limit:
-            return f"it holds {_size(size)}, more than the {_size(limit)} that may wait to be filed"
+            return (f"it holds {_size(size)}, more than the {_size(limit)} that may wait to be filed "
+                    f"(EngineConfig.max_filing_bytes)")
         stuck, state = self._store_state()
         cause = "the store is stuck or down" if stuck else "the store cannot keep up"
-        return f"{cause}: {state}; at most {_size(limit)} may wait"
+        return f"{cause}: {state}; at most {_size(limit)} may wait (EngineConfig.max_filing_bytes)"
 
     def explain_delay(self) -> str:
         """How the store is doing, for a round that stopped waiting for its filings."""

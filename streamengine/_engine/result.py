@@ -43,6 +43,20 @@ class Telemetry:
     #: ``content_filter``; None when the provider sent none).  ``length`` or
     #: ``content_filter`` means that round's answer was cut off.
     finish_reasons: List[Optional[str]] = field(default_factory=list)
+    #: Each model attempt that failed, in order, as ``"MODEL: ErrorType: message"`` (one line, at most
+    #: :data:`MAX_FAILURE_CHARS`; the message is the client's, which never shows a secret).
+    failed_attempts: List[str] = field(default_factory=list)
+
+
+#: How much of one failed attempt ``Telemetry.failed_attempts`` keeps.
+MAX_FAILURE_CHARS = 300
+
+
+def attempt_failure(model: str, exc: BaseException) -> str:
+    """One line saying which model failed and why, for ``Telemetry.failed_attempts``."""
+    message = " ".join(str(exc).split())
+    line = f"{model}: {type(exc).__name__}: {message}" if message else f"{model}: {type(exc).__name__}"
+    return line if len(line) <= MAX_FAILURE_CHARS else line[:MAX_FAILURE_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True)

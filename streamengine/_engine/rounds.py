@@ -29,7 +29,7 @@ from .events import (
 )
 from .._inline.scanner import tool_instructions
 from .._messages import LLM_WARNING, Message, ToolCall, ToolResult
-from .result import CUT_OFF_FINISH_REASONS, EngineResult
+from .result import CUT_OFF_FINISH_REASONS, EngineResult, attempt_failure
 from .traced import RoundTrace, traced_tool_callbacks
 from .round_stream import RoundStream
 from .run_state import RunDeps, RunState
@@ -201,6 +201,11 @@ class RoundRunner:
             if traced is not None:
                 traced.started(model)
 
+        def on_attempt_failed(model: str, exc: BaseException) -> None:
+            self.state.telemetry.failed_attempts.append(attempt_failure(model, exc))
+            if traced is not None:
+                traced.failed(model, exc)
+
         on_chunk = stream.on_chunk
         try:
             outcome = yield from self.deps.failover.stream_call(
@@ -208,7 +213,7 @@ class RoundRunner:
                 options=self.config.options, cancel=self.state.cancel,
                 on_chunk=traced.watching(on_chunk) if traced else on_chunk, may_advance=may_advance,
                 on_attempt=on_attempt,
-                on_attempt_failed=traced.failed if traced else None,
+                on_attempt_failed=on_attempt_failed,
                 on_tool_calls=stream.on_tool_calls if self.use_native else None)
         except LlmError as exc:
             if tried:
@@ -222,6 +227,10 @@ class RoundRunner:
         self._count_parse_errors(stream)
         self._account(outcome)
         if (outcome.response.finish_reason or "stop") not in CUT_OFF_FINISH_REASONS:
+            if self.dispatcher.holds_calls:
+                # Hand the round's events over before ``approve`` is asked: a person sees the text
+                # a question is about before the question (the loop empties its outbox at each wait).
+                yield Wait(ready=lambda: True)
             self.dispatcher.release_side_effects()
         else:
             self.dispatcher.drop_held()

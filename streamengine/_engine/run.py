@@ -132,7 +132,7 @@ class StreamingEngine:
         self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger,
                                      queue_timeout=self.config.tool_queue_timeout,
                                      max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
-        self.filing = FilingQueue(rag, self.config, self._log) if rag is not None else None
+        self.filing = FilingQueue(rag, self.config, self._log, self.config.max_filing_bytes) if rag is not None else None
         if capture_content is not None and not isinstance(capture_content, bool):
             raise ConfigError(f"capture_content must be True, False or None (the environment decides), "
                               f"got {capture_content!r}")

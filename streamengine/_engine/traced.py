@@ -9,7 +9,7 @@ an event (a ``tool_start``, a ``tool_result``, the round itself).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .._errors import LlmCancelledError
 from .._messages import Chunk, Response, ToolCall, ToolResult
@@ -66,7 +66,7 @@ class RoundTrace:
 
 
 def traced_tool_callbacks(run_trace: Any, registry: Any, on_start: Callable[[ToolCall], None],
-                          on_result: Callable[[ToolResult, bool], None]) -> tuple:
+                          on_result: Callable[[ToolResult, Optional[str]], None]) -> tuple:
     """The dispatcher's start and result callbacks, each also opening or closing the call's span.
 
     A local tool's span opens on the worker as its function is entered;
@@ -87,9 +87,9 @@ def traced_tool_callbacks(run_trace: Any, registry: Any, on_start: Callable[[Too
                 run_trace.tool_started(call, hand_over=bool(getattr(tool_of(call.name), "starts_itself", False)))
         on_start(call)
 
-    def ended(result: ToolResult, ran: bool) -> None:
+    def ended(result: ToolResult, skipped: Optional[str]) -> None:
         with guard("ending a tool span"):
             run_trace.tool_ended(result, remote=remote(result.name))
-        on_result(result, ran)
+        on_result(result, skipped)
 
     return started, ended

@@ -1,6 +1,7 @@
 """What a client may learn about a failure: a short message and a request id; details go to the log."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Tuple
 
 from .._logs import component_logger
@@ -19,7 +20,8 @@ class PublicErrors:
     client sees, so an operator can find it.  ``expose=True`` (development)
     sends the details as well.  Covers ``event: error``, a failed tool's
     ``error``, the engine's visible ``LLM error`` token and the answer in
-    ``event: done`` that repeats it.
+    ``event: done`` that repeats it, and ``telemetry.failed_attempts`` there
+    (only the model and the error's type).
     """
 
     #: Tokens :meth:`encode` rewrites start with this (the engine's visible warning); the framer
@@ -64,10 +66,12 @@ class PublicErrors:
     def _tool_result(self, event: Any) -> bytes:
         result = getattr(event, "result", None)
         error = getattr(result, "error", None)
+        skipped = getattr(event, "skipped", None)
         if error:
-            what = "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed"
+            what = (f"not run ({skipped})" if skipped else
+                    "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed")
             error = self.public(f"{what}: {getattr(result, 'name', '?')}", error)
-        return tool_result_frame(result, error)
+        return tool_result_frame(result, error, skipped)
 
     def _done(self, event: Any) -> bytes:
         result = getattr(event, "result", None)
@@ -75,7 +79,12 @@ class PublicErrors:
         if isinstance(answer, str):
             for warning, shown in self._warnings:  # the answer repeats the warning token
                 answer = answer.replace(warning, shown)
-        return done_frame(result, answer)
+        telemetry = getattr(result, "telemetry", None)
+        failures = getattr(telemetry, "failed_attempts", None)
+        if failures and not self.expose:  # which model failed and how, not what its provider said
+            telemetry = dataclasses.replace(telemetry, failed_attempts=[
+                ": ".join(line.split(": ", 2)[:2]) for line in failures])
+        return done_frame(result, answer, telemetry)
 
     def failure(self, exc: BaseException) -> bytes:
         self._log.opt(exception=exc).error("request {}: event stream failed: {}", self.request_id, exc)

@@ -208,12 +208,12 @@ def _done(event: Any) -> bytes:
     return done_frame(result, getattr(result, "answer", None))
 
 
-def done_frame(result: Any, answer: Any) -> bytes:
-    """The ``done`` frame of ``result`` with ``answer`` as the answer shown."""
+def done_frame(result: Any, answer: Any, telemetry: Any = None) -> bytes:
+    """The ``done`` frame of ``result`` with ``answer`` as the answer shown (and ``telemetry``, when given)."""
     return _named_frame(b"event: done\ndata: ", {
         "answer": answer,
         "refusal": getattr(result, "refusal", None),
-        "telemetry": getattr(result, "telemetry", None),
+        "telemetry": telemetry if telemetry is not None else getattr(result, "telemetry", None),
         "usage": getattr(result, "usage", None),
     })
 

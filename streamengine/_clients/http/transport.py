@@ -101,6 +101,7 @@ class SseStreamParser:
         self.finish_reason: Optional[str] = None
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
+        self.response_id: Optional[str] = None  # the provider's id for the answer, where its wire gives one
         #: Set by the transport before :meth:`run`: the body read from its socket, or None (urllib3 reads it).
         self.body: Optional[SocketBody] = None
         self._framer = SseFramer(max_event_bytes, 8 * max_event_bytes)
@@ -153,7 +154,8 @@ class SseStreamParser:
         )
 
     def completed(self) -> Chunk:
-        return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model)
+        return Chunk(is_completed=True, finish_reason=self.finish_reason, usage=self.usage, model=self.model,
+                     response_id=self.response_id)
 
 
 class HttpProviderClient(StreamingLlmClient):

@@ -9,7 +9,6 @@ is not a JSON object is a protocol error.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import threading
@@ -31,8 +30,6 @@ class StreamParser(SseStreamParser):
     """SSE events of one response -> Chunks, with the completion rule and error mapping."""
 
     end_marker = "a finish reason or [DONE]"
-    #: The answer's id (every frame's ``id``), read by the general path, told on the completing chunk.
-    response_id: Optional[str] = None
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
             tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
@@ -163,10 +160,6 @@ class StreamParser(SseStreamParser):
         tool_calls = delta.get("tool_calls")
         return Chunk(content, reasoning, () if tool_calls is None else _tool_call_deltas(tool_calls),
                      False, usage, finish, self.model, refusal)
-
-    def completed(self) -> Chunk:
-        """The completing chunk, with the answer's id: the wire's finish and usage, like the model's name."""
-        return dataclasses.replace(super().completed(), response_id=self.response_id)
 
 
 def _text_or_none(value: Any) -> Optional[str]:
