@@ -22,11 +22,23 @@ import traceback
 from typing import Any, Dict, List
 
 from . import (
-    common, concurrency, executor, imports, instructions, latency, multirun, otel, overlap, paced, report, scaling,
+    common,
+    concurrency,
+    executor,
+    imports,
+    instructions,
+    latency,
+    mcp_calls,
+    multirun,
+    otel,
+    overlap,
+    paced,
+    report,
+    scaling,
     served,
-    slowconsumer, throughput,
+    slowconsumer,
+    throughput,
 )
-from . import mcp_calls
 
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
             "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
@@ -68,10 +80,10 @@ def _freeze_harness_heap() -> None:
     under test allocated, not what this harness imported.
     """
     import gc
+
     import requests  # noqa: F401
     import sseclient  # noqa: F401
-    import streamengine  # noqa: F401
-    import streamengine.wsgi
+
     try:
         import openai  # noqa: F401
     except ImportError:

@@ -81,7 +81,7 @@ class Server:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -294,7 +294,7 @@ def process_cpu_s(pid: int) -> float:
     return sum(process_cpu_split(pid))
 
 
-def process_cpu_split(pid: int) -> "tuple[float, float]":
+def process_cpu_split(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of one process ((0, 0) if it is gone): what is in the kernel's share."""
     try:
         with open(f"/proc/{pid}/stat") as f:

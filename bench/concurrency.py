@@ -21,8 +21,19 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from .common import (ROOT, Server, chunked_lines, content_frame, finish_frames, median, percentile, pid_status,
-                     post_raw, process_cpu_s, seg)
+from .common import (
+    ROOT,
+    Server,
+    chunked_lines,
+    content_frame,
+    finish_frames,
+    median,
+    percentile,
+    pid_status,
+    post_raw,
+    process_cpu_s,
+    seg,
+)
 
 FIRST = [f" w{i}" for i in range(100)]
 FIRST[30] = '<tool name="lookup">{"query": "x"}</tool>'

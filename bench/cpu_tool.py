@@ -44,6 +44,5 @@ def warm(seconds: float) -> str:
     The wait keeps the worker busy so a pool's next warm-up call lands on
     another worker (every worker started and imported before the clock runs).
     """
-    import streamengine.tools._remote
     time.sleep(seconds)
     return "warm"

@@ -82,6 +82,7 @@ def _measure(engine: Any, prompts: List[str], problems: List[str]) -> List[float
 def _process_pool() -> Any:
     import concurrent.futures
     import multiprocessing
+
     from . import cpu_tool
     pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
     list(pool.map(cpu_tool.warm, [0.5, 0.5]))

@@ -147,7 +147,8 @@ def dispatch_python(calls: int) -> List[float]:
 
 def _stamped_run(tools: List[Any], calls: int, label: str) -> List[_WallStamp]:
     """One run whose stream writes ``calls`` stamp calls, GAP_S apart; each ``</tool>`` time is kept."""
-    from streamengine.testing import FakeProvider, steps as s
+    from streamengine.testing import FakeProvider
+    from streamengine.testing import steps as s
 
     stamps = [_WallStamp() for _ in range(calls)]
     steps: List[Any] = [s.text("Stamping.")]
@@ -167,7 +168,8 @@ def _stamped_run(tools: List[Any], calls: int, label: str) -> List[_WallStamp]:
 
 def round_ready(server: Any, tool: str) -> float:
     """Seconds from the request to: the stream ended and all three results are in."""
-    from streamengine.testing import FakeProvider, steps as s
+    from streamengine.testing import FakeProvider
+    from streamengine.testing import steps as s
 
     ended = _WallStamp()
     steps: List[Any] = []

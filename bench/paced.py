@@ -61,8 +61,7 @@ def bench_tool(query: str) -> str:
 
 
 def _engine(base_url: str, port: int) -> Callable[[str], str]:
-    from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
-    from streamengine import TokenEvent
+    from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, TokenEvent, tool
     engines: Dict[str, Any] = {}
 
     def run(model: str) -> str:
@@ -124,6 +123,7 @@ MAKERS: Dict[str, Callable[..., Callable[[str], str]]] = {
 
 def _worker() -> None:
     import gc
+
     from .common import quiet_logs
     spec = json.loads(sys.argv[1])
     quiet_logs()

@@ -32,12 +32,12 @@ def render(r: Dict[str, Any]) -> str:
         + (f" Load average at start: {env['load_1min_at_start']:.2f}" if env.get("load_1min_at_start") is not None
            else ""),
     ]
-    from .report_steady import paced, served, slow_consumer
     from .imports import render as imports
-    from .otel import render as otel_lines
     from .instructions import render as instruction_lines
-    from .report_tools import executor, multirun
     from .mcp_calls import lines as mcp_lines
+    from .otel import render as otel_lines
+    from .report_steady import paced, served, slow_consumer
+    from .report_tools import executor, multirun
     other = r.get("other_load") or {}
     for name, fn in (("throughput", _throughput), ("latency", _latency), ("overlap", _overlap),
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),

@@ -19,11 +19,11 @@ def multirun(t: Dict[str, Any], verdict: Verdict) -> List[str]:
                    f"{d['max']:>8.2f}")
     d = s["delivery_ms"]
     enough = d["n"] >= 1000
-    out.append(f"   target delivery p99 < 5 ms: "
+    out.append("   target delivery p99 < 5 ms: "
                + (f"{verdict(d['p99'] < 5.0)} ({d['p99']:.2f} ms over {d['n']} calls)" if enough
                   else f"too few samples for a p99 ({d['n']} calls)"))
     problems = s["problem_count"] + f["problem_count"]
-    out.append(f"   every tool_start has exactly one tool_result, every call a result: "
+    out.append("   every tool_start has exactly one tool_result, every call a result: "
                + ("MET" if problems == 0 else f"MISSED ({problems} problems: "
                   + "; ".join((s["problems"] + f["problems"])[:3]) + ")"))
     timeouts = t.get("timeouts")
@@ -33,7 +33,7 @@ def multirun(t: Dict[str, Any], verdict: Verdict) -> List[str]:
                    f"({timeouts['queued']} of {late['n']} calls queued first): fixed after the deadline p50 "
                    f"{late['p50']:.2f} p99 {late['p99']:.2f} max {late['max']:.2f} ms; told p50 {told['p50']:.2f} "
                    f"p99 {told['p99']:.2f} ms")
-        out.append(f"   target timeout fires within 20 ms of its deadline (p99): "
+        out.append("   target timeout fires within 20 ms of its deadline (p99): "
                    + (f"{verdict(late['p99'] < 20.0)} ({late['p99']:.2f} ms over {late['n']} calls)"
                       if late["n"] >= 1000 else f"too few samples for a p99 ({late['n']} calls)"))
     spread = f["run_queue_p50_ms"]

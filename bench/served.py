@@ -38,8 +38,7 @@ import time
 import urllib.request
 from typing import Any, Dict, List, Optional
 
-from .common import (ROOT, Server, child_pids, machine_cpu_s, percentile, pid_status, process_cpu_s,
-                     process_cpu_split)
+from .common import ROOT, Server, child_pids, machine_cpu_s, percentile, pid_status, process_cpu_s, process_cpu_split
 from .served_app import CollectorClock
 
 TOKENS = 60
@@ -144,8 +143,20 @@ def _free_port() -> int:
 # --- one client session, decoded incrementally in the load generator's loop ----------------
 
 class Session:
-    __slots__ = ("sock", "t0", "first", "end", "tokens", "done", "raw", "head", "left", "skip", "pending",
-                 "in_window")
+    __slots__ = (
+        "done",
+        "end",
+        "first",
+        "head",
+        "in_window",
+        "left",
+        "pending",
+        "raw",
+        "skip",
+        "sock",
+        "t0",
+        "tokens",
+    )
 
     def __init__(self, port: int, in_window: bool) -> None:
         self.in_window = in_window

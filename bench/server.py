@@ -49,7 +49,7 @@ def _http_chunk(payload: bytes) -> bytes:
 class Segment:
     """One pre-encoded piece of a body: the bytes to write, already HTTP-chunked."""
 
-    __slots__ = ("delay", "writes", "mark")
+    __slots__ = ("delay", "mark", "writes")
 
     def __init__(self, spec: Dict[str, Any]) -> None:
         self.delay = float(spec.get("delay") or 0.0)

@@ -204,6 +204,7 @@ def _in_fresh_process(spec: Dict[str, Any]) -> Dict[str, List[float]]:
     import os
     import subprocess
     import sys
+
     from .common import ROOT
     # -c from the bench folder: streamengine is found as in this process (PYTHONPATH
     # or the installed package), ROOT only supplies the bench package.
@@ -219,10 +220,12 @@ def _in_fresh_process(spec: Dict[str, Any]) -> Dict[str, List[float]]:
 def _worker() -> None:
     import gc
     import sys
+
     from .common import quiet_logs
     spec = json.loads(sys.argv[1])
     quiet_logs()
     import requests  # noqa: F401 - imported before the freeze, like the harness
+
     import streamengine  # noqa: F401
     if spec["sdk_repeats"]:
         try:

@@ -35,9 +35,9 @@ _HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: 
 _ID = ('{"id":"chatcmpl-bench0123456789","object":"chat.completion.chunk","created":1700000000,'
        '"model":"bench-model","system_fingerprint":"fp_bench01","choices":[{"index":0,"delta":{"content":"')
 _TAIL = '"},"logprobs":null,"finish_reason":null}]}'
-_FINISH = ('data: {"id":"chatcmpl-bench0123456789","object":"chat.completion.chunk","created":1700000000,'
-           '"model":"bench-model","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}\n\n'
-           'data: [DONE]\n\n').encode()
+_FINISH = (b'data: {"id":"chatcmpl-bench0123456789","object":"chat.completion.chunk","created":1700000000,'
+           b'"model":"bench-model","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}\n\n'
+           b'data: [DONE]\n\n')
 BURST_BATCH = 256  # frames per send in a burst
 
 
@@ -52,9 +52,9 @@ def token_frame(text: str) -> bytes:
 class Stream:
     """One response being written: how many tokens are left, when the next is due."""
 
-    __slots__ = ("conn", "left", "interval", "due", "stamp", "tag", "written")
+    __slots__ = ("conn", "due", "interval", "left", "stamp", "tag", "written")
 
-    def __init__(self, conn: "Connection", tokens: int, rate: float, tag: str, stamp: bool) -> None:
+    def __init__(self, conn: Connection, tokens: int, rate: float, tag: str, stamp: bool) -> None:
         self.conn, self.left, self.tag, self.stamp = conn, tokens, tag, stamp
         self.interval = 1.0 / rate if rate > 0 else 0.0
         self.due = time.monotonic()
@@ -62,7 +62,7 @@ class Stream:
 
 
 class Connection:
-    __slots__ = ("sock", "inbuf", "outbuf", "stream")
+    __slots__ = ("inbuf", "outbuf", "sock", "stream")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.inbuf, self.outbuf = sock, b"", b""

@@ -43,7 +43,8 @@ from waitress import wasyncore
 from streamengine._clients.http.connection import CancellableAdapter
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
 from streamengine.wsgi import make_wsgi_app
 

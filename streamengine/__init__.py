@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import importlib as _importlib
 import sys as _sys
-from typing import TYPE_CHECKING, Any as _Any, Dict as _Dict, List as _List
+from typing import TYPE_CHECKING
+from typing import Any as _Any
+from typing import Dict as _Dict
+from typing import List as _List
 
 __version__ = "0.1.0"
 
@@ -56,6 +59,7 @@ __all__ = sorted(_HOMES)
 if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._calls.failover import ErrorClass, ErrorClassifier
     from ._calls.hooks import ModelChunkEvent, Observer
+    from ._cancel import CancelToken
     from ._clients.anthropic.client import AnthropicClient
     from ._clients.base import LlmClient, StreamingLlmClient
     from ._clients.http.connection import CancellableAdapter
@@ -63,22 +67,47 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._clients.responses.client import OpenAIResponsesClient
     from ._clients.routed import RoutedClient
     from ._clients.scripted import ScriptedClient
-    from ._cancel import CancelToken
     from ._config import EngineConfig
     from ._engine.events import (
-        DoneEvent, ErrorEvent, Event, HeartbeatEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent,
-        ToolResultEvent, ToolStartEvent,
+        DoneEvent,
+        ErrorEvent,
+        Event,
+        HeartbeatEvent,
+        RefusalEvent,
+        ResetEvent,
+        RoundEvent,
+        TokenEvent,
+        ToolResultEvent,
+        ToolStartEvent,
     )
     from ._engine.result import EngineResult, Telemetry
-    from ._engine.run import StreamingEngine
+    from ._engine.run import RunFailedError, StreamingEngine
     from ._errors import (
-        AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
-        LlmOutputLimitError, LlmProtocolError, LlmStreamError, LlmTimeoutError, StreamEngineError, ToolError,
+        AllModelsFailedError,
+        ConfigError,
+        LlmCancelledError,
+        LlmConnectionError,
+        LlmError,
+        LlmHttpError,
+        LlmOutputLimitError,
+        LlmProtocolError,
+        LlmStreamError,
+        LlmTimeoutError,
+        StreamEngineError,
+        ToolError,
     )
     from ._logs import enable_logging
-    from ._engine.run import RunFailedError
     from ._messages import (
-        LLM_WARNING, Chunk, CompletionOptions, Message, Response, ToolCall, ToolCallDelta, ToolResult, ToolSpec, Usage,
+        LLM_WARNING,
+        Chunk,
+        CompletionOptions,
+        Message,
+        Response,
+        ToolCall,
+        ToolCallDelta,
+        ToolResult,
+        ToolSpec,
+        Usage,
     )
     from ._tool_context import ToolContext
     from .rag._embedders import HashingEmbedder, OpenAIEmbedder

@@ -42,7 +42,7 @@ from ._output_limits import OutputLimits, check_length, output_limit_error
 class _PartialCall:
     """One tool call being assembled; ``order`` is when its first fragment arrived."""
 
-    __slots__ = ("index", "id", "name", "fragments", "chars", "shape", "order", "dirty")
+    __slots__ = ("chars", "dirty", "fragments", "id", "index", "name", "order", "shape")
 
     def __init__(self, index: int, order: int) -> None:
         self.index = index

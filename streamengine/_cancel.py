@@ -85,7 +85,7 @@ class _Remover:
     the two a cycle that only the garbage collector frees.
     """
 
-    __slots__ = ("_token", "_callback")
+    __slots__ = ("_callback", "_token")
 
     def __init__(self, token: CancelToken, callback: Callback) -> None:
         self._token: Optional[CancelToken] = token
@@ -118,7 +118,7 @@ class _Polled:
         return self._event is not None and self._event.is_set()
 
 
-def cancel_flag(event: Optional[threading.Event]) -> "CancelToken | _Polled":
+def cancel_flag(event: Optional[threading.Event]) -> CancelToken | _Polled:
     """Something whose ``cancelled`` says whether ``event`` is set: a CancelToken itself (an attribute read)."""
     return event if isinstance(event, CancelToken) else _Polled(event)
 

@@ -124,7 +124,7 @@ class EngineConfig:
         return self.tool_mode in ("native", "auto")
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "EngineConfig":
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> EngineConfig:
         """``STREAMENGINE_MODEL`` (comma-separated failover list) plus keyword overrides."""
         env = os.environ if environ is None else environ
         raw = env.get("STREAMENGINE_MODEL", "")

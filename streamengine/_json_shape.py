@@ -25,7 +25,7 @@ class JsonShape:
     is what :func:`too_deep` would find.
     """
 
-    __slots__ = ("begun", "depth", "depth_max", "in_string", "escaped", "ended", "broken")
+    __slots__ = ("begun", "broken", "depth", "depth_max", "ended", "escaped", "in_string")
 
     def __init__(self) -> None:
         self.begun = self.in_string = self.escaped = self.ended = self.broken = False

@@ -119,7 +119,7 @@ class Usage:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
@@ -326,10 +326,10 @@ class CompletionOptions:
     extra: Optional[Mapping[str, Any]] = None
     top_p: Optional[float] = None
 
-    def with_model(self, model: str) -> "CompletionOptions":
+    def with_model(self, model: str) -> CompletionOptions:
         return dataclasses.replace(self, model=model)
 
-    def merged(self, override: Optional["CompletionOptions"]) -> "CompletionOptions":
+    def merged(self, override: Optional[CompletionOptions]) -> CompletionOptions:
         """These options with ``override``'s set fields on top (``extra`` merged key by key)."""
         if override is None:
             return self
@@ -388,6 +388,6 @@ class ToolResult:
         ended_at: float = 0.0,
         timed_out: bool = False,
         queue_wait_s: float = 0.0,
-    ) -> "ToolResult":
+    ) -> ToolResult:
         """An error result for ``call`` (skips, refusals, failures) carrying ``message``."""
         return cls(call.id, call.name, False, "", message, duration_s, started_at, ended_at, timed_out, queue_wait_s)

@@ -73,7 +73,7 @@ class Redactor:
                 text = text.replace(secret, MASK)
         return redact_urls(text)
 
-    def with_secrets(self, secrets: Iterable[Optional[str]]) -> "Redactor":
+    def with_secrets(self, secrets: Iterable[Optional[str]]) -> Redactor:
         """A redactor that also hides ``secrets`` (a request's own credential headers)."""
         return Redactor(list(self.secrets) + list(secrets))
 

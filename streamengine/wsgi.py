@@ -7,8 +7,16 @@ stream, limits, auth hooks, Flask/Django): docs/deployment.md.
 from __future__ import annotations
 
 from .web import (
-    STREAM_PATH, PublicErrors, RequestRejected, SseResponse, StreamApp, client_address, encode_stream,
-    make_wsgi_app, messages_from_request, mount,
+    STREAM_PATH,
+    PublicErrors,
+    RequestRejected,
+    SseResponse,
+    StreamApp,
+    client_address,
+    encode_stream,
+    make_wsgi_app,
+    messages_from_request,
+    mount,
 )
 
 __all__ = [

@@ -89,7 +89,7 @@ class Terminal:
             self.proc.stdout.close()
         os.close(self.primary)
 
-    def __enter__(self) -> "Terminal":
+    def __enter__(self) -> Terminal:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
-from streamengine._messages import Chunk, ToolCall, ToolCallDelta as D, Usage
+from streamengine._messages import Chunk, ToolCall, Usage
+from streamengine._messages import ToolCallDelta as D
 
 
 def feed(acc, deltas):

@@ -11,7 +11,8 @@ from typing import Sequence
 import pytest
 
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

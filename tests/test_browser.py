@@ -25,13 +25,13 @@ from typing import Any, Dict, Iterator, List, Optional
 from urllib.parse import quote
 
 import pytest
-
-from streamengine.testing import FakeProvider, steps as s
-from streamengine.tools import tool
-from streamengine.wsgi import make_wsgi_app
-
 from conftest import wait_for
 from test_wsgi import HOSTILE, LONE_SURROGATE, LONE_SURROGATE_FRAME, block, make_engine, serving
+
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+from streamengine.tools import tool
+from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -63,7 +63,7 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def chromium_process(chromium) -> Iterator[List["Browser"]]:
+def chromium_process(chromium) -> Iterator[List[Browser]]:
     """One Chromium for the module (its start-up is most of a short test); a holder, so a dead one is replaced.
 
     Under pytest-xdist the module runs on one worker (tests/conftest.py), so this starts once.
@@ -75,7 +75,7 @@ def chromium_process(chromium) -> Iterator[List["Browser"]]:
 
 
 @pytest.fixture
-def browser(chromium, chromium_process) -> Iterator["Browser"]:
+def browser(chromium, chromium_process) -> Iterator[Browser]:
     """The module's Chromium in a fresh browser context: no cookies, storage, cache or page of another test."""
     if chromium_process and not chromium_process[0].alive():
         chromium_process.pop().close()
@@ -230,7 +230,7 @@ class Browser:
             self._profile.cleanup()
 
 
-def logged(browser: "Browser") -> Dict[str, Any]:
+def logged(browser: Browser) -> Dict[str, Any]:
     """What the page's test hook recorded for its last run: state, token texts, event types."""
     state = browser.wait_for(FINISHED)
     return {"state": state, "tokens": json.loads(browser.js("document.getElementById('log').textContent")),

@@ -7,17 +7,17 @@ only fills the prompt box, and the stream URL itself answers 403.
 from __future__ import annotations
 
 import pytest
-
-from streamengine.testing import FakeProvider, steps as s
-from streamengine.wsgi import make_wsgi_app
-
 from test_browser import browser, chromium, chromium_process  # noqa: F401 - fixtures
 from test_wsgi import make_engine, serving
+
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 
-def test_a_link_opened_from_outside_the_browser_only_fills_the_box_and_starts_no_run(browser):  # noqa: F811
+def test_a_link_opened_from_outside_the_browser_only_fills_the_box_and_starts_no_run(browser):
     with FakeProvider() as fp:
         fp.add_turn(s.text("spent"))
         with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:

@@ -8,12 +8,12 @@ import pytest
 from loguru import logger
 
 from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine._calls.hooks import EventEmitter
 from streamengine._calls.strategies import StreamingCallStrategy, _Stopped, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
 from streamengine._clients.scripted import ScriptedClient
 from streamengine._errors import ConfigError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
-from streamengine._calls.hooks import EventEmitter
 from streamengine._messages import Chunk, CompletionOptions, ToolCall, ToolCallDelta, Usage
 
 STALL = ScriptedClient.STALL

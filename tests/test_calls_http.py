@@ -11,23 +11,28 @@ import threading
 import time
 
 import pytest
+from backoff_support import RecordedBackoffs
+from http_support import MESSAGES, provider_fixtures
 from loguru import logger
 
 from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine._calls.failover import ModelFailover
+from streamengine._calls.hooks import EventEmitter
 from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import (
-    AllModelsFailedError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmStreamError, LlmTimeoutError,
+    AllModelsFailedError,
+    LlmCancelledError,
+    LlmConnectionError,
+    LlmHttpError,
+    LlmStreamError,
+    LlmTimeoutError,
 )
-from streamengine._calls.hooks import EventEmitter
-from streamengine._calls.failover import ModelFailover
 from streamengine._messages import CompletionOptions, ToolCall, Usage
-from streamengine.testing import FakeProvider, steps as s
-
-from backoff_support import RecordedBackoffs
-from http_support import MESSAGES, provider_fixtures
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 GUARD = 5.0  # failure guard only
 

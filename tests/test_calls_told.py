@@ -15,7 +15,8 @@ import pytest
 
 from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine._engine.events import DoneEvent, ErrorEvent, ToolResultEvent, ToolStartEvent
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

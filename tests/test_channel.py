@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from conftest import wait_for
+
 from streamengine._cancel import CancelToken
 from streamengine._engine.channel import EventChannel
 

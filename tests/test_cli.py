@@ -14,15 +14,15 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import requests
+from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
 
 from streamengine._cli import output as cli_output
 from streamengine._cli.main import EventPrinter, main
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine._messages import ToolCall
 from streamengine._engine.result import EngineResult, Telemetry
-from streamengine.testing import FakeProvider, steps as s
-
-from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
+from streamengine._messages import ToolCall
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import ToolResult
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -388,12 +388,11 @@ def test_serve_answers_healthz_and_streams_on_a_free_port(capsys):
 
 
 def test_demo_serve_streams_the_scripted_run(capsys):
-    with Server(["demo", "--serve", "--port", "0", "--fast"]) as srv:
-        with requests.Session() as http:
-            assert http.get(srv.url + "healthz", timeout=5).status_code == 200
-            page = http.get(srv.url, timeout=5)
-            assert page.status_code == 200 and "text/html" in page.headers["Content-Type"]
-            stream = http.get(srv.url + "v1/chat/stream", params={"q": "anything"}, timeout=10)
+    with Server(["demo", "--serve", "--port", "0", "--fast"]) as srv, requests.Session() as http:
+        assert http.get(srv.url + "healthz", timeout=5).status_code == 200
+        page = http.get(srv.url, timeout=5)
+        assert page.status_code == 200 and "text/html" in page.headers["Content-Type"]
+        stream = http.get(srv.url + "v1/chat/stream", params={"q": "anything"}, timeout=10)
     assert stream.text.count("event: tool_start") == 2
     assert stream.text.count("event: round") == 2 and "data: [DONE]" in stream.text
     assert srv.rc == [0]

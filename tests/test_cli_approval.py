@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 import threading
 
 import pytest
 import requests
-
-from streamengine.testing import FakeProvider, steps as s
-
 from cli_support import clean_env, run  # noqa: F401  (fixture)
 from pty_support import Terminal, child_env
+
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

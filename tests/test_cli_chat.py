@@ -15,13 +15,13 @@ import subprocess
 import sys
 
 import pytest
+from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
 
 from streamengine import __version__
-from streamengine._cli.main import build_parser, main
 from streamengine._cli.build import NO_CAP_S, build_engine, close_engine
-from streamengine.testing import FakeProvider, steps as s
-
-from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
+from streamengine._cli.main import build_parser
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

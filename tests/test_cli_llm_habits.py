@@ -6,7 +6,6 @@ The run log goes to a temporary XDG_DATA_HOME (conftest).
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -16,15 +15,12 @@ import sys
 
 import pytest
 import requests
+from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
+from test_cli import Server
 
 from streamengine._cli.log import log_path
-from streamengine._cli.main import main
-from streamengine.testing import FakeProvider, steps as s
-
-from test_cli import Server
-from cli_support import (  # noqa: F401  (fixtures)
-    CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages,
-)
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

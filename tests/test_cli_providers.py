@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
+from cli_support import CLI_ENV
 
 from streamengine._cli.main import main
-from streamengine.testing import FakeProvider, steps as s
-
-from cli_support import CLI_ENV
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

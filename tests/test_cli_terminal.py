@@ -15,12 +15,12 @@ import stat
 import sys
 
 import pytest
-
-from streamengine._terminal import for_terminal
-from streamengine.testing import FakeProvider, steps as s
-
 from cli_support import clean_env, run, tools_module  # noqa: F401  (fixtures)
 from pty_support import Terminal, child_env
+
+from streamengine._terminal import for_terminal
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -12,19 +12,24 @@ import threading
 from typing import Any, List
 
 import pytest
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
 from streamengine._accumulate import ToolCallAccumulator
+from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._cancel import CancelToken
 from streamengine._clients.anthropic.client import AnthropicClient
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import (
-    ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError, LlmStreamError,
+    ConfigError,
+    LlmCancelledError,
+    LlmConnectionError,
+    LlmHttpError,
+    LlmProtocolError,
+    LlmStreamError,
 )
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
-from streamengine.testing import FakeProvider, steps as s
-
-from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 OPTIONS = CompletionOptions(model="claude-test")
 BOM = b"\xef\xbb\xbf"

@@ -15,11 +15,12 @@ import pytest
 from streamengine._clients.anthropic.client import AnthropicClient
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._clients.routed import RoutedClient
+from streamengine._engine.events import DoneEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import ConfigError
-from streamengine._engine.events import DoneEvent, TokenEvent, ToolStartEvent
 from streamengine._messages import CompletionOptions
-from streamengine.testing import FakeProvider, Stamp, steps as s
+from streamengine.testing import FakeProvider, Stamp
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -13,18 +13,24 @@ import threading
 from typing import Any, List
 
 import pytest
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
 from streamengine import enable_logging
 from streamengine._cancel import CancelToken
 from streamengine._clients.anthropic.client import AnthropicClient
-from streamengine._clients.openai.client import OpenAICompatibleClient, parse_retry_after
+from streamengine._clients.http.errors import parse_retry_after
+from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import (
-    ConfigError, LlmCancelledError, LlmConnectionError, LlmHttpError, LlmProtocolError, LlmStreamError,
+    ConfigError,
+    LlmCancelledError,
+    LlmConnectionError,
+    LlmHttpError,
+    LlmProtocolError,
+    LlmStreamError,
 )
 from streamengine._messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
-from streamengine.testing import FakeProvider, fake_embedding, steps as s
-
-from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
+from streamengine.testing import FakeProvider, fake_embedding
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 fp, client = provider_fixtures("openai", api_key="sk-test-key")
@@ -95,8 +101,8 @@ def test_crlf_line_endings_split_across_writes(fp, client):
 
 
 def test_utf8_character_split_across_writes(fp, client):
-    frame = '{"choices":[{"index":0,"delta":{"content":"a€b"}}]}\n\n'.encode("utf-8")
-    cut = frame.index("€".encode("utf-8")) + 1
+    frame = '{"choices":[{"index":0,"delta":{"content":"a€b"}}]}\n\n'.encode()
+    cut = frame.index("€".encode()) + 1
     fp.add_turn(s.raw(b"data: " + frame[:cut]), s.delay(0.03), s.raw(frame[cut:]))
     assert text_of(collect(client)) == "a€b"
 
@@ -544,7 +550,6 @@ def test_an_aborted_tracker_shuts_a_new_connection_at_birth(fp):
     mount_cancellable(session)
     tracker = RequestTracker()
     tracker.abort()
-    with pytest.raises(requests.ConnectionError):
-        with tracking(tracker):
-            session.post(fp.base_url + "/chat/completions", json={}, stream=True)
+    with pytest.raises(requests.ConnectionError), tracking(tracker):
+        session.post(fp.base_url + "/chat/completions", json={}, stream=True)
     session.close()

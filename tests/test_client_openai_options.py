@@ -11,9 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from streamengine._clients.openai.client import DEFAULT_BASE_URL, OpenAICompatibleClient
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai.request import DEFAULT_BASE_URL
 from streamengine._errors import ConfigError, LlmHttpError
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -43,9 +45,8 @@ def test_a_server_that_refuses_stream_options_is_told_about_the_switch():
 
     with FakeProvider() as fp:
         fp.respond_with(strict)
-        with OpenAICompatibleClient(fp.base_url) as client:
-            with pytest.raises(LlmHttpError) as caught:
-                collect(client)
+        with OpenAICompatibleClient(fp.base_url) as client, pytest.raises(LlmHttpError) as caught:
+            collect(client)
         with OpenAICompatibleClient(fp.base_url, stream_options=False) as client:
             assert collect(client) == "fine"
     message = str(caught.value)
@@ -114,17 +115,15 @@ def root_only_server():
 
 
 def test_a_404_on_a_base_url_without_v1_suggests_the_v1_url(root_only_server):
-    with OpenAICompatibleClient(root_only_server) as client:
-        with pytest.raises(LlmHttpError) as caught:
-            collect(client)
+    with OpenAICompatibleClient(root_only_server) as client, pytest.raises(LlmHttpError) as caught:
+        collect(client)
     assert caught.value.status_code == 404
     assert f"did you mean {root_only_server}/v1?" in str(caught.value)
 
 
 def test_a_404_on_a_v1_url_does_not_suggest_another_v1(root_only_server):
-    with OpenAICompatibleClient(root_only_server + "/v1") as client:
-        with pytest.raises(LlmHttpError) as caught:
-            collect(client)
+    with OpenAICompatibleClient(root_only_server + "/v1") as client, pytest.raises(LlmHttpError) as caught:
+        collect(client)
     assert "did you mean" not in str(caught.value) and "check base_url and the model name" in str(caught.value)
 
 

@@ -14,15 +14,15 @@ import threading
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, text_of
 
 from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._clients.responses.client import OpenAIResponsesClient
 from streamengine._errors import ConfigError, LlmCancelledError, LlmHttpError, LlmProtocolError, LlmStreamError
 from streamengine._messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
-from streamengine.testing import FakeProvider, steps as s
-
-from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, text_of
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 OPTIONS = CompletionOptions(model="gpt-test")
 KEY = "sk-responses-test-key"

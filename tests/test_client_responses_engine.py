@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from cli_support import CLI_ENV
+from test_cli_providers import recipes, root_of, run_recipe
+from test_wsgi import serving, sse, tokens_of
 
 from streamengine import OpenAIResponsesClient
 from streamengine._cli.main import main
@@ -26,13 +29,10 @@ from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._clients.routed import RoutedClient
 from streamengine._engine.events import DoneEvent, RefusalEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine.testing import FakeProvider, Stamp, steps as s
+from streamengine.testing import FakeProvider, Stamp
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
 from streamengine.wsgi import make_wsgi_app
-
-from cli_support import CLI_ENV
-from test_cli_providers import recipes, root_of, run_recipe
-from test_wsgi import serving, sse, tokens_of
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -19,7 +19,8 @@ import requests
 from streamengine._accumulate import ResponseAggregator
 from streamengine._clients.responses.client import OpenAIResponsesClient
 from streamengine._messages import CompletionOptions, Response, ToolSpec
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

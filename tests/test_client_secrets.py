@@ -16,10 +16,16 @@ from typing import Any, Iterator, List
 import pytest
 
 from streamengine import (
-    AnthropicClient, CompletionOptions, LlmConnectionError, LlmHttpError, OpenAICompatibleClient, OpenAIResponsesClient,
+    AnthropicClient,
+    CompletionOptions,
+    LlmConnectionError,
+    LlmHttpError,
+    OpenAICompatibleClient,
+    OpenAIResponsesClient,
     enable_logging,
 )
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

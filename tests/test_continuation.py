@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from streamengine._engine.continuation import (
-    MAX_RESULT_CHARS, build_continuation_message, result_content, tool_result_messages,
+    MAX_RESULT_CHARS,
+    build_continuation_message,
+    result_content,
+    tool_result_messages,
 )
 from streamengine._messages import Message, ToolCall
 from streamengine.tools import ToolResult

@@ -5,13 +5,13 @@ import threading
 import time
 
 import pytest
-
 from conftest import wait_for
+
 from streamengine._calls import deadlines
 from streamengine._calls.strategies import StreamingCallStrategy
 from streamengine._cancel import CancelToken
-from streamengine._engine.channel import EventChannel
 from streamengine._clients.scripted import ScriptedClient
+from streamengine._engine.channel import EventChannel
 from streamengine._errors import LlmCancelledError, LlmTimeoutError
 from streamengine._messages import Chunk
 

@@ -6,17 +6,15 @@ import threading
 import time
 
 import pytest
+from conftest import wait_for
 
 from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import ConfigError
-from streamengine._engine.events import (
-    DoneEvent, ErrorEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
-)
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
-
-from conftest import wait_for
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -127,17 +125,16 @@ def test_block_split_anywhere_gives_the_same_run(pieces):
         hits.append(word)
         return word
 
-    with FakeProvider() as fp:
-        with make_engine(fp, [echo]) as engine:
-            for offset in range(1, len(text)):
-                step = max(1, offset // pieces) if pieces > 1 else offset
-                cuts = sorted({0, offset, *range(0, len(text), step), len(text)}) if pieces > 1 else [0, offset, len(text)]
-                parts = [text[a:b] for a, b in zip(cuts, cuts[1:]) if text[a:b]]
-                fp.add_turn(*[s.text(p) for p in parts])
-                fp.add_turn(s.text("final"))
-                result = engine.complete([{"role": "user", "content": "q"}])
-                assert result.rounds[0] == text
-                assert result.answer == "final"
+    with FakeProvider() as fp, make_engine(fp, [echo]) as engine:
+        for offset in range(1, len(text)):
+            step = max(1, offset // pieces) if pieces > 1 else offset
+            cuts = sorted({0, offset, *range(0, len(text), step), len(text)}) if pieces > 1 else [0, offset, len(text)]
+            parts = [text[a:b] for a, b in zip(cuts, cuts[1:]) if text[a:b]]
+            fp.add_turn(*[s.text(p) for p in parts])
+            fp.add_turn(s.text("final"))
+            result = engine.complete([{"role": "user", "content": "q"}])
+            assert result.rounds[0] == text
+            assert result.answer == "final"
     assert hits == ["zebra"] * (len(text) - 1)
 
 

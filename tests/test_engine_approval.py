@@ -17,10 +17,17 @@ import pytest
 from loguru import logger
 
 from streamengine import (
-    ConfigError, DoneEvent, EngineConfig, OpenAICompatibleClient, StreamingEngine, ToolResultEvent, ToolStartEvent,
+    ConfigError,
+    DoneEvent,
+    EngineConfig,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    ToolResultEvent,
+    ToolStartEvent,
     tool,
 )
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.web._sse import encode_event
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

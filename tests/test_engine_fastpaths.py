@@ -13,18 +13,18 @@ import random
 import threading
 
 import pytest
+from test_engine import block, make_engine
+from test_wsgi import call, environ_for
 
 from streamengine._cancel import CancelToken, cancel_flag
 from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent
 from streamengine._inline.scanner import FeedResult, InlineToolScanner
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import tool
 from streamengine.web._public_errors import PublicErrors
 from streamengine.web._sse import DONE_FRAME, OK_FRAME, encode_event, frames
 from streamengine.wsgi import make_wsgi_app
-
-from test_engine import block, make_engine
-from test_wsgi import call, environ_for
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -222,6 +222,7 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
 def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_gc():
     """No reference cycle through the response: a server that forgets close() still frees the run now."""
     from gc_support import collector_off
+
     from streamengine.web import SseResponse
 
     ended = []

@@ -7,17 +7,23 @@ import threading
 import time
 
 import pytest
+from test_engine import approve_all, block, collect, done, make_engine, names
 
 from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._engine.events import (
-    DoneEvent, ErrorEvent, HeartbeatEvent, ResetEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
+    DoneEvent,
+    ErrorEvent,
+    HeartbeatEvent,
+    ResetEvent,
+    TokenEvent,
+    ToolResultEvent,
+    ToolStartEvent,
 )
+from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.rag import SqliteRagStore
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, ToolHandle, tool
-
-from test_engine import approve_all, block, collect, done, make_engine, names
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

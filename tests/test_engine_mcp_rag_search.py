@@ -14,11 +14,12 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
+from mcp_servers.support import no_mcp_leak  # noqa: F401 - fixture
+
 from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine.mcp import McpServer
-from streamengine.testing import FakeProvider, steps as s
-
-from mcp_servers.support import no_mcp_leak  # noqa: F401 - fixture
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
 

@@ -19,7 +19,8 @@ import pytest
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

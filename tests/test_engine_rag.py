@@ -7,9 +7,16 @@ import threading
 import pytest
 
 from streamengine import (
-    ConfigError, EngineConfig, OpenAICompatibleClient, OpenAIEmbedder, SqliteRagStore, StreamingEngine, tool,
+    ConfigError,
+    EngineConfig,
+    OpenAICompatibleClient,
+    OpenAIEmbedder,
+    SqliteRagStore,
+    StreamingEngine,
+    tool,
 )
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -41,16 +41,16 @@ from pathlib import Path
 from typing import Any, Iterator, List
 
 import pytest
-
-from conftest import wait_for
 import remote_tools
-from remote_tools import (PHRASE, after_file, crash, fetch_notes, linger, lookup, read_note_when, stuck,
-                          write_note)
+from conftest import wait_for
+from remote_tools import PHRASE, after_file, crash, fetch_notes, linger, lookup, read_note_when, stuck, write_note
+
 from streamengine import SqliteRagStore
 from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._engine.events import DoneEvent, ToolStartEvent
-from streamengine.testing import FakeProvider, steps as s
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import tool
 
 TOOL_TIMEOUT_S = 10.0  # the deadline of calls expected to finish: a guard, never reached

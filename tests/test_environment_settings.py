@@ -14,7 +14,8 @@ import requests
 
 from streamengine import CompletionOptions, OpenAICompatibleClient
 from streamengine._errors import LlmConnectionError
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 UPSTREAM = "http://upstream.invalid:9/v1"  # never resolved: only a proxy can answer for it
@@ -78,9 +79,8 @@ def test_the_environment_is_read_once_per_client_and_a_new_client_sees_a_change(
             assert answer(client) == "first"
             monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{closed_port()}")  # set after the first request
             assert answer(client) == "second"  # still direct: read at the first request
-        with OpenAICompatibleClient(provider.base_url) as fresh:
-            with pytest.raises(LlmConnectionError):
-                answer(fresh)  # a new client reads the proxy, which refuses the connection
+        with OpenAICompatibleClient(provider.base_url) as fresh, pytest.raises(LlmConnectionError):
+            answer(fresh)  # a new client reads the proxy, which refuses the connection
 
 
 def test_a_session_the_caller_passes_reads_the_environment_per_request(monkeypatch):

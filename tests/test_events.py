@@ -7,14 +7,20 @@ import typing
 import pytest
 from loguru import logger
 
-from streamengine._errors import ConfigError
+from streamengine._calls.hooks import EventEmitter, ModelChunkEvent, Observer, check_observers, notify_observers
 from streamengine._engine.events import (
-    DoneEvent, ErrorEvent, Event, HeartbeatEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    HeartbeatEvent,
+    RefusalEvent,
+    ResetEvent,
+    RoundEvent,
+    TokenEvent,
+    ToolResultEvent,
     ToolStartEvent,
 )
-from streamengine._calls.hooks import (
-    EventEmitter, ModelChunkEvent, Observer, check_observers, notify_observers,
-)
+from streamengine._errors import ConfigError
 from streamengine._messages import Chunk, Response, ToolCall
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-
 from conftest import wait_for
 from remote_tools import read_note_when, write_note
 

@@ -4,19 +4,25 @@ from __future__ import annotations
 import threading
 
 import pytest
+from backoff_support import RecordedBackoffs
 from loguru import logger
 
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
 from streamengine._calls.strategies import StreamingCallStrategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.scripted import ScriptedClient
 from streamengine._errors import (
-    AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
-    LlmProtocolError, LlmStreamError, LlmTimeoutError,
+    AllModelsFailedError,
+    ConfigError,
+    LlmCancelledError,
+    LlmConnectionError,
+    LlmError,
+    LlmHttpError,
+    LlmProtocolError,
+    LlmStreamError,
+    LlmTimeoutError,
 )
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
 from streamengine._messages import CompletionOptions
-
-from backoff_support import RecordedBackoffs
 
 STALL = ScriptedClient.STALL
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -5,9 +5,9 @@ import sys
 import threading
 
 import pytest
+from conftest import wait_for
 from loguru import logger
 
-from conftest import wait_for
 from streamengine._config import EngineConfig
 from streamengine._engine.filing import FILING_OVERHEAD_BYTES, FilingQueue, run_scope, wait_filed
 from streamengine._errors import ConfigError

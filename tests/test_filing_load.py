@@ -17,13 +17,14 @@ import threading
 from typing import Any, Iterator
 
 import pytest
-
 from conftest import wait_for
 from rag_stores import StoreMaker
+
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
 from streamengine._engine.events import DoneEvent, ToolResultEvent
 from streamengine.rag import chunks_for_ingest
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -11,14 +11,12 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
+from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, process_gone, record, server_command  # noqa: F401 - fixtures
+
 from streamengine._errors import ConfigError, ToolError
 from streamengine._messages import ToolCall
 from streamengine.mcp import McpServer, McpToolError, _loop
 from streamengine.tools import Tool, ToolExecutor, ToolRegistry
-
-from mcp_servers.support import (  # noqa: F401 - fixtures
-    lab_http, lab_stdio_args, no_mcp_leak, process_gone, record, server_command,
-)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
 

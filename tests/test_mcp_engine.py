@@ -9,14 +9,13 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
+from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, record, server_command  # noqa: F401 - fixtures
+
 from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.mcp import McpServer
-from streamengine.testing import FakeProvider, steps as s
-
-from mcp_servers.support import (  # noqa: F401 - fixtures
-    lab_http, lab_stdio_args, no_mcp_leak, record, server_command,
-)
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
 Q = [{"role": "user", "content": "question"}]
@@ -152,7 +151,8 @@ def test_the_readme_example_calls_the_time_server():
     import re
     from pathlib import Path
 
-    from streamengine import EngineConfig as Config, OpenAICompatibleClient as Client
+    from streamengine import EngineConfig as Config
+    from streamengine import OpenAICompatibleClient as Client
 
     readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text(encoding="utf-8")
     blocks = re.findall(r"\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", readme)

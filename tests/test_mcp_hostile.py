@@ -15,14 +15,12 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
+from mcp_servers.support import hostile_http, hostile_stdio_args, lab_stdio_args, no_mcp_leak, process_gone, record  # noqa: F401 - fixtures
+
 from streamengine._errors import ConfigError
 from streamengine._messages import ToolCall
 from streamengine.mcp import McpLimits, McpServer
 from streamengine.tools import ToolExecutor
-
-from mcp_servers.support import (  # noqa: F401 - fixtures
-    hostile_http, hostile_stdio_args, lab_stdio_args, no_mcp_leak, process_gone, record,
-)
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
 MiB = 1024 * 1024
@@ -253,7 +251,8 @@ def test_a_token_in_the_url_and_credential_headers_never_reach_the_model_an_erro
 
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
     from streamengine.mcp import McpToolError
-    from streamengine.testing import FakeProvider, steps as s
+    from streamengine.testing import FakeProvider
+    from streamengine.testing import steps as s
 
     exporter = InMemorySpanExporter()
     spans = TracerProvider()

@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, TokenEvent, tool
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 
 def block(name: str, args: str) -> str:

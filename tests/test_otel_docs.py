@@ -19,7 +19,8 @@ from typing import Dict, List
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "observability.md"
 
@@ -42,7 +43,7 @@ class Collector(http.server.ThreadingHTTPServer):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         server: Collector = self.server  # type: ignore[assignment]
         if self.path == "/v1/traces":

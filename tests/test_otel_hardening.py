@@ -21,10 +21,21 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from streamengine import (
-    AnthropicClient, DoneEvent, EngineConfig, HeartbeatEvent, OpenAICompatibleClient, StreamingEngine, TokenEvent,
-    ToolError, ToolResultEvent, ToolStartEvent, enable_logging, tool,
+    AnthropicClient,
+    DoneEvent,
+    EngineConfig,
+    HeartbeatEvent,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolError,
+    ToolResultEvent,
+    ToolStartEvent,
+    enable_logging,
+    tool,
 )
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -172,11 +183,10 @@ def test_a_processor_raising_for_every_span_of_two_runs_is_logged_once_per_place
     processor = RaisingProcessor("end", "chat")
     telemetry = Telemetry(processor)
     expected = reference_run()
-    with FakeProvider() as fp:
-        with engine_for(fp, telemetry) as engine:
-            for _ in range(2):
-                script(fp)
-                assert summary(list(engine.run(QUESTION))) == expected
+    with FakeProvider() as fp, engine_for(fp, telemetry) as engine:
+        for _ in range(2):
+            script(fp)
+            assert summary(list(engine.run(QUESTION))) == expected
     assert processor.raised == 4  # two chat spans a run
     assert len(telemetry_warnings(logged)) == 1
 

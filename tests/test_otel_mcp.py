@@ -15,6 +15,7 @@ if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
 from loguru import logger
+from mcp_servers.support import lab_http, no_mcp_leak, record  # noqa: F401 - fixtures
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -22,9 +23,8 @@ from opentelemetry.trace import StatusCode
 
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, enable_logging
 from streamengine.mcp import McpServer
-from streamengine.testing import FakeProvider, steps as s
-
-from mcp_servers.support import lab_http, no_mcp_leak, record  # noqa: F401 - fixtures
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
 

@@ -16,9 +16,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from streamengine import (
-    AnthropicClient, CompletionOptions, EngineConfig, OpenAICompatibleClient, OpenAIResponsesClient, StreamingEngine,
+    AnthropicClient,
+    CompletionOptions,
+    EngineConfig,
+    OpenAICompatibleClient,
+    OpenAIResponsesClient,
+    StreamingEngine,
 )
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -27,7 +27,8 @@ from streamengine._errors import ConfigError
 from streamengine._json_shape import JsonShape
 from streamengine._messages import LLM_WARNING, ToolCallDelta
 from streamengine._output_limits import OutputLimits
-from streamengine.testing import FakeProvider, Step, steps as s
+from streamengine.testing import FakeProvider, Step
+from streamengine.testing import steps as s
 from streamengine.tools import tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -10,11 +10,12 @@ import threading
 import time
 
 import pytest
-
 from rag_stores import fill, warnings_log  # noqa: F401 - a fixture
-from streamengine.rag import _base as rag_base, _sqlite as rag
+
 from streamengine._errors import ConfigError, LlmProtocolError
 from streamengine.rag import Embedder, HashingEmbedder, OpenAIEmbedder, SqliteRagStore, chunks_for_ingest
+from streamengine.rag import _base as rag_base
+from streamengine.rag import _sqlite as rag
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,21 @@ import sys
 import threading
 
 import pytest
-
 from rag_stores import (  # noqa: F401 - stores and warnings_log are fixtures
-    CORPUS, FUSION_DOCS, HOSTILE_QUERIES, STEMMING_KINDS, fill, spec_json,
-    stores, warnings_log, writer_script,
+    CORPUS,
+    FUSION_DOCS,
+    HOSTILE_QUERIES,
+    STEMMING_KINDS,
+    fill,
+    spec_json,
+    stores,
+    warnings_log,
+    writer_script,
 )
+
 from streamengine._errors import ConfigError, StreamEngineError
-from streamengine.rag import Filing, HashingEmbedder, Hit, RagStore, _base as rag_base
+from streamengine.rag import Filing, HashingEmbedder, Hit, RagStore
+from streamengine.rag import _base as rag_base
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -276,7 +284,7 @@ def test_concurrent_add_and_search_from_eight_threads(stores):
                 store.add_chunks(f"tool:t{n}:{i}", [f"thread{n} item{i} shared words", f"second{n}x{i} chunk"])
                 store.search(f"thread{(n + 1) % 8} shared", k=3)
                 store.search("shared", k=2, source=f"tool:t{n}:{i}")
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(n,), name=f"rag-{n}") for n in range(8)]

@@ -14,13 +14,14 @@ import threading
 import uuid
 
 import pytest
-
 from rag_stores import drop_tables, open_store, postgres_dsn
+
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine._errors import ConfigError, StreamEngineError
 from streamengine.rag import HashingEmbedder, PostgresRagStore
 from streamengine.rag._postgres import DSN_ENV, redact_dsn
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -141,7 +142,7 @@ def test_six_stores_opening_a_new_table_at_once_all_succeed(dsn, table):
         try:
             barrier.wait(timeout=10)
             stores.append(PostgresRagStore(dsn, table=table, pool_size=1))
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=open_one, name=f"open-{n}") for n in range(6)]
@@ -299,6 +300,7 @@ def test_a_locked_table_fails_a_filing_within_the_statement_timeout(dsn, table):
 def test_runs_on_a_locked_table_never_hold_a_tool_worker_and_each_filing_counts_once(dsn, table):
     """The finding: 12 runs on a locked table held all 8 workers and a new run's tool never ran."""
     import psycopg
+
     from streamengine import tool
     from streamengine._engine.events import DoneEvent, ToolStartEvent
 
@@ -400,6 +402,7 @@ class _CuttableProxy:
 def test_a_server_gone_down_is_a_bounded_filing_error_and_tools_keep_running(dsn, table):
     """The finding: with PostgreSQL down each add_chunks held its tool worker for the pool's 30 s."""
     import psycopg
+
     from streamengine import tool
 
     @tool

@@ -11,12 +11,13 @@ import sqlite3
 
 import pytest
 import requests
-
 from rag_stores import stores  # noqa: F401 - a fixture: one StoreMaker per store kind
 from serve_support import served
+
 from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine._errors import ConfigError
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.web import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -21,17 +21,18 @@ import socket
 from typing import Any, Iterator, List, Sequence, Tuple
 
 import pytest
-
 from faults.faultkit_rawserver import STREAM_HEADERS_CHUNKED, RawConn, RawServer, chunk
 from http_support import MESSAGES
 from sse_spec_parser import parse_pieces
+
 from streamengine._clients.base import Wait
 from streamengine._clients.http.body import SocketBody
 from streamengine._clients.http.sse_read import SseFramer, iter_event_batches
 from streamengine._clients.openai import parse as openai_parse
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._messages import Chunk, text_chunk
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 
 def frame(delta: Any, finish: Any = None, **extra: Any) -> bytes:

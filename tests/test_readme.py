@@ -22,7 +22,8 @@ from typing import Any, Dict, List
 import pytest
 import requests
 
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -108,9 +109,7 @@ def _close_all(namespace: Dict[str, Any]) -> None:
         if isinstance(value, StreamingEngine):
             value.close()
             value.client.close()
-        elif isinstance(value, (OpenAICompatibleClient, SqliteRagStore)):
-            value.close()
-        elif isinstance(value, io.IOBase) and not value.closed and value not in (sys.stdout, sys.stderr):
+        elif isinstance(value, (OpenAICompatibleClient, SqliteRagStore)) or (isinstance(value, io.IOBase) and not value.closed and value not in (sys.stdout, sys.stderr)):
             value.close()
 
 

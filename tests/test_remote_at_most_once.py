@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 
 import pytest
-
 from remote_tools import die_mid_call
+
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 
 def test_a_tool_whose_dask_worker_dies_runs_once_and_says_so(tmp_path, monkeypatch):
@@ -25,13 +26,12 @@ def test_a_tool_whose_dask_worker_dies_runs_once_and_says_so(tmp_path, monkeypat
     log = tmp_path / "starts.log"
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   protocol="tcp://", dashboard_address=":0", silence_logs=50) as cluster, \
-            distributed.Client(cluster) as client:
-        with FakeProvider() as fp:
-            fp.add_turn(s.text(f'<tool name="die_mid_call">{json.dumps({"log": str(log)})}</tool>'))
-            fp.add_turn(s.text("it could not run"))
-            with StreamingEngine(OpenAICompatibleClient(fp.base_url), [die_mid_call],
-                                 EngineConfig(models=["m"], tool_timeout=45), executor=client.get_executor()) as engine:
-                result = engine.complete([{"role": "user", "content": "go"}])
+            distributed.Client(cluster) as client, FakeProvider() as fp:
+        fp.add_turn(s.text(f'<tool name="die_mid_call">{json.dumps({"log": str(log)})}</tool>'))
+        fp.add_turn(s.text("it could not run"))
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [die_mid_call],
+                             EngineConfig(models=["m"], tool_timeout=45), executor=client.get_executor()) as engine:
+            result = engine.complete([{"role": "user", "content": "go"}])
     starts = Path(log).read_text().split()
     assert len(starts) == 1, starts  # without the mark: one start per allowed failure, then KilledWorker
     outcome = result.tool_results[0]

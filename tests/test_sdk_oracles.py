@@ -13,12 +13,12 @@ from typing import Any, Dict, Iterator, List, Tuple
 import anthropic
 import openai
 import pytest
+from http_support import CLIENTS, MESSAGES
 
 from streamengine._accumulate import ResponseAggregator
 from streamengine._messages import CompletionOptions, Response, ToolSpec
-from streamengine.testing import FakeProvider, steps as s
-
-from http_support import CLIENTS, MESSAGES
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -10,18 +10,23 @@ from typing import List
 
 import pytest
 import requests
-
 from conftest import wait_for
-from streamengine._config import EngineConfig
+from serve_support import served
+
+from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from streamengine._config import EngineConfig
+from streamengine._engine.run import StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.web import make_wsgi_app
-from serve_support import served
 from streamengine.web._serve import (
-    CHANNEL_TIMEOUT_S, CONNECTION_LIMIT, CONNECTIONS_PER_CLIENT, OUTBUF_HIGH_WATERMARK, client_of, server_limits,
+    CHANNEL_TIMEOUT_S,
+    CONNECTION_LIMIT,
+    CONNECTIONS_PER_CLIENT,
+    OUTBUF_HIGH_WATERMARK,
+    client_of,
+    server_limits,
 )
-from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.run import StreamingEngine
 
 HALF_SENT = (b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
              b"Content-Length: 100\r\n\r\n{\"messages\"")
@@ -155,7 +160,7 @@ def test_server_limits_follow_the_app_and_bound_buffers(app):
 
 
 def test_cli_timeout_default_is_the_librarys():
-    assert DEFAULT_TIMEOUT_S == EngineConfig(model="m").completion_timeout
+    assert EngineConfig(model="m").completion_timeout == DEFAULT_TIMEOUT_S
 
 
 @pytest.mark.parametrize("flag, refused", [("2", True), ("0", False)])

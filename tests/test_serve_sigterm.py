@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from streamengine.testing import FakeProvider
-
 from conftest import wait_for
 from mcp_servers.support import LAB, process_gone
+
+from streamengine.testing import FakeProvider
 
 pytest.importorskip("mcp", reason="the MCP SDK is in the test extra: pip install -e '.[test]'")
 ROOT = Path(__file__).resolve().parent.parent

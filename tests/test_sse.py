@@ -18,17 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import pytest
-
-from streamengine.web import _sse as sse
-from streamengine._errors import LlmStreamError
-from streamengine._engine.events import (
-    DoneEvent, RefusalEvent, ErrorEvent, HeartbeatEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent,
-)
-from streamengine._messages import ToolCall, Usage
-from streamengine.web._sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
-
 from sse_spec_parser import SseEvent, parse, parse_pieces
 
+from streamengine._engine.events import (
+    DoneEvent,
+    ErrorEvent,
+    HeartbeatEvent,
+    RefusalEvent,
+    RoundEvent,
+    TokenEvent,
+    ToolResultEvent,
+    ToolStartEvent,
+)
+from streamengine._errors import LlmStreamError
+from streamengine._messages import ToolCall, Usage
+from streamengine.web import _sse as sse
+from streamengine.web._sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
 
 # -- stand-ins for tools.ToolResult and engine.EngineResult/Telemetry --------------
 # sse.py reads them duck-typed; these mirror the shared spec so this file runs
@@ -385,8 +390,8 @@ def test_object_without_name_is_rejected():
 
 
 def test_event_names_are_the_fixed_allowlist():
-    assert sse.EVENT_NAMES == {"token", "tool_start", "tool_result", "round", "refusal", "reset", "error", "done",
-                               "heartbeat"}
+    assert {"token", "tool_start", "tool_result", "round", "refusal", "reset", "error", "done",
+                               "heartbeat"} == sse.EVENT_NAMES
 
 
 # -- streams ---------------------------------------------------------------------
@@ -484,7 +489,7 @@ class _RecordingLogger:
     def __init__(self, records: List[str]) -> None:
         self.records = records
 
-    def opt(self, **_: Any) -> "_RecordingLogger":
+    def opt(self, **_: Any) -> _RecordingLogger:
         return self
 
     def error(self, message: str, *args: Any) -> None:
@@ -598,7 +603,7 @@ def test_random_hostile_streams_round_trip(seed):
 
 def test_real_result_types_encode():
     tools = pytest.importorskip("streamengine.tools", reason="streamengine.tools not importable yet")
-    engine = pytest.importorskip("streamengine._engine.run", reason="streamengine._engine.run not importable yet")
+    import streamengine as engine
     result = tools.ToolResult(call_id="c1", name="t\n", ok=False, text="out\r\n", error="boom",
                               duration_s=0.5)
     payload = json.loads(only_event(encode_event(ToolResultEvent(result))).data)
@@ -626,7 +631,7 @@ def test_reset_frames_name_the_round_and_reason():
 
 
 def test_public_errors_keep_details_out_of_every_frame_that_carries_them():
-    from streamengine.web._sse import LLM_WARNING
+    from streamengine import LLM_WARNING
     from streamengine.web._public_errors import PublicErrors
 
     seen: List[str] = []

@@ -10,9 +10,7 @@ from typing import Iterable, List, Tuple
 
 import pytest
 
-from streamengine._clients.http.sse_read import (
-    SseEventTooLarge, SseFramer, _parsed, event_fields, iter_event_batches,
-)
+from streamengine._clients.http.sse_read import SseEventTooLarge, SseFramer, _parsed, event_fields, iter_event_batches
 
 WIRE = ("data: one\r\n\r\n: comment\n\ndata: t\u00e9\u20ac\ndata: two\n\n"
         "event: ping\rdata: {}\r\rdata: three\n\r\ndata: \U0001F600\r\n\n").encode("utf-8")

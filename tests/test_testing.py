@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from streamengine.testing import FakeProvider, RecordedRequest, fake_embedding, steps as s
-
+from streamengine.testing import FakeProvider, RecordedRequest, fake_embedding
+from streamengine.testing import steps as s
 
 
 def wait_for(predicate, timeout: float = 5.0) -> bool:

@@ -53,7 +53,7 @@ class Span(TypedDict):
 
 class Tree(BaseModel):
     label: str
-    children: List["Tree"] = []
+    children: List[Tree] = []
 
 
 def _all_objects(schema: Any) -> List[Mapping[str, Any]]:

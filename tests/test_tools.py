@@ -14,9 +14,7 @@ from pydantic import BaseModel
 
 from streamengine._errors import ToolError
 from streamengine._messages import ToolCall, ToolSpec
-from streamengine.tools import (
-    Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool,
-)
+from streamengine.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool
 
 try:  # Annotated is in typing from 3.9
     from typing import Annotated
@@ -179,7 +177,7 @@ def test_unsupported_types_fail_at_definition_with_the_supported_list():
 
 
 def test_unresolvable_hint_is_a_clear_error():
-    def f(x: "NoSuchType") -> str:  # noqa: F821
+    def f(x: NoSuchType) -> str:  # noqa: F821
         return ""
 
     with pytest.raises(ToolError, match="cannot read the type hints.*NoSuchType"):

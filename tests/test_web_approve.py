@@ -16,15 +16,15 @@ from typing import Any, Callable, List, Optional
 
 import pytest
 import requests
+from test_wsgi import block, call, environ_for, serving, sse
 
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine._errors import ConfigError
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import tool
 from streamengine.web import serve
 from streamengine.wsgi import make_wsgi_app
-
-from test_wsgi import block, call, environ_for, serving, sse
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import List
 
 import pytest
-
-from streamengine.testing import FakeProvider, steps as s
-
 from conftest import wait_for
+
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -7,12 +7,12 @@ from typing import List
 import pytest
 import requests
 from loguru import logger
+from test_wsgi import block, kinds, make_engine, serving, sse, tokens_of
 
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
-
-from test_wsgi import block, kinds, make_engine, serving, sse, tokens_of
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

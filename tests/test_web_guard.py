@@ -7,12 +7,12 @@ from typing import List
 
 import pytest
 import requests
+from test_wsgi import Silent, Unused, call, environ_for, make_engine, read1_pieces, serving, sse, tokens_of
 
 from streamengine._errors import ConfigError
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.wsgi import make_wsgi_app
-
-from test_wsgi import Silent, Unused, call, environ_for, make_engine, read1_pieces, serving, sse, tokens_of
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

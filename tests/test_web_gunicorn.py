@@ -20,11 +20,11 @@ from typing import Iterator
 import pytest
 import requests
 import sseclient
-
-from streamengine.testing import FakeProvider, steps as s
-
 from conftest import wait_for
 from test_wsgi import read1_pieces
+
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 gunicorn = pytest.importorskip("gunicorn", reason="gunicorn is in the test extra: pip install -e '.[test]'")

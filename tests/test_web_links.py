@@ -12,12 +12,12 @@ import json
 
 import pytest
 import requests
+from test_wsgi import Silent, block, call, environ_for, make_engine, serving, sse, tokens_of
 
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
-
-from test_wsgi import Silent, block, call, environ_for, make_engine, serving, sse, tokens_of
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -20,16 +20,16 @@ from typing import List
 import pytest
 import requests
 import sseclient
-from loguru import logger
-
-from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
-from streamengine.testing import FakeProvider, steps as s
-from streamengine.tools import ToolContext, tool
-from streamengine.web import make_wsgi_app
-
 from conftest import wait_for
+from loguru import logger
 from serve_support import served
 from test_wsgi import block, read1_pieces, sse, tokens_of
+
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+from streamengine.tools import ToolContext, tool
+from streamengine.web import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -25,18 +25,18 @@ import pytest
 import requests
 import sseclient
 import waitress
+from conftest import wait_for
+from sse_spec_parser import parse, parse_pieces
 from waitress import wasyncore
 
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import ConfigError
-from streamengine.testing import FakeProvider, steps as s
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
 from streamengine.web._serve import _close_all, finish_closing
 from streamengine.wsgi import SseResponse, make_wsgi_app, mount
-
-from conftest import wait_for
-from sse_spec_parser import parse, parse_pieces
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -328,7 +328,7 @@ def test_get_reads_q_as_utf8_escaped_or_raw(fp):
     with make_engine(fp) as engine:
         app = make_wsgi_app(engine)
         call(app, environ_for("GET", "/v1/chat/stream", query="q=caf%C3%A9+%26+tea"))
-        raw = "q=café".encode("utf-8").decode("latin-1")  # as a server hands over unescaped bytes
+        raw = "q=café".encode().decode("latin-1")  # as a server hands over unescaped bytes
         call(app, environ_for("GET", "/v1/chat/stream", query=raw))
     assert [r.json["messages"][-1]["content"] for r in fp.requests] == ["café & tea", "café"]
 

@@ -17,7 +17,14 @@ from .._clients.base import Flag, Wait
 from .._errors import LlmCancelledError, LlmTimeoutError
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCallDelta, ToolSpec
 from .strategies import (
-    VERB_UNAVAILABLE, CallStrategy, OnChunk, OnToolCalls, Steps, _describe_exception, _model_of, refuse_if_cancelled,
+    VERB_UNAVAILABLE,
+    CallStrategy,
+    OnChunk,
+    OnToolCalls,
+    Steps,
+    _describe_exception,
+    _model_of,
+    refuse_if_cancelled,
 )
 
 

@@ -51,7 +51,7 @@ class Watch:
     run that sees its token set can tell a timeout from a caller's cancel.
     """
 
-    __slots__ = ("token", "idle_s", "idle_deadline", "cap_deadline", "fired", "fired_at", "done", "_generation")
+    __slots__ = ("_generation", "cap_deadline", "done", "fired", "fired_at", "idle_deadline", "idle_s", "token")
 
     def __init__(self, token: CancelToken, idle_s: float, started: float, cap_s: float) -> None:
         self.token = token

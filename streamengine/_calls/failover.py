@@ -37,14 +37,21 @@ from typing import Any, Callable, Generator, List, Optional, Sequence, Tuple
 import tenacity
 
 from .. import _validation as validation
-from .strategies import CallStrategy, OnToolCalls
 from .._clients.base import Wait, run_blocking
 from .._errors import (
-    AllModelsFailedError, ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmHttpError,
-    LlmOutputLimitError, LlmStreamError, LlmTimeoutError,
+    AllModelsFailedError,
+    ConfigError,
+    LlmCancelledError,
+    LlmConnectionError,
+    LlmError,
+    LlmHttpError,
+    LlmOutputLimitError,
+    LlmStreamError,
+    LlmTimeoutError,
 )
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
+from .strategies import CallStrategy, OnToolCalls
 
 Attempt = Tuple[str, BaseException]
 

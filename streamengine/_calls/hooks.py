@@ -21,6 +21,7 @@ from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import Chunk, Response
 
+
 @dataclass(frozen=True)
 class ModelChunkEvent:
     """One chunk read from the model; ``is_final`` marks the completing chunk.

@@ -52,17 +52,17 @@ import threading
 import time
 from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence, Union
 
-from . import deadlines
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
-from .._output_limits import OutputLimits
-from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._cancel import CancelToken, cancel_flag, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
+from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
-from .hooks import ModelChunkEvent, check_observers, notify_observers
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
+from .._output_limits import OutputLimits
+from . import deadlines
+from .hooks import ModelChunkEvent, check_observers, notify_observers
 
 OnChunk = Callable[[Chunk], None]
 #: Native tool calls that became complete with a chunk (the call's one accumulator found them).
@@ -304,7 +304,7 @@ class StreamingCallStrategy(CallStrategy):
                 watched.token.set()  # a client still holding its connection shuts it down
             _close(stream)
 
-    def _stop_error(self, stopped: "_Stopped", options: Optional[CompletionOptions], started: float,
+    def _stop_error(self, stopped: _Stopped, options: Optional[CompletionOptions], started: float,
                     inner: Optional[BaseException]) -> Exception:
         """The exception for a call the reader stopped: cancelled by the caller, or a timeout."""
         waited = time.monotonic() - started
@@ -347,7 +347,7 @@ class _Stopped(Exception):
 
 
 def _unwatched(token: CancelToken, idle_s: float, cap_s: float,
-               started: float) -> "contextlib.nullcontext[deadlines.Watch]":
+               started: float) -> contextlib.nullcontext[deadlines.Watch]:
     """The call's deadlines, kept by the call itself: its client passes every wait up (no watcher thread).
 
     A ``nullcontext``, not a generator-based context manager: it is made once per call.

@@ -21,8 +21,8 @@ import argparse
 import json
 from typing import Any, Callable, Optional, TextIO
 
-from .._terminal import for_terminal
 from .._messages import PROG
+from .._terminal import for_terminal
 from .build import UsageError
 from .output import is_terminal, write
 

@@ -14,9 +14,9 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .._clients.base import LlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
 from .._errors import ConfigError
-from .._clients.base import LlmClient
 
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).

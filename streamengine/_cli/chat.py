@@ -31,7 +31,6 @@ from .build import UsageError, build_engine, close_engine
 from .log import RunLog, RunLogError, default_log, logging_enabled
 from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
 
-
 #: How long a piped stdin may stay silent before ``chat "PROMPT"`` goes on without it.
 STDIN_WAIT_S = 0.5
 
@@ -96,7 +95,7 @@ def cmd_chat(args: argparse.Namespace, hooks: Any) -> int:
         close_engine(engine)
 
 
-def _conversation(chat: "_Chat", history: List[Dict[str, str]]) -> int:
+def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
     """Read a line, answer it with the whole conversation so far; Ctrl-D (or 'exit') ends it."""
     try:
         importlib.import_module("readline")  # line editing and history for input()
@@ -139,11 +138,11 @@ def _read_line(out: TextIO, err: TextIO) -> str:
 class _Chat:
     """One ``chat`` command's engine, streams, run log and approval: what every answer needs."""
 
-    def __init__(self, engine: Any, args: argparse.Namespace, out: TextIO, err: TextIO, log: "Conversation",
+    def __init__(self, engine: Any, args: argparse.Namespace, out: TextIO, err: TextIO, log: Conversation,
                  approval: Approval) -> None:
         self.engine, self.args, self.out, self.err, self.log, self.approval = engine, args, out, err, log, approval
 
-    def answer(self, messages: List[Dict[str, str]]) -> "tuple[int, Optional[str]]":
+    def answer(self, messages: List[Dict[str, str]]) -> tuple[int, Optional[str]]:
         """Run once and print it; returns the exit status and the final answer (None on failure)."""
         args, out, err, engine = self.args, self.out, self.err, self.engine
         t0 = time.monotonic()
@@ -169,7 +168,7 @@ class _Chat:
             events.close()  # on Ctrl-C: cancels the provider stream and the tools
         return self._finish(printer, live, messages)
 
-    def _finish(self, printer: Any, live: bool, messages: List[Dict[str, str]]) -> "tuple[int, Optional[str]]":
+    def _finish(self, printer: Any, live: bool, messages: List[Dict[str, str]]) -> tuple[int, Optional[str]]:
         args, out, err = self.args, self.out, self.err
         result = printer.result
         failed = result is None or result.error is not None or bool(printer.errors)
@@ -258,7 +257,7 @@ class Conversation:
         self.model, self.err = model, err
 
     @classmethod
-    def open(cls, args: argparse.Namespace, err: TextIO) -> "Conversation":
+    def open(cls, args: argparse.Namespace, err: TextIO) -> Conversation:
         model = (args.model or [None])[0]
         if not logging_enabled(os.environ, getattr(args, "no_log", False)):
             if getattr(args, "continue_", False):

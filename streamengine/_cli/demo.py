@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .._clients.openai.client import OpenAICompatibleClient
-from .._engine.run import EngineConfig, StreamingEngine
-from .._errors import ToolError
 from .._engine.events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .._engine.result import EngineResult
-from ..testing import FakeProvider, Stamp, Step, steps as s
+from .._engine.run import EngineConfig, StreamingEngine
+from .._errors import ToolError
+from ..testing import FakeProvider, Stamp, Step
+from ..testing import steps as s
 from ..tools import Tool, ToolContext, tool
 
 DEMO_MODEL = "demo-model"

@@ -34,22 +34,35 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .. import __version__
-from .approval import add_approval_flags
-from .build import UsageError, add_mcp_flags, add_provider_flags, close_mcp_servers, mcp_tools, open_mcp_servers, \
-    positive_seconds
-from .argv import llm_style
-from .chat import cmd_chat
-from .log import RunLogError
-from .logs import cmd_logs
-from .serve import cmd_serve
-from .output import (
-    BOLD, RESET, EventPrinter, JsonEventPrinter, attempt_lines, error_lines, use_color, write, write_error,
-    write_error_lines,
-)
 from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
 from .._messages import PROG
 from .._validation import one_line as _one_line
-
+from .approval import add_approval_flags
+from .argv import llm_style
+from .build import (
+    UsageError,
+    add_mcp_flags,
+    add_provider_flags,
+    close_mcp_servers,
+    mcp_tools,
+    open_mcp_servers,
+    positive_seconds,
+)
+from .chat import cmd_chat
+from .log import RunLogError
+from .logs import cmd_logs
+from .output import (
+    BOLD,
+    RESET,
+    EventPrinter,
+    attempt_lines,
+    error_lines,
+    use_color,
+    write,
+    write_error,
+    write_error_lines,
+)
+from .serve import cmd_serve
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,13 +82,13 @@ class _Parser(argparse.ArgumentParser):
 
 # --------------------------------------------------------------------------- demo
 
-def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
+def _cmd_demo(args: argparse.Namespace, hooks: _Hooks) -> int:
     from . import demo
 
     out = sys.stdout
     if args.serve:
-        from ..web._serve import serve_app
         from ..web import make_wsgi_app
+        from ..web._serve import serve_app
         engine = demo.DemoEngine(fast=args.fast)
         banner = ["  open the page and ask anything: the scripted model (no key, no network) plans a",
                   "  Lisbon weekend and calls two slow tools mid-answer; watch them start while it writes."]
@@ -102,7 +115,7 @@ def _cmd_demo(args: argparse.Namespace, hooks: "_Hooks") -> int:
 
 # --------------------------------------------------------------------------- harness
 
-def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
+def _cmd_harness(args: argparse.Namespace, hooks: _Hooks) -> int:
     from ..testing._junit import write_junit
     from ..testing._scenario import expand_paths, run_files
 
@@ -135,7 +148,7 @@ def _cmd_harness(args: argparse.Namespace, hooks: "_Hooks") -> int:
 
 # --------------------------------------------------------------------------- mcp list
 
-def _cmd_mcp_list(args: argparse.Namespace, hooks: "_Hooks") -> int:
+def _cmd_mcp_list(args: argparse.Namespace, hooks: _Hooks) -> int:
     try:
         from ..mcp._cli import cmd_list
     except ImportError as exc:
@@ -288,7 +301,7 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
             _stop_logging(log_handler)
 
 
-def _run(args: argparse.Namespace, hooks: "_Hooks", err: Any) -> int:
+def _run(args: argparse.Namespace, hooks: _Hooks, err: Any) -> int:
     try:
         return args.handler(args, hooks)
     except (UsageError, ConfigError) as exc:

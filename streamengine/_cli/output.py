@@ -22,7 +22,14 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .._engine.events import (
-    DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent, ToolResultEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    RefusalEvent,
+    ResetEvent,
+    RoundEvent,
+    TokenEvent,
+    ToolResultEvent,
     ToolStartEvent,
 )
 from .._messages import LLM_WARNING, PROG

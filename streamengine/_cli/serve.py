@@ -28,8 +28,8 @@ def cmd_serve(args: argparse.Namespace, hooks: Any) -> int:
     everything = args.approve == "all"
     engine = build_engine(args, approve=approve_all if everything else refuse)
     try:
-        from ..web._serve import serve_app
         from ..web import make_wsgi_app
+        from ..web._serve import serve_app
         _say_what_happens_to_side_effects(engine, everything)
         # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
         app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,

@@ -50,7 +50,7 @@ class Wait:
       that does not say leaves it False, and the strategy checks.
     """
 
-    __slots__ = ("fileobj", "until", "idle_until", "held", "ready", "waker", "readable")
+    __slots__ = ("fileobj", "held", "idle_until", "readable", "ready", "until", "waker")
 
     def __init__(self, fileobj: Any = None, until: float = _NEVER,
                  ready: Optional[Callable[[], bool]] = None) -> None:

@@ -41,7 +41,7 @@ _CLOSED = object()  # put by close(): always the last item
 class EventChannel:
     def __init__(self, max_items: int = DEFAULT_MAX_ITEMS, cancel: Optional[threading.Event] = None) -> None:
         validation.count(max_items, "EventChannel max_items", minimum=1)
-        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._max = max_items
         self._room = threading.Event()  # set by the consumer after a drain, or on cancel
         self._producer_waiting = False

@@ -8,7 +8,7 @@ down, in :mod:`streamengine._calls.hooks`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Tuple, Union
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
 
 from .._messages import ToolCall
 
@@ -52,7 +52,7 @@ class ToolResultEvent:
     """
 
     name: ClassVar[str] = "tool_result"
-    result: "ToolResult"
+    result: ToolResult
     skipped: Optional[str] = None
 
 
@@ -110,7 +110,7 @@ class DoneEvent:
     """The run ended; ``result`` holds the answer and telemetry."""
 
     name: ClassVar[str] = "done"
-    result: "EngineResult"
+    result: EngineResult
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ import uuid
 from typing import Any, Callable, Deque, Generator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import _validation as validation
-from .._config import DEFAULT_MAX_FILING_BYTES
 from .._clients.base import Flag, Wait
+from .._config import DEFAULT_MAX_FILING_BYTES
 from .._messages import ToolResult
 
 #: What the results waiting to be filed may hold, per store, in bytes (their text, plus

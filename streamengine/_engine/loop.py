@@ -273,7 +273,7 @@ class _Selector:
             self._selectors = selectors.DefaultSelector()
             self._selectors.register(pipe, selectors.EVENT_READ)
 
-    def select(self, timeout: float) -> "tuple[bool, bool]":  # pragma: no cover - Windows
+    def select(self, timeout: float) -> tuple[bool, bool]:  # pragma: no cover - Windows
         """(the socket is readable, the pipe was written) within ``timeout`` seconds."""
         assert self._selectors is not None
         keys = self._selectors.select(max(0.0, min(timeout, 86400.0)))

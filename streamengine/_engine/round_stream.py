@@ -15,9 +15,9 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Set
 
 from .._accumulate import BLOCK, TextBuffer
-from .._output_limits import output_chars, output_limit_error
 from .._inline.scanner import InlineToolScanner
 from .._messages import Chunk, Response, ToolCall
+from .._output_limits import output_chars, output_limit_error
 from .events import TokenEvent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,7 +32,7 @@ class RoundStream:
     is: a chunk costs no forwarding call.
     """
 
-    def __init__(self, runner: "RoundRunner", round_no: int) -> None:
+    def __init__(self, runner: RoundRunner, round_no: int) -> None:
         self.runner = runner
         self.round_no = round_no
         state = runner.state

@@ -18,21 +18,18 @@ import time
 from typing import Any, Dict, Generator, Iterable, List, Optional, Set
 
 from .._clients.base import Wait
+from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
+from .._inline.prompt import tool_instructions
+from .._messages import LLM_WARNING, Message, ToolCall, ToolResult
 from .continuation import continuation_messages
 from .dispatch import GATE_SKIPS, DispatchLimits, ToolDispatcher
 from .entries import REPORT_GRACE_S, entry_handle, entry_result
+from .events import DoneEvent, ErrorEvent, RefusalEvent, ResetEvent, RoundEvent, ToolResultEvent, ToolStartEvent
 from .filing import wait_filed
-from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
-from .events import (
-    DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, ToolResultEvent,
-    ToolStartEvent,
-)
-from .._inline.scanner import tool_instructions
-from .._messages import LLM_WARNING, Message, ToolCall, ToolResult
 from .result import CUT_OFF_FINISH_REASONS, EngineResult, attempt_failure
-from .traced import RoundTrace, traced_tool_callbacks
 from .round_stream import RoundStream
 from .run_state import RunDeps, RunState
+from .traced import RoundTrace, traced_tool_callbacks
 
 Steps = Generator[Wait, None, Any]
 _NEVER = float("inf")

@@ -24,24 +24,24 @@ import time
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 from .. import _validation as validation
+from .._calls.failover import ErrorClassifier, ModelFailover
+from .._calls.hooks import EventEmitter
 from .._calls.strategies import make_call_strategy
 from .._cancel import CancelToken, on_cancel
-from .channel import EventChannel
-from .loop import HEARTBEAT, RunLoop
 from .._clients.base import LlmClient
 from .._config import EngineConfig, completion_options
 from .._errors import ConfigError, LlmError
-from .events import DoneEvent, Event
-from .._calls.hooks import EventEmitter
-from .._calls.failover import ErrorClassifier, ModelFailover
 from .._logs import component_logger
 from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, ToolCall, as_messages
-from .result import EngineResult, Telemetry
+from .._otel import instrumentation
+from ..tools import ToolExecutor, ToolRegistry
+from .channel import EventChannel
+from .events import DoneEvent, Event
 from .filing import FilingQueue, run_scope
+from .loop import HEARTBEAT, RunLoop
+from .result import EngineResult
 from .rounds import RoundRunner, RunDeps, RunState
 from .run_tools import checked_approve, register_rag_search, scoped_tools, warn_unapproved
-from .._otel import instrumentation
-from ..tools import ToolExecutor, ToolRegistry, ToolResult
 
 #: How long a read-ahead consumer waits for its reader thread to end after the run.
 _READER_JOIN_S = 5.0
@@ -122,7 +122,7 @@ class StreamingEngine:
                                       output_limits=self.config.output_limits)
         # A client built with the SDK's max_retries= keeps its say over the retries of a rate limit.
         retries = getattr(client, "max_retries", None)
-        self._failover_for = lambda models: ModelFailover(  # noqa: E731 - per-run model overrides use it too
+        self._failover_for = lambda models: ModelFailover(
             strategy, list(models), classifier=classifier, logger=logger,
             max_retries=self.config.max_retries if retries is None else retries)
         failover = self._failover_for(self.config.models)
@@ -264,7 +264,7 @@ class StreamingEngine:
         if self.filing is not None:
             self.filing.close(self.config.filing_timeout)
 
-    def __enter__(self) -> "StreamingEngine":
+    def __enter__(self) -> StreamingEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -68,7 +68,7 @@ def tool_instructions(specs: Sequence[ToolSpec]) -> str:
     text = _instructions(specs)
     try:
         schemas = copy.deepcopy([spec.parameters for spec in specs])
-    except Exception:  # noqa: BLE001 - a schema that cannot be copied is simply not kept
+    except Exception:
         return text
     if len(_MADE) >= _MADE_MAX:
         _MADE.clear()

@@ -64,13 +64,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import List, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError
-from .block import CLOSE as _CLOSE, OPEN as _OPEN, WS as _WS, BlockError, block_parts, parse_block, snippet
-from .prompt import TOOL_SYNTAX_HINT, tool_instructions
 from .._messages import ToolCall
+from .block import CLOSE as _CLOSE
+from .block import OPEN as _OPEN
+from .block import WS as _WS
+from .block import BlockError, block_parts, parse_block, snippet
 
 _MIN_BLOCK_CHARS = len('<tool name="x"></tool>')
 

@@ -70,7 +70,7 @@ class Capture:
         return self.on_span or self.as_event
 
     @classmethod
-    def resolve(cls, capture_content: Optional[bool], environ: Optional[Dict[str, str]] = None) -> "Capture":
+    def resolve(cls, capture_content: Optional[bool], environ: Optional[Dict[str, str]] = None) -> Capture:
         """``capture_content=True/False`` wins; otherwise the environment variable, read as the conventions do.
 
         ``true`` (any case) means on the span, as opentelemetry-instrumentation-openai-v2

@@ -26,7 +26,7 @@ class Guard:
         self._told: Set[Tuple[str, type]] = set()
         self._lock = threading.Lock()
 
-    def __call__(self, where: str) -> "_Guarded":
+    def __call__(self, where: str) -> _Guarded:
         return _Guarded(self, where)
 
     def failed(self, where: str, exc: Exception) -> None:
@@ -65,7 +65,7 @@ class _Guarded:
 class GuardedHistogram:
     """A histogram whose ``record`` cannot raise into the run (an exemplar filter or view may)."""
 
-    __slots__ = ("_histogram", "_guard")
+    __slots__ = ("_guard", "_histogram")
 
     def __init__(self, histogram: Any, guard: Guard) -> None:
         self._histogram = histogram

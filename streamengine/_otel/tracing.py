@@ -20,12 +20,13 @@ import threading
 import time
 from typing import Any, Dict, Optional, Sequence
 
-from opentelemetry import context as otel_context, trace
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
 
 from . import conventions as c
-from .guard import Guard
 from .chat import ChatTrace, mark_unfinished, unfinished_text
+from .guard import Guard
 from .metrics import Instruments
 
 SCOPE = "streamengine"
@@ -130,7 +131,7 @@ class Instrumentation:
         """The context current in the calling thread: a run's span is parented to it."""
         return otel_context.get_current()
 
-    def start_run(self, *, parent: Any, conversation_id: Optional[str], messages: Sequence[Any]) -> "RunTrace":
+    def start_run(self, *, parent: Any, conversation_id: Optional[str], messages: Sequence[Any]) -> RunTrace:
         return RunTrace(self, parent, conversation_id, messages)
 
     def describe(self, model: str) -> Dict[str, Any]:
@@ -174,7 +175,7 @@ class RunTrace:
                 self.span.set_attribute(c.INPUT_MESSAGES, c.input_messages(messages))
 
     # --- model calls -------------------------------------------------------------------------
-    def chat_started(self, *, model: str, options: Any, messages: Sequence[Any] = ()) -> "ChatTrace":
+    def chat_started(self, *, model: str, options: Any, messages: Sequence[Any] = ()) -> ChatTrace:
         about = self.owner.describe(model)
         chat = ChatTrace(self, about["model"], about["provider"], about["base_url"], options, about["stream"],
                          messages)

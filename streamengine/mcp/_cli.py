@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from typing import Any, Dict, List, Sequence, TextIO
+from typing import Dict, List, Sequence, TextIO
 
 from .._errors import ConfigError
 from .._terminal import for_terminal, is_terminal

@@ -60,14 +60,14 @@ class _Receive:
     def last_context(self) -> Any:  # the sender's contextvars, where the transport keeps them
         return getattr(self._inner, "last_context", None)
 
-    async def __aenter__(self) -> "_Receive":
+    async def __aenter__(self) -> _Receive:
         await self._inner.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: Any) -> Any:
         return await self._inner.__aexit__(*exc_info)
 
-    def __aiter__(self) -> "_Receive":
+    def __aiter__(self) -> _Receive:
         return self
 
     async def __anext__(self) -> Any:
@@ -84,7 +84,7 @@ class _Send:
     def __init__(self, inner: Any, gate: RequestGate) -> None:
         self._inner, self._gate = inner, gate
 
-    async def __aenter__(self) -> "_Send":
+    async def __aenter__(self) -> _Send:
         await self._inner.__aenter__()
         return self
 

@@ -73,7 +73,7 @@ def release() -> None:
     ending.stop()
 
 
-def submit(coro: Awaitable[T]) -> "concurrent.futures.Future[T]":
+def submit(coro: Awaitable[T]) -> concurrent.futures.Future[T]:
     """Run ``coro`` on the loop; cancelling the returned future cancels the coroutine's task."""
     loop = _current.loop if _current is not None else None
     if loop is None:

@@ -21,9 +21,9 @@ from typing import Any, Collection, Dict, Iterable, List, Optional, Set
 
 from .._errors import ConfigError
 from .._logs import component_logger
+from .._redact import redact_url
 from .._validation import name as check_name
 from .._validation import seconds as check_seconds
-from .._redact import redact_url
 from . import _loop
 from ._endpoint import Endpoint, HttpEndpoint, StdioEndpoint, shown_host
 from ._limits import McpLimits, Warnings, bounded_listing, checked_limits
@@ -35,7 +35,7 @@ from ._tools import Eager, McpTool, build_tools
 DEFAULT_STARTUP_TIMEOUT = 30.0
 
 #: Servers started and not closed: the interpreter's exit closes them (``_close_left_open``).
-_OPEN: "Set[McpServer]" = set()
+_OPEN: Set[McpServer] = set()
 _OPEN_LOCK = threading.Lock()
 
 
@@ -63,7 +63,7 @@ class McpServer:
     @classmethod
     def stdio(cls, command: str, *args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
               name: Optional[str] = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-              logger: Any = None, protocol: str = "auto", limits: Optional[McpLimits] = None) -> "McpServer":
+              logger: Any = None, protocol: str = "auto", limits: Optional[McpLimits] = None) -> McpServer:
         """A server started as ``command args...``, speaking MCP on its stdin/stdout.
 
         ``env`` is added to a minimal inherited environment (PATH, HOME, ...),
@@ -84,7 +84,7 @@ class McpServer:
     @classmethod
     def http(cls, url: str, headers: Optional[Dict[str, str]] = None, name: Optional[str] = None,
              startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, logger: Any = None,
-             protocol: str = "auto", limits: Optional[McpLimits] = None) -> "McpServer":
+             protocol: str = "auto", limits: Optional[McpLimits] = None) -> McpServer:
         """A server at a streamable-HTTP endpoint (``http://host:port/mcp``); ``headers`` go with every request.
 
         ``protocol`` (both constructors): ``"auto"`` asks the server (2026-07-28 when it speaks it, else the
@@ -102,7 +102,7 @@ class McpServer:
 
     # -- lifecycle
 
-    def start(self) -> "McpServer":
+    def start(self) -> McpServer:
         """Start the server and its session (done by ``__enter__`` and ``tools()``); idempotent."""
         with self._lock:
             if self._state == "closed":
@@ -131,7 +131,7 @@ class McpServer:
         McpServer.close_all([self])
 
     @staticmethod
-    def close_all(servers: Iterable["McpServer"]) -> None:
+    def close_all(servers: Iterable[McpServer]) -> None:
         """Close several servers side by side: N servers slow to stop take the time of one, not N."""
         closing = [server for server in servers if server._mark_closed()]
         until = time.monotonic() + max((s._connection.close_deadline for s in closing), default=0.0)
@@ -147,14 +147,14 @@ class McpServer:
             _OPEN.discard(self)
         return was_open
 
-    def _submit_close(self) -> "Optional[concurrent.futures.Future[None]]":
+    def _submit_close(self) -> Optional[concurrent.futures.Future[None]]:
         try:
             return _loop.submit(self._connection.close())
         except RuntimeError as exc:  # the loop is gone (interpreter shutdown): nothing left to end there
             self._log.warning("closing MCP server {!r} failed: {}", self.name, exc)
             return None
 
-    def _await_close(self, future: "Optional[concurrent.futures.Future[None]]", until: float) -> None:
+    def _await_close(self, future: Optional[concurrent.futures.Future[None]], until: float) -> None:
         try:
             if future is not None:
                 future.result(max(0.0, until - time.monotonic()))
@@ -166,7 +166,7 @@ class McpServer:
         finally:
             _loop.release()
 
-    def __enter__(self) -> "McpServer":
+    def __enter__(self) -> McpServer:
         return self.start()
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -208,11 +208,11 @@ class McpServer:
         # Replaced whole: readers on other threads see one list or the other.
         self._listed = bounded_listing(listed, self._endpoint.limits, self.name, self._warn)
 
-    def _start_call(self, tool: McpTool, arguments: Dict[str, Any]) -> "concurrent.futures.Future[str]":
+    def _start_call(self, tool: McpTool, arguments: Dict[str, Any]) -> concurrent.futures.Future[str]:
         """Submit one ``tools/call`` to the loop; the future's cancel cancels the request on the server."""
         traced = _tool_span()  # taken first, so a call refused here leaves nothing behind on this thread
         if self._state != "open":
-            future: "concurrent.futures.Future[str]" = concurrent.futures.Future()
+            future: concurrent.futures.Future[str] = concurrent.futures.Future()
             future.set_exception(McpToolError(f"tool '{tool.name}' not run: MCP server {self.name!r} is "
                                               f"{'closed' if self._state == 'closed' else 'not started'}"))
             return future

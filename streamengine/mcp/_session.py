@@ -52,14 +52,14 @@ class Connection:
         self._on_tools = on_tools
         self._warn = warn
         self._client: Optional[Client] = None
-        self._runner: Optional["asyncio.Task[None]"] = None
+        self._runner: Optional[asyncio.Task[None]] = None
         self._stop: Optional[asyncio.Event] = None
-        self._ready: Optional["asyncio.Future[Client]"] = None
+        self._ready: Optional[asyncio.Future[Client]] = None
         self._lock: Optional[asyncio.Lock] = None
         self._broken: Optional[str] = None  # why the live session is unusable
-        self._calls: Set["asyncio.Task[Any]"] = set()  # in flight: cancelled by close()
+        self._calls: Set[asyncio.Task[Any]] = set()  # in flight: cancelled by close()
         self._closing = False
-        self._refresh: Optional["asyncio.Task[None]"] = None  # the one tools/list re-read in flight
+        self._refresh: Optional[asyncio.Task[None]] = None  # the one tools/list re-read in flight
         self._refresh_again = False  # the list changed again while it was being read
         self.restarts = 0
 
@@ -68,7 +68,7 @@ class Connection:
         """Seconds :meth:`close` may take at most: calls' grace, the session's close, the process's stop."""
         return _CALLS_GRACE_S + self.endpoint.close_timeout + self.endpoint.stop_timeout + 1.0
 
-    def _unavailable(self, text: str) -> "McpUnavailable":
+    def _unavailable(self, text: str) -> McpUnavailable:
         return McpUnavailable(self.endpoint.redact(text))
 
     # -- lifecycle
@@ -96,7 +96,7 @@ class Connection:
 
     async def _start(self) -> Client:
         self._stop = asyncio.Event()
-        ready: "asyncio.Future[Client]" = asyncio.get_running_loop().create_future()
+        ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._ready = ready
         ready.add_done_callback(lambda done: done.cancelled() or done.exception())  # read even if we gave up
         self._runner = asyncio.create_task(self._hold(ready, self._stop))
@@ -120,7 +120,7 @@ class Connection:
                                     f"{self._too_large_hint(exc)}{self.endpoint.describe_exit()}") from exc
         return client
 
-    async def _hold(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
+    async def _hold(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """The runner: keep the client's context open until ``stop`` (enter and exit in this one task)."""
         try:
             transport = gated(self.endpoint.transport(), lambda text: self._warn(f"{self.endpoint.label}: {text}"))
@@ -130,7 +130,7 @@ class Connection:
                     ready.set_result(client)
                 async with self._listening(client):
                     await stop.wait()
-        except BaseException as exc:  # noqa: B036 - the runner reports every ending; cancellation re-raised
+        except BaseException as exc:
             if not ready.done():
                 if isinstance(exc, Exception):
                     ready.set_exception(exc)

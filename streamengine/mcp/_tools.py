@@ -45,7 +45,7 @@ class McpTool(Tool):
         #: Why the tool is eager or not, in words (``streamengine mcp list`` shows it).
         object.__setattr__(self, "side_effects_reason", side_effects_reason)
 
-    def start(self, checked: Dict[str, Any], context: ToolContext) -> "concurrent.futures.Future[str]":
+    def start(self, checked: Dict[str, Any], context: ToolContext) -> concurrent.futures.Future[str]:
         return self.server._start_call(self, checked)
 
     def _invoke(self, checked: Dict[str, Any], context: Optional[ToolContext]) -> str:

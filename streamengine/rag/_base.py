@@ -8,13 +8,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
-
-from typing import Protocol, runtime_checkable
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from .. import _validation as validation
 from .._errors import ConfigError
-
 
 RRF_K = 60
 """The constant of reciprocal rank fusion (Cormack et al. 2009): 1 / (60 + rank)."""

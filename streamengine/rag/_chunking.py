@@ -8,10 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any, List, Optional, Sequence, Tuple
 
-
 from .. import _validation as validation
 from .._errors import ConfigError
-
 
 # ---------------------------------------------------------------------------
 # Chunking

@@ -9,12 +9,9 @@ import hashlib
 import math
 from typing import Any, List, Optional, Sequence
 
-
 from .. import _validation as validation
 from .._errors import ConfigError, LlmProtocolError
-
 from ._base import _TOKEN_RE
-
 
 # ---------------------------------------------------------------------------
 # Embedders

@@ -17,10 +17,16 @@ from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
 from .._logs import component_logger
 from .._redact import Redactor, redact_urls
-
 from ._base import (
-    Embedder, Hit, _candidate_depth, _check_source, _fuse_or_keywords, _hits_in_order, _query_tokens,
-    _StoreBase, _StoreEmbedding,
+    Embedder,
+    Hit,
+    _candidate_depth,
+    _check_source,
+    _fuse_or_keywords,
+    _hits_in_order,
+    _query_tokens,
+    _StoreBase,
+    _StoreEmbedding,
 )
 
 DSN_ENV = "STREAMENGINE_RAG_DSN"
@@ -264,9 +270,8 @@ class PostgresRagStore(_StoreBase):
                   for (source, text, scope), vector in zip(rows, vectors)]
         insert = self._sql("INSERT INTO {table} (source, text, embed_model, vector, scope) "
                            "VALUES (%s, %s, %s, %s, %s)")
-        with self._connection(f"store {what}") as conn:
-            with conn.cursor() as cursor:
-                cursor.executemany(insert, values)
+        with self._connection(f"store {what}") as conn, conn.cursor() as cursor:
+            cursor.executemany(insert, values)
 
     def search(self, query: str, k: int = 5, source: Optional[str] = None, *, scope: str = "") -> List[Hit]:
         """The ``k`` best chunks of ``scope`` for ``query``, best first; never raises for odd query text.

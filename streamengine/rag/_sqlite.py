@@ -16,16 +16,21 @@ from array import array
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
 from .._logs import component_logger
-
 from ._base import (
-    Embedder, Hit, _candidate_depth, _check_source, _fuse_or_keywords, _hits_in_order, _query_tokens,
-    _StoreBase, _StoreEmbedding, _TOKEN_RE,
+    _TOKEN_RE,
+    Embedder,
+    Hit,
+    _candidate_depth,
+    _check_source,
+    _fuse_or_keywords,
+    _hits_in_order,
+    _query_tokens,
+    _StoreBase,
+    _StoreEmbedding,
 )
-
 
 # ---------------------------------------------------------------------------
 # SQLite store

@@ -43,7 +43,7 @@ _SIGNATURE = "ZmFrZS1zaWduYXR1cmU="  # what a thinking block's signature_delta c
 def event(kind: str, payload: Dict[str, Any]) -> bytes:
     """One named SSE event, as the API writes them: ``event: X`` then ``data: {"type": "X", ...}``."""
     data = json.dumps({"type": kind, **payload}, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {data}\n\n".encode("utf-8")
+    return f"event: {kind}\ndata: {data}\n\n".encode()
 
 
 def error_body(message: str, kind: Optional[str] = None) -> Dict[str, Any]:
@@ -71,7 +71,7 @@ class AnthropicEncoder:
         self.open: Optional[Tuple[str, Any]] = None  # ("text"|"thinking"|"tool_use", openai index, id)
         self.stopped = False
 
-    def fresh(self) -> "AnthropicEncoder":
+    def fresh(self) -> AnthropicEncoder:
         """A new encoder for the same answer (to measure a Content-Length without spending this one)."""
         return AnthropicEncoder(self.message_id, self.model, self.steps)
 

@@ -16,7 +16,7 @@ def _xml_text(text: str) -> str:
                    or ch >= "\U00010000" else "\ufffd" for ch in str(text))
 
 
-def write_junit(results: Sequence["ScenarioResult"], path: str, suite: str = "streamengine.harness") -> None:
+def write_junit(results: Sequence[ScenarioResult], path: str, suite: str = "streamengine.harness") -> None:
     """JUnit XML (the dialect CI servers read): one testcase per scenario."""
     failures = sum(1 for r in results if r.failures and r.error is None)
     errors = sum(1 for r in results if r.error is not None)

@@ -55,13 +55,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from requests.structures import CaseInsensitiveDict
+
+from . import _steps as wire_steps
 from ._anthropic_wire import AnthropicEncoder, error_body, message_body
 from ._responses_wire import ResponsesEncoder, failed_body, response_body
-from ._steps import (
-    Step, _flatten, _DROP_PHANTOM_BYTES, _FOREVER_PHANTOM_BYTES, _FRAMES, _POLL_S, _PRE_HEADER, _TERMINAL,
-    _TIMING, delay, done, finish, raw, usage,
-)
-
+from ._steps import Step, delay, done, finish, raw, usage
 
 
 @dataclass(frozen=True)
@@ -79,13 +77,13 @@ class Turn:
 
 
 def _build_turn(items: Sequence[Any], auto_finish: bool) -> Turn:
-    body = _flatten(items)
-    first = next((i for i, st in enumerate(body) if st.kind not in _TIMING), None)
+    body = wire_steps._flatten(items)
+    first = next((i for i, st in enumerate(body) if st.kind not in wire_steps._TIMING), None)
     for i, st in enumerate(body):
         if st.kind in ("http_error", "stall_before_headers") and i != first:
             raise ValueError(f"{st.kind}() must be the first step of a turn (after timing steps only)")
     turn = Turn(tuple(body))
-    if auto_finish and not turn.has(*_TERMINAL):
+    if auto_finish and not turn.has(*wire_steps._TERMINAL):
         extra = []
         if not turn.has("finish"):
             extra.append(finish("tool_calls" if turn.has_tool_calls() else "stop"))
@@ -194,7 +192,7 @@ class FakeProvider:
         root = f"http://127.0.0.1:{self.port}"
         return root if self.wire == "anthropic" else root + "/v1"
 
-    def add_turn(self, *items: Any, auto_finish: bool = True) -> "FakeProvider":
+    def add_turn(self, *items: Any, auto_finish: bool = True) -> FakeProvider:
         """Queue the answer to one chat-completions request; returns self for chaining."""
         turn = _build_turn(items, auto_finish)
         with self._lock:
@@ -202,7 +200,7 @@ class FakeProvider:
         return self
 
     def respond_with(self, responder: Optional[Callable[[Dict[str, Any]], Sequence[Any]]],
-                     *, auto_finish: bool = True) -> "FakeProvider":
+                     *, auto_finish: bool = True) -> FakeProvider:
         """Answer every request for which no turn is queued with ``responder(request_json)``.
 
         For concurrent clients, whose requests arrive in no fixed order: the
@@ -288,7 +286,7 @@ class FakeProvider:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    def __enter__(self) -> "FakeProvider":
+    def __enter__(self) -> FakeProvider:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -489,7 +487,7 @@ class _Handler(BaseHTTPRequestHandler):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return True
-            slice_s = _POLL_S if remaining is None else min(remaining, _POLL_S)
+            slice_s = wire_steps._POLL_S if remaining is None else min(remaining, wire_steps._POLL_S)
             (event or closing).wait(slice_s)
             if self.client_gone():
                 return False
@@ -611,19 +609,19 @@ class _Exchange:
         return _sse(chunk)
 
     def _stream(self, body: List[Step]) -> None:
-        first = next((i for i, st in enumerate(body) if st.kind not in _TIMING), None)
-        if first is not None and body[first].kind in _PRE_HEADER:
+        first = next((i for i, st in enumerate(body) if st.kind not in wire_steps._TIMING), None)
+        if first is not None and body[first].kind in wire_steps._PRE_HEADER:
             for step in body[:first]:
                 if not self._timing(step):
                     return self._abandon()
             return self._pre_header(body[first])
         self._send_stream_headers(body)
         for step in body:
-            if step.kind in _FRAMES:
+            if step.kind in wire_steps._FRAMES:
                 self.pending.append(self._frame(step))
                 continue
             self._flush()
-            if step.kind in _TIMING:
+            if step.kind in wire_steps._TIMING:
                 if not self._timing(step):
                     return self._abandon()
             elif step.kind == "stall":
@@ -677,14 +675,14 @@ class _Exchange:
         wire = self.anthropic or self.responses
         encoder = wire.fresh() if wire is not None else None
         for step in body:
-            if step.kind in _FRAMES:
+            if step.kind in wire_steps._FRAMES:
                 total += len(encoder.frame(step) if encoder is not None else self._frame(step))
             elif step.kind == "trickle":
                 total += len(step.value)
             elif step.kind in ("stall", "drop"):
-                return total + _DROP_PHANTOM_BYTES
+                return total + wire_steps._DROP_PHANTOM_BYTES
             elif step.kind == "forever":
-                return total + _FOREVER_PHANTOM_BYTES
+                return total + wire_steps._FOREVER_PHANTOM_BYTES
             elif step.kind == "end":
                 break
         return total
@@ -708,10 +706,10 @@ class _Exchange:
     def _whole(self, body: List[Step]) -> None:
         agg = _Aggregate()
         for step in body:
-            if step.kind in _TIMING:
+            if step.kind in wire_steps._TIMING:
                 if not self._timing(step):
                     return self._abandon()
-            elif step.kind in _PRE_HEADER:
+            elif step.kind in wire_steps._PRE_HEADER:
                 return self._pre_header(step)
             elif step.kind in ("stall", "forever"):  # nothing is sent before a whole answer
                 self.h.pause()

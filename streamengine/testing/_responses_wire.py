@@ -93,7 +93,7 @@ class ResponsesEncoder:
         self.open_key: Optional[Tuple[str, Any, Any]] = None  # ("message"|"reasoning"|"function_call", index, id)
         self.calls = 0
 
-    def fresh(self) -> "ResponsesEncoder":
+    def fresh(self) -> ResponsesEncoder:
         """A new encoder for the same answer (to measure a Content-Length without spending this one)."""
         return ResponsesEncoder(self.response_id, self.model, self.steps)
 
@@ -112,7 +112,7 @@ class ResponsesEncoder:
         data = json.dumps({"type": kind, "sequence_number": self.sequence, **payload},
                           ensure_ascii=False, separators=(",", ":"))
         self.sequence += 1
-        return f"event: {kind}\ndata: {data}\n\n".encode("utf-8")
+        return f"event: {kind}\ndata: {data}\n\n".encode()
 
     def _response(self, status: str, **extra: Any) -> Dict[str, Any]:
         return response_object(self.response_id, self.model, self.created_at, status, list(self.output), **extra)

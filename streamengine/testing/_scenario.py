@@ -93,17 +93,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._clients.openai.client import OpenAICompatibleClient
+from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from .._engine.result import EngineResult, Telemetry
 from .._engine.run import EngineConfig, StreamingEngine
 from .._errors import ConfigError, StreamEngineError, ToolError
-from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from .._messages import CompletionOptions
-from .._engine.result import EngineResult, Telemetry
+from .._validation import one_line as _one_line
+from .._validation import short_repr as _short
+from ..tools import Tool, ToolContext
+from ..tools._loading import load_tools
 from . import _steps as s
 from ._provider import FakeProvider
 from ._steps import Stamp, Step
-from .._validation import one_line as _one_line, short_repr as _short
-from ..tools import Tool, ToolContext
-from ..tools._loading import load_tools
 
 EVENT_NAMES = ("round", "token", "tool_start", "tool_result", "error", "done")
 FAKE_KINDS = ("echo", "sleep", "fail", "hang")
@@ -135,10 +136,10 @@ class _Where:
     def __init__(self, source: str, path: str = "$") -> None:
         self.source, self.path = source, path
 
-    def key(self, name: str) -> "_Where":
+    def key(self, name: str) -> _Where:
         return _Where(self.source, f"{self.path}.{name}")
 
-    def index(self, i: int) -> "_Where":
+    def index(self, i: int) -> _Where:
         return _Where(self.source, f"{self.path}[{i}]")
 
     def error(self, message: str) -> ScenarioError:
@@ -259,7 +260,7 @@ class Scenario:
 def load_scenario(path: str) -> Scenario:
     """Read and validate one scenario file; :class:`ScenarioError` names the file and JSON path."""
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read the scenario file: {exc.strerror or exc}") from exc

@@ -8,8 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union, Sequence
-
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 __all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish', 'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall', 'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
 
@@ -110,7 +109,7 @@ def signal(event: threading.Event) -> Step:
 
 def comment(text: str = "keep-alive") -> Step:
     """An SSE comment line (``: keep-alive``): reaches the socket, never the caller."""
-    return Step("sse", f": {text}\n\n".encode("utf-8"))
+    return Step("sse", f": {text}\n\n".encode())
 
 
 def ping_event() -> Step:

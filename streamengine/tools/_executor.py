@@ -46,7 +46,7 @@ def _effective_timeout(tool: Tool, timeout: Optional[float]) -> float:
 
 
 class _Worker:
-    __slots__ = ("thread", "wakeup", "task", "current", "exit")
+    __slots__ = ("current", "exit", "task", "thread", "wakeup")
 
     def __init__(self, lock: threading.Lock) -> None:
         self.thread: Optional[threading.Thread] = None
@@ -93,7 +93,7 @@ class ToolExecutor:
         self.remote = remote
         self._log = component_logger("streamengine.tools.ToolExecutor", logger)
         self._lock = threading.Lock()
-        self._queues: "OrderedDict[Any, Deque[ToolHandle]]" = OrderedDict()  # owner -> calls; order = turn
+        self._queues: OrderedDict[Any, Deque[ToolHandle]] = OrderedDict()  # owner -> calls; order = turn
         self._held: Dict[Any, int] = {}  # owner -> workers it holds (running or handed over)
         self._idle: List[_Worker] = []  # LIFO: the warmest thread gets the work, the others can retire
         self._workers: Set[_Worker] = set()
@@ -184,7 +184,7 @@ class ToolExecutor:
         with self._lock:
             return len(self._stuck(time.monotonic()))
 
-    def __enter__(self) -> "ToolExecutor":
+    def __enter__(self) -> ToolExecutor:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -45,7 +45,7 @@ class ToolHandle:
     """One submitted call: wait for its :class:`ToolResult`, or cancel it.  ``result()`` never raises."""
 
     def __init__(self, tool: Optional[Tool], call: ToolCall, args: Dict[str, Any], timeout: float, *,
-                 queue_timeout: float = 0.0, on_start: Optional[Callable[["ToolHandle"], None]] = None,
+                 queue_timeout: float = 0.0, on_start: Optional[Callable[[ToolHandle], None]] = None,
                  owner: Any = None, log: Any = None) -> None:
         self.call = call
         self.tool = tool
@@ -72,11 +72,11 @@ class ToolHandle:
         self._changed = threading.Condition(self._lock)
         self._unlink: Callable[[], None] = no_callback
         self._external: Optional[threading.Event] = None  # the caller's cancel event
-        self._callbacks: List[Callable[["ToolHandle"], None]] = []
+        self._callbacks: List[Callable[[ToolHandle], None]] = []
 
     @classmethod
     def refused(cls, tool: Optional[Tool], call: ToolCall, message: str, log: Any = None,
-                skipped: Optional[str] = None) -> "ToolHandle":
+                skipped: Optional[str] = None) -> ToolHandle:
         """A handle that is already done with an error: the function never runs (``skipped``: why, if not a fault)."""
         handle = cls(tool, call, {}, 0.0, log=log)
         handle.refuse(message, skipped)
@@ -146,7 +146,7 @@ class ToolHandle:
     def running(self) -> bool:
         return self._state == RUNNING and not self._done.is_set()
 
-    def add_done_callback(self, fn: Callable[["ToolHandle"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[ToolHandle], None]) -> None:
         """Call ``fn(handle)`` once the result is fixed (at once if it already is).
 
         It runs in the thread that fixed the result: the worker when the tool
@@ -335,10 +335,10 @@ class ToolHandle:
             self._run_callback(fn)
         return True
 
-    def _run_callback(self, fn: Callable[["ToolHandle"], None]) -> None:
+    def _run_callback(self, fn: Callable[[ToolHandle], None]) -> None:
         self._safely(fn, "done callback")
 
-    def _safely(self, fn: Callable[["ToolHandle"], None], what: str) -> None:
+    def _safely(self, fn: Callable[[ToolHandle], None], what: str) -> None:
         try:
             fn(self)
         except Exception as exc:

@@ -12,9 +12,9 @@ import sys
 from typing import Any, List
 
 from .._errors import ConfigError, ToolError
-from .._validation import one_line as _one_line, short_repr as _short
+from .._validation import one_line as _one_line
+from .._validation import short_repr as _short
 from ._tool import Tool, ToolRegistry
-
 
 _FORMS = "expected 'module:attribute' (e.g. 'myapp.tools:TOOLS') or 'path/to/file.py:attribute' (e.g. 'tools.py:TOOLS')"
 

@@ -40,7 +40,7 @@ from .._errors import ToolError
 from .._tool_context import ToolContext
 
 _tokens = itertools.count(1)
-_events: "weakref.WeakValueDictionary[str, threading.Event]" = weakref.WeakValueDictionary()
+_events: weakref.WeakValueDictionary[str, threading.Event] = weakref.WeakValueDictionary()
 _resolved: Dict[Tuple[str, str, str], Any] = {}
 _resolved_lock = threading.Lock()
 

@@ -41,7 +41,7 @@ def hand_over(handle: ToolHandle, tool: Tool, remote: Optional[concurrent.future
 
     forget_give_up = handle.on_abandon(give_up)
 
-    def settle(done: "concurrent.futures.Future[str]") -> None:
+    def settle(done: concurrent.futures.Future[str]) -> None:
         # A done future keeps its callbacks (this one, which holds the handle): the handle's hold on
         # the future goes, or the two are a cycle that only the garbage collector frees.
         forget_give_up()
@@ -61,7 +61,7 @@ def hand_over(handle: ToolHandle, tool: Tool, remote: Optional[concurrent.future
 
 
 def _launch(handle: ToolHandle, tool: Tool,
-            remote: Optional[concurrent.futures.Executor]) -> "concurrent.futures.Future[str]":
+            remote: Optional[concurrent.futures.Executor]) -> concurrent.futures.Future[str]:
     if tool.starts_itself:
         return tool.start(handle.args, ToolContext(handle.cancel_event, handle.deadline))
     assert tool.remote_ref is not None and remote is not None

@@ -104,7 +104,7 @@ class Tool:
         timeout: Optional[float] = None,
         side_effects: bool = False,
         executor: str = "local",
-    ) -> "Tool":
+    ) -> Tool:
         """Wrap ``fn``; a ``Tool`` given without options is returned as is."""
         if isinstance(fn, Tool):
             if name is None and description is None and timeout is None and not side_effects \
@@ -159,7 +159,7 @@ class Tool:
         """Validate ``args``, call the function, and return its value as text."""
         return self._invoke(self.validate(args), context)
 
-    def start(self, checked: Dict[str, Any], context: ToolContext) -> "concurrent.futures.Future[str]":
+    def start(self, checked: Dict[str, Any], context: ToolContext) -> concurrent.futures.Future[str]:
         """Start the call and return its future (only for ``starts_itself`` tools).
 
         Cancelling the future must stop the call; the executor does so at the

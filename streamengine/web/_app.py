@@ -25,11 +25,11 @@ from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import Message
-from ._public_errors import PublicErrors
 from ._guard import ClientKey, HostCheck, StreamLimiter, client_address
 from ._http import Headers, HttpError, StartResponse, json_response, status_line
 from ._page import fill_page, load_page
 from ._policy import SEND, RequestRejected, messages_from_request, with_system_prompt
+from ._public_errors import PublicErrors
 from ._response import SseResponse, StuckReaders, connection_dropper
 from ._sites import CrossSite
 
@@ -75,7 +75,7 @@ class StreamApp:
 
     def __init__(self, engine: Any, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
                  authorize: Optional[Authorize] = None, allowed_hosts: Optional[Iterable[str]] = None,
-                 allow_origin: Union[None, str, Iterable[str]] = None, get_runs: bool = True,
+                 allow_origin: Union[str, Iterable[str], None] = None, get_runs: bool = True,
                  max_streams: int = 32, max_streams_per_client: int = 4, client_key: Optional[ClientKey] = None,
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,

@@ -92,6 +92,6 @@ class PublicErrors:
             f"the answer failed (request id {self.request_id}; details are in the server log)"
         return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
 
-    _SPECIAL: Dict[str, Callable[["PublicErrors", Any], bytes]] = {
+    _SPECIAL: Dict[str, Callable[[PublicErrors, Any], bytes]] = {
         "error": _error, "tool_result": _tool_result, "done": _done,
     }

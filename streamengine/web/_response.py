@@ -38,14 +38,13 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .._cancel import CancelToken
-from .._engine.events import DoneEvent, HeartbeatEvent
 from .._logs import component_logger
 from .._messages import Message
-from ._sse import frames, one_by_one
 from ._public_errors import PublicErrors
+from ._sse import frames, one_by_one
 
 #: A batch is written once it is this large, however many events are still waiting.
 #: How often an idle stream asks the server whether its client is gone (waitress); one attribute read.
@@ -140,7 +139,7 @@ class SseResponse:
 class _Progress:
     """What one response's writes have got to; shared by the response and its generator of writes."""
 
-    __slots__ = ("writing_since", "sent", "finished", "closed")
+    __slots__ = ("closed", "finished", "sent", "writing_since")
 
     def __init__(self) -> None:
         self.writing_since: Optional[float] = None  # a batch is in the server's hands since then
@@ -179,7 +178,7 @@ class StuckReaders:
     def __init__(self, timeout_s: Optional[float], logger: Any) -> None:
         self.timeout_s = timeout_s
         self._log = logger
-        self._streams: "set[SseResponse]" = set()
+        self._streams: set[SseResponse] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None

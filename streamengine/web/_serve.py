@@ -23,7 +23,6 @@ from .. import _validation as validation
 from .._errors import ConfigError
 from .._messages import PROG
 
-
 #: Open connections at most (each a file descriptor and a little memory, no thread):
 #: far above any stream cap, so connections that sit half-sent never starve
 #: ``/healthz``; past it a client gets a 503 at once (see ``_ConnectionGate``).

@@ -37,7 +37,7 @@ def same_origin(environ: dict) -> bool:
 class CrossSite:
     """``allow_origin`` checked once; the cross-site refusals and the CORS headers follow from it."""
 
-    def __init__(self, allow_origin: Union[None, str, Iterable[str]]) -> None:
+    def __init__(self, allow_origin: Union[str, Iterable[str], None]) -> None:
         self.origins: Origins = _check_origins(allow_origin)
 
     @property
@@ -117,7 +117,7 @@ def _asks_for_html(environ: dict) -> bool:
     return bool(types & {"text/html", "application/xhtml+xml"})
 
 
-def _check_origins(allow_origin: Union[None, str, Iterable[str]]) -> Origins:
+def _check_origins(allow_origin: Union[str, Iterable[str], None]) -> Origins:
     """``None``, ``"*"``, one origin, or a frozenset of origins; each checked so no header can be forged."""
     if allow_origin is None or allow_origin == "*":
         return allow_origin

@@ -39,18 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections import abc
-from itertools import repeat
 import json
 import math
 import time
+from collections import abc
+from itertools import repeat
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
 from .._engine.events import DoneEvent, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
-from .._messages import LLM_WARNING
 
 if TYPE_CHECKING:
     from ._public_errors import PublicErrors
@@ -260,7 +259,7 @@ def encode_event(event: Any) -> bytes:
 
 
 def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
-                  errors: "Optional[PublicErrors]" = None) -> Iterator[bytes]:
+                  errors: Optional[PublicErrors] = None) -> Iterator[bytes]:
     """``OK_FRAME``, one frame per event in order, and ``DONE_FRAME`` last — always.
 
     If ``events`` (or encoding one of them) raises an ``Exception``, the error is
@@ -284,7 +283,7 @@ def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
 
 
 def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnected: Optional[Callable[[], bool]],
-           errors: "Optional[PublicErrors]", ok_first: bool = True) -> Iterator[bytes]:
+           errors: Optional[PublicErrors], ok_first: bool = True) -> Iterator[bytes]:
     """``: ok``, then the frames of each list of events joined, ``data: [DONE]`` in the last one.
 
     The one framer of both paths: the app's streams (one list per burst the
@@ -343,7 +342,7 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
                 else:
                     continue
                 last_write = monotonic()
-        except Exception as exc:  # noqa: BLE001 - the 200 is out: end the stream with an error frame
+        except Exception as exc:
             parts.append(failure_frame(exc, errors))
         parts.append(DONE_FRAME)
         yield b"".join(parts)
@@ -363,7 +362,7 @@ def one_by_one(events: Iterator[Any]) -> Iterator[List[Any]]:
             close()
 
 
-def failure_frame(exc: BaseException, errors: "Optional[PublicErrors]") -> bytes:
+def failure_frame(exc: BaseException, errors: Optional[PublicErrors]) -> bytes:
     """The ``event: error`` frame ending a stream whose events raised (the traceback goes to the log)."""
     if errors is not None:
         return errors.failure(exc)

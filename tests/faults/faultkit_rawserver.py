@@ -33,7 +33,7 @@ def chunk(data: bytes) -> bytes:
 class RawConn:
     """One accepted connection, as a script sees it."""
 
-    def __init__(self, sock: socket.socket, server: "RawServer") -> None:
+    def __init__(self, sock: socket.socket, server: RawServer) -> None:
         self.sock = sock
         self.server = server
         self.request = b""
@@ -183,7 +183,7 @@ class RawServer:
         if self.errors:
             raise AssertionError(f"a RawServer script failed: {self.errors[0]!r}") from self.errors[0]
 
-    def __enter__(self) -> "RawServer":
+    def __enter__(self) -> RawServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -224,7 +224,7 @@ class FullAcceptQueue:
             filler.close()
         self.listener.close()
 
-    def __enter__(self) -> "FullAcceptQueue":
+    def __enter__(self) -> FullAcceptQueue:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,11 +11,10 @@ import tracemalloc
 from typing import Any, Callable, List, Sequence, Tuple, Type
 
 import pytest
-
-from streamengine._errors import LlmError
-
 from faultkit import MESSAGES, streaming
 from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
+
+from streamengine._errors import LlmError
 
 
 def random_bodies(seed: int, alphabet: Sequence[bytes], count: int) -> List[bytes]:

@@ -7,18 +7,17 @@ the latest (retries of a 429 add at most ``max_retries`` x
 """
 from __future__ import annotations
 
-
 import pytest
-
-from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
-from streamengine._calls.failover import ModelFailover
-from streamengine.testing import FakeProvider, steps as s
-
 from backoff_support import RecordedBackoffs
 from faultkit import MESSAGES, stream_threads, streaming
+
+from streamengine._calls.failover import ModelFailover
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -13,21 +13,27 @@ import email.utils
 import time
 
 import pytest
-
-from streamengine._clients.openai.client import OpenAICompatibleClient, parse_retry_after
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._errors import (
-    AllModelsFailedError, ConfigError, LlmError, LlmHttpError, LlmProtocolError, LlmStreamError,
-)
-from streamengine._engine.events import DoneEvent, ErrorEvent
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._messages import ToolCall
-from streamengine.testing import FakeProvider, steps as s
-from streamengine.tools import ToolExecutor, tool
-
 from backoff_support import RecordedBackoffs
 from faultkit import MESSAGES, captured_logs, streaming
 from http_support import provider_fixtures
+
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._clients.http.errors import parse_retry_after
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.events import DoneEvent, ErrorEvent
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine._errors import (
+    AllModelsFailedError,
+    ConfigError,
+    LlmError,
+    LlmHttpError,
+    LlmProtocolError,
+    LlmStreamError,
+)
+from streamengine._messages import ToolCall
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+from streamengine.tools import ToolExecutor, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -14,19 +14,17 @@ import json
 import threading
 
 import pytest
-
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._clients.responses.client import OpenAIResponsesClient
-from streamengine._errors import (
-    AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError,
-)
-from streamengine._messages import CompletionOptions
-from streamengine.testing import FakeProvider, steps as s
-
 from backoff_support import RecordedBackoffs
 from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
 from rawwire import outcomes_of, random_bodies
+
+from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._clients.responses.client import OpenAIResponsesClient
+from streamengine._errors import AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
+from streamengine._messages import CompletionOptions
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -26,16 +26,14 @@ from __future__ import annotations
 import threading
 
 import pytest
+from faultkit import EMPTY_DELTA, GUARD_S, KEEP_ALIVE, MESSAGES, PING, content_frame, stream_threads, streaming
+from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
 
+from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import LlmTimeoutError
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine.testing import FakeProvider, steps as s
-
-from faultkit import (
-    EMPTY_DELTA, GUARD_S, KEEP_ALIVE, MESSAGES, PING, content_frame, stream_threads, streaming,
-)
-from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

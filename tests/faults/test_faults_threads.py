@@ -16,15 +16,15 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._engine.events import DoneEvent, ToolStartEvent
-from streamengine.testing import FakeProvider, steps as s
-from streamengine.tools import ToolContext, tool
-
 from conftest import wait_for
 from faultkit import GUARD_S
+
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._engine.events import DoneEvent, ToolStartEvent
+from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+from streamengine.tools import ToolContext, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

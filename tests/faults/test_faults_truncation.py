@@ -10,14 +10,14 @@ without its blank line (WHATWG: not dispatched), a clean end with neither
 from __future__ import annotations
 
 import pytest
-
-from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._errors import AllModelsFailedError, LlmStreamError
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine.testing import FakeProvider, steps as s
-
 from faultkit import DONE, MESSAGES, content_frame, finish_frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
+
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._errors import AllModelsFailedError, LlmStreamError
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -111,7 +111,7 @@ class Lister:
 
     def __init__(self, record: Record, send: Callable[[bytes], None], kind: str = "") -> None:
         self.record, self.send, self.tools = record, send, listing(kind)
-        self.asked: "queue.Queue[Any]" = queue.Queue()
+        self.asked: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -216,7 +216,7 @@ def http_handler(state: HttpState) -> type:
             elif method == "initialize":
                 self._json(reply(rid, initialized(params)), {"Mcp-Session-Id": "hostile-session"})
             elif method == "tools/list":
-                done: "queue.Queue[bytes]" = queue.Queue()
+                done: queue.Queue[bytes] = queue.Queue()
                 state.lister.asked.put((rid, done.put))
                 self._json(done.get())
             elif method == "tools/call":

@@ -24,10 +24,10 @@ import requests
 from ... import _validation as validation
 from ..._errors import ConfigError, LlmError
 from ..._messages import CompletionOptions, MessageLike, Response, ToolSpec
-from .format import chat_body, error_from_payload, http_error, response_from_json
-from .stream import AnthropicStreamParser
 from ..http.extras import RequestExtras, sdk_settings
 from ..http.transport import HttpProviderClient, content_headers
+from .format import chat_body, error_from_payload, http_error, response_from_json
+from .stream import AnthropicStreamParser
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_VERSION = "2023-06-01"

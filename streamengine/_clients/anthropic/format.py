@@ -21,9 +21,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..._errors import ConfigError, LlmHttpError, LlmProtocolError
-from ..._messages import (
-    CompletionOptions, Message, MessageLike, Response, ToolCall, ToolSpec, Usage, as_messages,
-)
+from ..._messages import CompletionOptions, Message, MessageLike, Response, ToolCall, ToolSpec, Usage, as_messages
 from ..http.errors import in_band_error, in_band_status, status_error
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).

@@ -34,12 +34,12 @@ import json
 from typing import Any, Dict, Optional
 
 from ..._messages import Chunk, ToolCallDelta, text_chunk
-from .format import error_from_payload, finish_reason, merge_usage, usage_of
 from ..http.typed_events import TypedEventParser
+from .format import error_from_payload, finish_reason, merge_usage, usage_of
 
 
 class _ToolBlock:
-    __slots__ = ("index", "argued", "start_input")
+    __slots__ = ("argued", "index", "start_input")
 
     def __init__(self, index: int, start_input: Any) -> None:
         self.index = index

@@ -16,11 +16,11 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 import requests
 import urllib3.exceptions
 
-from .sse_read import WAIT, SseFramer, read1_iter
 from ..._errors import LlmProtocolError
 from ..._redact import redact_url
 from ..base import Wait, readable
 from .connection import RequestTracker
+from .sse_read import WAIT, SseFramer, read1_iter
 
 READ_SIZE = 65536
 #: What reading or sending may raise underneath requests: all become streamengine errors.
@@ -146,7 +146,7 @@ class SocketBody:
         sock.setblocking(False)
 
     @classmethod
-    def of(cls, resp: requests.Response) -> Optional["SocketBody"]:
+    def of(cls, resp: requests.Response) -> Optional[SocketBody]:
         """The socket reader for ``resp``, or None when urllib3 must read it (see the class doc)."""
         raw = resp.raw
         inner = getattr(raw, "_fp", None)
@@ -344,7 +344,7 @@ class SocketBody:
         try:
             inner._close_conn()  # http.client's own end of a body: the socket stays with the connection
             raw.release_conn()
-        except Exception:  # noqa: BLE001 - pooling is an optimisation; the response closes it instead
+        except Exception:
             return False
         return True
 

@@ -74,7 +74,7 @@ class RequestTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._connections: List["_TrackedMixin"] = []
+        self._connections: List[_TrackedMixin] = []
         self._aborted = False
         #: When the call using this request gives up (monotonic): a connect still going then ends
         #: (the run's thread is waiting in it, and nothing else would stop it before the connect timeout).
@@ -112,7 +112,7 @@ class RequestTracker:
             if conn._se_tracker is self:
                 conn._se_tracker = None
 
-    def _attach(self, conn: "_TrackedMixin") -> None:
+    def _attach(self, conn: _TrackedMixin) -> None:
         with self._lock:
             if conn not in self._connections:
                 self._connections.append(conn)
@@ -121,7 +121,7 @@ class RequestTracker:
         if aborted:
             conn._se_shutdown()
 
-    def _detach(self, conn: "_TrackedMixin") -> None:
+    def _detach(self, conn: _TrackedMixin) -> None:
         with self._lock:
             try:
                 self._connections.remove(conn)
@@ -162,7 +162,7 @@ def _shutdown_socket(sock: Any) -> None:
 
 
 def _connect_abortably(sock: socket.socket, address: Any, timeout: Optional[float],
-                       tracker: "RequestTracker") -> None:
+                       tracker: RequestTracker) -> None:
     """Connect without blocking in the kernel: wait in slices, stop when the tracker is aborted."""
     sock.setblocking(False)
     code = sock.connect_ex(address)
@@ -233,7 +233,7 @@ class _TrackedMixin(_ConnectionBase):
         sys.audit("http.client.connect", self, self.host, self.port)
         return sock
 
-    def _se_connect(self, tracker: "RequestTracker") -> socket.socket:
+    def _se_connect(self, tracker: RequestTracker) -> socket.socket:
         """urllib3's create_connection, with the socket published before the connect starts."""
         host, port = self._dns_host, self.port
         if host.startswith("["):

@@ -241,7 +241,7 @@ class SseFramer:
 
 #: The event name of a pause in the events: ``(WAIT, wait)`` stands where the reads would block,
 #: and a parser yields ``wait`` on (compared by identity: no event is named this object).
-WAIT = str("\x00wait")
+WAIT = "\x00wait"
 
 
 def iter_event_batches(reads: Iterable[Any], framer: SseFramer) -> Iterator[List[Tuple[str, Any]]]:
@@ -330,7 +330,7 @@ def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> L
     return out
 
 
-def _parsed(raw: bytes) -> Optional["sseclient.Event"]:
+def _parsed(raw: bytes) -> Optional[sseclient.Event]:
     for event in sseclient.SSEClient([raw + b"\n\n"]).events():
         return event
     return None

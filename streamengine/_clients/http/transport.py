@@ -32,23 +32,29 @@ from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, 
 
 import requests
 
-from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches
 from ..._cancel import cancel_flag, on_cancel
-from ..._errors import (
-    ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError,
-)
+from ..._errors import ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError
 from ..._logs import component_logger
-from ..._redact import Redactor, redact_urls
 from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
+from ..._redact import Redactor, redact_urls
 from ..._validation import seconds
 from ..base import StreamingLlmClient, Wait, chunks_only
-from .connection import RequestTracker, mount_cancellable, tracking
-from .environment import read_once
-from .credentials import check_api_key, check_headers, credentials_in, parse_base_url
 from .body import (
-    ALWAYS, STREAM_ERRORS, SocketBody, cancelled, drain_after_done, excerpt, read_limited, seconds_left, timed_reads,
+    ALWAYS,
+    STREAM_ERRORS,
+    SocketBody,
+    cancelled,
+    drain_after_done,
+    excerpt,
+    read_limited,
+    seconds_left,
+    timed_reads,
 )
+from .connection import RequestTracker, mount_cancellable, tracking
+from .credentials import check_api_key, check_headers, credentials_in, parse_base_url
+from .environment import read_once
 from .errors import redact_exception, short_cause
+from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches
 
 ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
 JSON_BODY_LIMIT = 64 * 1024 * 1024
@@ -205,7 +211,7 @@ class HttpProviderClient(StreamingLlmClient):
         if self._owns_session:
             self._session.close()
 
-    def __enter__(self) -> "HttpProviderClient":
+    def __enter__(self) -> HttpProviderClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

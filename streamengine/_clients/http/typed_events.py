@@ -18,8 +18,8 @@ import requests
 from ..._errors import LlmProtocolError
 from ..._messages import Chunk
 from .connection import RequestTracker
-from .transport import SseStreamParser
 from .sse_read import WAIT
+from .transport import SseStreamParser
 
 
 class TypedEventParser(SseStreamParser):

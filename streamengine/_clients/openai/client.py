@@ -15,12 +15,11 @@ import requests
 from ..._errors import ConfigError, LlmError
 from ..._messages import CompletionOptions, MessageLike, Response, ToolSpec
 from ..http.credentials import check_headers
-from ..http.errors import parse_retry_after
-from .errors import connection_error_message, http_error, raise_in_band_error
-from .parse import StreamParser, response_from_json, vectors_from_json
-from .request import DEFAULT_BASE_URL, chat_body, check_query, env_api_key, env_base_url, request_headers
 from ..http.extras import RequestExtras, sdk_settings
 from ..http.transport import HttpProviderClient, encode_body
+from .errors import connection_error_message, http_error, raise_in_band_error
+from .parse import StreamParser, response_from_json, vectors_from_json
+from .request import chat_body, check_query, env_api_key, env_base_url, request_headers
 
 
 class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
@@ -85,7 +84,7 @@ class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
         self.stream_options = bool(stream_options)
 
     @classmethod
-    def from_env(cls, **kwargs: Any) -> "OpenAICompatibleClient":
+    def from_env(cls, **kwargs: Any) -> OpenAICompatibleClient:
         """Build from the environment, the openai SDK's variables included.
 
         Base URL: ``STREAMENGINE_BASE_URL``, else ``OPENAI_BASE_URL``, else

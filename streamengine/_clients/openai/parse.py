@@ -19,9 +19,9 @@ import requests
 from ..._errors import LlmProtocolError
 from ..._messages import Chunk, Response, ToolCall, ToolCallDelta, Usage, text_chunk
 from ..http.connection import RequestTracker
-from .errors import raise_in_band_error
-from ..http.transport import SseStreamParser
 from ..http.sse_read import WAIT
+from ..http.transport import SseStreamParser
+from .errors import raise_in_band_error
 
 _scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
 

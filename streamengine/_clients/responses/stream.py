@@ -62,7 +62,7 @@ _PROGRESS = ProgressChunk()
 
 
 class _Call:
-    __slots__ = ("index", "argued")
+    __slots__ = ("argued", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
