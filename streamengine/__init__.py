@@ -33,9 +33,9 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["ModelChunkEvent", "Observer"], "._calls.hooks"),
     **dict.fromkeys(["ErrorClass", "ErrorClassifier"], "._calls.failover"),
     **dict.fromkeys(["LlmClient", "StreamingLlmClient"], "._clients.base"),
-    **dict.fromkeys(["OpenAICompatibleClient"], "._clients.openai.client"),
-    **dict.fromkeys(["OpenAIResponsesClient"], "._clients.responses.client"),
-    **dict.fromkeys(["AnthropicClient"], "._clients.anthropic.client"),
+    **dict.fromkeys(["OpenAICompatibleClient"], "._clients.openai"),
+    **dict.fromkeys(["OpenAIResponsesClient"], "._clients.responses"),
+    **dict.fromkeys(["AnthropicClient"], "._clients.anthropic"),
     **dict.fromkeys(["RoutedClient"], "._clients.routed"),
     **dict.fromkeys(["ScriptedClient"], "._clients.scripted"),
     **dict.fromkeys(["CancellableAdapter"], "._clients.http.connection"),
@@ -44,12 +44,12 @@ _HOMES: _Dict[str, str] = {
                      "StreamEngineError", "ToolError"], "._errors"),
     **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
                      "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
-    **dict.fromkeys(["ToolContext"], "._tool_context"),
+    **dict.fromkeys(["ToolContext"], "._messages"),
     **dict.fromkeys(["RunFailedError"], "._engine.run"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
     **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
     **dict.fromkeys(["SqliteRagStore"], ".rag._sqlite"),
-    **dict.fromkeys(["OpenAIEmbedder", "HashingEmbedder"], ".rag._embedders"),
+    **dict.fromkeys(["OpenAIEmbedder", "HashingEmbedder"], ".rag._chunking"),
     **dict.fromkeys(["CancelToken"], "._cancel"),
     **dict.fromkeys(["enable_logging"], "._logs"),
 }
@@ -60,11 +60,11 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._calls.failover import ErrorClass, ErrorClassifier
     from ._calls.hooks import ModelChunkEvent, Observer
     from ._cancel import CancelToken
-    from ._clients.anthropic.client import AnthropicClient
+    from ._clients.anthropic import AnthropicClient
     from ._clients.base import LlmClient, StreamingLlmClient
     from ._clients.http.connection import CancellableAdapter
-    from ._clients.openai.client import OpenAICompatibleClient
-    from ._clients.responses.client import OpenAIResponsesClient
+    from ._clients.openai import OpenAICompatibleClient
+    from ._clients.responses import OpenAIResponsesClient
     from ._clients.routed import RoutedClient
     from ._clients.scripted import ScriptedClient
     from ._config import EngineConfig
@@ -105,12 +105,12 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
         Response,
         ToolCall,
         ToolCallDelta,
+        ToolContext,
         ToolResult,
         ToolSpec,
         Usage,
     )
-    from ._tool_context import ToolContext
-    from .rag._embedders import HashingEmbedder, OpenAIEmbedder
+    from .rag._chunking import HashingEmbedder, OpenAIEmbedder
     from .rag._postgres import PostgresRagStore
     from .rag._sqlite import SqliteRagStore
     from .tools._tool import Tool, ToolRegistry, tool

@@ -1,4 +1,32 @@
-"""Logging: loguru, silent until the application asks for it, and imported when first needed.
+"""What text may show, and where it goes: secrets hidden, terminal control characters shown, the log.
+
+One home for the rules every place that shows text from a URL, a provider,
+a tool or an MCP server follows, and for the lazily configured loguru logger.
+
+What a message, a log line, a span or a tool result may show of a URL or a secret.
+
+One home for the rule, so every place that shows text built from a URL, a
+provider's answer or an MCP server's error hides the same things:
+
+* **URLs by structure**: the userinfo (``user:PASS@``, or a token as the user
+  name) and every query value (``?token=…``) become ``***``; scheme, host,
+  port, path and query names stay, so the message still says where it went.
+  Relative references after a space (``url: /v1/chat?key=…``, as urllib3
+  writes them) are treated the same way.
+* **Known secrets by value**, only those long enough to be secrets
+  (:data:`MIN_SECRET_CHARS`): a dummy key such as ``ollama`` or ``x`` must not
+  turn "ollama pull llama3.2" into "*** pull llama3.2".
+
+Text for a terminal: control characters shown, never obeyed.
+
+Model, tool and MCP server text is hostile input, and a terminal obeys what
+it is sent: ``ESC ] 52`` writes the clipboard, ``ESC ] 8`` hides a link
+behind harmless words, ``ESC [ 2J`` clears the screen, a bidi override
+reorders what a person reads.  :func:`for_terminal` replaces each such
+character one by one with a visible stand-in, so it is as safe on a stream
+cut into tokens (an escape sequence split between two) as on whole lines.
+
+Logging: loguru, silent until the application asks for it, and imported when first needed.
 
 A library must not print into its host's logs uninvited, so the package
 disables itself the moment loguru is first touched; :func:`enable_logging`
@@ -9,9 +37,114 @@ loguru on its first log call (most runs never log anything).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+MASK = "***"
+#: A known secret shorter than this is a placeholder (``ollama``, ``x``, ``sk-``), not worth hiding.
+MIN_SECRET_CHARS = 8
+
+# An absolute URL (scheme://...), or a relative reference starting with "/" that is not
+# inside a word or a path (so "a/b" in prose is left alone).
+_URL = re.compile(r"(?:\b[A-Za-z][A-Za-z0-9+.\-]*://|(?<![\w/.\-])/(?=[\w.~%\-]))[^\s'\"<>`]*")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)([^/?#@]*)@")
+_QUERY_VALUE = re.compile(r"([?&;][^=&;#]*=)([^&;#]*)")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its userinfo and query values masked; everything else kept."""
+    url = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", url, count=1)
+    head, hash_, fragment = url.partition("#")
+    path, question, query = head.partition("?")
+    if not question:
+        return url
+    return path + _QUERY_VALUE.sub(lambda m: m.group(1) + (MASK if m.group(2) else ""), "?" + query) \
+        + hash_ + fragment
+
+
+def redact_urls(text: str) -> str:
+    """Every URL in ``text`` passed through :func:`redact_url`."""
+    if "://" not in text and "?" not in text and "@" not in text:
+        return text
+    return _URL.sub(lambda m: redact_url(m.group(0)), text)
+
+
+def secret_forms(secrets: Iterable[Optional[str]]) -> Tuple[str, ...]:
+    """Each secret worth hiding as it may appear in a message: raw, and escaped inside a ``repr()``."""
+    forms = set()
+    for secret in secrets:
+        if secret and len(secret) >= MIN_SECRET_CHARS:
+            forms.add(secret)
+            escaped = repr(secret)[1:-1]
+            if escaped != secret:
+                forms.add(escaped)
+    # Longest first, so a secret containing another is replaced whole.
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+class Redactor:
+    """Masks URLs by structure and the given secrets by value; ``Redactor()(text)`` is the safe text."""
+
+    __slots__ = ("secrets",)
+
+    def __init__(self, secrets: Iterable[Optional[str]] = ()) -> None:
+        self.secrets = secret_forms(secrets)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return redact_urls(text)
+
+    def with_secrets(self, secrets: Iterable[Optional[str]]) -> Redactor:
+        """A redactor that also hides ``secrets`` (a request's own credential headers)."""
+        return Redactor(list(self.secrets) + list(secrets))
+
+
+#: For text that carries no known secret, only URLs.
+redact = Redactor()
+
+
+#: Bidi embedding, override and isolate controls: they reorder the text around them.
+_BIDI = tuple(range(0x202A, 0x202F)) + tuple(range(0x2066, 0x206A))
+
+
+def _table() -> Dict[int, str]:
+    table: Dict[int, str] = {}
+    for code in range(0x20):
+        if chr(code) not in "\t\n":
+            table[code] = "^" + chr(code + 0x40)  # caret notation, as cat -v and less show them: ESC is ^[
+    table[0x7F] = "^?"
+    for code in tuple(range(0x80, 0xA0)) + _BIDI:  # C1 controls (0x9B is an 8-bit CSI) and bidi controls
+        table[code] = f"<U+{code:04X}>"
+    return table
+
+
+_VISIBLE = _table()
+
+
+def for_terminal(text: str) -> str:
+    """``text`` with every control character but tab and newline made visible (``ESC`` becomes ``^[``).
+
+    A carriage return before a newline is dropped (the terminal shows the
+    line the same); any other one is shown as ``^M``: it would let later
+    text overwrite what came before it on the line.
+    """
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    return text.translate(_VISIBLE)
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a closed stream or one without ``isatty`` is not)."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(callable(isatty) and isatty())
+    except ValueError:  # a closed stream
+        return False
+
 
 _sink_id: Optional[int] = None
 _logger: Any = None
@@ -121,4 +254,3 @@ class _LazyLogger:
         value = getattr(loguru_logger().bind(component=self._component), name)
         setattr(self, name, value)
         return value
-

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from streamengine._clients.anthropic.client import AnthropicClient
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.anthropic import AnthropicClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._messages import Chunk
 from streamengine.testing import FakeProvider
 

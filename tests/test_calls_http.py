@@ -21,7 +21,7 @@ from streamengine._calls.hooks import EventEmitter
 from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._errors import (
     AllModelsFailedError,
     LlmCancelledError,

@@ -245,7 +245,7 @@ def test_approval_flags_that_cannot_hold_are_usage_errors(capsys, argv, needle):
 
 def test_chat_asks_only_when_stdin_and_stderr_are_both_terminals(capsys, monkeypatch):
     """stdin a terminal but stderr not (2> file): nobody sees a question, so nothing is asked."""
-    from streamengine._cli.approval import approval_mode
+    from streamengine._cli.chat import approval_mode
     from streamengine._cli.main import build_parser
 
     class Tty(io.StringIO):

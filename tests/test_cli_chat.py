@@ -237,10 +237,10 @@ def test_verbose_shows_what_is_underneath(capsys):
 
 
 def test_anthropic_provider_is_built_lazily_with_a_clear_error_when_missing(capsys):
-    if importlib.util.find_spec("streamengine._clients.anthropic.client") is None:
+    if importlib.util.find_spec("streamengine._clients.anthropic") is None:
         rc, _, err = run(capsys, "chat", "hi", "-m", "claude", "--provider", "anthropic")
         assert rc == 2
-        assert "--provider anthropic needs streamengine._clients.anthropic.client" in err
+        assert "--provider anthropic needs streamengine._clients.anthropic" in err
     else:  # the module has landed: the flag builds its client
         args = build_parser().parse_args(["chat", "hi", "-m", "claude", "--provider", "anthropic",
                                           "--api-key", "sk-ant"])

@@ -18,7 +18,7 @@ import pytest
 from cli_support import clean_env, run, tools_module  # noqa: F401  (fixtures)
 from pty_support import Terminal, child_env
 
-from streamengine._terminal import for_terminal
+from streamengine._logs import for_terminal
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

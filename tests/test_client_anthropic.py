@@ -17,8 +17,8 @@ from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_whi
 from streamengine._accumulate import ToolCallAccumulator
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._cancel import CancelToken
-from streamengine._clients.anthropic.client import AnthropicClient
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.anthropic import AnthropicClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._errors import (
     ConfigError,
     LlmCancelledError,

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from streamengine._clients.anthropic.client import AnthropicClient
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.anthropic import AnthropicClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._clients.routed import RoutedClient
 from streamengine._engine.events import DoneEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine

@@ -17,9 +17,9 @@ from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_whi
 
 from streamengine import enable_logging
 from streamengine._cancel import CancelToken
-from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._clients.anthropic import AnthropicClient
 from streamengine._clients.http.errors import parse_retry_after
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._errors import (
     ConfigError,
     LlmCancelledError,

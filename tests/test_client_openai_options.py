@@ -11,8 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._clients.openai.request import DEFAULT_BASE_URL
+from streamengine._clients.openai import DEFAULT_BASE_URL, OpenAICompatibleClient
 from streamengine._errors import ConfigError, LlmHttpError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s

@@ -17,7 +17,7 @@ from streamengine import EngineConfig, RefusalEvent, StreamingEngine
 from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._calls.strategies import StreamingCallStrategy
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._errors import LlmHttpError, LlmStreamError
 from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider

@@ -18,7 +18,7 @@ from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_whi
 
 from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine._clients.responses.client import OpenAIResponsesClient
+from streamengine._clients.responses import OpenAIResponsesClient
 from streamengine._errors import ConfigError, LlmCancelledError, LlmHttpError, LlmProtocolError, LlmStreamError
 from streamengine._messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
 from streamengine.testing import FakeProvider

@@ -25,7 +25,7 @@ from test_wsgi import serving, sse, tokens_of
 
 from streamengine import OpenAIResponsesClient
 from streamengine._cli.main import main
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._clients.routed import RoutedClient
 from streamengine._engine.events import DoneEvent, RefusalEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from streamengine._accumulate import ResponseAggregator
-from streamengine._clients.responses.client import OpenAIResponsesClient
+from streamengine._clients.responses import OpenAIResponsesClient
 from streamengine._messages import CompletionOptions, Response, ToolSpec
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s

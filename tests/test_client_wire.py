@@ -12,7 +12,7 @@ import pytest
 import requests
 import responses
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._messages import CompletionOptions, Message, ToolCall, ToolSpec
 
 BASE = "https://llm.example.test/v1"

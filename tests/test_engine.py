@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import wait_for
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import ConfigError

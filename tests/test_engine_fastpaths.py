@@ -18,12 +18,11 @@ from test_wsgi import call, environ_for
 
 from streamengine._cancel import CancelToken, cancel_flag
 from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent
-from streamengine._inline.scanner import FeedResult, InlineToolScanner
+from streamengine._inline import FeedResult, InlineToolScanner
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
-from streamengine.web._public_errors import PublicErrors
-from streamengine.web._sse import DONE_FRAME, OK_FRAME, encode_event, frames
+from streamengine.web._sse import DONE_FRAME, OK_FRAME, PublicErrors, encode_event, frames
 from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -169,7 +168,7 @@ def test_tokens_and_a_tool_result_keep_their_order_when_the_driver_appends_direc
 
 
 def test_the_tool_lesson_is_made_once_per_tool_set_and_anew_when_a_schema_changes_in_place():
-    from streamengine._inline import prompt
+    from streamengine import _inline as prompt
     from streamengine._messages import ToolSpec
 
     params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -244,7 +243,7 @@ def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_g
 
 def _every_chunk_general(monkeypatch):
     """Chunks that say they are not text only: the aggregator and the round look at every field of each."""
-    from streamengine._clients.openai import parse as openai_parse
+    from streamengine._clients import openai as openai_parse
     from streamengine._messages import Chunk
 
     made = Chunk.__init__

@@ -9,7 +9,7 @@ import time
 import pytest
 from test_engine import approve_all, block, collect, done, make_engine, names
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import (
     DoneEvent,
     ErrorEvent,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider

@@ -46,7 +46,7 @@ from conftest import wait_for
 from remote_tools import PHRASE, after_file, crash, fetch_notes, linger, lookup, read_note_when, stuck, write_note
 
 from streamengine import SqliteRagStore
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider

@@ -15,8 +15,7 @@ from typing import List, Sequence, Tuple
 import pytest
 
 from streamengine._errors import ConfigError
-from streamengine._inline.prompt import TOOL_SYNTAX_HINT, tool_instructions
-from streamengine._inline.scanner import FeedResult, InlineToolScanner
+from streamengine._inline import TOOL_SYNTAX_HINT, FeedResult, InlineToolScanner, tool_instructions
 from streamengine._messages import ToolCall, ToolSpec
 
 

@@ -1,8 +1,7 @@
 """The inline tool lesson: a tool's own text (from an MCP server, outside the application) is fenced as data."""
 from __future__ import annotations
 
-from streamengine._inline.prompt import TOOL_LIST_INTRO, TOOL_SYNTAX_HINT, tool_instructions
-from streamengine._inline.scanner import InlineToolScanner
+from streamengine._inline import TOOL_LIST_INTRO, TOOL_SYNTAX_HINT, InlineToolScanner, tool_instructions
 from streamengine._messages import ToolSpec
 
 HOSTILE = ToolSpec(

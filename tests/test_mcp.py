@@ -15,7 +15,7 @@ from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, process_g
 
 from streamengine._errors import ConfigError, ToolError
 from streamengine._messages import ToolCall
-from streamengine.mcp import McpServer, McpToolError, _loop
+from streamengine.mcp import McpServer, McpToolError, _session
 from streamengine.tools import Tool, ToolExecutor, ToolRegistry
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
@@ -247,9 +247,9 @@ def test_close_leaves_no_thread_and_no_process(record):
         server.start()
     pids = [s._endpoint.state.pid for s in servers]
     servers[0].close()
-    assert _loop.alive() is not None  # the loop serves the other server still
+    assert _session.alive() is not None  # the loop serves the other server still
     servers[1].close()
-    assert _loop.alive() is None
+    assert _session.alive() is None
     assert all(process_gone(pid) for pid in pids)
     with pytest.raises(ConfigError, match="closed"):
         servers[0].tools()

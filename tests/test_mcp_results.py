@@ -11,7 +11,7 @@ if sys.version_info < (3, 10):
 import mcp_types as types
 
 from streamengine.mcp import McpToolError
-from streamengine.mcp._results import result_text
+from streamengine.mcp._tools import result_text
 
 
 def result(*content, structured=None, error=False):

@@ -17,16 +17,14 @@ import tracemalloc
 import pytest
 
 from streamengine import LlmOutputLimitError
-from streamengine._accumulate import ToolCallAccumulator, _PartialCall
+from streamengine._accumulate import JsonShape, ToolCallAccumulator, _PartialCall
 from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._config import EngineConfig
+from streamengine._clients.openai import OpenAICompatibleClient
+from streamengine._config import EngineConfig, OutputLimits
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent
 from streamengine._engine.run import RunFailedError, StreamingEngine
 from streamengine._errors import ConfigError
-from streamengine._json_shape import JsonShape
 from streamengine._messages import LLM_WARNING, ToolCallDelta
-from streamengine._output_limits import OutputLimits
 from streamengine.testing import FakeProvider, Step
 from streamengine.testing import steps as s
 from streamengine.tools import tool

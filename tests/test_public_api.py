@@ -67,7 +67,7 @@ def test_the_old_shims_are_gone_and_unknown_names_raise():
             assert name in str(exc)
         else:
             raise AssertionError(f"streamengine.{name} must not exist")
-    import streamengine._inline.scanner as scanner
+    import streamengine._inline as scanner
     assert not hasattr(scanner, "XmlParseState")
 
 

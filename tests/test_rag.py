@@ -287,7 +287,7 @@ def test_a_store_from_a_newer_version_is_refused(tmp_path):
 
 def _fake_provider():
     testing = pytest.importorskip("streamengine.testing")
-    openai = pytest.importorskip("streamengine._clients.openai.client")
+    openai = pytest.importorskip("streamengine._clients.openai")
     if not hasattr(openai.OpenAICompatibleClient, "embed") or not hasattr(testing.FakeProvider, "fail_embeddings"):
         pytest.skip("client embed() / FakeProvider embeddings not available yet")
     return testing.FakeProvider, openai.OpenAICompatibleClient

@@ -55,7 +55,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("secret_dsn,shown", [
-    # The URL form is masked like every URL (streamengine._redact): its userinfo and query values.
+    # The URL form is masked like every URL (streamengine._logs): its userinfo and query values.
     ("postgresql://app:s3cr3t@db.internal:5432/rag", "postgresql://***@db.internal:5432/rag"),
     ("host=db user=app password=s3cr3t dbname=rag", "host=db user=app password=*** dbname=rag"),
     ("host=db password='s3 cr\\'3t' user=app", "host=db password=*** user=app"),

@@ -28,8 +28,8 @@ from sse_spec_parser import parse_pieces
 from streamengine._clients.base import Wait
 from streamengine._clients.http.body import SocketBody
 from streamengine._clients.http.sse_read import SseFramer, iter_event_batches
-from streamengine._clients.openai import parse as openai_parse
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
+from streamengine._clients import openai as openai_parse
 from streamengine._messages import Chunk, text_chunk
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine._redact import MASK, Redactor, redact_url, redact_urls
+from streamengine._logs import MASK, Redactor, redact_url, redact_urls
 
 
 @pytest.mark.parametrize("url, shown", [

@@ -13,7 +13,7 @@ from streamengine._errors import ConfigError
 from streamengine.testing._junit import write_junit
 from streamengine.testing._scenario import ScenarioError, ScenarioResult, load_scenario, parse_scenario, run_scenario
 from streamengine.tools import Tool
-from streamengine.tools._loading import load_tools
+from streamengine.tools._tool import load_tools
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

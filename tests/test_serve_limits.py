@@ -13,7 +13,7 @@ import requests
 from conftest import wait_for
 from serve_support import served
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S as DEFAULT_TIMEOUT_S
 from streamengine._config import EngineConfig
 from streamengine._engine.run import StreamingEngine

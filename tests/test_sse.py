@@ -632,7 +632,7 @@ def test_reset_frames_name_the_round_and_reason():
 
 def test_public_errors_keep_details_out_of_every_frame_that_carries_them():
     from streamengine import LLM_WARNING
-    from streamengine.web._public_errors import PublicErrors
+    from streamengine.web._sse import PublicErrors
 
     seen: List[str] = []
 

@@ -8,7 +8,7 @@ import pytest
 
 from streamengine._errors import ConfigError
 from streamengine.tools import Tool
-from streamengine.tools._loading import import_object, load_tools
+from streamengine.tools._tool import import_object, load_tools
 
 
 @pytest.fixture

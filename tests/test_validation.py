@@ -12,7 +12,7 @@ from streamengine._clients.scripted import ScriptedClient
 from streamengine._config import EngineConfig
 from streamengine._engine.run import StreamingEngine
 from streamengine._errors import ConfigError
-from streamengine._inline.scanner import InlineToolScanner
+from streamengine._inline import InlineToolScanner
 
 BAD_SECONDS = [float("inf"), -float("inf"), float("nan"), True, False, -1, "5", None, [1]]
 

@@ -29,7 +29,7 @@ from conftest import wait_for
 from sse_spec_parser import parse, parse_pieces
 from waitress import wasyncore
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider

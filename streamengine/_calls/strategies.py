@@ -56,11 +56,10 @@ from .. import _validation as validation
 from .._accumulate import ResponseAggregator
 from .._cancel import CancelToken, cancel_flag, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
-from .._config import DEFAULT_COMPLETION_TIMEOUT_S
+from .._config import DEFAULT_COMPLETION_TIMEOUT_S, OutputLimits
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
-from .._output_limits import OutputLimits
 from . import deadlines
 from .hooks import ModelChunkEvent, check_observers, notify_observers
 
@@ -79,7 +78,7 @@ class CallStrategy(abc.ABC):
     ``observers`` hear ``on_llm_responded(response)`` once per successful call
     and ``emitter`` gets a :class:`ModelChunkEvent` per chunk; both run inline
     in the calling thread, so a slow one slows the stream.  ``output_limits``
-    (:class:`~streamengine._output_limits.OutputLimits`) caps what one call may
+    (:class:`~streamengine._config.OutputLimits`) caps what one call may
     send; crossing a cap raises :class:`LlmOutputLimitError` (a stream is ended at once).
     """
 

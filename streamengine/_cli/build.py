@@ -234,7 +234,7 @@ def _completion_options(args: argparse.Namespace) -> Any:
 
 
 def _tools(specs: Sequence[str]) -> List[Any]:
-    from ..tools._loading import load_tools
+    from ..tools._tool import load_tools
 
     tools: List[Any] = []
     for spec in specs:
@@ -281,7 +281,7 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
             client = WholeAnswers(client)
         try:
             if options is not None and args.provider == "openai-responses":
-                from .._clients.responses.request import responses_body
+                from .._clients.responses import responses_body
 
                 responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
             engine = StreamingEngine(client, tools + mcp_tools(servers, args), engine_config, approve=approve)
@@ -300,7 +300,7 @@ def build_client(args: argparse.Namespace, environ: Mapping[str, str], connect_t
     headers = dict(args.header)
     if provider == "anthropic":
         return _anthropic_client(args, environ, headers, connect_timeout)
-    from .._clients.openai.request import env_api_key, env_base_url
+    from .._clients.openai import env_api_key, env_base_url
 
     kwargs: Dict[str, Any] = {"headers": headers, "query": dict(args.query)}
     if connect_timeout is not None:
@@ -313,27 +313,27 @@ def build_client(args: argparse.Namespace, environ: Mapping[str, str], connect_t
                               "(the Responses API reports usage without being asked)")
         kwargs["stream_options"] = False
     if provider == "openai-responses":
-        from .._clients.responses.client import OpenAIResponsesClient as client_class
+        from .._clients.responses import OpenAIResponsesClient as client_class
     else:
-        from .._clients.openai.client import OpenAICompatibleClient as client_class
+        from .._clients.openai import OpenAICompatibleClient as client_class
 
     return client_class(args.base_url or env_base_url(environ), args.api_key or env_api_key(environ), **kwargs)
 
 
 def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], headers: Dict[str, str],
                       connect_timeout: Optional[float]) -> Any:
-    """``streamengine._clients.anthropic.client.AnthropicClient``, imported only when asked for."""
+    """``streamengine._clients.anthropic.AnthropicClient``, imported only when asked for."""
     openai_only = [flag for flag, used in (("--no-stream-options", args.stream_options is False),
                                            ("--query", bool(args.query)),
                                            ("--api-key-header", bool(args.api_key_header))) if used]
     if openai_only:
         raise ConfigError(f"{', '.join(openai_only)} only apply to --provider openai and openai-responses")
     try:
-        module = importlib.import_module("streamengine._clients.anthropic.client")
+        module = importlib.import_module("streamengine._clients.anthropic")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("streamengine._clients.anthropic.client", "streamengine._clients"):
+        if exc.name not in ("streamengine._clients.anthropic", "streamengine._clients"):
             raise
-        raise ConfigError("--provider anthropic needs streamengine._clients.anthropic.client, which this installation "
+        raise ConfigError("--provider anthropic needs streamengine._clients.anthropic, which this installation "
                           "does not include; upgrade streamengine, or reach the model through an "
                           "OpenAI-compatible endpoint with --provider openai") from exc
     client_class = module.AnthropicClient

@@ -1,4 +1,23 @@
-"""``streamengine chat``: one answer, a piped prompt, or a conversation at the terminal.
+"""``streamengine chat`` and who says yes to a side-effect tool call from the command line.
+
+Who says yes to a side-effect tool call from the command line: the person at the terminal, a flag, or nobody.
+
+A tool marked ``side_effects=True`` (and an MCP tool whose server's
+annotations are not trusted, or that is not read-only) writes somewhere.
+The engine runs such a call only when its ``approve`` hook says yes; this
+module is that hook for ``chat``:
+
+* ``ask`` (the default when stdin and stderr are terminals): one question
+  per call on the terminal, the arguments shown in full and made safe to
+  show; only ``y``/``yes`` runs it.  Enter, anything else, Ctrl-C or
+  Ctrl-D at the question is a no, and the run goes on;
+* ``all`` (``-y``/``--yes``): every call runs;
+* ``never`` (the default without a terminal: a pipe, cron, CI): every call
+  is refused and the refusal is said on stderr.
+
+A refused call is not run; the model is told so and answers without it.
+
+``streamengine chat``: one answer, a piped prompt, or a conversation at the terminal.
 
 What goes where, so ``streamengine chat ... > answer.txt`` holds the answer:
 
@@ -17,19 +36,103 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import json
 import os
 import select
 import sys
 import time
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, List, Optional, TextIO
 
+from .._logs import for_terminal
 from .._messages import LLM_WARNING, PROG
-from .._terminal import for_terminal
 from .._validation import one_line
-from .approval import Approval, approval_for
 from .build import UsageError, build_engine, close_engine
 from .log import RunLog, RunLogError, default_log, logging_enabled
 from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
+
+APPROVE_MODES = ("ask", "all", "never")
+#: What a refusal note says about the way to let such calls run.
+_HOW_TO_ALLOW = "-y/--yes lets side-effect tools run"
+#: A refusal note shows this much of the call (the question, which decides, shows it all).
+_NOTE_CHARS = 200
+
+
+def add_approval_flags(chat: argparse.ArgumentParser) -> None:
+    g = chat.add_argument_group("tools with side effects")
+    g.add_argument("--approve", choices=APPROVE_MODES,
+                   help="before each call of a tool with side effects: ask at the terminal, run all, or refuse "
+                        "(default: ask when stdin and stderr are a terminal, else never)")
+    g.add_argument("-y", "--yes", action="store_true", help="run every side-effect tool call without asking "
+                                                            "(= --approve all)")
+
+
+def approval_mode(args: argparse.Namespace, stdin: Any, err: Any) -> str:
+    """``ask``, ``all`` or ``never``, from the flags and whether a person can be asked."""
+    chosen = getattr(args, "approve", None)
+    if getattr(args, "yes", False):
+        if chosen not in (None, "all"):
+            raise UsageError(f"-y/--yes and --approve {chosen} contradict each other; pass one of them")
+        return "all"
+    at_terminal = is_terminal(stdin) and is_terminal(err)
+    if chosen == "ask" and not at_terminal:
+        raise UsageError("--approve ask needs a terminal on stdin and stderr to ask on; without one pass "
+                         "-y/--yes to run side-effect tools, or --approve never")
+    if chosen is not None:
+        return chosen
+    return "ask" if at_terminal else "never"
+
+
+def shown_call(call: Any) -> str:
+    """``NAME {arguments}`` in full, one line, every control character visible (never obeyed)."""
+    try:
+        arguments = json.dumps(json.loads(call.arguments or "{}"), ensure_ascii=False)
+    except (ValueError, RecursionError):  # shown as the model wrote them
+        arguments = call.arguments
+    return for_terminal(f"{call.name} {arguments}")
+
+
+class Approval:
+    """The engine's ``approve`` hook for one ``chat`` command.
+
+    ``before_asking`` (set per answer) ends the printer's current line, so a
+    question or a refusal note starts on a line of its own.
+    """
+
+    def __init__(self, mode: str, stdin: TextIO, err: TextIO, explicit: bool = False) -> None:
+        self.mode, self.stdin, self.err = mode, stdin, err
+        self.explicit = explicit  # --approve never was asked for (else: no terminal to ask on)
+        self.before_asking: Optional[Callable[[], None]] = None
+
+    def __call__(self, call: Any) -> bool:
+        if self.mode == "all":
+            return True
+        if self.before_asking is not None:
+            self.before_asking()
+        if self.mode == "ask":
+            return self._ask(call)
+        why = "--approve never" if self.explicit else "no terminal to ask on"
+        shown = shown_call(call)
+        shown = shown if len(shown) <= _NOTE_CHARS else shown[:_NOTE_CHARS - 3] + "..."
+        write(self.err, f"{PROG}: refused {shown}: it has side effects ({why}); {_HOW_TO_ALLOW}\n")
+        return False
+
+    def _ask(self, call: Any) -> bool:
+        """One question; a yes only from ``y``/``yes``.  Ctrl-C or Ctrl-D here is a no, not the end of the run."""
+        try:
+            write(self.err, f"run {shown_call(call)}? [y/N] ")
+            answer = self.stdin.readline()
+        except KeyboardInterrupt:  # the terminal echoed ^C; the run goes on without the call
+            write(self.err, "\n")
+            return False
+        if not answer:  # end of input
+            write(self.err, "\n")
+            return False
+        return answer.strip().lower() in ("y", "yes")
+
+
+def approval_for(args: argparse.Namespace, stdin: TextIO, err: TextIO) -> Approval:
+    return Approval(approval_mode(args, stdin, err), stdin, err, explicit=getattr(args, "approve", None) == "never")
+
 
 #: How long a piped stdin may stay silent before ``chat "PROMPT"`` goes on without it.
 STDIN_WAIT_S = 0.5

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from .._clients.openai.client import OpenAICompatibleClient
+from .._clients.openai import OpenAICompatibleClient
 from .._engine.events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .._engine.result import EngineResult
 from .._engine.run import EngineConfig, StreamingEngine

@@ -1,4 +1,6 @@
-"""The CLI's local log of past runs: ``streamengine logs`` lists them, ``chat -c`` continues the last one.
+"""The CLI's local log of past runs and the ``streamengine logs`` command that shows it.
+
+The CLI's local log of past runs: ``streamengine logs`` lists them, ``chat -c`` continues the last one.
 
 One SQLite file under the user's data directory
 (``$XDG_DATA_HOME/streamengine/logs.db``, else
@@ -11,18 +13,31 @@ A log that cannot be written never fails the answer: it is a warning; one
 that ``-c`` or ``logs`` cannot read (locked, damaged, in the wrong place) is
 one error line saying what to do.  The log holds prompts and answers: it is
 created readable by its owner only (0600, in a 0700 directory).
+
+``streamengine logs``: the last runs from the run log (see :mod:`.log`).
+
+At a terminal the logged prompts and answers (model text) are shown with
+their control characters visible; into a pipe or file they go as logged.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import sqlite3
 import stat
+import sys
 import time
 import uuid
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from .._logs import for_terminal, is_terminal
+from .._validation import one_line
+from .build import UsageError
+from .output import write
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -160,3 +175,27 @@ def _tighten(path: Path, mode: int) -> None:
 
 def default_log(environ: Optional[Mapping[str, str]] = None) -> RunLog:
     return RunLog(log_path(os.environ if environ is None else environ))
+
+
+def cmd_logs(args: argparse.Namespace, hooks: Any) -> int:
+    out = sys.stdout
+    log = default_log()
+    if args.path:
+        write(out, f"{log.path}\n")
+        return 0
+    if args.count < 1:
+        raise UsageError(f"-n/--count must be at least 1, got {args.count}")
+    runs = log.recent(args.count)
+    if not runs and not logging_enabled(os.environ, False):
+        write(sys.stderr, "the run log is off (STREAMENGINE_LOG=0)\n")
+    at_terminal = is_terminal(out)
+    shown = for_terminal if at_terminal else (lambda text: text)
+    for run in runs:
+        if args.json:
+            write(out, json.dumps(run, ensure_ascii=at_terminal) + "\n")
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["at"]))
+        ended = f", {run['finish_reason']}" if run.get("finish_reason") not in (None, "stop") else ""
+        write(out, shown(f"## {when}  {run['model'] or '?'}  conversation {run['conversation'][:8]}{ended}\n\n"
+                         f"> {one_line(run['prompt'])}\n\n{run['answer']}\n\n"))
+    return 0

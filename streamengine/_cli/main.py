@@ -1,4 +1,17 @@
-"""The ``streamengine`` command: ``chat``, ``serve``, ``demo``, ``harness`` and ``mcp list``.
+"""The ``streamengine`` command: the argv habits it accepts, ``chat``, ``serve``, ``demo``, ``harness``, ``mcp list``.
+
+The command line as ``llm`` users type it, rewritten into what argparse takes.
+
+Kept apart from the parser: these are habits (two-word ``-o``, a bare
+prompt), not flags, and each rewrite is a plain function of the words.
+
+``streamengine serve``: the engine as SSE over HTTP, under waitress.
+
+A server has nobody to ask before a side-effect tool runs, so it refuses
+every such call unless started with ``--approve all``, which lets every one
+run for every client and says so in a WARNING at start.
+
+The ``streamengine`` command: ``chat``, ``serve``, ``demo``, ``harness`` and ``mcp list``.
 
 ``main(argv) -> int`` never lets a traceback reach the terminal for a user's
 mistake or an unreachable provider: those end as a line on stderr,
@@ -37,20 +50,20 @@ from .. import __version__
 from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
 from .._messages import PROG
 from .._validation import one_line as _one_line
-from .approval import add_approval_flags
-from .argv import llm_style
 from .build import (
     UsageError,
     add_mcp_flags,
     add_provider_flags,
+    build_engine,
+    close_engine,
     close_mcp_servers,
     mcp_tools,
     open_mcp_servers,
     positive_seconds,
+    refuse,
 )
-from .chat import cmd_chat
-from .log import RunLogError
-from .logs import cmd_logs
+from .chat import add_approval_flags, cmd_chat
+from .log import RunLogError, cmd_logs
 from .output import (
     BOLD,
     RESET,
@@ -62,7 +75,93 @@ from .output import (
     write_error,
     write_error_lines,
 )
-from .serve import cmd_serve
+
+COMMANDS = ("chat", "serve", "demo", "harness", "logs", "mcp")
+_TOP_LEVEL = ("-h", "--help", "--version")
+
+
+def llm_style(argv: List[str]) -> List[str]:
+    """The command line as argparse takes it: ``-o KEY VALUE`` as ``-o KEY=VALUE``, a bare prompt as chat.
+
+    ``-o`` takes one word; ``llm`` users write two (``-o temperature 0.5``).
+    A first word that is no command (``streamengine "why?"``,
+    ``streamengine -m gpt-4o "why?"``) starts a ``chat``, as ``llm "why?"`` does.
+    """
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word in ("-o", "--option") and i + 2 < len(argv) and "=" not in argv[i + 1] \
+                and (not argv[i + 2].startswith("-") or _is_number(argv[i + 2])):
+            out += [word, f"{argv[i + 1]}={argv[i + 2]}"]
+            i += 3
+            continue
+        out.append(word)
+        i += 1
+    first = next((n for n, word in enumerate(out) if not _is_verbosity(word)), None)
+    if first is None or out[first] in COMMANDS or out[first] in _TOP_LEVEL:
+        return out
+    return out[:first] + ["chat"] + out[first:]
+
+
+def _is_verbosity(word: str) -> bool:
+    return word == "--verbose" or (len(word) > 1 and word[0] == "-" and set(word[1:]) == {"v"})
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def approve_all(call: Any) -> bool:
+    """``serve --approve all``: every side-effect call runs."""
+    return True
+
+
+def cmd_serve(args: argparse.Namespace, hooks: Any) -> int:
+    if args.threads < 1:
+        raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
+    if args.max_connections_per_client < 0:
+        raise UsageError("--max-connections-per-client must be 0 (no cap) or more")
+    everything = args.approve == "all"
+    engine = build_engine(args, approve=approve_all if everything else refuse)
+    try:
+        from ..web import make_wsgi_app
+        from ..web._serve import serve_app
+        _say_what_happens_to_side_effects(engine, everything)
+        # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
+        app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
+                            heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
+                            max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors)
+        banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
+                  f"tools: {', '.join(engine.registry.names) or 'none'}"
+                  + ("; with a system prompt" if args.system else ""),
+                  "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"]
+        serve_app(app, host=args.host, port=args.port, threads=args.threads, out=sys.stdout, banner=banner,
+                  stop=hooks.stop, ready=hooks.ready,
+                  max_connections_per_client=args.max_connections_per_client or None)
+    finally:
+        close_engine(engine)
+    return 0
+
+
+def side_effect_tools(engine: Any) -> List[str]:
+    return [name for name in engine.registry.names if getattr(engine.registry.get(name), "side_effects", False)]
+
+
+def _say_what_happens_to_side_effects(engine: Any, everything: bool) -> None:
+    """On stderr at start: which tools are refused, or a WARNING that every call of them runs unasked."""
+    names = side_effect_tools(engine)
+    if everything:
+        which = f" ({', '.join(names)})" if names else " (none registered now)"
+        write(sys.stderr, f"{PROG}: WARNING: --approve all: every call of a tool with side effects{which} "
+                          f"runs without anyone approving it, for every client of this server\n")
+    elif names:
+        write(sys.stderr, f"{PROG}: tools with side effects are refused (a server has nobody to ask): "
+                          f"{', '.join(names)}; --approve all lets them run\n")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -7,7 +7,7 @@ the text a person reads (tool lines say the same thing in words);
 failover list's bookkeeping when there was only one model.
 
 Control characters (escape sequences: a clipboard write, a hidden link, a
-cleared screen) are shown, never obeyed (:func:`streamengine._terminal.for_terminal`):
+cleared screen) are shown, never obeyed (:func:`streamengine._logs.for_terminal`):
 in the answer text only where it reaches a terminal (a pipe or file gets
 the model's text byte for byte), in every tool line, warning and error
 always (they are messages for a person, wherever stderr goes).
@@ -32,8 +32,8 @@ from .._engine.events import (
     ToolResultEvent,
     ToolStartEvent,
 )
+from .._logs import for_terminal, is_terminal
 from .._messages import LLM_WARNING, PROG
-from .._terminal import for_terminal, is_terminal
 from .._validation import one_line as _one_line
 
 _DIM, _BOLD, _RED, _RESET = "\x1b[2m", "\x1b[1m", "\x1b[31m", "\x1b[0m"

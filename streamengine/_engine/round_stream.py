@@ -15,9 +15,9 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Set
 
 from .._accumulate import BLOCK, TextBuffer
-from .._inline.scanner import InlineToolScanner
+from .._config import output_chars, output_limit_error
+from .._inline import InlineToolScanner
 from .._messages import Chunk, Response, ToolCall
-from .._output_limits import output_chars, output_limit_error
 from .events import TokenEvent
 
 if TYPE_CHECKING:  # pragma: no cover

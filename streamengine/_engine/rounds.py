@@ -19,7 +19,7 @@ from typing import Any, Dict, Generator, Iterable, List, Optional, Set
 
 from .._clients.base import Wait
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
-from .._inline.prompt import tool_instructions
+from .._inline import tool_instructions
 from .._messages import LLM_WARNING, Message, ToolCall, ToolResult
 from .continuation import continuation_messages
 from .dispatch import GATE_SKIPS, DispatchLimits, ToolDispatcher

@@ -36,7 +36,7 @@ def warn_unapproved(registry: ToolRegistry, log: Any) -> None:
 
 def register_rag_search(registry: ToolRegistry, rag: Any) -> Optional[Tool]:
     """Our ``rag_search`` template (its spec is what the model sees), or None if the application has its own."""
-    from ..rag._search_tool import make_rag_search_tool
+    from ..rag._base import make_rag_search_tool
     if "rag_search" in registry:
         server = _mcp_server_of(registry.get("rag_search"))
         if server is not None:
@@ -52,7 +52,7 @@ def register_rag_search(registry: ToolRegistry, rag: Any) -> Optional[Tool]:
 
 def scoped_tools(registry: ToolRegistry, template: Optional[Tool], rag: Any, scope: str) -> Dict[str, Tool]:
     """The run's ``rag_search``, bound to its scope; none when the application's own is registered."""
-    from ..rag._search_tool import bound_to_scope
+    from ..rag._base import bound_to_scope
     if template is None or registry.get("rag_search") is not template:
         return {}  # the application's own rag_search (registered before or after the engine) runs as is
     return {"rag_search": bound_to_scope(template, rag, scope)}

@@ -26,8 +26,7 @@ def instrumentation(*, agent_name: str, capture_content: Optional[bool], tracer_
     if tracer_provider is None and meter_provider is None and not available():
         return None
     from .. import __version__
-    from .conventions import Capture
-    from .tracing import Instrumentation
+    from .tracing import Capture, Instrumentation
     return Instrumentation(agent_name=agent_name, capture=Capture.resolve(capture_content),
                            tracer_provider=tracer_provider, meter_provider=meter_provider, version=__version__,
                            client=client)

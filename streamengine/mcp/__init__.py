@@ -23,9 +23,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("streamengine.mcp needs the MCP SDK: pip install 'streamengine[mcp]'") from exc
 
-from ._limits import McpLimits
-from ._results import McpToolError
 from ._server import McpServer
-from ._tools import McpTool
+from ._tools import McpTool, McpToolError
+from ._transports import McpLimits
 
 __all__ = ["McpLimits", "McpServer", "McpTool", "McpToolError"]

@@ -11,7 +11,7 @@ import shlex
 from typing import Dict, List, Sequence, TextIO
 
 from .._errors import ConfigError
-from .._terminal import for_terminal, is_terminal
+from .._logs import for_terminal, is_terminal
 from ..tools._tool import ToolRegistry
 from ._server import McpServer
 from ._tools import McpTool

@@ -20,16 +20,22 @@ import urllib.parse
 from typing import Any, Collection, Dict, Iterable, List, Optional, Set
 
 from .._errors import ConfigError
-from .._logs import component_logger
-from .._redact import redact_url
+from .._logs import component_logger, redact_url
 from .._validation import name as check_name
 from .._validation import seconds as check_seconds
-from . import _loop
-from ._endpoint import Endpoint, HttpEndpoint, StdioEndpoint, shown_host
-from ._limits import McpLimits, Warnings, bounded_listing, checked_limits
-from ._results import McpToolError, result_text
+from . import _session
 from ._session import Connection
-from ._tools import Eager, McpTool, build_tools
+from ._tools import Eager, McpTool, McpToolError, build_tools, result_text
+from ._transports import (
+    Endpoint,
+    HttpEndpoint,
+    McpLimits,
+    StdioEndpoint,
+    Warnings,
+    bounded_listing,
+    checked_limits,
+    shown_host,
+)
 
 #: Default seconds a server gets to answer ``initialize`` (a first ``uvx`` download may take a while).
 DEFAULT_STARTUP_TIMEOUT = 30.0
@@ -109,11 +115,11 @@ class McpServer:
                 raise ConfigError(f"MCP server {self.name!r} is closed; open a new McpServer")
             if self._state == "open":
                 return self
-            if _loop.in_loop_thread():
+            if _session.in_loop_thread():
                 raise ConfigError("McpServer.start() cannot run on the MCP loop thread itself")
-            _loop.acquire()
+            _session.acquire()
             try:
-                _loop.run(self._connection.ensure(), self.startup_timeout + self._endpoint.close_timeout)
+                _session.run(self._connection.ensure(), self.startup_timeout + self._endpoint.close_timeout)
             except BaseException:
                 self._await_close(self._submit_close(), time.monotonic() + self._connection.close_deadline)
                 raise
@@ -149,7 +155,7 @@ class McpServer:
 
     def _submit_close(self) -> Optional[concurrent.futures.Future[None]]:
         try:
-            return _loop.submit(self._connection.close())
+            return _session.submit(self._connection.close())
         except RuntimeError as exc:  # the loop is gone (interpreter shutdown): nothing left to end there
             self._log.warning("closing MCP server {!r} failed: {}", self.name, exc)
             return None
@@ -164,7 +170,7 @@ class McpServer:
             self._log.warning("closing MCP server {!r} failed: {}", self.name,
                               self._endpoint.redact(f"{type(exc).__name__}: {exc}"))
         finally:
-            _loop.release()
+            _session.release()
 
     def __enter__(self) -> McpServer:
         return self.start()
@@ -216,7 +222,7 @@ class McpServer:
             future.set_exception(McpToolError(f"tool '{tool.name}' not run: MCP server {self.name!r} is "
                                               f"{'closed' if self._state == 'closed' else 'not started'}"))
             return future
-        return _loop.submit(self._call(tool, arguments, traced))
+        return _session.submit(self._call(tool, arguments, traced))
 
     async def _call(self, tool: McpTool, arguments: Dict[str, Any], traced: Optional[tuple] = None) -> str:
         if traced is None:

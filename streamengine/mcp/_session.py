@@ -1,6 +1,30 @@
-"""One MCP connection on the shared loop: start, list, call, restart once after a crash, close.
+"""MCP sessions on the one shared event-loop thread: start, list, call, restart, close, with bounded server requests.
 
-Everything here runs on the loop thread (:mod:`._loop`).  The SDK's
+The one event-loop thread per process that serves every MCP session.
+
+The MCP SDK is async only; the engine is threads.  One asyncio loop on one
+daemon thread carries every session of every :class:`McpServer` in the
+process: a call from a tool is a coroutine submitted here and answered by a
+``concurrent.futures.Future``, so no thread waits per call.  The loop starts
+with the first server and ends with the last (a reference count), so after
+the last ``close()`` no MCP thread remains.
+
+Requests from a server to us, bounded: what one server can make the shared loop hold.
+
+The SDK starts one task per request a server sends (``ping``, ``roots/list``,
+``sampling/createMessage``...), and each holds on until its answer is
+written.  A server that sends requests in a loop and stops reading its
+stdin grew the loop by 16,000 tasks and 150 MB in 5 s.  The gate sits
+between the transport and the session: at most :data:`MAX_SERVER_REQUESTS`
+of a server's requests are open at once (answered, or cancelled by the
+server, closes one); past it, further requests are dropped unanswered (the
+server is not reading its answers anyway) and a warning says so once.
+Notifications need no gate: the session handles each at once, and a
+changed tool list is re-read one list at a time (``_session``).
+
+One MCP connection on the shared loop: start, list, call, restart once after a crash, close.
+
+Everything here runs on the loop thread (``_LoopThread`` above).  The SDK's
 ``Client`` is an async context whose task groups must be entered and left in
 one task, so each connection is held open by a *runner* task; calls are
 other tasks on the same loop, any number at once.  Cancelling a call's task
@@ -12,18 +36,200 @@ streamable HTTP at 2026-07-28), so the server's handler is cancelled too.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import re
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
+import threading
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Set, TypeVar
 
 import anyio
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from ._endpoint import Endpoint
-from ._gate import gated
-from ._results import McpToolError
+from ._tools import McpToolError
+from ._transports import Endpoint
+
+T = TypeVar("T")
+
+#: Seconds ``release`` waits for the loop's thread to end once the last user is gone.
+_JOIN_S = 10.0
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), name="streamengine-mcp-loop",
+                                       daemon=True)
+        self.thread.start()
+        started.wait()
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(started.set)
+        try:
+            self.loop.run_forever()
+        finally:  # whatever a session left behind is cancelled, not destroyed while pending
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            if left:
+                self.loop.run_until_complete(asyncio.wait(left, timeout=_JOIN_S / 2))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(_JOIN_S)
+
+
+_lock = threading.Lock()
+_current: Optional[_LoopThread] = None
+_users = 0
+
+
+def acquire() -> None:
+    """Count one more user of the loop, starting its thread for the first."""
+    global _current, _users
+    with _lock:
+        if _current is None:
+            _current = _LoopThread()
+        _users += 1
+
+
+def release() -> None:
+    """Count one user less; the last one stops the loop and joins its thread."""
+    global _current, _users
+    with _lock:
+        _users -= 1
+        if _users > 0 or _current is None:
+            return
+        ending, _current = _current, None
+    ending.stop()
+
+
+def submit(coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+    """Run ``coro`` on the loop; cancelling the returned future cancels the coroutine's task."""
+    loop = _current.loop if _current is not None else None
+    if loop is None:
+        close = getattr(coro, "close", None)
+        if close is not None:
+            close()  # never awaited: say nothing about it at garbage collection
+        raise RuntimeError("the MCP event loop is not running: the server was closed")
+    return asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+
+
+def run(coro: Awaitable[T], timeout: Optional[float] = None) -> T:
+    """Run ``coro`` on the loop and wait for its value (cancelled if ``timeout`` passes first)."""
+    future = submit(coro)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise
+
+
+def in_loop_thread() -> bool:
+    """True on the loop's own thread, where waiting on the loop would deadlock."""
+    current = _current
+    return current is not None and threading.current_thread() is current.thread
+
+
+def alive() -> Any:
+    """The loop's thread while it runs (for tests: none remains after the last close)."""
+    current = _current
+    return current.thread if current is not None else None
+
+
+#: A server's own requests open at once; well above what a well-behaved server has in flight.
+MAX_SERVER_REQUESTS = 32
+
+
+class RequestGate:
+    def __init__(self, limit: int, warn: Callable[[str], None]) -> None:
+        self.limit, self._warn = limit, warn
+        self.open: Set[Any] = set()
+        self.dropped = 0
+
+    def admit(self, item: Any) -> bool:
+        """Whether an incoming item goes on to the session (False: a request past the limit)."""
+        message = getattr(item, "message", None)
+        if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            self.open.discard(str((message.params or {}).get("requestId")))
+        if not isinstance(message, types.JSONRPCRequest):
+            return True
+        if len(self.open) >= self.limit:
+            self.dropped += 1
+            if self.dropped == 1:
+                self._warn(f"it has {self.limit} requests to this client open and sends more without reading "
+                           "the answers; further requests are dropped unanswered")
+            return False
+        self.open.add(str(message.id))
+        return True
+
+    def answered(self, item: Any) -> None:
+        message = getattr(item, "message", None)
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            self.open.discard(str(message.id))
+
+
+class _Receive:
+    """The transport's read stream, minus requests past the gate (the interface the SDK's dispatcher uses)."""
+
+    def __init__(self, inner: Any, gate: RequestGate) -> None:
+        self._inner, self._gate = inner, gate
+
+    @property
+    def last_context(self) -> Any:  # the sender's contextvars, where the transport keeps them
+        return getattr(self._inner, "last_context", None)
+
+    async def __aenter__(self) -> _Receive:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+    def __aiter__(self) -> _Receive:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            item = await self._inner.__anext__()
+            if self._gate.admit(item):
+                return item
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Send:
+    def __init__(self, inner: Any, gate: RequestGate) -> None:
+        self._inner, self._gate = inner, gate
+
+    async def __aenter__(self) -> _Send:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+    async def send(self, item: Any) -> None:
+        await self._inner.send(item)
+        self._gate.answered(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@contextlib.asynccontextmanager
+async def gated(transport: Any, warn: Callable[[str], None], limit: int = MAX_SERVER_REQUESTS) -> AsyncIterator[Any]:
+    """``transport``'s (read, write) streams with the server's open requests bounded."""
+    async with transport as (read, write):
+        gate = RequestGate(limit, warn)
+        yield _Receive(read, gate), _Send(write, gate)
+
 
 #: Seconds to wait for a crashed server's exit status before describing it without one.
 _EXIT_WAIT_S = 1.0

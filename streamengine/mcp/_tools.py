@@ -1,4 +1,15 @@
-"""An MCP server's tools as engine :class:`Tool` s: the server's schema, eager only where it is safe.
+"""An MCP server's tools as engine tools: their schema, eagerness, and results as the text the model reads.
+
+An MCP ``CallToolResult`` as the text the model reads.
+
+Text blocks are joined; ``structuredContent`` is the result as JSON when
+the server sent no text (the spec has servers repeat structured content as
+text, and that text is what the server chose to show, e.g. the SDK's
+``{"result": ...}`` wrapper around a plain string is left out); images, audio and resources become a
+short line naming what came back (and the resource's URI), since the model
+cannot read base64.  ``isError`` makes the server's text the error result.
+
+An MCP server's tools as engine :class:`Tool` s: the server's schema, eager only where it is safe.
 
 A tool may start while the model is still talking only when it cannot
 write.  The MCP spec calls annotations *hints* from servers that may not be
@@ -13,14 +24,59 @@ Each tool says why it is what it is (:attr:`McpTool.side_effects_reason`).
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Collection, Dict, List, Optional, Tuple, Union
+import json
+from typing import Any, Callable, Collection, Dict, List, Optional, Tuple, Union
 
 from .._errors import ConfigError, ToolError
-from .._tool_context import ToolContext
+from .._logs import redact as redact_urls
+from .._messages import ToolContext
 from .._validation import short_repr
 from ..tools._schema import _NAME_RE
-from ..tools._tool import Tool
-from ._limits import bad_name
+from ..tools._tool import Tool, ToolFailure
+from ._transports import bad_name
+
+
+class McpToolError(ToolFailure):
+    """An MCP call that failed: the message (the server's own text, or what went wrong) is the result."""
+
+
+def result_text(result: Any, tool_name: str, redact: Callable[[str], str] = redact_urls) -> str:
+    """The text of ``result``; raises :class:`McpToolError` with the server's text when ``isError``.
+
+    ``redact`` hides the server's credentials in that error (a server may
+    quote the URL it was called at); a result that is not an error is the
+    server's content and is left as it is.
+    """
+    described = [_describe(block) for block in result.content if getattr(block, "type", "") != "text"]
+    texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
+    if result.is_error:
+        detail = "\n".join(texts + described).strip() or "the server gave no reason"
+        raise McpToolError(redact(f"tool '{tool_name}' failed: {detail}"))
+    parts: List[str] = []
+    if texts:
+        parts.extend(texts)
+    elif result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    parts.extend(described)
+    return "\n".join(parts)
+
+
+def _describe(block: Any) -> str:
+    kind = getattr(block, "type", "?")
+    if kind in ("image", "audio"):
+        size = len(getattr(block, "data", "") or "") * 3 // 4
+        return f"[{kind} returned: {block.mime_type}, about {size} bytes; not shown to the model]"
+    if kind == "resource_link":
+        return f"[resource link: {block.uri}" + (f" ({block.name})" if getattr(block, "name", None) else "") + "]"
+    if kind == "resource":
+        resource = block.resource
+        mime = getattr(resource, "mime_type", None) or "unknown type"
+        text = getattr(resource, "text", None)
+        if text is not None:
+            return f"[resource {resource.uri} ({mime})]\n{text}"
+        return f"[resource returned: {resource.uri} ({mime}, binary); not shown to the model]"
+    return f"[{kind} content returned; not shown to the model]"
+
 
 Eager = Union[None, bool, Collection[str]]
 
@@ -153,4 +209,3 @@ def _eager_names(eager: Eager, names: Dict[str, Any], server: str) -> set:
         return set(names)
     checked = _check_names(eager, "eager", names, server)
     return checked or set()
-

@@ -18,8 +18,7 @@ Layering: this package depends only on ``_errors``/``_logs``/``tools`` and the
 standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
 """
 from ._base import Embedder, Filing, Hit, RagStore
-from ._chunking import chunks_for_ingest
-from ._embedders import HashingEmbedder, OpenAIEmbedder
+from ._chunking import HashingEmbedder, OpenAIEmbedder, chunks_for_ingest
 from ._postgres import PostgresRagStore
 from ._sqlite import SqliteRagStore
 

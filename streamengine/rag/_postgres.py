@@ -15,8 +15,7 @@ from urllib.parse import unquote
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
-from .._logs import component_logger
-from .._redact import Redactor, redact_urls
+from .._logs import Redactor, component_logger, redact_urls
 from ._base import (
     Embedder,
     Hit,

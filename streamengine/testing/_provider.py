@@ -57,9 +57,8 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 from requests.structures import CaseInsensitiveDict
 
 from . import _steps as wire_steps
-from ._anthropic_wire import AnthropicEncoder, error_body, message_body
-from ._responses_wire import ResponsesEncoder, failed_body, response_body
 from ._steps import Step, delay, done, finish, raw, usage
+from ._wires import AnthropicEncoder, ResponsesEncoder, error_body, failed_body, message_body, response_body
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from .._clients.openai.client import OpenAICompatibleClient
+from .._clients.openai import OpenAICompatibleClient
 from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from .._engine.result import EngineResult, Telemetry
 from .._engine.run import EngineConfig, StreamingEngine
@@ -101,7 +101,7 @@ from .._messages import CompletionOptions
 from .._validation import one_line as _one_line
 from .._validation import short_repr as _short
 from ..tools import Tool, ToolContext
-from ..tools._loading import load_tools
+from ..tools._tool import load_tools
 from . import _steps as s
 from ._provider import FakeProvider
 from ._steps import Stamp, Step

@@ -5,15 +5,13 @@ it; ``tool`` holds :class:`Tool`, ``@tool`` and :class:`ToolRegistry`;
 ``executor`` runs calls on owned threads (or a remote executor) with deadlines, and
 ``handle`` is the per-call state machine it drives.  What a call returns
 (:class:`ToolResult`, in :mod:`streamengine._messages`) and what a running
-tool sees (:class:`ToolContext`, in :mod:`streamengine._tool_context`) live
+tool sees (:class:`ToolContext`, in :mod:`streamengine._messages`) live
 below this package, since the engine uses them too; they are re-exported here.
 """
-from .._messages import ToolResult
-from .._tool_context import ToolContext
+from .._messages import ToolContext, ToolResult
 from ._executor import ToolExecutor
 from ._handle import ToolHandle
-from ._results import ToolReturnError, result_to_text
-from ._tool import Tool, ToolRegistry, tool
+from ._tool import Tool, ToolRegistry, ToolReturnError, result_to_text, tool
 
 __all__ = [
     "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult", "ToolReturnError",

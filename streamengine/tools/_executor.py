@@ -29,12 +29,10 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
 from .._logs import component_logger
-from .._messages import ToolCall, ToolResult
-from .._tool_context import ToolContext
+from .._messages import ToolCall, ToolContext, ToolResult
 from ._handle import CANCELLED_FIRST, PENDING, POOL_BUSY, ToolHandle
 from ._remote_run import hand_over
-from ._results import ToolFailure
-from ._tool import Tool
+from ._tool import Tool, ToolFailure
 
 
 def _effective_timeout(tool: Tool, timeout: Optional[float]) -> float:

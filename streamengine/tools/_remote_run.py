@@ -14,11 +14,9 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .._messages import ToolResult
-from .._tool_context import ToolContext
+from .._messages import ToolContext, ToolResult
 from ._handle import ToolHandle
-from ._remote import RemoteCall, share_cancel_event
-from ._tool import Tool
+from ._tool import RemoteCall, Tool, share_cancel_event
 
 Failure = Callable[[ToolHandle, BaseException, float, float], ToolResult]
 

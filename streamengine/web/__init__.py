@@ -16,14 +16,10 @@ readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 """
 from __future__ import annotations
 
-from ._app import STREAM_PATH, StreamApp, make_wsgi_app
-from ._guard import client_address
-from ._mount import mount
-from ._policy import RequestRejected, messages_from_request
-from ._public_errors import PublicErrors
-from ._response import SseResponse
+from ._app import STREAM_PATH, StreamApp, make_wsgi_app, mount
+from ._guard import RequestRejected, client_address, messages_from_request
 from ._serve import serve
-from ._sse import encode_stream
+from ._sse import PublicErrors, SseResponse, encode_stream
 
 __all__ = [
     "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp", "client_address",

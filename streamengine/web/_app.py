@@ -1,4 +1,14 @@
-"""The engine as a PEP 3333 WSGI app: routes, request checks, and the stream's start.
+"""The engine as a PEP 3333 WSGI app: routes, the page, mounting under a prefix, the stream's start.
+
+The page the app serves at ``/``: read once, with a CSP that allows exactly its inline code.
+
+The page (``streamengine/static/index.html``) is self-contained: its script
+and style are inline, so the Content-Security-Policy names them by SHA-256
+and allows nothing else (no external assets, no other inline code).
+
+Serving the app under a prefix next to another WSGI app (Flask, Django).
+
+The engine as a PEP 3333 WSGI app: routes, request checks, and the stream's start.
 
 Routes (relative to where the app is mounted, ``SCRIPT_NAME``)::
 
@@ -15,8 +25,13 @@ A request passes, in order: the Host check, the cross-site check, the
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import html
 import inspect
 import json
+import pkgutil
+import re
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from urllib.parse import parse_qs
@@ -24,14 +39,83 @@ from urllib.parse import parse_qs
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
-from .._messages import Message
-from ._guard import ClientKey, HostCheck, StreamLimiter, client_address
-from ._http import Headers, HttpError, StartResponse, json_response, status_line
-from ._page import fill_page, load_page
-from ._policy import SEND, RequestRejected, messages_from_request, with_system_prompt
-from ._public_errors import PublicErrors
-from ._response import SseResponse, StuckReaders, connection_dropper
-from ._sites import CrossSite
+from .._messages import LLM_WARNING, Message
+from ._guard import (
+    SEND,
+    ClientKey,
+    CrossSite,
+    Headers,
+    HostCheck,
+    HttpError,
+    RequestRejected,
+    StartResponse,
+    StreamLimiter,
+    client_address,
+    json_response,
+    messages_from_request,
+    same_origin,
+    status_line,
+    with_system_prompt,
+)
+from ._sse import PublicErrors, SseResponse, StuckReaders, connection_dropper
+
+_INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.S)
+
+
+def load_page() -> Tuple[str, str]:
+    """The page and a CSP allowing exactly its inline script and style (by SHA-256)."""
+    data = pkgutil.get_data("streamengine", "static/index.html")
+    if data is None:  # pragma: no cover - a broken installation
+        raise ConfigError("streamengine/static/index.html is missing from this installation; reinstall streamengine")
+    page = data.decode("utf-8")
+    hashes: Dict[str, List[str]] = {"script": [], "style": []}
+    for kind, content in _INLINE.findall(page):
+        digest = base64.b64encode(hashlib.sha256(content.encode("utf-8")).digest()).decode("ascii")
+        hashes[kind].append(f"'sha256-{digest}'")
+    script = " ".join(hashes["script"]) or "'none'"
+    style = " ".join(hashes["style"]) or "'none'"
+    csp = (f"default-src 'none'; script-src {script}; style-src {style}; connect-src 'self'; "
+           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return page, csp
+
+
+def fill_page(page: str, stream_url: str, environ: dict) -> bytes:
+    """The page for one request: its stream URL, whether ``?autorun=`` may start a run, the warning prefix."""
+    # ?autorun=PROMPT asks on load only for a same-origin request (_sites); any other only fills the box.
+    autorun = "on" if same_origin(environ) else "off"
+    return (page.replace("__STREAM_URL__", html.escape(stream_url, quote=True))
+            .replace("__AUTORUN__", autorun)
+            .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))
+
+
+def mount(host_app: Callable[..., Iterable[bytes]], prefix: str,
+          app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app sending ``prefix`` and everything below it to ``app``, the rest to ``host_app``.
+
+    The way to put the stream next to an existing Flask or Django app without
+    touching its routing: the prefix moves from ``PATH_INFO`` to
+    ``SCRIPT_NAME`` (PEP 3333), so ``app`` sees its own paths and the page
+    links to ``<prefix>/v1/chat/stream``::
+
+        application = mount(get_wsgi_application(), "/chat", make_wsgi_app(engine))
+    """
+    if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/") \
+            or any(c in prefix for c in "?#") or not prefix.isprintable():
+        raise ConfigError(f"mount prefix must look like '/chat' (leading slash, no trailing slash), got {prefix!r}")
+    for name, value in (("host_app", host_app), ("app", app)):
+        if not callable(value):
+            raise ConfigError(f"mount {name} must be a WSGI callable, got {type(value).__name__}")
+
+    def dispatch(environ: dict, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or ""
+        if path == prefix or path.startswith(prefix + "/"):
+            environ = dict(environ, SCRIPT_NAME=(environ.get("SCRIPT_NAME") or "") + prefix,
+                           PATH_INFO=path[len(prefix):])
+            return app(environ, start_response)
+        return host_app(environ, start_response)
+
+    return dispatch
+
 
 STREAM_PATH = "/v1/chat/stream"
 HEALTH_PATH = "/healthz"
@@ -320,4 +404,3 @@ def _check_approve(engine: Any, approve: Optional[Approve]) -> None:
 #: ``make_wsgi_app(engine, **options)`` is the app's documented name; the
 #: class is the one place its options and their defaults are written.
 make_wsgi_app = StreamApp
-

@@ -1,4 +1,39 @@
-"""Who may start a run, from where, and how many at once.
+"""The web trust boundary: who may start a run, from where, with which messages, and the refusals.
+
+HTTP plumbing shared by the web modules: the refusal exception and JSON responses.
+
+Which browsers' requests may start a run: the cross-site checks and CORS.
+
+Browsers say where a request comes from (``Sec-Fetch-Site``) and what it is
+for (``Sec-Fetch-Mode``, ``Sec-Fetch-Dest``); clients that are not browsers
+(curl, a backend) send none of these and are not affected, except a GET that
+asks for HTML, which is what a browser too old to send them does when it
+follows a link.
+
+* **POST**: another site may start a run only when ``allow_origin`` admits
+  its origin (a JSON POST needs a CORS preflight, so the browser asks first).
+* **GET** needs no preflight, so ``<img src=".../v1/chat/stream?q=...">`` on
+  any page, or a link clicked in a mail or chat app (``Sec-Fetch-Site:
+  none``, ``Sec-Fetch-Mode: navigate``), would start a run: whatever
+  ``allow_origin`` says, a browser's GET run must be same-origin and made by
+  the page's script (``Sec-Fetch-Dest: empty``, not a navigation).
+* **Autorun** (``/?autorun=PROMPT``) asks on load only for a same-origin
+  request; any other only fills the prompt box, and a person presses Send.
+
+Which messages a request may bring: the trust boundary between a browser and the provider.
+
+A request body is written by whoever can reach the endpoint.  Forwarding it
+as is would let that person speak as ``system`` or ``developer``, forge an
+assistant's ``tool_calls`` and the ``tool`` results that answer them, and put
+their own instructions ahead of the application's.  So by default a request
+may carry only ``user`` and ``assistant`` messages with plain text, the last
+one the user's; the system prompt is the application's, set on the server.
+Trusted callers (a backend of your own) can widen that with ``trusted=True``.
+
+:func:`messages_from_request` is public so a Flask or Django view builds its
+messages with exactly the rules this package's own endpoint uses.
+
+Who may start a run, from where, and how many at once.
 
 Every check here runs before a stream starts, so a refusal is an ordinary
 JSON response and costs no provider call:
@@ -16,12 +51,286 @@ JSON response and costs no provider call:
 """
 from __future__ import annotations
 
+import json
+import re
 import threading
-from typing import Callable, Dict, FrozenSet, Iterable, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import _validation as validation
 from .._errors import ConfigError
-from ._http import HttpError
+from .._messages import Message, as_message
+from .._validation import json_type
+
+StartResponse = Callable[..., Any]
+Headers = List[Tuple[str, str]]
+
+JSON_TYPE = "application/json; charset=utf-8"
+_REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed", 415: "Unsupported Media Type",
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def status_line(status: int) -> str:
+    return f"{status} {_REASONS[status]}"
+
+
+class HttpError(Exception):
+    """A request refused before streaming; ``str()`` is the JSON ``error`` sent back.
+
+    ``field`` names the part of the request that was wrong (``"messages[2].role"``,
+    ``"Host"``), so a client can point at it without parsing the sentence.
+    """
+
+    def __init__(self, message: str, status: int = 400, headers: Sequence[Tuple[str, str]] = (),
+                 field: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = list(headers)
+        self.field = field
+
+    def payload(self) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"error": str(self)}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+def json_response(status: int, payload: Dict[str, Any],
+                  headers: Sequence[Tuple[str, str]] = ()) -> Tuple[str, Headers, List[bytes]]:
+    body = json.dumps(payload, ensure_ascii=True).encode("ascii")
+    return status_line(status), [("Content-Type", JSON_TYPE), ("Content-Length", str(len(body)))] + list(headers), \
+        [body]
+
+
+Origins = Union[None, str, FrozenSet[str]]
+_ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+$")
+_OPEN_THE_PAGE = "open the page at / and ask there"
+
+
+def same_origin(environ: dict) -> bool:
+    """The browser says the request comes from this site's own page (the only one that may autorun)."""
+    return environ.get("HTTP_SEC_FETCH_SITE") == "same-origin"
+
+
+class CrossSite:
+    """``allow_origin`` checked once; the cross-site refusals and the CORS headers follow from it."""
+
+    def __init__(self, allow_origin: Union[str, Iterable[str], None]) -> None:
+        self.origins: Origins = _check_origins(allow_origin)
+
+    @property
+    def cors(self) -> bool:
+        return self.origins is not None
+
+    def refuse_post(self, environ: dict) -> None:
+        """Another site may POST a run only if ``allow_origin`` lets its origin in (a run costs money, calls tools)."""
+        site = environ.get("HTTP_SEC_FETCH_SITE", "")
+        if site not in ("cross-site", "same-site"):
+            return
+        origin = environ.get("HTTP_ORIGIN", "")
+        if origin and self.origin_allowed(origin):
+            return
+        source = f" from {origin}" if origin else ""
+        raise HttpError(f"refused a {site} request{source}: another site may not start runs here; to allow "
+                        "one, pass its origin as make_wsgi_app(engine, allow_origin=[...])", 403, field="Origin")
+
+    @staticmethod
+    def refuse_get(environ: dict) -> None:
+        """A GET run comes from this site's own script (fetch/EventSource), never from a link or a tag."""
+        site = environ.get("HTTP_SEC_FETCH_SITE", "")
+        if site == "none":
+            raise HttpError("refused a GET run from outside this site's page (a link opened from another "
+                            f"application, a bookmark or a typed address); {_OPEN_THE_PAGE}",
+                            403, field="Sec-Fetch-Site")
+        if site and site != "same-origin":
+            raise HttpError(f"refused a {site} GET run: other sites may start runs only with a POST that "
+                            "allow_origin admits", 403, field="Sec-Fetch-Site")
+        dest = environ.get("HTTP_SEC_FETCH_DEST", "")
+        if dest and dest != "empty":
+            raise HttpError(f"refused a GET run loaded as {dest!r}: runs start from the page's fetch() or "
+                            f"EventSource; {_OPEN_THE_PAGE}", 403, field="Sec-Fetch-Dest")
+        if environ.get("HTTP_SEC_FETCH_MODE", "") == "navigate":
+            raise HttpError("refused a GET run opened as a page: runs start from the page's fetch() or "
+                            f"EventSource; {_OPEN_THE_PAGE}", 403, field="Sec-Fetch-Mode")
+        if not site and _asks_for_html(environ):
+            raise HttpError(f"refused a GET run asking for HTML (a browser following a link); {_OPEN_THE_PAGE}, "
+                            "or send Accept: text/event-stream from a client of your own", 403, field="Accept")
+
+    def origin_allowed(self, origin: str) -> bool:
+        if self.origins is None:
+            return False
+        if self.origins == "*":
+            return True
+        if isinstance(self.origins, str):
+            return origin == self.origins
+        return origin in self.origins
+
+    def cors_headers(self, environ: dict) -> Headers:
+        if self.origins is None:
+            return []
+        if self.origins == "*":
+            return [("Access-Control-Allow-Origin", "*")]
+        if isinstance(self.origins, str):
+            return [("Access-Control-Allow-Origin", self.origins)]
+        origin = environ.get("HTTP_ORIGIN", "")
+        headers = [("Vary", "Origin")]
+        if origin in self.origins:
+            headers.append(("Access-Control-Allow-Origin", origin))
+        return headers
+
+    @staticmethod
+    def preflight_headers(allowed: Sequence[str]) -> Headers:
+        return [
+            ("Allow", ", ".join(allowed)),
+            ("Access-Control-Allow-Methods", ", ".join(allowed)),
+            ("Access-Control-Allow-Headers", "Content-Type"),
+            ("Access-Control-Max-Age", "600"),
+        ]
+
+
+def _asks_for_html(environ: dict) -> bool:
+    """``Accept`` names an HTML type: what a browser sends for a navigation, never fetch() or EventSource."""
+    accept = environ.get("HTTP_ACCEPT", "").lower()
+    types = {part.split(";", 1)[0].strip() for part in accept.split(",")}
+    return bool(types & {"text/html", "application/xhtml+xml"})
+
+
+def _check_origins(allow_origin: Union[str, Iterable[str], None]) -> Origins:
+    """``None``, ``"*"``, one origin, or a frozenset of origins; each checked so no header can be forged."""
+    if allow_origin is None or allow_origin == "*":
+        return allow_origin
+    origins = [allow_origin] if isinstance(allow_origin, str) else list(allow_origin)
+    for origin in origins:
+        if not isinstance(origin, str) or not _ORIGIN.match(origin):
+            raise ConfigError(f"allow_origin entries must look like 'https://app.example' (scheme://host[:port], "
+                              f"no path or trailing slash) or be '*', got {origin!r}")
+    if not origins:
+        raise ConfigError("allow_origin is an empty collection; pass None for same-origin only")
+    return origins[0] if isinstance(allow_origin, str) else frozenset(origins)
+
+
+SEND = 'send {"messages": [{"role": "user", "content": "..."}]}'
+_PUBLIC_ROLES = ("user", "assistant")
+_PUBLIC_KEYS = frozenset({"role", "content"})
+
+
+class RequestRejected(ValueError):
+    """The request's messages break the policy; ``field`` names where (``messages[1].role``)."""
+
+    def __init__(self, message: str, field: str = "messages") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
+                          trusted: bool = False) -> List[Message]:
+    """The conversation to run for a decoded JSON request body ``{"messages": [...]}``.
+
+    Untrusted (the default): only ``{"role": "user"|"assistant", "content": str}``
+    messages, ending with a user message; anything else raises
+    :class:`RequestRejected` naming the field.  ``system_prompt`` (yours, not the
+    caller's) goes first.  ``trusted=True`` accepts every role and tool-call
+    field :func:`~streamengine._messages.as_message` understands, still after
+    ``system_prompt``.
+    """
+    raw = _raw_messages(payload)
+    parsed = [_trusted_message(i, m) if trusted else _public_message(i, m) for i, m in enumerate(raw)]
+    try:
+        require_unicode("messages", raw)
+    except RecursionError as exc:
+        raise RequestRejected(f"messages are nested too deeply; {SEND}") from exc
+    if not trusted and parsed[-1].role != "user":
+        raise RequestRejected(f"messages[{len(raw) - 1}].role: the last message must be the user's question, "
+                              f"got {parsed[-1].role!r}; "
+                              f"end with {{\"role\": \"user\", \"content\": \"...\"}}", f"messages[{len(raw) - 1}].role")
+    return with_system_prompt(parsed, system_prompt)
+
+
+def with_system_prompt(messages: List[Message], system_prompt: Optional[str]) -> List[Message]:
+    return ([Message(role="system", content=system_prompt)] if system_prompt else []) + messages
+
+
+def _raw_messages(payload: Any) -> List[Any]:
+    if not isinstance(payload, dict):
+        raise RequestRejected(f"body must be a JSON object, got {json_type(payload)}; {SEND}", "body")
+    if "messages" not in payload:
+        raise RequestRejected(f"body has no \"messages\" field; {SEND}")
+    messages = payload["messages"]
+    if not isinstance(messages, list):
+        raise RequestRejected(f"\"messages\" must be a list, got {json_type(messages)}; {SEND}")
+    if not messages:
+        raise RequestRejected(f"\"messages\" is empty; {SEND}")
+    return messages
+
+
+def _public_message(i: int, message: Any) -> Message:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise RequestRejected(f"{where} must be an object, got {json_type(message)}; {SEND}", where)
+    role = message.get("role")
+    if role not in _PUBLIC_ROLES:
+        shown = repr(role) if isinstance(role, str) else json_type(role)
+        raise RequestRejected(
+            f"{where}.role {shown} is not accepted from a request; send \"user\" or \"assistant\" "
+            "(the system prompt is the application's: make_wsgi_app(engine, system_prompt=...); "
+            "tool messages come from the server's own runs)", f"{where}.role")
+    extra = sorted(set(message) - _PUBLIC_KEYS)
+    if extra:
+        raise RequestRejected(
+            f"{where}.{extra[0]} is not accepted from a request; send only "
+            "{\"role\": \"user\"|\"assistant\", \"content\": \"text\"} (tool calls and their results "
+            "are made by the server)", f"{where}.{extra[0]}")
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise RequestRejected(f"{where}.content must be a string, got {json_type(content)}; {SEND}",
+                              f"{where}.content")
+    return Message(role=role, content=content)
+
+
+def _trusted_message(i: int, message: Any) -> Message:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise RequestRejected(f"{where} must be an object, got {json_type(message)}; {SEND}", where)
+    missing = [key for key in ("role", "content") if key not in message]
+    if missing:
+        raise RequestRejected(f"{where} has no {' or '.join(repr(k) for k in missing)}; each message "
+                              "needs \"role\" (system, user, assistant or tool) and \"content\"", where)
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise RequestRejected(f"{where}.tool_calls must be a list of objects; send null or "
+                              '[{"id": "...", "function": {"name": "...", "arguments": "{}"}}]',
+                              f"{where}.tool_calls")
+    try:
+        return as_message(message)
+    except (ConfigError, TypeError, ValueError, AttributeError) as exc:  # the last three: odd tool_calls
+        raise RequestRejected(f"{where} is invalid: {clip(str(exc), 300)}; {SEND}", where) from exc
+
+
+def require_unicode(where: str, value: Any) -> None:
+    """Refuse unpaired surrogates anywhere in the messages.
+
+    JSON may carry ``\\ud83d`` alone; that is not text, has no UTF-8 form, and
+    would only fail the provider request mid-run instead of here.
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestRejected(f"{where} contains an unpaired surrogate (\\u{ord(value[exc.start]):04x} at "
+                                  f"position {exc.start}); send valid Unicode text", where) from exc
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            require_unicode(f"{where}[{i}]", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            require_unicode(f"{where} key", key)
+            require_unicode(f"{where}.{key}", item)
+
+
+def clip(text: str, limit: int) -> str:
+    """Errors quote what was sent; a megabyte of it helps nobody."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
 
 ClientKey = Callable[[dict], str]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -1,4 +1,6 @@
-"""Engine events -> Server-Sent Events bytes, following the WHATWG event-stream rules.
+"""Engine events to Server-Sent Events: the frames, what a client may learn of a failure, the response iterable.
+
+Engine events -> Server-Sent Events bytes, following the WHATWG event-stream rules.
 
 Why it is built this way:
 
@@ -34,6 +36,42 @@ Frames::
     event: done         data: {"answer", "refusal", "telemetry", "usage"}
     : ping                                           heartbeat
     data: [DONE]                                     DONE_FRAME (always last)
+
+What a client may learn about a failure: a short message and a request id; details go to the log.
+
+One stream's response iterable: engine events in, batched SSE bytes out, ``close()`` cancels.
+
+Why it is built this way:
+
+* **One socket write per batch.**  The engine is driven by the server's
+  thread iterating this response, and hands events over in lists
+  (``StreamingEngine.run_batches``): each list is what was ready before the
+  run would wait (everything one read of the provider produced, a tool's
+  result).  Writing a frame per token costs a server write call and a send
+  syscall per token; joining a list's frames costs one of each, and since a
+  list ends where the run would wait, no token waits for the next one.  A
+  batch is also sent when it reaches ``MAX_BATCH_BYTES``.
+* **A disconnect must cancel the run.**  PEP 3333 servers call ``close()``
+  when the client has gone away (or after the last frame); it closes the
+  event generator, which shuts the provider's socket down, cancels the tools
+  and ends the run's threads.  A server only *notices* a disconnect when a
+  write fails, so ``: ping`` goes out every ``heartbeat_s`` while the run is
+  silent; under waitress the ``waitress.client_disconnected`` probe is also
+  polled a few times a second.
+* **A reader that stays stuck is cancelled.**  The run goes only as fast as
+  the server's writes, so a client that reads nothing stops the run from
+  reading the provider (memory stays bounded by the socket buffers); but the
+  run would still hold a provider connection and tools.  :class:`StuckReaders` watches every open stream: one
+  whose last batch has been in the server's hands (a blocked socket write)
+  for ``stuck_reader_timeout_s`` is cancelled, and its connection dropped.
+* **Cancelling is not enough for a stuck reader.**  The server's thread is
+  blocked in its write for as long as the client's kernel acknowledges
+  zero-window probes, which is for ever: the thread and the client's stream
+  slot would stay taken (seven addresses held every slot of a default
+  ``serve``).  So the connection is reset (``SO_LINGER`` 0, then
+  ``shutdown``) where the server shows its socket: waitress's channel (whose
+  method the disconnect probe is) or ``gunicorn.socket``.  The blocked write
+  then fails, the server closes the response, and the slot is released.
 """
 from __future__ import annotations
 
@@ -41,18 +79,20 @@ import dataclasses
 import enum
 import json
 import math
+import socket
+import struct
+import threading
 import time
 from collections import abc
 from itertools import repeat
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from .._cancel import CancelToken
 from .._engine.events import DoneEvent, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
-
-if TYPE_CHECKING:
-    from ._public_errors import PublicErrors
+from .._messages import LLM_WARNING, Message
 
 #: A batch is written when it reaches this size, whatever is still to come in it.
 MAX_BATCH_BYTES = 64 * 1024
@@ -374,3 +414,288 @@ def _public_message(exc: BaseException) -> str:
     if isinstance(exc, StreamEngineError):
         return str(exc) or type(exc).__name__
     return f"internal error ({type(exc).__name__}); see the server log"
+
+
+_public_log = component_logger("streamengine.web")
+
+
+class PublicErrors:
+    """What a client may learn about failures: a short message and a request id, details to the log.
+
+    Error texts carry provider URLs, status bodies, exception reprs and tool
+    tracebacks; none of that belongs in a stranger's browser.  Each detail is
+    logged (loguru, ``streamengine`` logger) under ``request_id``, which the
+    client sees, so an operator can find it.  ``expose=True`` (development)
+    sends the details as well.  Covers ``event: error``, a failed tool's
+    ``error``, the engine's visible ``LLM error`` token and the answer in
+    ``event: done`` that repeats it, and ``telemetry.failed_attempts`` there
+    (only the model and the error's type).
+    """
+
+    #: Tokens :meth:`encode` rewrites start with this (the engine's visible warning); the framer
+    #: sends any other token as it is, without asking.
+    token_prefix = LLM_WARNING
+
+    def __init__(self, request_id: str, *, expose: bool = False, logger: Any = None) -> None:
+        self.request_id = request_id
+        self.expose = expose
+        self._log = logger if logger is not None else _public_log
+        self._warnings: List[Tuple[str, str]] = []  # (warning token as sent by the engine, what the client got)
+
+    def public(self, what: str, detail: Any) -> str:
+        """Log ``detail`` under the request id; the text the client gets instead."""
+        self._log.warning("request {}: {}: {}", self.request_id, what, detail)
+        if self.expose:
+            return f"{detail} (request id {self.request_id})"
+        return f"{what} (request id {self.request_id}; details are in the server log)"
+
+    def encode(self, event: Any) -> bytes:
+        name = getattr(event, "name", None)
+        if name == "token":
+            text = getattr(event, "text", None)
+            if isinstance(text, str) and text.startswith(self.token_prefix):
+                return encode_token(self._warning(text))
+            return encode_token(text)
+        special = self._SPECIAL.get(name) if isinstance(name, str) else None
+        return special(self, event) if special is not None else encode_event(event)
+
+    def _warning(self, text: str) -> str:
+        shown = LLM_WARNING + self.public("the model request failed", text[len(LLM_WARNING):])
+        self._warnings.append((text, shown))
+        return shown
+
+    def _error(self, event: Any) -> bytes:
+        fatal = getattr(event, "fatal", True)
+        what = "the answer failed" if fatal else "a problem the answer went on past"
+        message = self.public(what, getattr(event, "message", None))
+        return _named_frame(b"event: error\ndata: ", {"message": message, "fatal": fatal,
+                                                       "request_id": self.request_id})
+
+    def _tool_result(self, event: Any) -> bytes:
+        result = getattr(event, "result", None)
+        error = getattr(result, "error", None)
+        skipped = getattr(event, "skipped", None)
+        if error:
+            what = (f"not run ({skipped})" if skipped else
+                    "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed")
+            error = self.public(f"{what}: {getattr(result, 'name', '?')}", error)
+        return tool_result_frame(result, error, skipped)
+
+    def _done(self, event: Any) -> bytes:
+        result = getattr(event, "result", None)
+        answer = getattr(result, "answer", None)
+        if isinstance(answer, str):
+            for warning, shown in self._warnings:  # the answer repeats the warning token
+                answer = answer.replace(warning, shown)
+        telemetry = getattr(result, "telemetry", None)
+        failures = getattr(telemetry, "failed_attempts", None)
+        if failures and not self.expose:  # which model failed and how, not what its provider said
+            telemetry = dataclasses.replace(telemetry, failed_attempts=[
+                ": ".join(line.split(": ", 2)[:2]) for line in failures])
+        return done_frame(result, answer, telemetry)
+
+    def failure(self, exc: BaseException) -> bytes:
+        self._log.opt(exception=exc).error("request {}: event stream failed: {}", self.request_id, exc)
+        message = f"{_public_message(exc)} (request id {self.request_id})" if self.expose else \
+            f"the answer failed (request id {self.request_id}; details are in the server log)"
+        return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
+
+    _SPECIAL: Dict[str, Callable[[PublicErrors, Any], bytes]] = {
+        "error": _error, "tool_result": _tool_result, "done": _done,
+    }
+
+
+#: A batch is written once it is this large, however many events are still waiting.
+#: How often an idle stream asks the server whether its client is gone (waitress); one attribute read.
+PROBE_S = 0.25
+
+Probe = Callable[[], bool]
+_monotonic = time.monotonic
+
+
+class SseResponse:
+    """The response iterable of one stream: batches out, and ``close()`` cancels the run.
+
+    ``close()`` may come from the server after the last frame, after a failed
+    write (the client went away), or from another thread while a batch is
+    being produced; in the last case generator ``close()`` is not allowed, so
+    the run is stopped through its cancel token, which works from any thread.
+    """
+
+    def __init__(self, engine: Any, messages: Sequence[Message], *, heartbeat_s: Optional[float],
+                 disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
+                 errors: Optional[PublicErrors] = None, logger: Any = None,
+                 run_options: Optional[dict] = None, drop_connection: Optional[Callable[[], None]] = None) -> None:
+        self.cancel = CancelToken()
+        self._drop = drop_connection
+        tick = heartbeat_s
+        if disconnected is not None:
+            tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
+        # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
+        run_batches = getattr(engine, "run_batches", None)
+        extra = run_options or {}  # conversation_id
+        if run_batches is not None:
+            batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
+        else:  # an engine of your own with run() only: one event a batch
+            batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
+        self._batches = frames(batches, heartbeat_s, disconnected, errors)
+        self._progress = _Progress()
+        # A generator over the frames and the progress only, never the response: no reference cycle,
+        # so a response dropped without close() frees its run at once.
+        self._writes = _write_each(self._batches, self._progress)
+        self._on_close = on_close
+        self._log = logger if logger is not None else component_logger("streamengine.web.SseResponse")
+        self._started = time.monotonic()
+
+    @property
+    def writing_since(self) -> Optional[float]:
+        """Since when (monotonic) a batch is in the server's hands; None while none is."""
+        return self._progress.writing_since
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._writes  # a generator: the server's next() per write calls no Python method
+
+    def __next__(self) -> bytes:
+        return next(self._writes)
+
+    def give_up(self) -> None:
+        """The client took nothing for too long: cancel the run and drop the connection (from any thread).
+
+        The server's thread is blocked writing to that client, so the run's end
+        could never be written; dropping the connection makes that write fail,
+        and the server then closes this response.  Without ``drop_connection``
+        (a server that does not show its socket) only the run is cancelled.
+        """
+        self.cancel.set()
+        drop, self._drop = self._drop, None
+        if drop is not None and not self._progress.closed:
+            drop()
+
+    def close(self) -> None:
+        """End the run (if still going) and free everything it holds; idempotent."""
+        progress = self._progress
+        self._drop = None
+        if progress.closed:
+            return
+        progress.closed = True
+        progress.writing_since = None
+        if not progress.finished:
+            self._log.info("stream closed by the server after {} writes and {:.3f}s (client gone?); "
+                           "cancelling the run", progress.sent, time.monotonic() - self._started)
+            self.cancel.set()
+        try:
+            for generator in (self._writes, self._batches):  # the first closes the second, once started
+                try:
+                    generator.close()
+                except ValueError:  # being iterated in another thread: the cancel token ends that run
+                    pass
+        finally:
+            on_close, self._on_close = self._on_close, None  # it refers back to this response: no cycle left
+            if on_close is not None:
+                on_close()
+
+
+class _Progress:
+    """What one response's writes have got to; shared by the response and its generator of writes."""
+
+    __slots__ = ("closed", "finished", "sent", "writing_since")
+
+    def __init__(self) -> None:
+        self.writing_since: Optional[float] = None  # a batch is in the server's hands since then
+        self.sent = 0
+        self.finished = False
+        self.closed = False
+
+
+def _write_each(batches: Iterator[bytes], progress: _Progress) -> Iterator[bytes]:
+    """The batches, one per server write, with ``progress`` kept up to date."""
+    if not progress.closed:
+        for batch in batches:
+            if progress.closed:
+                break
+            progress.sent += 1
+            progress.writing_since = _monotonic()
+            yield batch
+            progress.writing_since = None
+            if progress.closed:
+                break
+        else:
+            progress.finished = True
+            return
+    # Closed, maybe from another thread while a batch was made: finish the generators here,
+    # in the iterating thread, where closing them is allowed.
+    batches.close()  # type: ignore[attr-defined]
+
+
+class StuckReaders:
+    """Cancels streams whose client has not taken a write for ``timeout_s`` (one watcher thread per app).
+
+    The thread runs only while streams are open, checks every ``timeout_s / 4``
+    and ends when the last stream closes, so an idle app holds no thread.
+    """
+
+    def __init__(self, timeout_s: Optional[float], logger: Any) -> None:
+        self.timeout_s = timeout_s
+        self._log = logger
+        self._streams: set[SseResponse] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, response: SseResponse) -> None:
+        if self.timeout_s is None:
+            return
+        with self._lock:
+            self._streams.add(response)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="streamengine-stuck-readers", daemon=True)
+                self._thread.start()
+
+    def remove(self, response: SseResponse) -> None:
+        with self._lock:
+            self._streams.discard(response)
+            if not self._streams:
+                self._wake.set()
+
+    def _watch(self) -> None:
+        assert self.timeout_s is not None
+        while True:
+            self._wake.wait(self.timeout_s / 4)
+            with self._lock:
+                self._wake.clear()
+                if not self._streams:
+                    self._thread = None
+                    return
+                streams = list(self._streams)
+            now = time.monotonic()
+            for response in streams:
+                since = response.writing_since
+                if since is not None and now - since >= self.timeout_s and not response.cancel.is_set():
+                    self._log.warning("a client read nothing for {:.1f}s; cancelling its run and closing its "
+                                      "connection (stuck_reader_timeout_s={})", now - since, self.timeout_s)
+                    response.give_up()
+
+
+def connection_dropper(environ: dict) -> Optional[Callable[[], None]]:
+    """A function resetting this request's connection from any thread, or None where the server hides it.
+
+    gunicorn puts the client's socket in ``gunicorn.socket``; waitress's
+    ``waitress.client_disconnected`` is a method of its channel, which holds
+    the socket (``channel.socket``).
+    """
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+        sock = getattr(channel, "socket", None)
+    if not isinstance(sock, socket.socket):
+        return None
+    return lambda: _reset_socket(sock)
+
+
+def _reset_socket(sock: socket.socket) -> None:
+    """Reset, not close: the unsent answer is dropped at once (a FIN would wait behind it for ever)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RDWR)  # wakes the server: its blocked write fails, its loop sees the hang-up
+    except OSError:  # already closed by the server: nothing left to drop
+        pass

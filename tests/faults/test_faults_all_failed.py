@@ -12,7 +12,7 @@ from backoff_support import RecordedBackoffs
 from faultkit import MESSAGES, stream_threads, streaming
 
 from streamengine._calls.failover import ModelFailover
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError

@@ -19,7 +19,7 @@ from rawwire import outcomes_of, random_bodies
 
 from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._clients.anthropic.client import AnthropicClient
+from streamengine._clients.anthropic import AnthropicClient
 from streamengine._errors import AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
 from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider

@@ -19,7 +19,7 @@ from rawwire import outcomes_of, peak_while_refused, random_bodies
 
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._clients.http.sse_read import MAX_EVENT_BYTES
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._errors import LlmHttpError, LlmProtocolError
 from streamengine.testing import steps as s
 

@@ -15,7 +15,7 @@ from typing import List, Sequence
 
 import pytest
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider

@@ -19,7 +19,7 @@ from http_support import provider_fixtures
 
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
 from streamengine._clients.http.errors import parse_retry_after
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ErrorEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import (

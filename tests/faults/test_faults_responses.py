@@ -20,7 +20,7 @@ from rawwire import outcomes_of, random_bodies
 
 from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._clients.responses.client import OpenAIResponsesClient
+from streamengine._clients.responses import OpenAIResponsesClient
 from streamengine._errors import AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
 from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider

@@ -30,7 +30,7 @@ from faultkit import EMPTY_DELTA, GUARD_S, KEEP_ALIVE, MESSAGES, PING, content_f
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
 
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._errors import LlmTimeoutError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s

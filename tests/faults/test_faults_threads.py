@@ -19,7 +19,7 @@ import pytest
 from conftest import wait_for
 from faultkit import GUARD_S
 
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider

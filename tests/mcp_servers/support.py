@@ -180,13 +180,13 @@ def lab_http(record: Record):
 @pytest.fixture
 def no_mcp_leak():
     """After the test: no MCP loop thread, and every server process it started is gone."""
-    from streamengine.mcp import _loop
+    from streamengine.mcp import _session
 
     yield
     deadline = time.monotonic() + 10
-    while _loop.alive() is not None and time.monotonic() < deadline:
+    while _session.alive() is not None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _loop.alive() is None, "the MCP loop thread outlived every server"
+    assert _session.alive() is None, "the MCP loop thread outlived every server"
     assert not [t for t in threading.enumerate() if t.name == "streamengine-mcp-loop"]
 
 

@@ -1,5 +1,27 @@
 """The HTTP transport every provider client shares; a provider adds only its wire format.
 
+Also what the environment says about a request (proxies, CA bundle,
+``~/.netrc``, read once per URL) and the loop of wires whose SSE events are
+JSON objects named by their ``type`` (Anthropic, OpenAI Responses).
+
+What the environment says about a request (proxies, CA bundle, ``~/.netrc``), read once per URL.
+
+With ``trust_env`` on (its default), requests reads the environment again on
+every request: it decodes every environment variable twice to find the
+proxies and ``NO_PROXY``, looks for ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
+and reads ``~/.netrc``.  On a served stream of 60 tokens that is the largest
+part of a request's fixed cost (``bench/README.md``, section 14).  httpx and
+the openai SDK read the environment once, when the client is made.
+
+A client that made its own session does the same, per URL: its session gets
+``trust_env = False``, and the settings requests would have found are read at
+the first request to a URL, kept, and passed with every request to it — the
+same proxies, ``verify`` and netrc credentials requests itself would use.
+To follow a change of the environment, make a new client.  A session you
+pass is left alone: it reads the environment as requests always does.
+
+The HTTP transport every provider client shares; a provider adds only its wire format.
+
 This is the one boundary where HTTP, urllib3 and framing errors become
 streamengine errors (``raise ... from exc``), so nothing above it needs to
 know which library spoke to the provider.  What it guarantees, for every
@@ -18,6 +40,15 @@ provider alike:
 
 A provider subclasses :class:`HttpProviderClient` (request body and headers,
 answer parsing, error wording) and :class:`SseStreamParser` (events -> chunks).
+
+The loop of a wire whose SSE events are JSON objects named by their ``type`` (Anthropic, OpenAI Responses).
+
+One home for what those wires share: each event is parsed as a JSON object
+(anything else is a protocol error naming the wire; a plain-text ``error``
+event keeps its text), handed to the wire's :meth:`TypedEventParser.chunk_of`,
+and the stream is complete when the wire sets :attr:`ended`.  The
+Chat Completions wire keeps its own loop: it is the hot path and has no
+``type`` field.
 """
 from __future__ import annotations
 
@@ -31,12 +62,12 @@ from functools import cached_property
 from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import requests
+import requests.utils
 
 from ..._cancel import cancel_flag, on_cancel
 from ..._errors import ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError
-from ..._logs import component_logger
+from ..._logs import Redactor, component_logger, redact_urls
 from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
-from ..._redact import Redactor, redact_urls
 from ..._validation import seconds
 from ..base import StreamingLlmClient, Wait, chunks_only
 from .body import (
@@ -51,10 +82,48 @@ from .body import (
     timed_reads,
 )
 from .connection import RequestTracker, mount_cancellable, tracking
-from .credentials import check_api_key, check_headers, credentials_in, parse_base_url
-from .environment import read_once
 from .errors import redact_exception, short_cause
-from .sse_read import MAX_EVENT_BYTES, SseEventTooLarge, SseFramer, iter_event_batches
+from .options import check_api_key, check_headers, credentials_in, parse_base_url
+from .sse_read import MAX_EVENT_BYTES, WAIT, SseEventTooLarge, SseFramer, iter_event_batches
+
+#: A client talks to a handful of URLs (its endpoints); past this many, the oldest are forgotten.
+MAX_URLS = 64
+
+
+class EnvironmentSettings:
+    """The keyword arguments of ``Session.request`` that requests would take from the environment, per URL."""
+
+    def __init__(self) -> None:
+        self._by_url: Dict[str, Dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._probe = requests.Session()  # trust_env on: the one requests reads the environment with
+        self._probe.close()  # never sends; nothing to pool
+
+    def for_url(self, url: str) -> Dict[str, Any]:
+        """``proxies``, ``verify`` and (from ``~/.netrc``) ``auth`` for a request to ``url``."""
+        settings = self._by_url.get(url)
+        if settings is None:
+            settings = self._read(url)
+            with self._lock:
+                if len(self._by_url) >= MAX_URLS:
+                    self._by_url.pop(next(iter(self._by_url)))
+                self._by_url[url] = settings
+        return settings
+
+    def _read(self, url: str) -> Dict[str, Any]:
+        merged = self._probe.merge_environment_settings(url, {}, None, None, None)
+        settings: Dict[str, Any] = {"proxies": merged["proxies"], "verify": merged["verify"]}
+        auth: Optional[Any] = requests.utils.get_netrc_auth(url)
+        if auth:
+            settings["auth"] = auth
+        return settings
+
+
+def read_once(session: requests.Session) -> EnvironmentSettings:
+    """For a session the client made: requests stops reading the environment; ask the result instead."""
+    session.trust_env = False
+    return EnvironmentSettings()
+
 
 ERROR_BODY_LIMIT = 64 * 1024  # read this much of an error body; LlmHttpError keeps 1 KB
 JSON_BODY_LIMIT = 64 * 1024 * 1024
@@ -406,3 +475,50 @@ class HttpProviderClient(StreamingLlmClient):
         self._log.debug("stream from {} completed after {} events (finish={})",
                         url, parser.events, completed.finish_reason)
         yield completed
+
+
+class TypedEventParser(SseStreamParser):
+    """SSE events that are JSON objects -> chunks; a wire writes :meth:`chunk_of` and :meth:`plain_error`."""
+
+    #: How the wire is named in the error for an event it cannot read.
+    wire_name = "the"
+
+    def run(self, resp: requests.Response, cancel: Optional[threading.Event],
+            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+        with self.reading(resp, cancel, tracker) as (events, flag):
+            for name, data in events:
+                if name is WAIT:  # the body would block: the run waits for it, with everything else
+                    yield data
+                    continue
+                if flag.cancelled:
+                    break
+                self.events += 1
+                chunk = self.chunk_of(name, self._frame(name, data))
+                if chunk is not None:
+                    yield chunk
+                if self.ended:
+                    return self.completed()
+        return self.unfinished(cancel, tracker)
+
+    def chunk_of(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
+        """The chunk for one event (None: nothing meaningful); raise for an error, set ``ended`` at the end."""
+        raise NotImplementedError
+
+    def plain_error(self, text: str) -> Dict[str, Any]:
+        """The frame for an ``error`` event whose data is plain text, in the wire's own error shape."""
+        raise NotImplementedError
+
+    def _frame(self, name: str, data: str) -> Dict[str, Any]:
+        try:
+            frame = json.loads(data)
+        except ValueError as exc:
+            if name == "error":  # a plain-text error event still says what went wrong
+                return self.plain_error(data)
+            raise LlmProtocolError(
+                f"{self.url} sent a stream event that is not JSON ({exc}): {self.redact(data[:200])!r}; "
+                f"the provider does not speak {self.wire_name} stream format") from exc
+        if not isinstance(frame, dict):
+            raise LlmProtocolError(
+                f"{self.url} sent a stream event that is not a JSON object: {self.redact(data[:200])!r}; "
+                f"the provider does not speak {self.wire_name} stream format")
+        return frame

@@ -1,1 +1,0 @@
-"""Anthropic's Messages wire: request format, typed stream events, the client."""

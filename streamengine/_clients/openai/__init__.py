@@ -1,1 +1,0 @@
-"""The OpenAI-compatible Chat Completions wire: request building, chunk parsing, error reading, the client."""

@@ -1,1 +1,0 @@
-"""OpenAI's Responses wire (``POST /v1/responses``): request translation, answers and errors, stream events, client."""
