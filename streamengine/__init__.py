@@ -54,66 +54,80 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["enable_logging"], "._logs"),
 }
 
-__all__ = sorted(_HOMES)
+#: Literal, so type checkers and IDEs read it; tests/test_public_api.py checks it against ``_HOMES``.
+__all__ = [
+    "AllModelsFailedError", "AnthropicClient", "CancelToken", "CancellableAdapter", "Chunk", "CompletionOptions",
+    "ConfigError", "DoneEvent", "EngineConfig", "EngineResult", "ErrorClass", "ErrorClassifier", "ErrorEvent",
+    "Event", "HashingEmbedder", "HeartbeatEvent", "LLM_WARNING", "LlmCancelledError", "LlmClient",
+    "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError",
+    "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer", "OpenAICompatibleClient", "OpenAIEmbedder",
+    "OpenAIResponsesClient", "PostgresRagStore", "RefusalEvent", "ResetEvent", "Response", "RoundEvent",
+    "RoutedClient", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StreamEngineError", "StreamingEngine",
+    "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta", "ToolContext",
+    "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent", "Usage",
+    "enable_logging", "tool",
+]
 
 if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
-    from ._calls.failover import ErrorClass, ErrorClassifier
-    from ._calls.hooks import ModelChunkEvent, Observer
-    from ._cancel import CancelToken
-    from ._clients.anthropic import AnthropicClient
-    from ._clients.base import LlmClient, StreamingLlmClient
-    from ._clients.http.connection import CancellableAdapter
-    from ._clients.openai import OpenAICompatibleClient
-    from ._clients.responses import OpenAIResponsesClient
-    from ._clients.routed import RoutedClient
-    from ._clients.scripted import ScriptedClient
-    from ._config import EngineConfig
-    from ._engine.events import (
-        DoneEvent,
-        ErrorEvent,
-        Event,
-        HeartbeatEvent,
-        RefusalEvent,
-        ResetEvent,
-        RoundEvent,
-        TokenEvent,
-        ToolResultEvent,
-        ToolStartEvent,
-    )
-    from ._engine.result import EngineResult, Telemetry
-    from ._engine.run import RunFailedError, StreamingEngine
-    from ._errors import (
-        AllModelsFailedError,
-        ConfigError,
-        LlmCancelledError,
-        LlmConnectionError,
-        LlmError,
-        LlmHttpError,
-        LlmOutputLimitError,
-        LlmProtocolError,
-        LlmStreamError,
-        LlmTimeoutError,
-        StreamEngineError,
-        ToolError,
-    )
-    from ._logs import enable_logging
-    from ._messages import (
-        LLM_WARNING,
-        Chunk,
-        CompletionOptions,
-        Message,
-        Response,
-        ToolCall,
-        ToolCallDelta,
-        ToolContext,
-        ToolResult,
-        ToolSpec,
-        Usage,
-    )
-    from .rag._chunking import HashingEmbedder, OpenAIEmbedder
-    from .rag._postgres import PostgresRagStore
-    from .rag._sqlite import SqliteRagStore
-    from .tools._tool import Tool, ToolRegistry, tool
+    from ._calls.failover import ErrorClass as ErrorClass
+    from ._calls.failover import ErrorClassifier as ErrorClassifier
+    from ._calls.hooks import ModelChunkEvent as ModelChunkEvent
+    from ._calls.hooks import Observer as Observer
+    from ._cancel import CancelToken as CancelToken
+    from ._clients.anthropic import AnthropicClient as AnthropicClient
+    from ._clients.base import LlmClient as LlmClient
+    from ._clients.base import StreamingLlmClient as StreamingLlmClient
+    from ._clients.http.connection import CancellableAdapter as CancellableAdapter
+    from ._clients.openai import OpenAICompatibleClient as OpenAICompatibleClient
+    from ._clients.responses import OpenAIResponsesClient as OpenAIResponsesClient
+    from ._clients.routed import RoutedClient as RoutedClient
+    from ._clients.scripted import ScriptedClient as ScriptedClient
+    from ._config import EngineConfig as EngineConfig
+    from ._engine.events import DoneEvent as DoneEvent
+    from ._engine.events import ErrorEvent as ErrorEvent
+    from ._engine.events import Event as Event
+    from ._engine.events import HeartbeatEvent as HeartbeatEvent
+    from ._engine.events import RefusalEvent as RefusalEvent
+    from ._engine.events import ResetEvent as ResetEvent
+    from ._engine.events import RoundEvent as RoundEvent
+    from ._engine.events import TokenEvent as TokenEvent
+    from ._engine.events import ToolResultEvent as ToolResultEvent
+    from ._engine.events import ToolStartEvent as ToolStartEvent
+    from ._engine.result import EngineResult as EngineResult
+    from ._engine.result import Telemetry as Telemetry
+    from ._engine.run import RunFailedError as RunFailedError
+    from ._engine.run import StreamingEngine as StreamingEngine
+    from ._errors import AllModelsFailedError as AllModelsFailedError
+    from ._errors import ConfigError as ConfigError
+    from ._errors import LlmCancelledError as LlmCancelledError
+    from ._errors import LlmConnectionError as LlmConnectionError
+    from ._errors import LlmError as LlmError
+    from ._errors import LlmHttpError as LlmHttpError
+    from ._errors import LlmOutputLimitError as LlmOutputLimitError
+    from ._errors import LlmProtocolError as LlmProtocolError
+    from ._errors import LlmStreamError as LlmStreamError
+    from ._errors import LlmTimeoutError as LlmTimeoutError
+    from ._errors import StreamEngineError as StreamEngineError
+    from ._errors import ToolError as ToolError
+    from ._logs import enable_logging as enable_logging
+    from ._messages import LLM_WARNING as LLM_WARNING
+    from ._messages import Chunk as Chunk
+    from ._messages import CompletionOptions as CompletionOptions
+    from ._messages import Message as Message
+    from ._messages import Response as Response
+    from ._messages import ToolCall as ToolCall
+    from ._messages import ToolCallDelta as ToolCallDelta
+    from ._messages import ToolContext as ToolContext
+    from ._messages import ToolResult as ToolResult
+    from ._messages import ToolSpec as ToolSpec
+    from ._messages import Usage as Usage
+    from .rag._chunking import HashingEmbedder as HashingEmbedder
+    from .rag._chunking import OpenAIEmbedder as OpenAIEmbedder
+    from .rag._postgres import PostgresRagStore as PostgresRagStore
+    from .rag._sqlite import SqliteRagStore as SqliteRagStore
+    from .tools._tool import Tool as Tool
+    from .tools._tool import ToolRegistry as ToolRegistry
+    from .tools._tool import tool as tool
 
 
 if "loguru" in _sys.modules:  # a host that logs with loguru: be silent in it from the start (costs nothing)

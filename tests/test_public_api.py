@@ -1,7 +1,14 @@
 """The public face: ``__all__`` is sorted, complete and importable."""
+import ast
+import importlib
 import inspect
 
+import pytest
+
 import streamengine
+
+PUBLIC_MODULES = ["streamengine", "streamengine.web", "streamengine.tools", "streamengine.rag", "streamengine.mcp",
+                  "streamengine.testing", "streamengine.wsgi"]
 
 
 def test_all_is_sorted_and_unique():
@@ -114,3 +121,42 @@ def test_a_cancel_token_is_an_event_that_waits_sets_and_clears_across_threads():
     assert sorted(order) == [("callback", True), ("woke", True)] and token.is_set()
     token.clear()
     assert not token.is_set() and not token.cancelled and not token.wait(0.01)
+
+
+def _tree(module_name):
+    if module_name == "streamengine.mcp":
+        pytest.importorskip("mcp")
+    return ast.parse(inspect.getsource(importlib.import_module(module_name)))
+
+
+def _literal_all(tree):
+    [value] = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+    assert isinstance(value, ast.List) and all(isinstance(e, ast.Constant) for e in value.elts), \
+        "__all__ must be a literal list of strings, so type checkers read it"
+    return [e.value for e in value.elts]
+
+
+def _explicit_reexports(nodes):
+    """Names imported as ``from .x import Name as Name``: what ``mypy --strict`` accepts as re-exported."""
+    return {alias.asname: "." * node.level + (node.module or "") for node in nodes if isinstance(node, ast.ImportFrom)
+            for alias in node.names if alias.asname == alias.name or (node.module is None and alias.asname)}
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_each_public_module_has_a_literal_all_of_explicit_reexports(module_name):
+    tree = _tree(module_name)
+    names = _literal_all(tree)
+    nodes = list(tree.body)
+    nodes += [inner for node in tree.body if isinstance(node, ast.If) for inner in node.body]
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    missing = [name for name in names if name not in _explicit_reexports(nodes) and name not in defined]
+    assert missing == [], f"{module_name}: re-export these as `from .x import Name as Name`"
+
+
+def test_the_lazy_table_and_what_type_checkers_see_agree():
+    """``import streamengine`` imports a name on first use (``_HOMES``); mypy reads the TYPE_CHECKING imports."""
+    tree = _tree("streamengine")
+    assert sorted(_literal_all(tree)) == sorted(streamengine._HOMES)
+    [checking] = [node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+    assert _explicit_reexports(checking.body) == streamengine._HOMES

@@ -23,8 +23,9 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("streamengine.mcp needs the MCP SDK: pip install 'streamengine[mcp]'") from exc
 
-from ._server import McpServer
-from ._tools import McpTool, McpToolError
-from ._transports import McpLimits
+from ._server import McpServer as McpServer
+from ._tools import McpTool as McpTool
+from ._tools import McpToolError as McpToolError
+from ._transports import McpLimits as McpLimits
 
 __all__ = ["McpLimits", "McpServer", "McpTool", "McpToolError"]

@@ -17,10 +17,15 @@ finds it.
 Layering: this package depends only on ``_errors``/``_logs``/``tools`` and the
 standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.
 """
-from ._base import Embedder, Filing, Hit, RagStore
-from ._chunking import HashingEmbedder, OpenAIEmbedder, chunks_for_ingest
-from ._postgres import PostgresRagStore
-from ._sqlite import SqliteRagStore
+from ._base import Embedder as Embedder
+from ._base import Filing as Filing
+from ._base import Hit as Hit
+from ._base import RagStore as RagStore
+from ._chunking import HashingEmbedder as HashingEmbedder
+from ._chunking import OpenAIEmbedder as OpenAIEmbedder
+from ._chunking import chunks_for_ingest as chunks_for_ingest
+from ._postgres import PostgresRagStore as PostgresRagStore
+from ._sqlite import SqliteRagStore as SqliteRagStore
 
 __all__ = [
     "Embedder", "Filing", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore", "SqliteRagStore",

@@ -14,7 +14,11 @@ Public, for streamengine's own tests, its demo and CLI harness, and your tests.
     from streamengine.testing import FakeProvider, steps as s
 """
 from . import _steps as steps
-from ._provider import FakeProvider, RecordedRequest, Turn, fake_embedding
-from ._steps import Stamp, Step
+from ._provider import FakeProvider as FakeProvider
+from ._provider import RecordedRequest as RecordedRequest
+from ._provider import Turn as Turn
+from ._provider import fake_embedding as fake_embedding
+from ._steps import Stamp as Stamp
+from ._steps import Step as Step
 
 __all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "Turn", "fake_embedding", "steps"]

@@ -8,10 +8,15 @@ it; ``tool`` holds :class:`Tool`, ``@tool`` and :class:`ToolRegistry`;
 tool sees (:class:`ToolContext`, in :mod:`streamengine._messages`) live
 below this package, since the engine uses them too; they are re-exported here.
 """
-from .._messages import ToolContext, ToolResult
-from ._executor import ToolExecutor
-from ._handle import ToolHandle
-from ._tool import Tool, ToolRegistry, ToolReturnError, result_to_text, tool
+from .._messages import ToolContext as ToolContext
+from .._messages import ToolResult as ToolResult
+from ._executor import ToolExecutor as ToolExecutor
+from ._handle import ToolHandle as ToolHandle
+from ._tool import Tool as Tool
+from ._tool import ToolRegistry as ToolRegistry
+from ._tool import ToolReturnError as ToolReturnError
+from ._tool import result_to_text as result_to_text
+from ._tool import tool as tool
 
 __all__ = [
     "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult", "ToolReturnError",
