@@ -49,7 +49,7 @@ def provider():
 # pool, a Dask cluster.  Under pytest-xdist each runs whole on one worker; every other test is
 # scheduled on its own, wherever a worker is free.
 ONE_WORKER_MODULES = frozenset({
-    "tests/test_browser.py", "tests/test_engine_remote.py", "tests/test_executor_remote.py",
+    "tests/web/test_browser.py", "tests/engine/test_engine_remote.py", "tests/tools/test_executor_remote.py",
 })
 
 
