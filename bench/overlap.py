@@ -98,7 +98,7 @@ def _run_engine(server: Server, model: str, k: int) -> Tuple[float, float]:
 def _run_after(server: Server, model: str, k: int, parallel: bool) -> Tuple[float, float]:
     """The usual way: stream the answer, find the calls, run them once the stream is over."""
     from streamengine import CompletionOptions, OpenAICompatibleClient
-    from streamengine._inline.scanner import InlineToolScanner
+    from streamengine._inline import InlineToolScanner
     client = OpenAICompatibleClient(server.base_url)
     parser = InlineToolScanner()
     calls = []

@@ -37,7 +37,7 @@ def _parse(tokens: List[str], copies: int = 1) -> int:
     memory out of the figure: 1M distinct token strings do not fit in a CPU
     cache, a stream's tokens arrive one at a time.
     """
-    from streamengine._inline.scanner import InlineToolScanner
+    from streamengine._inline import InlineToolScanner
     parser = InlineToolScanner()
     feed = parser.feed
     for _ in range(copies):

@@ -1,1 +1,3 @@
-"""The ``streamengine`` command: ``main`` (commands), ``build`` (flags to objects), ``chat``, ``output``, ``demo``."""
+"""The ``streamengine`` command: ``main`` (commands), ``build`` (flags to objects), ``chat``, ``output``,
+``log``, ``demo``.
+"""

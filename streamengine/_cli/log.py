@@ -14,7 +14,7 @@ that ``-c`` or ``logs`` cannot read (locked, damaged, in the wrong place) is
 one error line saying what to do.  The log holds prompts and answers: it is
 created readable by its owner only (0600, in a 0700 directory).
 
-``streamengine logs``: the last runs from the run log (see :mod:`.log`).
+``streamengine logs``: the last runs from the run log above.
 
 At a terminal the logged prompts and answers (model text) are shown with
 their control characters visible; into a pipe or file they go as logged.

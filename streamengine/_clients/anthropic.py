@@ -4,8 +4,8 @@ One wire, one module, over the shared HTTP transport.
 
 The Anthropic Messages format: our messages in, its answers and errors out.
 
-Kept apart from the transport (``anthropic.py``) and the stream parser
-(``anthropic_stream.py``) because it is pure data: no I/O, easy to test.
+The format is pure data (no I/O, easy to test); the stream parser and the
+client below it use it.
 
 Requests differ from the OpenAI shape in ways the API enforces:
 
@@ -58,10 +58,7 @@ error, chained.  A stream is complete only at ``message_stop`` or a stop
 reason.  HTTP errors are the same :class:`LlmHttpError` (``retry-after``
 parsed alike), so failover treats both providers alike; an ``error`` event
 inside a 200 stream is classified as its HTTP status would be
-(``anthropic_format.error_from_payload``).
-
-The wire format lives in ``anthropic_format.py`` (requests, answers,
-errors) and ``anthropic_stream.py`` (stream events -> chunks).
+(``error_from_payload``).
 """
 from __future__ import annotations
 
@@ -458,7 +455,7 @@ class AnthropicClient(RequestExtras, HttpProviderClient):
     you pass is used as is (a cancellable adapter is mounted for ``base_url``)
     and not closed by :meth:`close`.  The anthropic SDK's ``default_headers=``,
     ``timeout=`` and ``max_retries=`` and the options' ``extra_body``,
-    ``extra_headers`` and ``extra_query`` are understood (:mod:`..http.extras`).
+    ``extra_headers`` and ``extra_query`` are understood (:mod:`.http.options`).
     """
 
     chat_path = "/v1/messages"

@@ -9,7 +9,7 @@ What the OpenAI-compatible client sends: the JSON body, the headers, the query.
 
 Everything here is checked when the client is built or the call is made, so a
 bad option is a ConfigError naming it; the key and extra headers are checked
-in ``credentials.py``, for every provider alike.
+in ``http/options.py``, for every provider alike.
 
 What went wrong with a provider, in words a person acts on.
 
@@ -624,7 +624,7 @@ class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
     ``STREAMENGINE_API_KEY``/``OPENAI_API_KEY``); ``default_headers=``,
     ``timeout=`` and ``max_retries=`` are taken, and ``extra_body``,
     ``extra_headers`` and ``extra_query`` in the options go where the SDK puts
-    them (see :mod:`..http.extras`).
+    them (see :mod:`.http.options`).
     """
 
     chat_path = "/chat/completions"

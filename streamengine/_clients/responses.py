@@ -74,8 +74,7 @@ rather than copied: the constructor's options (``headers``, ``query``,
 credentials and redaction, the transport (cancel shuts the socket down even
 before the headers, bounded reads, SSE framing), HTTP error wording and
 ``retry-after``, connection-error messages and embeddings.  What differs is
-here and beside it: the request (``request.py``), the answer and its errors
-(``answer.py``), the stream events (``stream.py``).
+here: the request, the answer and its errors, the stream events.
 """
 from __future__ import annotations
 

@@ -26,9 +26,9 @@ when the turn has tool calls, else ``"stop"``), ``usage`` and ``[DONE]``
 appended, leaving out the ones the turn already has.
 
 ``FakeProvider(wire="anthropic")`` serves ``POST /v1/messages`` instead and
-speaks the same steps as the Anthropic Messages API (``anthropic_wire.py``);
+speaks the same steps as the Anthropic Messages API (``_wires.py``);
 ``FakeProvider(wire="responses")`` serves ``POST /v1/responses`` and speaks
-them as OpenAI's Responses API (``_responses_wire.py``).
+them as OpenAI's Responses API (``_wires.py``).
 
 Response headers go out at once, like a real provider, unless the first
 step that is not a timing step (``delay``/``wait``/``signal``) is

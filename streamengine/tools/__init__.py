@@ -4,9 +4,9 @@
 it; ``tool`` holds :class:`Tool`, ``@tool`` and :class:`ToolRegistry`;
 ``executor`` runs calls on owned threads (or a remote executor) with deadlines, and
 ``handle`` is the per-call state machine it drives.  What a call returns
-(:class:`ToolResult`, in :mod:`streamengine._messages`) and what a running
-tool sees (:class:`ToolContext`, in :mod:`streamengine._messages`) live
-below this package, since the engine uses them too; they are re-exported here.
+(:class:`ToolResult`) and what a running tool sees (:class:`ToolContext`)
+live in :mod:`streamengine._messages`, below this package, since the engine
+uses them too; they are re-exported here.
 """
 from .._messages import ToolContext as ToolContext
 from .._messages import ToolResult as ToolResult

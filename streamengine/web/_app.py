@@ -20,7 +20,7 @@ Routes (relative to where the app is mounted, ``SCRIPT_NAME``)::
 
 A request passes, in order: the Host check, the cross-site check, the
 ``authorize`` hook, the message policy and the stream limits (see
-:mod:`.guard` and :mod:`.policy`); any refusal is a JSON
+:mod:`._guard`); any refusal is a JSON
 ``{"error": ..., "field": ...}`` with a 4xx status, before the stream starts.
 """
 from __future__ import annotations

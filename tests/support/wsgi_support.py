@@ -1,4 +1,6 @@
-"""What the web tests share: a served app under waitress, WSGI calls through wsgiref's validator, SSE read back, engine stand-ins."""
+"""What the web tests share: an app served by waitress, WSGI calls through wsgiref's validator, SSE read
+back, engine stand-ins.
+"""
 from __future__ import annotations
 
 import io

@@ -21,7 +21,8 @@ from streamengine.testing import steps as s
 
 def test_a_tool_whose_dask_worker_dies_runs_once_and_says_so(tmp_path, monkeypatch):
     distributed = pytest.importorskip("distributed")
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1] / "support"))  # workers import remote_tools
+    # the workers import remote_tools
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1] / "support"))
     log = tmp_path / "starts.log"
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   protocol="tcp://", dashboard_address=":0", silence_logs=50) as cluster, \

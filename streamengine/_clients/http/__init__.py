@@ -1,1 +1,1 @@
-"""The HTTP boundary every client shares: transport, connections, body reading, SSE reading, errors, credentials."""
+"""The HTTP boundary every client shares: transport, connections, body reading, SSE reading, errors, request options."""
