@@ -143,6 +143,30 @@ def test_no_module_is_a_monster():
     assert {name: n for name, n in long.items() if n > MAX_MODULE_LINES} == {}
 
 
+
+# --- the tests mirror the package ------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+#: Tests of the package as a whole; every other test lives in the folder of what it tests.
+WHOLE_PACKAGE_TESTS = {"conftest.py", "test_architecture.py", "test_public_api.py", "test_readme.py"}
+#: One folder per part of the package (``mcp_client``, not ``mcp``: that would shadow the SDK), and ``support``.
+TEST_FOLDERS = {"core", "calls", "engine", "clients", "tools", "web", "cli", "rag", "mcp_client", "otel", "testing",
+                "support"}
+
+
+def test_tests_are_laid_out_like_the_package():
+    assert {p.name for p in TESTS.glob("*.py")} == WHOLE_PACKAGE_TESTS
+    assert {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == TEST_FOLDERS
+
+
+def test_helpers_live_in_support_and_test_modules_have_unique_names():
+    """pytest imports a test module by its file name (no ``__init__.py``), so two folders may not share one."""
+    outside = [p for p in TESTS.rglob("*.py") if not p.name.startswith("test_") and p.parent != TESTS
+               and TESTS / "support" not in p.parents]
+    assert outside == []
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
 # --- the doc names what exists ----------------------------------------------------------------
 
 _DOTTED = re.compile(r"`((?:streamengine\.)?(?:_?[a-z][a-z0-9_]*)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?`")
