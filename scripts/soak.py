@@ -41,7 +41,7 @@ import waitress
 from waitress import wasyncore
 
 from streamengine._clients.http.connection import CancellableAdapter
-from streamengine._clients.openai.client import OpenAICompatibleClient
+from streamengine._clients.openai import OpenAICompatibleClient
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
