@@ -341,3 +341,36 @@ def test_the_scenario_format_pointer_names_a_module_that_documents_it():
     doc = importlib.import_module(module).__doc__ or ""
     for part in ("**Steps**", "**Tools**", "**Expectations**"):
         assert part in doc, f"{module}'s docstring no longer documents the scenario format ({part})"
+
+
+def text_block_after(marker: str) -> str:
+    """The ``.. code-block:: text`` that follows ``marker`` in the README, unindented."""
+    block = README.split(marker, 1)[1].split(".. code-block:: text\n\n", 1)[1]
+    lines = []
+    for line in block.splitlines():
+        if line and not line.startswith("   "):
+            break
+        lines.append(line[3:])
+    return "\n".join(lines).strip() + "\n"
+
+
+def demo_shape(output: str) -> List[str]:
+    """The demo's output as words, its figures as N and without the tool-finished lines.
+
+    When a tool finishes depends on the machine, so its line lands between
+    different words from one run to the next (and breaks the line there);
+    everything else the demo prints is fixed.
+    """
+    kept = [line for line in output.splitlines() if not re.fullmatch(r"\[tool \w+ ok .*\]", line)]
+    return re.sub(r"\d+\.\d+", "N", "\n".join(kept)).split()
+
+
+def test_the_demo_output_in_the_readme_is_what_the_demo_prints():
+    shown = text_block_after("This is ``scripts/demo``, real output:")
+    printed = cli_output("demo")
+    assert demo_shape(shown) == demo_shape(printed), printed
+    for output in (shown, printed):
+        finished = re.findall(r"^\[tool (\w+) ok ", output, re.M)
+        assert sorted(finished) == ["get_weather", "search_flights"], output
+        assert output.index("[tool search_flights started") < output.index("[round 2: revised answer")
+        assert all(output.index(f"[tool {name} ok") < output.index("[round 2") for name in finished), output
