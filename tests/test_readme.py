@@ -374,3 +374,12 @@ def test_the_demo_output_in_the_readme_is_what_the_demo_prints():
         assert sorted(finished) == ["get_weather", "search_flights"], output
         assert output.index("[tool search_flights started") < output.index("[round 2: revised answer")
         assert all(output.index(f"[tool {name} ok") < output.index("[round 2") for name in finished), output
+
+
+def test_the_speed_section_quotes_a_run_whose_tables_are_in_bench_readme():
+    speed = README.split("Speed\n-----\n", 1)[1].split("\nFailure behaviour\n", 1)[0]
+    assert "``bench/README.md``" in speed and "benchmarks - " not in speed  # the tables live there
+    run = re.search(r"From the full run of (\d{4}-\d\d-\d\d)", speed)
+    assert run, "the Speed section should name the run its figures come from"
+    bench = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    assert f" benchmarks - {run.group(1)} " in bench
