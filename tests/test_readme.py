@@ -63,6 +63,18 @@ def test_more_documentation_lists_the_docs():
         assert (ROOT / doc).is_file(), doc
 
 
+
+def test_the_readme_is_valid_restructuredtext():
+    """PyPI shows README.rst as the package's page: a malformed table and it shows none of it."""
+    from docutils.core import publish_doctree
+    from docutils.utils import SystemMessage
+
+    try:
+        publish_doctree(README, settings_overrides={"halt_level": 2, "report_level": 2, "syntax_highlight": "none",
+                                                    "warning_stream": io.StringIO()})
+    except SystemMessage as exc:
+        pytest.fail(f"README.rst does not render: {exc}")
+
 # --- running the examples -------------------------------------------------------------------------
 
 def weather_turns(payload: Dict[str, Any]) -> List[Any]:
