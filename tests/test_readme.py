@@ -63,6 +63,18 @@ def test_more_documentation_lists_the_docs():
         assert (ROOT / doc).is_file(), doc
 
 
+
+def test_the_readme_is_valid_restructuredtext():
+    """PyPI shows README.rst as the package's page: a malformed table and it shows none of it."""
+    from docutils.core import publish_doctree
+    from docutils.utils import SystemMessage
+
+    try:
+        publish_doctree(README, settings_overrides={"halt_level": 2, "report_level": 2, "syntax_highlight": "none",
+                                                    "warning_stream": io.StringIO()})
+    except SystemMessage as exc:
+        pytest.fail(f"README.rst does not render: {exc}")
+
 # --- running the examples -------------------------------------------------------------------------
 
 def weather_turns(payload: Dict[str, Any]) -> List[Any]:
@@ -266,3 +278,120 @@ def check_django_mount(application: Any) -> None:
         status.clear()
         b"".join(application(environ, lambda s, h, exc_info=None: status.append(s)))
         assert status == ["200 OK"], host
+
+
+# --- what the README says about the code, checked against the code ----------------------------------
+
+def table_row(key: str) -> str:
+    """The README table row whose first cell starts with ``key``, continuation lines joined."""
+    lines = README.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(key)]
+    row = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith(" ") or not line.strip():
+            break
+        row.append(line)
+    return " ".join(" ".join(row).split())
+
+
+def documented_defaults() -> Dict[str, float]:
+    """Each CLI timeout flag's default as the code has it (the CLI leaves what it is not given to these)."""
+    from streamengine import EngineConfig, OpenAICompatibleClient
+
+    config = EngineConfig(model="m")
+    client = OpenAICompatibleClient("http://127.0.0.1:9/v1")  # never connects
+    client.close()
+    return {"--idle-timeout": config.idle_timeout, "--timeout": config.completion_timeout,
+            "--connect-timeout": client.connect_timeout, "--tool-timeout": config.tool_timeout}
+
+
+def cli_output(*args: str) -> str:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "streamengine", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "COLUMNS": "300"}, check=True)
+    return done.stdout
+
+
+def test_documented_timeout_defaults_are_the_codes():
+    help_lines = {line.split()[0]: line for line in cli_output("chat", "--help").splitlines()
+                  if line.strip().startswith("--")}
+    for flag, seconds in documented_defaults().items():
+        default = f"default {seconds:g}"
+        assert default in table_row(f"``{flag} S``"), f"README flag table: {flag} should say {default}"
+        assert default + ")" in help_lines[flag], f"chat --help: {help_lines[flag]}"
+    for variable, flag in (("STREAMENGINE_IDLE_TIMEOUT", "--idle-timeout"), ("STREAMENGINE_TIMEOUT", "--timeout"),
+                           ("STREAMENGINE_CONNECT_TIMEOUT", "--connect-timeout")):
+        assert table_row(f"``{variable}``").endswith(f"({documented_defaults()[flag]:g})"), variable
+    defaults, prose = documented_defaults(), " ".join(README.split())
+    for said in (f"``idle_timeout`` ({defaults['--idle-timeout']:g} s)",
+                 f"``completion_timeout`` ({defaults['--timeout']:g} s)",
+                 f"``completion_timeout`` is {defaults['--timeout']:g} s everywhere",
+                 f"``tool_timeout`` ({defaults['--tool-timeout']:g} s)"):
+        assert said in prose, said
+
+
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+
+def test_the_readme_counts_the_cli_commands():
+    usage = cli_output("--help")
+    listed = usage.split("COMMAND\n", 1)[1].split("\n\n", 1)[0]
+    commands = [line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line.split()]
+    assert len(commands) >= 6, usage
+    said = re.search(r"installed with the package\) has (\w+) commands", README)
+    assert said and said.group(1) == NUMBER_WORDS[len(commands)], f"the CLI has {len(commands)}: {commands}"
+    for command in commands:
+        assert f"``streamengine {command}" in README, f"the README never shows `streamengine {command}`"
+
+
+def test_the_scenario_format_pointer_names_a_module_that_documents_it():
+    import importlib
+
+    (module,) = re.findall(r"the format is documented in the docstring of ``([\w.]+)``", " ".join(README.split()))
+    assert module.startswith("streamengine.testing")
+    doc = importlib.import_module(module).__doc__ or ""
+    for part in ("**Steps**", "**Tools**", "**Expectations**"):
+        assert part in doc, f"{module}'s docstring no longer documents the scenario format ({part})"
+
+
+def text_block_after(marker: str) -> str:
+    """The ``.. code-block:: text`` that follows ``marker`` in the README, unindented."""
+    block = README.split(marker, 1)[1].split(".. code-block:: text\n\n", 1)[1]
+    lines = []
+    for line in block.splitlines():
+        if line and not line.startswith("   "):
+            break
+        lines.append(line[3:])
+    return "\n".join(lines).strip() + "\n"
+
+
+def demo_shape(output: str) -> List[str]:
+    """The demo's output as words, its figures as N and without the tool-finished lines.
+
+    When a tool finishes depends on the machine, so its line lands between
+    different words from one run to the next (and breaks the line there);
+    everything else the demo prints is fixed.
+    """
+    kept = [line for line in output.splitlines() if not re.fullmatch(r"\[tool \w+ ok .*\]", line)]
+    return re.sub(r"\d+\.\d+", "N", "\n".join(kept)).split()
+
+
+def test_the_demo_output_in_the_readme_is_what_the_demo_prints():
+    shown = text_block_after("This is ``scripts/demo``, real output:")
+    printed = cli_output("demo")
+    assert demo_shape(shown) == demo_shape(printed), printed
+    for output in (shown, printed):
+        finished = re.findall(r"^\[tool (\w+) ok ", output, re.M)
+        assert sorted(finished) == ["get_weather", "search_flights"], output
+        assert output.index("[tool search_flights started") < output.index("[round 2: revised answer")
+        assert all(output.index(f"[tool {name} ok") < output.index("[round 2") for name in finished), output
+
+
+def test_the_speed_section_quotes_a_run_whose_tables_are_in_bench_readme():
+    speed = README.split("Speed\n-----\n", 1)[1].split("\nFailure behaviour\n", 1)[0]
+    assert "``bench/README.md``" in speed and "benchmarks - " not in speed  # the tables live there
+    run = re.search(r"From the full run of (\d{4}-\d\d-\d\d)", speed)
+    assert run, "the Speed section should name the run its figures come from"
+    bench = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    assert f" benchmarks - {run.group(1)} " in bench

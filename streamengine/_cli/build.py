@@ -109,7 +109,8 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--idle-timeout", metavar="S", type=positive_seconds,
                    help="longest silence between meaningful chunks (env STREAMENGINE_IDLE_TIMEOUT; default 30)")
     t.add_argument("--timeout", metavar="S", type=_cap_seconds,
-                   help="cap on one model call, 0 = none (env STREAMENGINE_TIMEOUT; default 60)")
+                   help="cap on one model call, 0 = none "
+                        f"(env STREAMENGINE_TIMEOUT; default {DEFAULT_COMPLETION_TIMEOUT_S:g})")
     t.add_argument("--connect-timeout", metavar="S", type=positive_seconds,
                    help="TCP/TLS connect (env STREAMENGINE_CONNECT_TIMEOUT; default 10)")
     t.add_argument("--tool-timeout", metavar="S", type=positive_seconds,
