@@ -25,7 +25,7 @@ LAYERS = [
     ("clients", ["_clients"]),
     ("tools", ["tools"]),
     ("one call", ["_calls"]),
-    ("stores", ["rag"]),
+    ("stores", ["rag", "runs"]),  # runs: the run logs (memory, SQLite, Redis, PostgreSQL)
     ("mcp", ["mcp"]),
     ("one run", ["_engine", "_otel"]),  # _otel: spans and metrics of a run, imported by _engine/run.py
     ("testing", ["testing"]),  # the fake provider and scenarios; the CLI's demo and harness use them
