@@ -182,7 +182,7 @@ def over_caps(first_seq: int, last_seq: int, size: int, limits: Limits) -> bool:
 class Waiters:
     """The readers of one run in this process: a version bumped on every change, and a Condition."""
 
-    __slots__ = ("condition", "version", "readers")
+    __slots__ = ("condition", "readers", "version")
 
     def __init__(self) -> None:
         self.condition = threading.Condition(threading.Lock())
@@ -413,6 +413,7 @@ class RunLog(abc.ABC):
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release connections and threads; idempotent."""
 

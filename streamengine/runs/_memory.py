@@ -37,8 +37,22 @@ _SWEEP_EVERY_S = 1.0
 class _Run:
     """One run's state; touched only under the log's lock."""
 
-    __slots__ = ("owner", "meta_json", "state", "token", "lease_s", "retain_s", "frames", "sizes", "size",
-                 "last_seq", "lease_until", "expires_at", "stop", "approvals")
+    __slots__ = (
+        "approvals",
+        "expires_at",
+        "frames",
+        "last_seq",
+        "lease_s",
+        "lease_until",
+        "meta_json",
+        "owner",
+        "retain_s",
+        "size",
+        "sizes",
+        "state",
+        "stop",
+        "token",
+    )
 
     def __init__(self, lease: Lease, owner: str, meta_json: str, now: float) -> None:
         self.owner = owner
@@ -125,6 +139,9 @@ class MemoryRunLog(RunLog):
         run.state = state
         run.expires_at = now + run.retain_s
         return seq
+
+    def close(self) -> None:
+        """Nothing to release: the runs go with the object."""
 
     # -- RunLog ----------------------------------------------------------------------------
 

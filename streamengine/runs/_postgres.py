@@ -60,7 +60,8 @@ _LIVE = f"run_id = %(run_id)s AND expires_at > {_NOW}"
 _LEASED = f"{_LIVE} AND token = %(token)s AND state = 'running'"
 _INSERT_EVENTS = ("INSERT INTO {events} (run_id, seq, name, data, size, terminal)"
                   " SELECT %(run_id)s, %(first)s + t.o - 1, t.n, t.d, t.s, t.o = %(count)s AND %(final)s"
-                  " FROM unnest(%(names)s::text[], %(datas)s::text[], %(sizes)s::int[]) WITH ORDINALITY AS t(n, d, s, o)")
+                  " FROM unnest(%(names)s::text[], %(datas)s::text[], %(sizes)s::int[])"
+                  " WITH ORDINALITY AS t(n, d, s, o)")
 _PURGE_EVERY_S = 10.0
 
 
@@ -284,8 +285,9 @@ class PostgresRunLog(RunLog):
     def _do_status(self, run_id: str, owner: str) -> RunStatus:
         params = {"run_id": run_id, "owner": owner}
         with self._transaction("read a run's status") as conn:
-            row = self._one(conn, f"SELECT state, first_seq, last_seq, meta, state = 'running' AND lease_until <= {_NOW},"
-                                  f" stop FROM {{runs}} WHERE {_LIVE} AND owner = %(owner)s", params)
+            row = self._one(conn, "SELECT state, first_seq, last_seq, meta,"
+                                  f" state = 'running' AND lease_until <= {_NOW}, stop"
+                                  f" FROM {{runs}} WHERE {_LIVE} AND owner = %(owner)s", params)
             if row is None:
                 raise RunNotFound(run_id)
             state, first, last, meta, expired, stop = row

@@ -16,7 +16,7 @@ the longest block.  redis-py is imported when a log is made.
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 from .. import _validation as validation
@@ -94,7 +94,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('DEL', KEYS[2], KEYS[3])
 local lease_until = now_ms() + tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'meta', ARGV[2], 'state', 'running', 'token', ARGV[3],
-           'first', 1, 'last', 0, 'size', 0, 'lease_ms', ARGV[4], 'retain_ms', ARGV[5], 'lease_until', lease_until, 'stop', 0)
+           'first', 1, 'last', 0, 'size', 0, 'lease_ms', ARGV[4], 'retain_ms', ARGV[5],
+           'lease_until', lease_until, 'stop', 0)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[5]))
 return 1
 """
@@ -166,7 +167,7 @@ def _import_redis() -> Any:
 
 
 def _millis(seconds: float) -> int:
-    return max(1, int(round(seconds * 1000)))
+    return max(1, round(seconds * 1000))
 
 
 class RedisRunLog(RunLog):
@@ -188,7 +189,7 @@ class RedisRunLog(RunLog):
         self._redact = Redactor([urlsplit(url).password])
         self.prefix = validation.name(prefix, "prefix")
         timeout_s = validation.seconds(timeout_s, "timeout_s")
-        options = dict(decode_responses=True, socket_connect_timeout=timeout_s, health_check_interval=30)
+        options = {"decode_responses": True, "socket_connect_timeout": timeout_s, "health_check_interval": 30}
         try:
             self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, **options)
             self._blocking = redis.Redis.from_url(url, socket_timeout=MAX_READ_WAIT_S + timeout_s, **options)
@@ -311,7 +312,7 @@ class RedisRunLog(RunLog):
         return _answer(answer.call_id, found[1])
 
 
-def _frames(entries: Sequence[Tuple[str, dict]]) -> List[Frame]:
+def _frames(entries: Sequence[Tuple[str, Dict[str, str]]]) -> List[Frame]:
     return [Frame(int(entry_id.partition("-")[0]), fields["n"], fields["d"], "t" in fields)
             for entry_id, fields in entries]
 

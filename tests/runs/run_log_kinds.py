@@ -112,7 +112,7 @@ def lease_json(lease: Lease) -> Dict[str, Any]:
     return {"run_id": lease.run_id, "token": lease.token, "lease_s": lease.lease_s, "retain_s": lease.retain_s}
 
 
-def in_another_process(action: str, spec: Dict[str, Any], **args: Any) -> "subprocess.Popen[str]":
+def in_another_process(action: str, spec: Dict[str, Any], **args: Any) -> subprocess.Popen[str]:
     """This file as a script in a new Python process, doing ``action`` on the store ``spec``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, __file__, action, json.dumps(spec), json.dumps(args)],
