@@ -21,7 +21,7 @@ _redis_free_port() {
 _redis_stop() {
   if [ -n "${_REDIS_DIR:-}" ] && [ -d "$_REDIS_DIR" ]; then
     local pid tries=50
-    pid="$(cat "$_REDIS_DIR/redis.pid" 2>/dev/null)"
+    pid="$(cat "$_REDIS_DIR/redis.pid" 2>/dev/null || true)"
     if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
       while [ "$tries" -gt 0 ] && kill -0 "$pid" 2>/dev/null; do tries=$((tries - 1)); sleep 0.1; done
     fi

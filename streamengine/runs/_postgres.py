@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError
@@ -58,10 +58,17 @@ _SCHEMA = (
 )
 _LIVE = f"run_id = %(run_id)s AND expires_at > {_NOW}"
 _LEASED = f"{_LIVE} AND token = %(token)s AND state = 'running'"
-_INSERT_EVENTS = ("INSERT INTO {events} (run_id, seq, name, data, size, terminal)"
-                  " SELECT %(run_id)s, %(first)s + t.o - 1, t.n, t.d, t.s, t.o = %(count)s AND %(final)s"
-                  " FROM unnest(%(names)s::text[], %(datas)s::text[], %(sizes)s::int[])"
-                  " WITH ORDINALITY AS t(n, d, s, o)")
+# One statement writes a run: the guarded UPDATE of its row (no row: fenced or not due, nothing
+# written), the events numbered after its new last seq, and the notification (sent at commit).
+# {sets} and {where} are this module's own SQL text, never a caller's.
+_WRITE = ("WITH run AS (UPDATE {{runs}} SET last_seq = last_seq + %(n)s, size = size + %(size)s, {sets}"
+          " WHERE {where} RETURNING first_seq, last_seq, size),"
+          " added AS (INSERT INTO {{events}} (run_id, seq, name, data, size, terminal)"
+          " SELECT %(run_id)s, run.last_seq - %(n)s + t.o, t.n, t.d, t.s, t.o = %(n)s AND %(final)s"
+          " FROM run, unnest(%(names)s::text[], %(datas)s::text[], %(sizes)s::int[]) WITH ORDINALITY AS t(n, d, s, o))"
+          " SELECT first_seq, last_seq, size, CASE WHEN %(n)s > 0 THEN pg_notify(%(channel)s, %(run_id)s)::text END"
+          " FROM run")
+_TRIM_PAGE = 256
 _PURGE_EVERY_S = 10.0
 
 
@@ -172,38 +179,46 @@ class PostgresRunLog(RunLog):
     def _one(self, conn: Any, template: str, params: Any) -> Any:
         return conn.execute(self._sql(template), params).fetchone()
 
-    def _push(self, conn: Any, run_id: str, counters: Tuple[int, int, int], events: List[Event],
-              final: bool) -> None:
-        """Insert ``events`` ending at the run's (already raised) last seq, trim to the caps, notify."""
-        first, last, size = counters
-        conn.execute(self._sql(_INSERT_EVENTS), {
-            "run_id": run_id, "first": last - len(events) + 1, "count": len(events), "final": final,
-            "names": [name for name, _ in events], "datas": [data for _, data in events],
-            "sizes": [event_size(name, data) for name, data in events]})
-        if over_caps(first, last, size, self.limits):
-            oldest = conn.execute(self._sql("SELECT seq, size FROM {events} WHERE run_id = %s AND seq >= %s"
-                                            " ORDER BY seq"), [run_id, first]).fetchall()
-            first, freed = plan_trim(oldest, first, last, size, self.limits)
-            conn.execute(self._sql("DELETE FROM {events} WHERE run_id = %s AND seq < %s"), [run_id, first])
-            conn.execute(self._sql("UPDATE {runs} SET first_seq = %s, size = size - %s WHERE run_id = %s"),
-                         [first, freed, run_id])
-        conn.execute("SELECT pg_notify(%s, %s)", [self.table, run_id])
-
-    def _write(self, lease: Lease, events: List[Event], final_state: Optional[str], doing: str) -> int:
-        sizes = sum(event_size(name, data) for name, data in events)
-        params = {"run_id": lease.run_id, "token": lease.token, "n": len(events), "size": sizes,
-                  "state": final_state or RUNNING}
-        until = "" if final_state else f", lease_until = {_NOW} + lease_s"
-        expires = "retain_s" if final_state else "lease_s + retain_s"
+    def _write(self, run_id: str, events: List[Event], sets: str, where: str, params: Dict[str, Any],
+               doing: str) -> Optional[int]:
+        """Append ``events`` where the guard holds, trimmed to the caps; the last seq, or None if it did not."""
+        sizes = [event_size(name, data) for name, data in events]
+        params = {**params, "run_id": run_id, "n": len(events), "size": sum(sizes), "channel": self.table,
+                  "names": [name for name, _ in events], "datas": [data for _, data in events], "sizes": sizes}
         with self._transaction(doing) as conn:
-            counters = self._one(conn, f"UPDATE {{runs}} SET last_seq = last_seq + %(n)s, size = size + %(size)s,"
-                                       f" state = %(state)s, expires_at = {_NOW} + {expires}{until}"
-                                       f" WHERE {_LEASED} RETURNING first_seq, last_seq, size", params)
-            if counters is None:
-                raise RunFencedError(lease.run_id, doing)
-            if events:
-                self._push(conn, lease.run_id, counters, events, final_state is not None)
-        return int(counters[1])
+            written = self._one(conn, _WRITE.format(sets=sets, where=where), params)
+            if written is None:
+                return None
+            first, last, size = written[:3]
+            if over_caps(first, last, size, self.limits):
+                self._trim(conn, run_id, first, last, size)
+        return int(last)
+
+    def _trim(self, conn: Any, run_id: str, first: int, last: int, size: int) -> None:
+        new_first, freed = plan_trim(self._oldest(conn, run_id, first), first, last, size, self.limits)
+        conn.execute(self._sql("DELETE FROM {events} WHERE run_id = %s AND seq < %s"), [run_id, new_first])
+        conn.execute(self._sql("UPDATE {runs} SET first_seq = %s, size = size - %s WHERE run_id = %s"),
+                     [new_first, freed, run_id])
+
+    def _oldest(self, conn: Any, run_id: str, first: int) -> Iterator[Tuple[int, int]]:
+        """``(seq, size)`` of the run's events from ``first`` up, a page at a time (a trim reads only a few)."""
+        while True:
+            page = conn.execute(self._sql("SELECT seq, size FROM {events} WHERE run_id = %s AND seq >= %s"
+                                          " ORDER BY seq LIMIT %s"), [run_id, first, _TRIM_PAGE]).fetchall()
+            yield from page
+            if len(page) < _TRIM_PAGE:
+                return
+            first = page[-1][0] + 1
+
+    def _produce(self, lease: Lease, events: List[Event], final_state: Optional[str], doing: str) -> int:
+        """A producer's write, fenced by its token: an append (with a renewal), a renewal, or the terminal."""
+        sets = (f"state = %(state)s, expires_at = {_NOW} + retain_s" if final_state else
+                f"lease_until = {_NOW} + lease_s, expires_at = {_NOW} + lease_s + retain_s")
+        params = {"token": lease.token, "state": final_state, "final": final_state is not None}
+        last = self._write(lease.run_id, events, sets, _LEASED, params, doing)
+        if last is None:
+            raise RunFencedError(lease.run_id, doing)
+        return last
 
     def _purge(self, conn: Any) -> None:
         now = time.monotonic()
@@ -228,13 +243,13 @@ class PostgresRunLog(RunLog):
             raise RunExistsError(f"run {lease.run_id!r} already exists; make a fresh id with new_run_id()")
 
     def _do_append(self, lease: Lease, events: List[Event]) -> int:
-        return self._write(lease, events, None, "append to")
+        return self._produce(lease, events, None, "append to")
 
     def _do_renew(self, lease: Lease) -> None:
-        self._write(lease, [], None, "renew the lease of")
+        self._produce(lease, [], None, "renew the lease of")
 
     def _do_finish(self, lease: Lease, terminal: Event, state: str) -> int:
-        return self._write(lease, [terminal], state, "finish")
+        return self._produce(lease, [terminal], state, "finish")
 
     def _do_stop_requested(self, lease: Lease) -> bool:
         with self._transaction("read the stop flag") as conn:
@@ -299,18 +314,15 @@ class PostgresRunLog(RunLog):
         return RunStatus(run_id, state, first, last, parse_meta(meta), bool(expired), bool(stop), terminal)
 
     def _do_close_lost(self, run_id: str, event: Event) -> bool:
-        params = {"run_id": run_id, "size": event_size(*event), "lost": LOST}
-        with self._transaction("close a lost run") as conn:
-            counters = self._one(conn, f"UPDATE {{runs}} SET last_seq = last_seq + 1, size = size + %(size)s,"
-                                       f" state = %(lost)s, expires_at = {_NOW} + retain_s WHERE {_LIVE}"
-                                       f" AND state = 'running' AND lease_until <= {_NOW}"
-                                       " RETURNING first_seq, last_seq, size", params)
-            if counters is not None:
-                self._push(conn, run_id, counters, [event], True)
-                return True
-            if self._one(conn, f"SELECT 1 FROM {{runs}} WHERE {_LIVE}", params) is None:
+        sets = f"state = %(state)s, expires_at = {_NOW} + retain_s"
+        due = f"{_LIVE} AND state = 'running' AND lease_until <= {_NOW}"
+        params = {"state": LOST, "final": True}
+        if self._write(run_id, [event], sets, due, params, "close a lost run") is not None:
+            return True
+        with self._transaction("look up a run") as conn:
+            if self._one(conn, f"SELECT 1 FROM {{runs}} WHERE {_LIVE}", {"run_id": run_id}) is None:
                 raise RunNotFound(run_id)
-            return False
+        return False
 
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         with self._transaction("set the stop flag") as conn:
