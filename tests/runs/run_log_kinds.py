@@ -30,7 +30,7 @@ PG_DSN_ENV = "STREAMENGINE_TEST_PG_DSN"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _server(env: str, what: str, example: str) -> str:
+def server_address(env: str, what: str, example: str) -> str:
     """The test server's address; skips (fails under CI=true) when there is none."""
     address = os.environ.get(env)
     if address:
@@ -64,9 +64,9 @@ class LogMaker:
         if kind == "sqlite":
             self.spec["path"] = str(tmp_path / f"{name}.sqlite")
         elif kind == "redis":
-            self.spec.update(url=_server(REDIS_URL_ENV, "Redis", "redis://127.0.0.1:6379/0"), prefix=f"{name}:")
+            self.spec.update(url=server_address(REDIS_URL_ENV, "Redis", "redis://127.0.0.1:6379/0"), prefix=f"{name}:")
         elif kind == "postgres":
-            self.spec.update(dsn=_server(PG_DSN_ENV, "PostgreSQL", "postgresql://user@host/db"), table=name)
+            self.spec.update(dsn=server_address(PG_DSN_ENV, "PostgreSQL", "postgresql://user@host/db"), table=name)
         self.logs: List[RunLog] = []
 
     def new(self, **limits: Any) -> RunLog:
