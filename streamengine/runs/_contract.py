@@ -49,13 +49,13 @@ class RunNotFound(RunLogError, LookupError):
 
 
 class RunFencedError(RunLogError):
-    """The producer's lease is stale (the run ended or was closed as lost); nothing was written."""
+    """The producer's lease is stale (the run ended, was closed as lost or taken over); nothing was written."""
 
     def __init__(self, run_id: str, doing: str) -> None:
         self.run_id = run_id
         super().__init__(f"cannot {doing} run {run_id!r}: this producer's lease is no longer valid (the run "
-                         "already has its terminal event, was closed as producer_lost, or expired); stop "
-                         "producing and cancel its tools")
+                         "already has its terminal event, was closed as producer_lost, was taken over by "
+                         "another worker, or expired); stop producing and cancel its tools")
 
 
 class RunExistsError(RunLogError):
@@ -397,6 +397,14 @@ class RunLog(abc.ABC):
         """
         return self._do_close_lost(check_run_id(run_id), lost_event())
 
+    def take_over(self, run_id: str) -> Optional[Lease]:
+        """A new lease on a running run whose lease expired, for a worker that goes on producing it.
+
+        The old lease is fenced from then on.  None when the run ended or its
+        lease still holds; atomic with close_lost() and the producer's writes.
+        """
+        return self._do_take_over(check_run_id(run_id), new_token())
+
     def request_stop(self, run_id: str, owner: str) -> None:
         """Ask the run's producer, wherever it runs, to stop; idempotent."""
         self._do_request_stop(check_run_id(run_id), check_owner(owner))
@@ -451,6 +459,9 @@ class RunLog(abc.ABC):
 
     @abc.abstractmethod
     def _do_close_lost(self, run_id: str, event: Event) -> bool: ...
+
+    @abc.abstractmethod
+    def _do_take_over(self, run_id: str, token: str) -> Optional[Lease]: ...
 
     @abc.abstractmethod
     def _do_request_stop(self, run_id: str, owner: str) -> None: ...

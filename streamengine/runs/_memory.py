@@ -217,6 +217,18 @@ class MemoryRunLog(RunLog):
         self._waker.wake(run_id)
         return True
 
+    def _do_take_over(self, run_id: str, token: str) -> Optional[Lease]:
+        now = time.monotonic()
+        with self._lock:
+            run = self._live(run_id, now)
+            if run is None:
+                raise RunNotFound(run_id)
+            if run.state != RUNNING or now < run.lease_until:
+                return None
+            run.token = token
+            run.extend(now)
+            return Lease(run_id, token, run.lease_s, run.retain_s)
+
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         with self._lock:
             self._owned(run_id, owner, time.monotonic()).stop = True

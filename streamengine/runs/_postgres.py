@@ -324,6 +324,16 @@ class PostgresRunLog(RunLog):
                 raise RunNotFound(run_id)
         return False
 
+    def _do_take_over(self, run_id: str, token: str) -> Optional[Lease]:
+        with self._transaction("take over a run") as conn:
+            taken = self._one(conn, f"UPDATE {{runs}} SET token = %(token)s, lease_until = {_NOW} + lease_s,"
+                                    f" expires_at = {_NOW} + lease_s + retain_s WHERE {_LIVE}"
+                                    f" AND state = 'running' AND lease_until <= {_NOW} RETURNING lease_s, retain_s",
+                              {"run_id": run_id, "token": token})
+            if taken is None and self._one(conn, f"SELECT 1 FROM {{runs}} WHERE {_LIVE}", {"run_id": run_id}) is None:
+                raise RunNotFound(run_id)
+        return None if taken is None else Lease(run_id, token, taken[0], taken[1])
+
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         with self._transaction("set the stop flag") as conn:
             done = conn.execute(self._sql(f"UPDATE {{runs}} SET stop = true WHERE {_LIVE} AND owner = %(owner)s"),

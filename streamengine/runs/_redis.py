@@ -132,6 +132,16 @@ redis.call('HSET', KEYS[1], 'state', ARGV[3], 'first', first, 'last', last, 'siz
 expire_all(h.retain_ms)
 return 1
 """
+# ARGV: token.  {1, lease_ms, retain_ms} taken over, {0} not due (ended, or its lease holds), {-1} no run.
+_TAKE_OVER = _PRELUDE + """
+local h = header()
+if not h then return {-1} end
+local now = now_ms()
+if h.state ~= 'running' or now < h.lease_until then return {0} end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'lease_until', now + h.lease_ms)
+expire_all(h.lease_ms + h.retain_ms)
+return {1, h.lease_ms, h.retain_ms}
+"""
 # ARGV: owner.  {state, first, last, stop, meta, lease expired 0/1}, or nil for no such run of this owner.
 _STATUS = _PRELUDE + """
 local h = redis.call('HMGET', KEYS[1], 'owner', 'state', 'first', 'last', 'stop', 'meta', 'lease_until')
@@ -198,7 +208,7 @@ class RedisRunLog(RunLog):
                               "write redis://host:port/db") from exc
         self._scripts = {name: self._redis.register_script(lua) for name, lua in (
             ("create", _CREATE), ("append", _APPEND), ("renew", _RENEW), ("close_lost", _CLOSE_LOST),
-            ("status", _STATUS), ("request_stop", _REQUEST_STOP), ("answer", _ANSWER))}
+            ("take_over", _TAKE_OVER), ("status", _STATUS), ("request_stop", _REQUEST_STOP), ("answer", _ANSWER))}
         self._call("reach the server", self._redis.ping)
 
     def close(self) -> None:
@@ -296,6 +306,12 @@ class RedisRunLog(RunLog):
         if closed < 0:
             raise RunNotFound(run_id)
         return closed == 1
+
+    def _do_take_over(self, run_id: str, token: str) -> Optional[Lease]:
+        found = self._script("take_over", run_id, [token], "take over a run")
+        if found[0] < 0:
+            raise RunNotFound(run_id)
+        return Lease(run_id, token, found[1] / 1000, found[2] / 1000) if found[0] == 1 else None
 
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         if not self._script("request_stop", run_id, [owner], "set the stop flag"):

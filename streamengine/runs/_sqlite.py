@@ -286,6 +286,18 @@ class SqliteRunLog(RunLog):
         self._waker.wake(run_id)
         return True
 
+    def _do_take_over(self, run_id: str, token: str) -> Optional[Lease]:
+        with self._write("take over a run") as (conn, now):
+            header: Optional[_Header] = conn.execute(_HEADER, (run_id, now)).fetchone()
+            if header is None:
+                raise RunNotFound(run_id)
+            state, _, _, _, lease_s, retain_s, until, _ = header
+            if state != RUNNING or now < until:
+                return None
+            conn.execute("UPDATE runs SET token = ?, lease_until = ?, expires_at = ? WHERE run_id = ?",
+                         (token, now + lease_s, now + lease_s + retain_s, run_id))
+        return Lease(run_id, token, lease_s, retain_s)
+
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         with self._connection("set the stop flag") as conn:
             done = conn.execute("UPDATE runs SET stop = 1 WHERE run_id = ? AND owner = ? AND expires_at > ?",

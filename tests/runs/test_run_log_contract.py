@@ -376,3 +376,36 @@ def _gone(log, run_id: str) -> bool:
     except RunNotFound:
         return True
     return False
+
+
+# -- take-over ---------------------------------------------------------------------------------
+
+def test_a_run_whose_lease_expired_can_be_taken_over_once_and_the_old_producer_is_fenced(logs):
+    log = logs.new()
+    run_id, lease = started(log, lease_s=0.2)
+    log.append(lease, [token("a")])
+    assert log.take_over(run_id) is None  # its lease holds
+    assert wait_until(lambda: log.status(run_id, OWNER).lease_expired, timeout_s=3)
+    gate = threading.Barrier(4)
+    taken = []
+
+    def take() -> None:
+        gate.wait()
+        taken.append(log.take_over(run_id))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    leases = [lease for lease in taken if lease is not None]
+    assert len(taken) == 4 and len(leases) == 1
+    successor = leases[0]
+    assert (successor.run_id, successor.lease_s) == (run_id, 0.2) and successor.token != lease.token
+    with pytest.raises(RunFencedError):
+        log.append(lease, [token("stale")])
+    assert log.close_lost(run_id) is False  # the successor holds a fresh lease
+    assert log.append(successor, [token("b")]) == 2
+    assert log.finish(successor, ("done", "{}")) == 3
+    assert log.take_over(run_id) is None  # ended
+    assert [frame.data for frame in log.read(run_id, OWNER)][:2] == [token("a")[1], token("b")[1]]
