@@ -171,8 +171,9 @@ class PostgresRunLog(RunLog):
             with self._pool.connection() as conn:
                 yield conn
         except self._psycopg.Error as exc:
+            hint = "; is the server up?" if isinstance(exc, self._psycopg.OperationalError) else ""
             raise RunLogError(f"the PostgreSQL run log at {self.safe_dsn} could not {doing} "
-                              f"({type(exc).__name__}: {self._redact(str(exc))}); is the server up?") from exc
+                              f"({type(exc).__name__}: {self._redact(str(exc))}){hint}") from exc
 
     # -- shared steps --------------------------------------------------------------------
 
