@@ -150,8 +150,8 @@ TESTS = ROOT / "tests"
 #: Tests of the package as a whole; every other test lives in the folder of what it tests.
 WHOLE_PACKAGE_TESTS = {"conftest.py", "test_architecture.py", "test_install.py", "test_public_api.py", "test_readme.py"}
 #: One folder per part of the package (``mcp_client``, not ``mcp``: that would shadow the SDK), and ``support``.
-TEST_FOLDERS = {"core", "calls", "engine", "clients", "tools", "web", "cli", "rag", "mcp_client", "otel", "testing",
-                "support"}
+TEST_FOLDERS = {"core", "calls", "engine", "clients", "tools", "web", "cli", "rag", "runs", "mcp_client", "otel",
+                "testing", "support"}
 
 
 def test_tests_are_laid_out_like_the_package():

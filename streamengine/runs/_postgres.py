@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError
-from .._redact import Redactor
+from .._logs import Redactor
 from ._contract import (
     LOST,
     RUNNING,

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from .. import _validation as validation
 from .._errors import ConfigError
-from .._redact import Redactor, redact_url
+from .._logs import Redactor, redact_url
 from ._contract import (
     LOST,
     MAX_READ_WAIT_S,

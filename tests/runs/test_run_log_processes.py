@@ -1,6 +1,6 @@
 """The shared logs (SQLite, Redis, PostgreSQL) across processes: what one worker writes, another sees.
 
-The other process is tests/runs/run_log_kinds.py run as a script; it prints
+The other process is tests/support/run_log_kinds.py run as a script; it prints
 ``ready`` once its log is open, so process start-up never counts against a
 timeout here.
 """

@@ -27,7 +27,7 @@ KINDS = ["memory", "sqlite", "redis", "postgres"]
 SHARED_KINDS = ["sqlite", "redis", "postgres"]  # several processes can open them
 REDIS_URL_ENV = "STREAMENGINE_TEST_REDIS_URL"
 PG_DSN_ENV = "STREAMENGINE_TEST_PG_DSN"
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: tests/support/ is two down
 
 
 def server_address(env: str, what: str, example: str) -> str:
