@@ -14,20 +14,26 @@ from typing import Any, List
 import pytest
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
-from streamengine._accumulate import ToolCallAccumulator
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine._cancel import CancelToken
-from streamengine._clients.anthropic import AnthropicClient
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import (
+from streamengine import (
+    AnthropicClient,
+    CancelToken,
+    Chunk,
+    CompletionOptions,
     ConfigError,
+    ErrorClass,
+    ErrorClassifier,
     LlmCancelledError,
     LlmConnectionError,
     LlmHttpError,
     LlmProtocolError,
     LlmStreamError,
+    Message,
+    OpenAICompatibleClient,
+    ToolCall,
+    ToolSpec,
+    Usage,
 )
-from streamengine._messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
+from streamengine._accumulate import ToolCallAccumulator
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -12,13 +12,18 @@ import time
 
 import pytest
 
-from streamengine._clients.anthropic import AnthropicClient
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._clients.routed import RoutedClient
-from streamengine._engine.events import DoneEvent, TokenEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._errors import ConfigError
-from streamengine._messages import CompletionOptions
+from streamengine import (
+    AnthropicClient,
+    CompletionOptions,
+    ConfigError,
+    DoneEvent,
+    EngineConfig,
+    OpenAICompatibleClient,
+    RoutedClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolStartEvent,
+)
 from streamengine.testing import FakeProvider, Stamp
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool

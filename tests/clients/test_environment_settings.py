@@ -12,8 +12,7 @@ import socket
 import pytest
 import requests
 
-from streamengine import CompletionOptions, OpenAICompatibleClient
-from streamengine._errors import LlmConnectionError
+from streamengine import CompletionOptions, LlmConnectionError, OpenAICompatibleClient
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -15,20 +15,24 @@ from typing import Any, List
 import pytest
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
-from streamengine import enable_logging
-from streamengine._cancel import CancelToken
-from streamengine._clients.anthropic import AnthropicClient
-from streamengine._clients.http.errors import parse_retry_after
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import (
+from streamengine import (
+    AnthropicClient,
+    CancelToken,
+    Chunk,
+    CompletionOptions,
     ConfigError,
     LlmCancelledError,
     LlmConnectionError,
     LlmHttpError,
     LlmProtocolError,
     LlmStreamError,
+    Message,
+    OpenAICompatibleClient,
+    ToolCallDelta,
+    Usage,
+    enable_logging,
 )
-from streamengine._messages import Chunk, CompletionOptions, Message, ToolCallDelta, Usage
+from streamengine._clients.http.errors import parse_retry_after
 from streamengine.testing import FakeProvider, fake_embedding
 from streamengine.testing import steps as s
 

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from streamengine._clients.openai import DEFAULT_BASE_URL, OpenAICompatibleClient
-from streamengine._errors import ConfigError, LlmHttpError
+from streamengine import ConfigError, LlmHttpError, OpenAICompatibleClient
+from streamengine._clients.openai import DEFAULT_BASE_URL
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

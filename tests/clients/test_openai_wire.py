@@ -12,8 +12,7 @@ import pytest
 import requests
 import responses
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._messages import CompletionOptions, Message, ToolCall, ToolSpec
+from streamengine import CompletionOptions, Message, OpenAICompatibleClient, ToolCall, ToolSpec
 
 BASE = "https://llm.example.test/v1"
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'

@@ -13,13 +13,19 @@ from typing import Any, Dict, List
 import pytest
 from http_support import CLIENTS, MESSAGES
 
-from streamengine import EngineConfig, RefusalEvent, StreamingEngine
+from streamengine import (
+    CompletionOptions,
+    EngineConfig,
+    ErrorClass,
+    ErrorClassifier,
+    LlmHttpError,
+    LlmStreamError,
+    OpenAICompatibleClient,
+    RefusalEvent,
+    StreamingEngine,
+)
 from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._calls.strategies import StreamingCallStrategy
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import LlmHttpError, LlmStreamError
-from streamengine._messages import CompletionOptions
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -16,11 +16,23 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, text_of
 
+from streamengine import (
+    Chunk,
+    CompletionOptions,
+    ConfigError,
+    ErrorClass,
+    ErrorClassifier,
+    LlmCancelledError,
+    LlmHttpError,
+    LlmProtocolError,
+    LlmStreamError,
+    Message,
+    OpenAIResponsesClient,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine._clients.responses import OpenAIResponsesClient
-from streamengine._errors import ConfigError, LlmCancelledError, LlmHttpError, LlmProtocolError, LlmStreamError
-from streamengine._messages import Chunk, CompletionOptions, Message, ToolCall, ToolSpec, Usage
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -23,12 +23,18 @@ from cli_support import CLI_ENV
 from readme_recipes import recipes, root_of, run_recipe
 from wsgi_support import serving, sse, tokens_of
 
-from streamengine import OpenAIResponsesClient
+from streamengine import (
+    DoneEvent,
+    EngineConfig,
+    OpenAICompatibleClient,
+    OpenAIResponsesClient,
+    RefusalEvent,
+    RoutedClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolStartEvent,
+)
 from streamengine._cli.main import main
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._clients.routed import RoutedClient
-from streamengine._engine.events import DoneEvent, RefusalEvent, TokenEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.testing import FakeProvider, Stamp
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool

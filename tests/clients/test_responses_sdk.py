@@ -16,9 +16,8 @@ import openai
 import pytest
 import requests
 
+from streamengine import CompletionOptions, OpenAIResponsesClient, Response, ToolSpec
 from streamengine._accumulate import ResponseAggregator
-from streamengine._clients.responses import OpenAIResponsesClient
-from streamengine._messages import CompletionOptions, Response, ToolSpec
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

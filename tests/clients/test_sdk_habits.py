@@ -7,17 +7,18 @@ from http_support import MESSAGES
 from streamengine import (
     AnthropicClient,
     CompletionOptions,
+    ConfigError,
     EngineConfig,
+    LlmError,
     LlmHttpError,
     OpenAICompatibleClient,
+    RunFailedError,
     StreamingEngine,
 )
 from streamengine._calls.strategies import make_call_strategy
 from streamengine._cli.build import build_engine
 from streamengine._cli.main import build_parser
 from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S
-from streamengine._engine.run import RunFailedError
-from streamengine._errors import ConfigError, LlmError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -15,8 +15,8 @@ import openai
 import pytest
 from http_support import CLIENTS, MESSAGES
 
+from streamengine import CompletionOptions, Response, ToolSpec
 from streamengine._accumulate import ResponseAggregator
-from streamengine._messages import CompletionOptions, Response, ToolSpec
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

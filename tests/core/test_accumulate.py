@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from streamengine import Chunk, ToolCall, Usage
+from streamengine import ToolCallDelta as D
 from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
-from streamengine._messages import Chunk, ToolCall, Usage
-from streamengine._messages import ToolCallDelta as D
 
 
 def feed(acc, deltas):

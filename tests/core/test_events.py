@@ -7,21 +7,25 @@ import typing
 import pytest
 from loguru import logger
 
-from streamengine._calls.hooks import EventEmitter, ModelChunkEvent, Observer, check_observers, notify_observers
-from streamengine._engine.events import (
+from streamengine import (
+    Chunk,
+    ConfigError,
     DoneEvent,
     ErrorEvent,
     Event,
     HeartbeatEvent,
+    ModelChunkEvent,
+    Observer,
     RefusalEvent,
     ResetEvent,
+    Response,
     RoundEvent,
     TokenEvent,
+    ToolCall,
     ToolResultEvent,
     ToolStartEvent,
 )
-from streamengine._errors import ConfigError
-from streamengine._messages import Chunk, Response, ToolCall
+from streamengine._calls.hooks import EventEmitter, check_observers, notify_observers
 
 
 @pytest.fixture

@@ -14,9 +14,8 @@ from typing import List, Sequence, Tuple
 
 import pytest
 
-from streamengine._errors import ConfigError
+from streamengine import ConfigError, ToolCall, ToolSpec
 from streamengine._inline import TOOL_SYNTAX_HINT, FeedResult, InlineToolScanner, tool_instructions
-from streamengine._messages import ToolCall, ToolSpec
 
 
 def run(pieces: Sequence[str], **kwargs) -> Tuple[str, List[ToolCall], InlineToolScanner, List[str]]:

@@ -1,8 +1,8 @@
 """The inline tool lesson: a tool's own text (from an MCP server, outside the application) is fenced as data."""
 from __future__ import annotations
 
+from streamengine import ToolSpec
 from streamengine._inline import TOOL_LIST_INTRO, TOOL_SYNTAX_HINT, InlineToolScanner, tool_instructions
-from streamengine._messages import ToolSpec
 
 HOSTILE = ToolSpec(
     "files",

@@ -5,13 +5,10 @@ import math
 
 import pytest
 
+from streamengine import ConfigError, EngineConfig, ScriptedClient, StreamingEngine
 from streamengine import _validation as validation
 from streamengine._calls.failover import ModelFailover
 from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
-from streamengine._clients.scripted import ScriptedClient
-from streamengine._config import EngineConfig
-from streamengine._engine.run import StreamingEngine
-from streamengine._errors import ConfigError
 from streamengine._inline import InlineToolScanner
 
 BAD_SECONDS = [float("inf"), -float("inf"), float("nan"), True, False, -1, "5", None, [1]]

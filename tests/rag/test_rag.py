@@ -12,7 +12,7 @@ import time
 import pytest
 from rag_stores import fill, warnings_log  # noqa: F401 - a fixture
 
-from streamengine._errors import ConfigError, LlmProtocolError
+from streamengine import ConfigError, LlmProtocolError
 from streamengine.rag import Embedder, HashingEmbedder, OpenAIEmbedder, SqliteRagStore, chunks_for_ingest
 from streamengine.rag import _base as rag_base
 from streamengine.rag import _sqlite as rag
@@ -281,16 +281,15 @@ def test_a_store_from_a_newer_version_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Real HTTP, once the client's embed() and FakeProvider's /v1/embeddings exist
+# Real HTTP: the client's embed() against FakeProvider's /v1/embeddings
 # ---------------------------------------------------------------------------
 
 
 def _fake_provider():
-    testing = pytest.importorskip("streamengine.testing")
-    openai = pytest.importorskip("streamengine._clients.openai")
-    if not hasattr(openai.OpenAICompatibleClient, "embed") or not hasattr(testing.FakeProvider, "fail_embeddings"):
-        pytest.skip("client embed() / FakeProvider embeddings not available yet")
-    return testing.FakeProvider, openai.OpenAICompatibleClient
+    from streamengine import OpenAICompatibleClient
+    from streamengine.testing import FakeProvider
+
+    return FakeProvider, OpenAICompatibleClient
 
 
 def test_openai_embedder_through_fake_provider_and_a_500(warnings_log):

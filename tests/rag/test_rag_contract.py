@@ -23,7 +23,7 @@ from rag_stores import (  # noqa: F401 - stores and warnings_log are fixtures
     writer_script,
 )
 
-from streamengine._errors import ConfigError, StreamEngineError
+from streamengine import ConfigError, StreamEngineError
 from streamengine.rag import Filing, HashingEmbedder, Hit, RagStore
 from streamengine.rag import _base as rag_base
 

@@ -16,8 +16,7 @@ import uuid
 import pytest
 from rag_stores import drop_tables, open_store, postgres_dsn
 
-from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
-from streamengine._errors import ConfigError, StreamEngineError
+from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, StreamEngineError, StreamingEngine
 from streamengine.rag import HashingEmbedder, PostgresRagStore
 from streamengine.rag._postgres import DSN_ENV, redact_dsn
 from streamengine.testing import FakeProvider
@@ -55,7 +54,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("secret_dsn,shown", [
-    # The URL form is masked like every URL (streamengine._logs): its userinfo and query values.
+    # The URL form is masked like every URL: its userinfo and query values.
     ("postgresql://app:s3cr3t@db.internal:5432/rag", "postgresql://***@db.internal:5432/rag"),
     ("host=db user=app password=s3cr3t dbname=rag", "host=db user=app password=*** dbname=rag"),
     ("host=db password='s3 cr\\'3t' user=app", "host=db password=*** user=app"),
@@ -305,7 +304,7 @@ def test_runs_on_a_locked_table_never_hold_a_tool_worker_and_each_filing_counts_
     import psycopg
 
     from streamengine import tool
-    from streamengine._engine.events import DoneEvent, ToolStartEvent
+    from streamengine import DoneEvent, ToolStartEvent
 
     @tool
     def fetch(n: int) -> str:

@@ -14,8 +14,7 @@ import requests
 from rag_stores import stores  # noqa: F401 - a fixture: one StoreMaker per store kind
 from serve_support import served
 
-from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
-from streamengine._errors import ConfigError
+from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.web import make_wsgi_app

@@ -62,11 +62,11 @@ STREAM = {"model": "m", "stream": True, "messages": [{"role": "user", "content":
 WHOLE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_steps_are_importable_every_way():
-    module = importlib.import_module("streamengine.testing._steps")
-    from streamengine.testing._steps import text
+def test_steps_are_reached_through_the_public_testing_package():
+    testing = importlib.import_module("streamengine.testing")
 
-    assert module is s and text is s.text and "stall_before_headers" in s.__all__
+    assert testing.steps is s and "steps" in testing.__all__ and "stall_before_headers" in s.__all__
+    assert all(callable(getattr(s, name)) for name in s.__all__)
 
 
 @pytest.mark.parametrize("framing", ["chunked", "close", "length"])

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from streamengine._errors import ConfigError
+from streamengine import ConfigError
 from streamengine.testing._junit import write_junit
 from streamengine.testing._scenario import ScenarioError, ScenarioResult, load_scenario, parse_scenario, run_scenario
 from streamengine.tools import Tool

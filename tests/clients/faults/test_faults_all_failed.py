@@ -11,11 +11,19 @@ import pytest
 from backoff_support import RecordedBackoffs
 from faultkit import MESSAGES, stream_threads, streaming
 
+from streamengine import (
+    AllModelsFailedError,
+    DoneEvent,
+    EngineConfig,
+    ErrorEvent,
+    LlmHttpError,
+    LlmStreamError,
+    LlmTimeoutError,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    TokenEvent,
+)
 from streamengine._calls.failover import ModelFailover
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

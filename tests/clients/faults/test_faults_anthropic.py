@@ -17,11 +17,19 @@ from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
 from http_support import provider_fixtures
 from rawwire import outcomes_of, random_bodies
 
+from streamengine import (
+    AllModelsFailedError,
+    AnthropicClient,
+    CompletionOptions,
+    ErrorClass,
+    ErrorClassifier,
+    LlmCancelledError,
+    LlmHttpError,
+    LlmStreamError,
+    LlmTimeoutError,
+)
 from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._clients.anthropic import AnthropicClient
-from streamengine._errors import AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
-from streamengine._messages import CompletionOptions
+from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -17,10 +17,8 @@ from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
 from http_support import provider_fixtures
 from rawwire import outcomes_of, peak_while_refused, random_bodies
 
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
+from streamengine import ErrorClass, ErrorClassifier, LlmHttpError, LlmProtocolError, OpenAICompatibleClient
 from streamengine._clients.http.sse_read import MAX_EVENT_BYTES
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import LlmHttpError, LlmProtocolError
 from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -15,9 +15,16 @@ from typing import List, Sequence
 
 import pytest
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine import (
+    DoneEvent,
+    EngineConfig,
+    ErrorEvent,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolResultEvent,
+    ToolStartEvent,
+)
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool

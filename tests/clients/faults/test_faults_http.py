@@ -17,20 +17,24 @@ from backoff_support import RecordedBackoffs
 from faultkit import MESSAGES, captured_logs, streaming
 from http_support import provider_fixtures
 
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._clients.http.errors import parse_retry_after
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ErrorEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._errors import (
+from streamengine import (
     AllModelsFailedError,
     ConfigError,
+    DoneEvent,
+    EngineConfig,
+    ErrorClass,
+    ErrorClassifier,
+    ErrorEvent,
     LlmError,
     LlmHttpError,
     LlmProtocolError,
     LlmStreamError,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    ToolCall,
 )
-from streamengine._messages import ToolCall
+from streamengine._calls.failover import ModelFailover
+from streamengine._clients.http.errors import parse_retry_after
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolExecutor, tool

@@ -18,11 +18,19 @@ from backoff_support import RecordedBackoffs
 from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
 from rawwire import outcomes_of, random_bodies
 
+from streamengine import (
+    AllModelsFailedError,
+    CompletionOptions,
+    ErrorClass,
+    ErrorClassifier,
+    LlmCancelledError,
+    LlmHttpError,
+    LlmStreamError,
+    LlmTimeoutError,
+    OpenAIResponsesClient,
+)
 from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._clients.responses import OpenAIResponsesClient
-from streamengine._errors import AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
-from streamengine._messages import CompletionOptions
+from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -29,9 +29,7 @@ import pytest
 from faultkit import EMPTY_DELTA, GUARD_S, KEEP_ALIVE, MESSAGES, PING, content_frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
 
-from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import LlmTimeoutError
+from streamengine import ErrorClass, ErrorClassifier, LlmTimeoutError, OpenAICompatibleClient
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -161,7 +159,7 @@ def test_stalls_through_fake_provider(framing, turn, message):
 
 
 def test_a_caller_cancel_during_a_stall_closes_the_socket_and_ends_the_producer():
-    from streamengine._errors import LlmCancelledError
+    from streamengine import LlmCancelledError
 
     with RawServer(forever(KEEP_ALIVE)) as server, OpenAICompatibleClient(server.base_url) as client:
         cancel = threading.Event()  # a plain Event: bridged by a watcher thread, which must end too
@@ -201,7 +199,7 @@ def test_a_connect_that_hangs_fires_the_idle_timer_on_time_and_ends_the_producer
 
 
 def test_a_connect_that_hangs_ends_at_the_connect_timeout_as_a_connection_error(full_queue):
-    from streamengine._errors import LlmConnectionError
+    from streamengine import LlmConnectionError
 
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=0.2) as client:
         with pytest.raises(LlmConnectionError, match="ConnectTimeout") as info:
@@ -210,8 +208,8 @@ def test_a_connect_that_hangs_ends_at_the_connect_timeout_as_a_connection_error(
 
 
 def test_cancel_during_a_hanging_connect_is_prompt(full_queue):
-    from streamengine._cancel import CancelToken
-    from streamengine._errors import LlmCancelledError
+    from streamengine import CancelToken
+    from streamengine import LlmCancelledError
 
     cancel = CancelToken()
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=GUARD_S) as client:

@@ -19,9 +19,7 @@ import pytest
 from conftest import wait_for
 from faultkit import GUARD_S
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine import DoneEvent, EngineConfig, OpenAICompatibleClient, StreamingEngine, ToolStartEvent
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
@@ -231,7 +229,7 @@ def test_tools_of_cancelled_runs_that_ignore_their_flag_count_as_stuck(hung):
 def test_a_long_lived_pool_does_not_keep_every_thread_it_ever_started():
     """Idle workers retire and new ones start, all day long in a server: the pool must not
     remember each one (it kept a Thread object per start until someone called threads_alive())."""
-    from streamengine._messages import ToolCall
+    from streamengine import ToolCall
     from streamengine.tools import ToolExecutor
 
     @tool

@@ -13,9 +13,8 @@ import pytest
 from faultkit import DONE, MESSAGES, content_frame, finish_frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
 
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import AllModelsFailedError, LlmStreamError
+from streamengine import AllModelsFailedError, ErrorClass, ErrorClassifier, LlmStreamError, OpenAICompatibleClient
+from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
