@@ -10,6 +10,7 @@ import email.utils
 import re
 import socket
 import threading
+import time
 from typing import Any, List
 
 import pytest
@@ -32,7 +33,6 @@ from streamengine import (
     Usage,
     enable_logging,
 )
-from streamengine._clients.http.errors import parse_retry_after
 from streamengine.testing import FakeProvider, fake_embedding
 from streamengine.testing import steps as s
 
@@ -254,13 +254,12 @@ def test_retry_after_through_http(fp, client, headers, expected):
     assert info.value.retry_after == expected
 
 
-def test_retry_after_http_date():
-    now = 1_700_000_000.0
-    date = email.utils.formatdate(now + 30, usegmt=True)
-    assert parse_retry_after({"Retry-After": date}, now=now) == 30.0
-    assert parse_retry_after({"Retry-After": email.utils.formatdate(now - 30, usegmt=True)}, now=now) == 0.0
-    assert parse_retry_after({"Retry-After": email.utils.formatdate(now + 3 * 86400, usegmt=True)}, now=now) is None
-    assert parse_retry_after({"retry-after-ms": "nan", "retry-after": "2"}) == 2.0
+def test_retry_after_as_an_http_date_through_http(fp, client):
+    """A date is counted from now (exact arithmetic at a fixed clock: faults/test_faults_retry_policy.py)."""
+    fp.add_turn(s.http_error(429, {}, headers={"Retry-After": email.utils.formatdate(time.time() + 30, usegmt=True)}))
+    with pytest.raises(LlmHttpError) as info:
+        collect(client)
+    assert 25.0 < info.value.retry_after <= 30.0
 
 
 def test_connection_refused_is_a_connection_error():

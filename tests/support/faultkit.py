@@ -1,19 +1,20 @@
 """Shared helpers for the fault tests (a plain module: tests/faults has no __init__.py).
 
-Frame builders for byte-exact servers, a log capture at TRACE, a wait
-recorder that stands in for failover's sleeps, and thread probes.
+Frame builders for byte-exact servers, a log capture at TRACE, calls as the
+engine makes them, and thread probes.
 """
 from __future__ import annotations
 
 import json
+import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Sequence
 
+from engine_calls import EngineCall
 from loguru import logger
 
 from streamengine import enable_logging
-from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 GUARD_S = 10.0  # failure guards only: nothing here asserts speed
@@ -38,10 +39,14 @@ KEEP_ALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
-def streaming(client: Any, idle: float, cap: float) -> StreamingCallStrategy:
-    strategy = make_call_strategy(client, idle_timeout=idle, completion_timeout=cap)
-    assert isinstance(strategy, StreamingCallStrategy)
-    return strategy
+def streaming(client: Any, idle: float, cap: float) -> EngineCall:
+    """Single calls on ``client`` as the engine makes them, with these deadlines (see engine_calls)."""
+    return EngineCall(client, idle=idle, cap=cap)
+
+
+def failing_over(client: Any, idle: float, cap: float, models: Sequence[str], max_retries: int = 2) -> EngineCall:
+    """Calls that fail over from model to model, retrying a rate limit as the engine does by default."""
+    return EngineCall(client, idle=idle, cap=cap, models=models, max_retries=max_retries)
 
 
 def stream_threads() -> List[threading.Thread]:
@@ -72,3 +77,9 @@ def captured_logs(level: str = "TRACE") -> Iterator[List[str]]:
         logger.disable("streamengine")
 
 
+
+
+def backoffs(lines: List[str]) -> List[float]:
+    """The back-offs failover logged (``retrying in 0.2s``), in seconds, in order."""
+    return [float(found.group(1)) for line in lines for found in [re.search(r"retrying in ([0-9.]+)s", line)]
+            if found]

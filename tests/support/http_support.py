@@ -15,9 +15,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from streamengine._clients.anthropic import AnthropicClient
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._messages import Chunk
+from streamengine import AnthropicClient, Chunk, OpenAICompatibleClient
 from streamengine.testing import FakeProvider
 
 FRAMINGS = ["chunked", "close", "length"]

@@ -14,7 +14,7 @@ import pytest
 from faultkit import MESSAGES, streaming
 from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
 
-from streamengine._errors import LlmError
+from streamengine import LlmError
 
 
 def random_bodies(seed: int, alphabet: Sequence[bytes], count: int) -> List[bytes]:

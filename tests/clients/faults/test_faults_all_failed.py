@@ -8,11 +8,10 @@ the latest (retries of a 429 add at most ``max_retries`` x
 from __future__ import annotations
 
 import pytest
-from backoff_support import RecordedBackoffs
-from faultkit import MESSAGES, stream_threads, streaming
+from engine_calls import AllFailed, EngineCall
+from faultkit import MESSAGES, captured_logs, failing_over, stream_threads
 
 from streamengine import (
-    AllModelsFailedError,
     DoneEvent,
     EngineConfig,
     ErrorEvent,
@@ -23,7 +22,6 @@ from streamengine import (
     StreamingEngine,
     TokenEvent,
 )
-from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -38,8 +36,8 @@ def test_three_stalling_models_give_one_error_naming_each_within_the_caps():
         fp.add_turn(s.stall_before_headers())
         fp.add_turn(s.forever(s.comment()))
         fp.add_turn(s.text("half an answer"), s.forever(s.text(" more")))  # never ends: the cap fires
-        with pytest.raises(AllModelsFailedError) as info:  # each model ends at its idle timer or cap
-            ModelFailover(streaming(client, idle, cap), MODELS).call(MESSAGES)
+        with pytest.raises(AllFailed) as info:  # each model ends at its idle timer or cap
+            failing_over(client, idle, cap, models=MODELS).failover(MESSAGES)
         assert stream_threads() == []
         assert fp.wait_for_client_disconnects(3)
     error = info.value
@@ -51,7 +49,8 @@ def test_three_stalling_models_give_one_error_naming_each_within_the_caps():
     assert str(error).startswith("all 3 model attempt(s) failed: alpha: LlmTimeoutError: LLM streaming: no response")
     for model, exc in error.attempts:
         assert f"{model}: LlmTimeoutError: {exc}" in str(error)
-    assert isinstance(error.__cause__, LlmTimeoutError)
+    assert error.result.telemetry.failed_attempts == [f"{m}: LlmTimeoutError: {exc}" for m, exc in error.attempts]
+    assert error.result.telemetry.stop_reason == "llm_error_after_tokens"  # gamma's half answer was shown
 
 
 def test_every_kind_of_failure_is_named_in_the_one_terminal_error():
@@ -61,13 +60,14 @@ def test_every_kind_of_failure_is_named_in_the_one_terminal_error():
         fp.add_turn(s.text("partial"), s.drop())
         fp.add_turn(s.text("x"), s.error_frame("Overloaded", type="overloaded_error"))
         for _ in range(3):
-            fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "3"}))
+            fp.add_turn(s.http_error(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "0.2"}))
         fp.add_turn(s.stall())
-        waits = RecordedBackoffs()
-        with pytest.raises(AllModelsFailedError) as info:
-            waits.call(ModelFailover(streaming(client, 0.2, 1.0), models, max_retries=2, max_retry_wait=5.0), MESSAGES)
+        calls = EngineCall(client, idle=0.2, cap=1.0, models=models, max_retries=2)
+        with captured_logs("WARNING") as lines, pytest.raises(AllFailed) as info:
+            calls.failover(MESSAGES)
     error = info.value
-    assert waits.waits == [3.0, 3.0]  # Retry-After 3 s (within the 5 s cap: worth waiting), twice
+    waited = [line for line in lines if "model ratelimited rate limited (429), retrying in 0.2s" in line]
+    assert len(waited) == 2  # Retry-After 0.2 s, waited before each of the two retries
     assert [model for model, _ in error.attempts] == [
         "http503", "dropped", "inband", "ratelimited", "ratelimited", "ratelimited", "stalled"]
     kinds = [type(exc) for _, exc in error.attempts]

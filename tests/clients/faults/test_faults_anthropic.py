@@ -1,24 +1,23 @@
 """The fault cases, on the Anthropic wire: stalls, cut streams, HTTP classes, in-band errors, garbage.
 
-The same guarantees as the OpenAI client, tested the same way: through
-``StreamingCallStrategy`` (idle timer 0.2 s, meaningful chunks only) and
-``ModelFailover``, against ``FakeProvider(wire="anthropic")`` and a
+The same guarantees as the OpenAI client, tested the same way: through calls as
+the engine makes them (``engine_calls``: idle timer 0.2 s, meaningful chunks
+only, failing over from model to model), against ``FakeProvider(wire="anthropic")`` and a
 byte-exact raw server.  ``ping`` events and keep-alive comments are not
 meaningful, so a model that only pings is "unavailable" at the idle timeout.
-Failover's back-offs are recorded and fast-forwarded (``RecordedBackoffs``), never waited.
+Failover's back-offs are read from its log; the Retry-Afters are short, since they are waited out.
 """
 from __future__ import annotations
 
 import threading
 
 import pytest
-from backoff_support import RecordedBackoffs
-from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
+from engine_calls import AllFailed, EngineCall, WholeAnswers
+from faultkit import GUARD_S, MESSAGES, backoffs, captured_logs, failing_over, stream_threads, streaming
 from http_support import provider_fixtures
 from rawwire import outcomes_of, random_bodies
 
 from streamengine import (
-    AllModelsFailedError,
     AnthropicClient,
     CompletionOptions,
     ErrorClass,
@@ -28,8 +27,6 @@ from streamengine import (
     LlmStreamError,
     LlmTimeoutError,
 )
-from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -58,8 +55,9 @@ def warm_wire():
         assert "".join(chunk.content or "" for chunk in c.stream(MESSAGES, options=OPTIONS)) == "warm"
 
 
-def failover(client, models=("a", "b"), **kwargs):
-    return ModelFailover(streaming(client, 5.0, 10.0), list(models), **kwargs)
+def failover(client, models=("a", "b")):
+    """Calls that fail over from model to model, as the engine makes them."""
+    return failing_over(client, 5.0, 10.0, models=models)
 
 
 # --- stalls ---------------------------------------------------------------------------------------
@@ -104,7 +102,7 @@ def test_text_that_never_stops_hits_the_cap(fp, client):
 def test_a_stalled_model_fails_over_to_the_next(fp, client):
     fp.add_turn(s.forever(s.ping_event()))
     fp.add_turn(s.text("from b"))
-    result = ModelFailover(streaming(client, IDLE, 10.0), ["a", "b"]).call(MESSAGES)
+    result = failing_over(client, IDLE, 10.0, models=["a", "b"]).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "from b")
     assert [(m, type(e)) for m, e in result.attempts] == [("a", LlmTimeoutError)]
 
@@ -127,7 +125,7 @@ def test_a_dropped_stream_fails_over_and_only_the_next_answer_is_returned(framin
     with FakeProvider(framing=framing, wire="anthropic") as fp, AnthropicClient(fp.base_url) as client:
         fp.add_turn(s.text("partial from a "), s.drop())
         fp.add_turn(s.text("whole answer from b"))
-        result = failover(client).call(MESSAGES)
+        result = failover(client).failover(MESSAGES)
     assert result.model == "b" and result.response.content == "whole answer from b"
     assert [(model, type(exc)) for model, exc in result.attempts] == [("a", LlmStreamError)]
 
@@ -155,8 +153,8 @@ def test_a_cut_stream_is_a_broken_stream_never_an_answer(turn, says):
 def test_every_model_cut_off_is_all_models_failed(fp, client):
     fp.add_turn(s.text("a1"), s.end())
     fp.add_turn(s.text("b1"), s.drop())
-    with pytest.raises(AllModelsFailedError) as info:
-        failover(client).call(MESSAGES)
+    with pytest.raises(AllFailed) as info:
+        failover(client).failover(MESSAGES)
     assert [m for m, _ in info.value.attempts] == ["a", "b"]
     assert all(isinstance(exc, LlmStreamError) for _, exc in info.value.attempts)
 
@@ -164,11 +162,11 @@ def test_every_model_cut_off_is_all_models_failed(fp, client):
 # --- HTTP classes ---------------------------------------------------------------------------------
 
 def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
-    fp.add_turn(s.http_error(429, error_body("rate_limit_error", "slow down"), headers={"retry-after": "2"}))
+    fp.add_turn(s.http_error(429, error_body("rate_limit_error", "slow down"), headers={"retry-after": "0.2"}))
     fp.add_turn(s.text("answer"))
-    waits = RecordedBackoffs()
-    result = waits.call(failover(client), MESSAGES)
-    assert waits.waits == [2.0]
+    with captured_logs("WARNING") as lines:
+        result = failover(client).failover(MESSAGES)
+    assert backoffs(lines) == [0.2]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
 
@@ -178,7 +176,7 @@ def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
 def test_server_side_statuses_fail_over_to_the_next_model(fp, client, status, kind):
     fp.add_turn(s.http_error(status, error_body(kind, "nope")))
     fp.add_turn(s.text("from b"))
-    result = failover(client).call(MESSAGES)
+    result = failover(client).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "from b")
     assert f"{kind}: nope" in str(result.attempts[0][1])
 
@@ -190,7 +188,7 @@ def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, kind, hin
     fp.add_turn(s.http_error(status, error_body(kind, f"provider says {status}")))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        failover(client).call(MESSAGES)
+        failover(client).failover(MESSAGES)
     assert classify(info.value) is ErrorClass.FATAL
     assert f"{kind}: provider says {status}" in str(info.value) and hint in str(info.value)
     assert fp.request_count == 1
@@ -201,7 +199,7 @@ def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, kind, hin
 def test_an_overloaded_error_event_after_200_fails_over(fp, client):
     fp.add_turn(s.ping_event(), s.error_frame("Overloaded", type="overloaded_error"))
     fp.add_turn(s.text("from b"))
-    result = failover(client).call(MESSAGES)
+    result = failover(client).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "from b")
     error = result.attempts[0][1]
     assert isinstance(error, LlmStreamError) and error.overloaded and "overloaded_error: Overloaded" in str(error)
@@ -210,7 +208,7 @@ def test_an_overloaded_error_event_after_200_fails_over(fp, client):
 def test_an_overloaded_error_event_mid_answer_fails_over_with_only_the_next_answer(fp, client):
     fp.add_turn(s.text("half of a"), s.error_frame("Overloaded", type="overloaded_error"))
     fp.add_turn(s.text("all of b"))
-    result = failover(client).call(MESSAGES)
+    result = failover(client).failover(MESSAGES)
     assert result.response.content == "all of b"
 
 
@@ -218,7 +216,7 @@ def test_an_invalid_request_error_event_is_fatal(fp, client):
     fp.add_turn(s.error_frame("messages: roles must alternate", type="invalid_request_error"))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError, match="invalid_request_error: messages: roles must alternate") as info:
-        failover(client).call(MESSAGES)
+        failover(client).failover(MESSAGES)
     assert info.value.status_code == 400 and fp.request_count == 1
 
 
@@ -245,10 +243,9 @@ def test_only_llm_errors_leave_the_client_for_random_bytes():
 def test_a_buffered_call_answers_and_a_stalled_one_times_out_and_closes_the_connection(fp, client):
     fp.add_turn(s.text("whole"), s.tool_call(0, id="toolu_1", name="f", arguments='{"a": 1}'))
     fp.add_turn(s.stall_before_headers())
-    strategy = BufferedCallStrategy(client, completion_timeout=5.0)
-    response = strategy.call(MESSAGES, options=OPTIONS)
+    response = EngineCall(WholeAnswers(client), cap=5.0).call(MESSAGES, options=OPTIONS)
     assert (response.content, [c.args() for c in response.tool_calls]) == ("whole", [{"a": 1}])
     with pytest.raises(LlmTimeoutError, match="buffered completion timeout"):
-        BufferedCallStrategy(client, completion_timeout=IDLE).call(MESSAGES, options=OPTIONS)
+        EngineCall(WholeAnswers(client), cap=IDLE).call(MESSAGES, options=OPTIONS)
     assert fp.wait_for_client_disconnects(1, GUARD_S)
     assert [t for t in threading.enumerate() if t.name.startswith("streamengine-complete")] == []

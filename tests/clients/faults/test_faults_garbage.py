@@ -18,10 +18,11 @@ from http_support import provider_fixtures
 from rawwire import outcomes_of, peak_while_refused, random_bodies
 
 from streamengine import ErrorClass, ErrorClassifier, LlmHttpError, LlmProtocolError, OpenAICompatibleClient
-from streamengine._clients.http.sse_read import MAX_EVENT_BYTES
 from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # the most one SSE event may hold, as the client's refusal names it
 
 MB = 1 << 20
 fp, client = provider_fixtures("openai")

@@ -1,11 +1,15 @@
 """HTTP faults: status codes, Retry-After in every form, in-band errors, and the API key.
 
-Classification (failover.ErrorClassifier): 429 retries the same model (``Retry-After`` /
+Classification (``ErrorClassifier``): 429 retries the same model (``Retry-After`` /
 ``retry-after-ms`` honoured, capped, invalid values ignored); 5xx, 529 and
 404 advance to the next model; 400/401/403 are fatal; a 200 that is not an
 event stream is a protocol error.  The provider's own message is kept in the
-error.  Failover's back-offs are waits it yields; they are recorded and
-fast-forwarded here (``RecordedBackoffs``), so no test waits on the wall clock.
+error.  Everything goes through what a user has: the client, and calls as the
+engine makes them (``engine_calls``), whose back-offs are read from the
+engine's log and are short (fractions of a second) because they are waited
+out.  The back-off cap below 30 s (``max_retry_wait``, not an engine setting)
+and Retry-After date arithmetic at a given clock are in
+``test_faults_retry_policy.py``.
 """
 from __future__ import annotations
 
@@ -13,12 +17,11 @@ import email.utils
 import time
 
 import pytest
-from backoff_support import RecordedBackoffs
-from faultkit import MESSAGES, captured_logs, streaming
+from engine_calls import AllFailed
+from faultkit import MESSAGES, backoffs, captured_logs, failing_over, streaming
 from http_support import provider_fixtures
 
 from streamengine import (
-    AllModelsFailedError,
     ConfigError,
     DoneEvent,
     EngineConfig,
@@ -33,8 +36,6 @@ from streamengine import (
     StreamingEngine,
     ToolCall,
 )
-from streamengine._calls.failover import ModelFailover
-from streamengine._clients.http.errors import parse_retry_after
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolExecutor, tool
@@ -94,31 +95,26 @@ def test_429_retry_after_is_parsed_or_ignored(client, fp, headers, expected):
 def test_429_retry_after_as_an_http_date(client, fp):
     error = failing_call(client, fp, s.http_error(429, {}, headers={"Retry-After": http_date(30)}))
     assert 25.0 < error.retry_after <= 30.0
-    assert parse_retry_after({"Retry-After": "Thu, 01 Jan 1970 00:01:40 GMT"}, now=40.0) == 60.0
 
 
 WAITS = [
-    # headers, max_retry_wait, the wait failover asks for before the retry
-    ({"Retry-After": "2"}, 30.0, 2.0),
-    ({"Retry-After": "120"}, 5.0, 5.0),  # over the cap: waits the cap, as "a" is the last model left (see below)
-    ({"retry-after-ms": "1500"}, 30.0, 1.5),
-    ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 30.0, 0.0),
-    ({"Retry-After": "nan"}, 30.0, 0.5),  # ignored: exponential back-off from 0.5 s
-    ({"Retry-After": "-1"}, 30.0, 0.5),
-    ({"Retry-After": "1e9"}, 30.0, 0.5),
-    ({"Retry-After": "1e9"}, 0.2, 0.2),  # ... itself capped
+    # headers, the wait failover asks for before the retry (the engine's cap is 30 s)
+    ({"Retry-After": "0.2"}, 0.2),
+    ({"retry-after-ms": "150"}, 0.15),
+    ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),
+    ({"Retry-After": "nan"}, 0.5),  # ignored: exponential back-off from 0.5 s
+    ({"Retry-After": "-1"}, 0.5),
+    ({"Retry-After": "1e9"}, 0.5),
 ]
 
 
-@pytest.mark.parametrize("headers, cap, wait", WAITS, ids=[f"{h}-cap{c:g}" for h, c, _ in WAITS])
-def test_failover_waits_the_retry_after_capped_then_retries_the_same_model(client, fp, headers, cap, wait):
+@pytest.mark.parametrize("headers, wait", WAITS, ids=[f"{h}" for h, _ in WAITS])
+def test_failover_waits_the_retry_after_then_retries_the_same_model(client, fp, headers, wait):
     fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers=headers))
     fp.add_turn(s.text("answer"))
-    waits = RecordedBackoffs()
-    # A Retry-After over the cap would fail over to "b" at once; with "a" alone it is waited out, capped.
-    models = ["a"] if headers.get("Retry-After") == "120" else ["a", "b"]
-    result = waits.call(ModelFailover(streaming(client, 5.0, 10.0), models, max_retry_wait=cap), MESSAGES)
-    assert waits.waits == [wait]
+    with captured_logs("WARNING") as lines:
+        result = failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
+    assert backoffs(lines) == [wait]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [(m, e.status_code) for m, e in result.attempts] == [("a", 429)]
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
@@ -127,9 +123,10 @@ def test_failover_waits_the_retry_after_capped_then_retries_the_same_model(clien
 def test_a_retry_after_over_the_cap_advances_to_the_next_model_without_waiting(client, fp):
     fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "120"}))
     fp.add_turn(s.text("from b"))
-    waits = RecordedBackoffs()
-    result = waits.call(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retry_wait=5.0), MESSAGES)
-    assert waits.waits == [] and (result.model, result.failovers) == ("b", 1)
+    with captured_logs("WARNING") as lines:
+        result = failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
+    assert backoffs(lines) == [] and (result.model, result.failovers) == ("b", 1)
+    assert any("with Retry-After 120s, over the 30s cap: not waiting" in line for line in lines)
     assert [r.json["model"] for r in fp.requests] == ["a", "b"]
 
 
@@ -137,9 +134,9 @@ def test_retries_used_up_advance_to_the_next_model_with_growing_back_off(client,
     for _ in range(3):
         fp.add_turn(s.http_error(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "nan"}))
     fp.add_turn(s.text("from b"))
-    waits = RecordedBackoffs()
-    result = waits.call(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"], max_retries=2), MESSAGES)
-    assert waits.waits == [0.5, 1.0]
+    with captured_logs("WARNING") as lines:
+        result = failing_over(client, 5.0, 10.0, models=["a", "b"], max_retries=2).failover(MESSAGES)
+    assert backoffs(lines) == [0.5, 1.0]
     assert result.model == "b" and result.failovers == 1
     assert [r.json["model"] for r in fp.requests] == ["a", "a", "a", "b"]
 
@@ -160,7 +157,7 @@ def test_server_errors_advance_and_keep_the_provider_message(client, fp, status)
 def test_advancing_statuses_fail_over_to_the_next_model(client, fp, status):
     fp.add_turn(s.http_error(status, {"error": {"message": "nope"}}))
     fp.add_turn(s.text("from b"))
-    result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+    result = failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "from b")
 
 
@@ -170,7 +167,7 @@ def test_request_errors_are_fatal_and_stop_at_once(client, fp, status, hint):
     fp.add_turn(s.http_error(status, {"error": {"message": f"provider says {status}"}}))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+        failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
     assert classify(info.value) is ErrorClass.FATAL
     assert f"provider says {status}" in str(info.value) and hint in str(info.value)
     assert fp.request_count == 1
@@ -294,10 +291,10 @@ def test_the_api_key_is_never_logged_nor_shown(key_as_given):
             for turn in [ECHOES[0]] + [ECHOES[1], ECHOES[3]]:
                 fp.add_turn(turn)
             with pytest.raises(LlmHttpError) as info:
-                ModelFailover(strategy, ["a", "b"]).call(MESSAGES)
+                failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
             errors.append(info.value)
-            with pytest.raises(AllModelsFailedError) as info:
-                ModelFailover(strategy, ["a", "b"]).call(MESSAGES)
+            with pytest.raises(AllFailed) as info:
+                failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
             errors.append(info.value)
             fp.add_turn(*ECHOES_MID_STREAM[0])
             fp.add_turn(ECHOES[1])

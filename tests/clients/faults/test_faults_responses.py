@@ -1,12 +1,12 @@
 """The fault cases, on the Responses wire: stalls, cut streams, HTTP classes, in-band errors, garbage.
 
-The same guarantees as the other wires, tested the same way: through
-``StreamingCallStrategy`` (idle timer 0.2 s, meaningful chunks only) and
-``ModelFailover``, against ``FakeProvider(wire="responses")`` and a
+The same guarantees as the other wires, tested the same way: through calls as
+the engine makes them (``engine_calls``: idle timer 0.2 s, meaningful chunks
+only, failing over from model to model), against ``FakeProvider(wire="responses")`` and a
 byte-exact raw server.  ``response.in_progress``, structural events and
 keep-alive comments are not meaningful, so a model that only sends those is
 "unavailable" at the idle timeout; a hosted tool's progress is the model
-working.  Failover's back-offs are recorded and fast-forwarded (``RecordedBackoffs``), never waited.
+working.  Failover's back-offs are read from its log; the Retry-Afters are short, since they are waited out.
 """
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ import json
 import threading
 
 import pytest
-from backoff_support import RecordedBackoffs
-from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
+from engine_calls import AllFailed, EngineCall, WholeAnswers
+from faultkit import GUARD_S, MESSAGES, backoffs, captured_logs, failing_over, stream_threads, streaming
 from rawwire import outcomes_of, random_bodies
 
 from streamengine import (
-    AllModelsFailedError,
     CompletionOptions,
     ErrorClass,
     ErrorClassifier,
@@ -29,8 +28,6 @@ from streamengine import (
     LlmTimeoutError,
     OpenAIResponsesClient,
 )
-from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.failover import ModelFailover
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -72,8 +69,9 @@ def warm_wire():
         assert "".join(chunk.content or "" for chunk in c.stream(MESSAGES, options=OPTIONS)) == "warm"
 
 
-def failover(client, models=("a", "b"), **kwargs):
-    return ModelFailover(streaming(client, 5.0, 10.0), list(models), **kwargs)
+def failover(client, models=("a", "b")):
+    """Calls that fail over from model to model, as the engine makes them."""
+    return failing_over(client, 5.0, 10.0, models=models)
 
 
 # --- stalls ---------------------------------------------------------------------------------------
@@ -125,7 +123,7 @@ def test_text_that_never_stops_hits_the_cap(fp, client):
 def test_a_stalled_model_fails_over_to_the_next(fp, client):
     fp.add_turn(s.forever(IN_PROGRESS))
     fp.add_turn(s.text("from b"))
-    result = ModelFailover(streaming(client, IDLE, 10.0), ["a", "b"]).call(MESSAGES)
+    result = failing_over(client, IDLE, 10.0, models=["a", "b"]).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "from b")
     assert [(m, type(e)) for m, e in result.attempts] == [("a", LlmTimeoutError)]
 
@@ -148,7 +146,7 @@ def test_a_dropped_stream_fails_over_and_only_the_next_answer_is_returned(framin
     with FakeProvider(framing=framing, wire="responses") as fp, OpenAIResponsesClient(fp.base_url) as client:
         fp.add_turn(s.text("partial from a "), s.drop())
         fp.add_turn(s.text("whole answer from b"))
-        result = failover(client).call(MESSAGES)
+        result = failover(client).failover(MESSAGES)
     assert result.model == "b" and result.response.content == "whole answer from b"
     assert [(model, type(exc)) for model, exc in result.attempts] == [("a", LlmStreamError)]
 
@@ -179,8 +177,8 @@ def test_a_cut_stream_is_a_broken_stream_never_an_answer(turn, says):
 def test_every_model_cut_off_is_all_models_failed(fp, client):
     fp.add_turn(s.text("a1"), s.end())
     fp.add_turn(s.text("b1"), s.drop())
-    with pytest.raises(AllModelsFailedError) as info:
-        failover(client).call(MESSAGES)
+    with pytest.raises(AllFailed) as info:
+        failover(client).failover(MESSAGES)
     assert [m for m, _ in info.value.attempts] == ["a", "b"]
     assert all(isinstance(exc, LlmStreamError) for _, exc in info.value.attempts)
 
@@ -189,11 +187,11 @@ def test_every_model_cut_off_is_all_models_failed(fp, client):
 
 def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
     fp.add_turn(s.http_error(429, {"error": {"message": "slow down", "type": "requests",
-                                             "code": "rate_limit_exceeded"}}, headers={"retry-after": "2"}))
+                                             "code": "rate_limit_exceeded"}}, headers={"retry-after": "0.2"}))
     fp.add_turn(s.text("answer"))
-    waits = RecordedBackoffs()
-    result = waits.call(failover(client), MESSAGES)
-    assert waits.waits == [2.0]
+    with captured_logs("WARNING") as lines:
+        result = failover(client).failover(MESSAGES)
+    assert backoffs(lines) == [0.2]
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
 
@@ -202,7 +200,7 @@ def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
 def test_server_side_statuses_fail_over_to_the_next_model(fp, client, status):
     fp.add_turn(s.http_error(status, {"error": {"message": "nope", "type": "server_error"}}))
     fp.add_turn(s.text("from b"))
-    result = failover(client).call(MESSAGES)
+    result = failover(client).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "from b")
     assert "nope" in str(result.attempts[0][1])
 
@@ -214,7 +212,7 @@ def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, hint):
     fp.add_turn(s.http_error(status, body))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        failover(client).call(MESSAGES)
+        failover(client).failover(MESSAGES)
     assert classify(info.value) is ErrorClass.FATAL
     assert f"provider says {status}" in str(info.value) and hint in str(info.value)
     assert fp.request_count == 1
@@ -225,7 +223,7 @@ def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, hint):
 def test_a_server_error_event_mid_answer_fails_over_with_only_the_next_answer(fp, client):
     fp.add_turn(s.text("half of a"), s.error_frame("The server had an error", type="server_error"))
     fp.add_turn(s.text("all of b"))
-    result = failover(client).call(MESSAGES)
+    result = failover(client).failover(MESSAGES)
     assert (result.model, result.response.content) == ("b", "all of b")
     assert isinstance(result.attempts[0][1], LlmStreamError)
 
@@ -233,16 +231,16 @@ def test_a_server_error_event_mid_answer_fails_over_with_only_the_next_answer(fp
 def test_an_in_band_rate_limit_is_retried_on_the_same_model(fp, client):
     fp.add_turn(s.error_frame("Rate limit reached", type="tokens", code="rate_limit_exceeded"))
     fp.add_turn(s.text("answer"))
-    waits = RecordedBackoffs()
-    result = waits.call(failover(client), MESSAGES)
-    assert (result.model, result.response.content) == ("a", "answer") and len(waits.waits) == 1
+    with captured_logs("WARNING") as lines:
+        result = failover(client).failover(MESSAGES)
+    assert (result.model, result.response.content) == ("a", "answer") and len(backoffs(lines)) == 1
 
 
 def test_an_in_band_insufficient_quota_is_fatal_not_a_rate_limit(fp, client):
     fp.add_turn(s.error_frame("You exceeded your current quota", type="insufficient_quota"))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError, match="exceeded your current quota") as info:
-        failover(client).call(MESSAGES)
+        failover(client).failover(MESSAGES)
     assert info.value.status_code == 402 and fp.request_count == 1
 
 
@@ -251,7 +249,7 @@ def test_a_context_length_error_event_is_fatal(fp, client):
                               code="context_length_exceeded"))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        failover(client).call(MESSAGES)
+        failover(client).failover(MESSAGES)
     assert info.value.status_code == 400 and fp.request_count == 1
 
 
@@ -281,10 +279,9 @@ def test_only_llm_errors_leave_the_client_for_random_bytes():
 def test_a_buffered_call_answers_and_a_stalled_one_times_out_and_closes_the_connection(fp, client):
     fp.add_turn(s.text("whole"), s.tool_call(0, id="call_1", name="f", arguments='{"a": 1}'))
     fp.add_turn(s.stall_before_headers())
-    strategy = BufferedCallStrategy(client, completion_timeout=5.0)
-    response = strategy.call(MESSAGES, options=OPTIONS)
+    response = EngineCall(WholeAnswers(client), cap=5.0).call(MESSAGES, options=OPTIONS)
     assert (response.content, [c.args() for c in response.tool_calls]) == ("whole", [{"a": 1}])
     with pytest.raises(LlmTimeoutError, match="buffered completion timeout"):
-        BufferedCallStrategy(client, completion_timeout=IDLE).call(MESSAGES, options=OPTIONS)
+        EngineCall(WholeAnswers(client), cap=IDLE).call(MESSAGES, options=OPTIONS)
     assert fp.wait_for_client_disconnects(1, GUARD_S)
     assert [t for t in threading.enumerate() if t.name.startswith("streamengine-complete")] == []

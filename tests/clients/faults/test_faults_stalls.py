@@ -1,6 +1,6 @@
 """Stalls: the right timeout fires, the socket is shut down, the producer thread ends.
 
-Through ``StreamingCallStrategy`` with a small idle timer (0.2 s) and cap
+Through calls as the engine makes them (``engine_calls``) with a small idle timer (0.2 s) and cap
 (0.8 s), against a raw-socket server (byte-exact) and FakeProvider.
 
 Which timeout, and why (issue 2's rules):
@@ -208,8 +208,7 @@ def test_a_connect_that_hangs_ends_at_the_connect_timeout_as_a_connection_error(
 
 
 def test_cancel_during_a_hanging_connect_is_prompt(full_queue):
-    from streamengine import CancelToken
-    from streamengine import LlmCancelledError
+    from streamengine import CancelToken, LlmCancelledError
 
     cancel = CancelToken()
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=GUARD_S) as client:

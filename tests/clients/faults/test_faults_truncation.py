@@ -10,11 +10,11 @@ without its blank line (WHATWG: not dispatched), a clean end with neither
 from __future__ import annotations
 
 import pytest
-from faultkit import DONE, MESSAGES, content_frame, finish_frame, stream_threads, streaming
+from engine_calls import AllFailed
+from faultkit import DONE, MESSAGES, content_frame, failing_over, finish_frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
 
-from streamengine import AllModelsFailedError, ErrorClass, ErrorClassifier, LlmStreamError, OpenAICompatibleClient
-from streamengine._calls.failover import ModelFailover
+from streamengine import ErrorClass, ErrorClassifier, LlmStreamError, OpenAICompatibleClient
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -91,7 +91,7 @@ def test_a_broken_stream_fails_over_and_only_the_next_answer_is_returned(framing
     with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(s.text("partial from a "), s.drop())
         fp.add_turn(s.text("whole answer from b"))
-        result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+        result = failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
     assert result.model == "b" and result.response.content == "whole answer from b"
     assert [(model, type(exc)) for model, exc in result.attempts] == [("a", LlmStreamError)]
 
@@ -100,8 +100,8 @@ def test_every_model_cut_off_is_all_models_failed_not_an_answer():
     with FakeProvider(framing="close") as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(s.text("a1"), s.end())
         fp.add_turn(s.text("b1"), s.raw(finish_frame()[:-1]), s.end())
-        with pytest.raises(AllModelsFailedError) as info:
-            ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+        with pytest.raises(AllFailed) as info:
+            failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
     assert [m for m, _ in info.value.attempts] == ["a", "b"]
     assert all(isinstance(exc, LlmStreamError) for _, exc in info.value.attempts)
 
