@@ -18,6 +18,7 @@ from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_whi
 
 from streamengine import (
     AnthropicClient,
+    CancellableAdapter,
     CancelToken,
     Chunk,
     CompletionOptions,
@@ -489,8 +490,6 @@ def test_bad_messages_are_refused_before_any_request(fp, client):
 def test_a_given_session_is_used_and_left_open(fp):
     import requests
 
-    from streamengine._clients.http.connection import CancellableAdapter
-
     session = requests.Session()
     with OpenAICompatibleClient(fp.base_url, session=session) as client:
         fp.add_turn(s.stall_before_headers())
@@ -510,49 +509,3 @@ def test_options_that_are_not_json_are_refused_at_the_call(fp, client, extra):
         client.complete(MESSAGES, options=CompletionOptions(extra=extra))
     assert fp.request_count == 0
 
-
-# -- connection.py on its own -----------------------------------------------------------
-
-
-def test_request_tracker_aborts_a_plain_requests_call_before_headers(fp):
-    import requests
-
-    from streamengine._clients.http.connection import RequestTracker, mount_cancellable, tracking
-
-    fp.add_turn(s.stall_before_headers())
-    session = requests.Session()
-    mount_cancellable(session)
-    tracker = RequestTracker()
-    outcome: dict = {}
-
-    def call() -> None:
-        try:
-            with tracking(tracker):
-                session.post(fp.base_url + "/chat/completions", json={"stream": True}, stream=True)
-        except requests.ConnectionError as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    assert fp.wait_for_requests(1)
-    tracker.abort()
-    thread.join(2)
-    assert not thread.is_alive() and "error" in outcome and tracker.aborted
-    tracker.release()
-    tracker.abort()  # after release: touches nothing
-    session.close()
-
-
-def test_an_aborted_tracker_shuts_a_new_connection_at_birth(fp):
-    import requests
-
-    from streamengine._clients.http.connection import RequestTracker, mount_cancellable, tracking
-
-    fp.add_turn(*s.reply("never read"))
-    session = requests.Session()
-    mount_cancellable(session)
-    tracker = RequestTracker()
-    tracker.abort()
-    with pytest.raises(requests.ConnectionError), tracking(tracker):
-        session.post(fp.base_url + "/chat/completions", json={}, stream=True)
-    session.close()

@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from streamengine import ConfigError, LlmHttpError, OpenAICompatibleClient
-from streamengine._clients.openai import DEFAULT_BASE_URL
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -131,7 +130,7 @@ def test_from_env_reads_the_openai_sdk_variables(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with OpenAICompatibleClient.from_env() as client:
-        assert client.base_url == DEFAULT_BASE_URL
+        assert client.base_url == "https://api.openai.com/v1"  # the SDK's default too
     with FakeProvider() as fp:
         fp.add_turn(s.text("a"))
         monkeypatch.setenv("OPENAI_BASE_URL", fp.base_url)

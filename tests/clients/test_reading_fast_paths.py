@@ -8,6 +8,12 @@ Each is checked against an oracle that shares no code with it (http.client,
 the WHATWG parser of tests/support/sse_spec_parser.py, the general frame path), on
 the common shape and the odd ones, split at every offset; and over real HTTP
 (a raw socket server, FakeProvider), where a wrong fast path changes the answer.
+Last, the connection's cancel tracker on a plain ``requests`` session.
+
+Private on purpose: these are the transport's own algorithms (chunked decoding,
+SSE framing, the frame parser, aborting a request before its headers), each
+checked against an oracle at byte offsets no HTTP test can choose; what a user
+sees of them is in test_openai.py, test_anthropic.py and the fault tests.
 """
 from __future__ import annotations
 
@@ -18,9 +24,11 @@ import itertools
 import json
 import pickle
 import socket
+import threading
 from typing import Any, Iterator, List, Sequence, Tuple
 
 import pytest
+import requests
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, RawConn, RawServer, chunk
 from http_support import MESSAGES
 from sse_spec_parser import parse_pieces
@@ -29,6 +37,7 @@ from streamengine import Chunk, OpenAICompatibleClient
 from streamengine._clients import openai as openai_parse
 from streamengine._clients.base import Wait
 from streamengine._clients.http.body import SocketBody
+from streamengine._clients.http.connection import RequestTracker, mount_cancellable, tracking
 from streamengine._clients.http.sse_read import SseFramer, iter_event_batches
 from streamengine._messages import text_chunk
 from streamengine.testing import FakeProvider
@@ -274,3 +283,39 @@ def test_a_text_chunk_is_the_chunk_init_makes():
     assert dataclasses.replace(made, content=None) == Chunk(model="m")
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.content = "changed"  # type: ignore[misc]
+
+
+# --- the connection's cancel tracker, on its own --------------------------------------------------
+
+def test_request_tracker_aborts_a_plain_requests_call_before_headers():
+    outcome: dict = {}
+    with FakeProvider() as fp, requests.Session() as session:
+        fp.add_turn(s.stall_before_headers())
+        mount_cancellable(session)
+        tracker = RequestTracker()
+
+        def call() -> None:
+            try:
+                with tracking(tracker):
+                    session.post(fp.base_url + "/chat/completions", json={"stream": True}, stream=True)
+            except requests.ConnectionError as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        assert fp.wait_for_requests(1)
+        tracker.abort()
+        thread.join(2)
+        assert not thread.is_alive() and "error" in outcome and tracker.aborted
+        tracker.release()
+        tracker.abort()  # after release: touches nothing
+
+
+def test_an_aborted_tracker_shuts_a_new_connection_at_birth():
+    with FakeProvider() as fp, requests.Session() as session:
+        fp.add_turn(*s.reply("never read"))
+        mount_cancellable(session)
+        tracker = RequestTracker()
+        tracker.abort()
+        with pytest.raises(requests.ConnectionError), tracking(tracker):
+            session.post(fp.base_url + "/chat/completions", json={}, stream=True)
