@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from cli_support import CLI_ENV
+from cli_support import CLI_ENV, main
 from readme_recipes import recipes, root_of, run_recipe
 from wsgi_support import serving, sse, tokens_of
 
@@ -34,7 +34,6 @@ from streamengine import (
     TokenEvent,
     ToolStartEvent,
 )
-from streamengine._cli.main import main
 from streamengine.testing import FakeProvider, Stamp
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool

@@ -1,7 +1,11 @@
 """What openai-SDK and litellm users write, and what it must do (over real loopback HTTP)."""
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
+from cli_support import main
 from http_support import MESSAGES
 
 from streamengine import (
@@ -15,10 +19,6 @@ from streamengine import (
     RunFailedError,
     StreamingEngine,
 )
-from streamengine._calls.strategies import make_call_strategy
-from streamengine._cli.build import build_engine
-from streamengine._cli.main import build_parser
-from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -138,17 +138,28 @@ def test_complete_returns_a_partial_answer_with_its_error(fp):
     assert result.answer == "half an answer" and result.error
 
 
-def test_one_completion_timeout_default_everywhere(fp):
-    assert EngineConfig(models=["m"]).completion_timeout == DEFAULT_COMPLETION_TIMEOUT_S == 600.0
-    with OpenAICompatibleClient(fp.base_url) as client:
-        assert make_call_strategy(client).completion_timeout == DEFAULT_COMPLETION_TIMEOUT_S
-        args = build_parser().parse_args(["chat", "hi", "-m", "m", "--base-url", fp.base_url])
-        engine = build_engine(args, {})
-        try:
-            assert engine.config.completion_timeout == DEFAULT_COMPLETION_TIMEOUT_S
-        finally:
-            engine.close()
-            engine.client.close()
+def test_one_completion_timeout_default_everywhere(fp, monkeypatch, capsys):
+    """The library's 600 s cap on one model call, and the CLI's engine built with it when no --timeout is given."""
+    assert EngineConfig(models=["m"]).completion_timeout == 600.0
+    with StreamingEngine(OpenAICompatibleClient(fp.base_url), config=EngineConfig(models=["m"])) as engine:
+        assert engine.config.completion_timeout == 600.0
+        engine.client.close()
+    made = []
+    post_init = EngineConfig.__post_init__
+
+    def noting(config, *args):
+        post_init(config, *args)
+        made.append(config)
+
+    monkeypatch.setattr(EngineConfig, "__post_init__", noting)
+    monkeypatch.delenv("STREAMENGINE_TIMEOUT", raising=False)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # an empty pipe, not a terminal
+    fp.add_turn(s.text("ok"))
+    assert main(["chat", "hi", "-m", "m", "--base-url", fp.base_url]) == 0
+    assert made and {config.completion_timeout for config in made} == {600.0}
+    capsys.readouterr()
+    assert main(["chat", "--help"]) == 0
+    assert "STREAMENGINE_TIMEOUT; default 600)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_anthropic_client_reads_the_extras_alike():
