@@ -12,6 +12,7 @@ import threading
 from typing import Any, List
 
 import pytest
+from engine_calls import streamed
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, provider_fixtures, text_of
 
 from streamengine import (
@@ -20,6 +21,7 @@ from streamengine import (
     Chunk,
     CompletionOptions,
     ConfigError,
+    EngineConfig,
     ErrorClass,
     ErrorClassifier,
     LlmCancelledError,
@@ -28,12 +30,15 @@ from streamengine import (
     LlmProtocolError,
     LlmStreamError,
     Message,
+    ModelChunkEvent,
     OpenAICompatibleClient,
+    StreamingEngine,
     ToolCall,
     ToolSpec,
+    ToolStartEvent,
     Usage,
+    tool,
 )
-from streamengine._accumulate import ToolCallAccumulator
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -69,13 +74,11 @@ def test_text_thinking_tool_calls_usage_and_stop_reason(framing):
                     s.tool_call(0, arguments='"x"}'),
                     s.tool_call(1, id="toolu_b", name="now"),
                     s.usage(prompt=11, completion=7))
-        chunks = collect(client)
+        chunks, response = streamed(client, MESSAGES, OPTIONS)
     assert text_of(chunks) == "Hello"
     assert "".join(c.reasoning or "" for c in chunks) == "let me see"
-    accumulator = ToolCallAccumulator()
-    early = [call for c in chunks for d in c.tool_calls for call in accumulator.add(d)]
-    assert early + accumulator.finish() == [ToolCall("toolu_a", "lookup", '{"q": "x"}'),
-                                            ToolCall("toolu_b", "now", "{}")]
+    assert list(response.tool_calls) == [ToolCall("toolu_a", "lookup", '{"q": "x"}'),
+                                         ToolCall("toolu_b", "now", "{}")]
     last = chunks[-1]
     assert last.is_completed and sum(c.is_completed for c in chunks) == 1
     assert (last.finish_reason, last.usage, last.model) == ("tool_calls", Usage(11, 7, 18), "claude-test")
@@ -89,25 +92,39 @@ def test_stop_reasons_map_to_finish_reasons(fp, client, reason, expected):
 
 
 def test_each_tool_call_is_complete_at_its_block_stop_not_at_the_end(fp, client):
-    # The engine's accumulator must return a call as soon as its block stops:
-    # the server holds the rest of the message until the test saw the call.
+    # A call must start as soon as its block stops: the server holds the rest of
+    # the message until both tools have started.
     first_seen, second_seen = threading.Event(), threading.Event()
+
+    @tool
+    def first(a: int) -> str:
+        """Notes that it ran."""
+        first_seen.set()
+        return "one"
+
+    @tool
+    def second(b: int) -> str:
+        """Notes that it ran."""
+        second_seen.set()
+        return "two"
+
     fp.add_turn(s.tool_call(0, id="toolu_1", name="first", arguments='{"a": 1}'),
                 s.tool_call(1, id="toolu_2", name="second", arguments='{"b": '),
                 s.tool_call(1, arguments='2}'),
                 s.text("done"),  # opens a text block: the second tool block stops first
                 s.wait(second_seen, timeout=5), s.finish("tool_calls"))
-    accumulator = ToolCallAccumulator()
-    seen = []
-    for chunk in client.stream(MESSAGES, options=OPTIONS):
-        for delta in chunk.tool_calls:
-            for call in accumulator.add(delta):
-                seen.append(call)
-                (first_seen if call.name == "first" else second_seen).set()
-        if chunk.is_completed:
-            assert first_seen.is_set() and second_seen.is_set()
-    assert [(c.id, c.args()) for c in seen] == [("toolu_1", {"a": 1}), ("toolu_2", {"b": 2})]
-    assert accumulator.finish() == []  # the empty slot opened by the last stop holds no call
+    fp.add_turn(s.text("both ran"))
+    both_before_the_end = []
+    config = EngineConfig(models=["claude-test"], tool_mode="native")
+    with StreamingEngine(client, [first, second], config) as engine:
+        engine.emitter.subscribe(lambda event: both_before_the_end.append(first_seen.is_set() and second_seen.is_set())
+                                 if isinstance(event, ModelChunkEvent) and event.is_final else None)
+        events = list(engine.run(MESSAGES))
+    started = [(e.call.id, e.call.args()) for e in events if isinstance(e, ToolStartEvent)]
+    assert started == [("toolu_1", {"a": 1}), ("toolu_2", {"b": 2})]
+    assert both_before_the_end[0] is True
+    telemetry = events[-1].result.telemetry
+    assert (telemetry.tools_started, telemetry.disallowed, telemetry.parse_errors) == (2, 0, 0)  # no empty call
 
 
 def test_pings_comments_and_empty_deltas_are_not_meaningful(fp, client):

@@ -11,6 +11,7 @@ import json
 from typing import Any, Dict, List
 
 import pytest
+from engine_calls import EngineCall, WholeAnswers
 from http_support import CLIENTS, MESSAGES
 
 from streamengine import (
@@ -24,8 +25,6 @@ from streamengine import (
     RefusalEvent,
     StreamingEngine,
 )
-from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.strategies import StreamingCallStrategy
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -126,8 +125,7 @@ def client(fp):
 def test_magistral_thinking_parts_are_reasoning_and_keep_the_idle_timer_from_firing(fp, client):
     # 0.6 s between frames, idle timeout 2 s: the first text comes 2.4 s in, after thinking only.
     fp.add_turn(*paced(magistral_stream(), 0.6))
-    strategy = StreamingCallStrategy(client, idle_timeout=2.0, completion_timeout=30.0)
-    response = strategy.call(MESSAGES)
+    response = EngineCall(client, idle=2.0, cap=30.0).call(MESSAGES)
     assert response.reasoning == "".join(MAGISTRAL_THOUGHT)
     assert response.content == "Hello!"
 
@@ -141,7 +139,7 @@ def test_a_thinking_only_frame_is_meaningful(fp, client):
 
 def test_magistral_thinking_parts_are_reasoning_on_the_buffered_path(fp, client):
     fp.add_turn(s.raw(json.dumps(magistral_answer())))
-    response = BufferedCallStrategy(client, completion_timeout=30.0).call(MESSAGES)
+    response = EngineCall(WholeAnswers(client), cap=30.0).call(MESSAGES)
     assert response.reasoning == "".join(MAGISTRAL_THOUGHT) and response.content == "Hello!"
 
 
@@ -162,8 +160,8 @@ def test_a_refusal_content_part_and_a_buffered_refusal_are_read(fp, client):
     fp.add_turn(*paced([_mistral_frame({"content": [{"type": "refusal", "refusal": REFUSAL}]}),
                         _mistral_frame({}, "stop")], 0.0))
     fp.add_turn(s.raw(json.dumps(openai_refusal_answer())))
-    streamed = StreamingCallStrategy(client, idle_timeout=5.0, completion_timeout=30.0).call(MESSAGES)
-    whole = BufferedCallStrategy(client, completion_timeout=30.0).call(MESSAGES)
+    streamed = EngineCall(client, idle=5.0, cap=30.0).call(MESSAGES)
+    whole = EngineCall(WholeAnswers(client), cap=30.0).call(MESSAGES)
     assert streamed.refusal == REFUSAL and streamed.content == ""
     assert whole.refusal == REFUSAL and whole.content == ""
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
+from engine_calls import streamed
 from http_support import FRAMINGS, MESSAGES, busy_connection_threads, cancel_while_blocked, text_of
 
 from streamengine import (
     Chunk,
     CompletionOptions,
     ConfigError,
+    EngineConfig,
     ErrorClass,
     ErrorClassifier,
     LlmCancelledError,
@@ -28,11 +30,14 @@ from streamengine import (
     LlmStreamError,
     Message,
     OpenAIResponsesClient,
+    StreamingEngine,
+    TokenEvent,
     ToolCall,
     ToolSpec,
+    ToolStartEvent,
     Usage,
+    tool,
 )
-from streamengine._accumulate import ResponseAggregator, ToolCallAccumulator
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -90,10 +95,10 @@ def function_item(item_id: str, call_id: str, name: str, arguments: str = "") ->
             "status": "in_progress"}
 
 
-def calls_of(chunks: List[Chunk]) -> List[ToolCall]:
-    accumulator = ToolCallAccumulator()
-    early = [call for c in chunks for d in c.tool_calls for call in accumulator.add(d)]
-    return early + accumulator.finish()
+def with_calls(client: OpenAIResponsesClient) -> Tuple[List[Chunk], List[ToolCall]]:
+    """The chunks of one streamed call and the tool calls the engine assembled from them."""
+    chunks, response = streamed(client, MESSAGES, OPTIONS)
+    return chunks, list(response.tool_calls)
 
 
 # -- reading the stream -------------------------------------------------------------------
@@ -107,10 +112,10 @@ def test_text_reasoning_calls_usage_and_finish_reason(framing):
                     s.tool_call(0, arguments='"x"}'),
                     s.tool_call(1, id="call_b", name="now"),
                     s.usage(prompt=11, completion=7))
-        chunks = collect(client)
+        chunks, calls = with_calls(client)
     assert text_of(chunks) == "Hello"
     assert "".join(c.reasoning or "" for c in chunks) == "let me see"
-    assert calls_of(chunks) == [ToolCall("call_a", "lookup", '{"q": "x"}'), ToolCall("call_b", "now", "{}")]
+    assert calls == [ToolCall("call_a", "lookup", '{"q": "x"}'), ToolCall("call_b", "now", "{}")]
     last = chunks[-1]
     assert last.is_completed and sum(c.is_completed for c in chunks) == 1
     assert (last.finish_reason, last.usage, last.model) == ("tool_calls", Usage(11, 7, 18), "gpt-test")
@@ -123,21 +128,27 @@ def test_the_call_id_is_the_items_call_id_not_its_fc_item_id(fp, client):
                 event("response.output_item.done", output_index=0,
                       item=function_item("fc_123", "call_abc", "lookup", '{"q": 1}')),
                 completed(), auto_finish=False)
-    assert calls_of(collect(client)) == [ToolCall("call_abc", "lookup", '{"q": 1}')]
+    assert with_calls(client)[1] == [ToolCall("call_abc", "lookup", '{"q": 1}')]
 
 
 def test_a_call_is_complete_at_its_output_item_done_before_response_completed(fp, client):
-    fp.add_turn(s.tool_call(0, id="call_1", name="first", arguments='{"a": 1}'), s.text("after the call"))
-    accumulator = ToolCallAccumulator()
-    seen: List[str] = []
-    for chunk in collect(client):
-        for delta in chunk.tool_calls:
-            seen += [f"call {call.id}" for call in accumulator.add(delta)]
-        if chunk.content:
-            seen.append(chunk.content)
-        if chunk.is_completed:
-            seen.append("completed")
-    assert seen == ["call call_1", "after the call", "completed"]
+    # The call must start at its output_item.done: the server holds the rest until it has.
+    ran = threading.Event()
+
+    @tool
+    def first(a: int) -> str:
+        """Notes that it ran."""
+        ran.set()
+        return "one"
+
+    fp.add_turn(s.tool_call(0, id="call_1", name="first", arguments='{"a": 1}'), s.wait(ran, timeout=5),
+                s.text("after the call"))
+    fp.add_turn(s.text("done"))
+    with StreamingEngine(client, [first], EngineConfig(models=["gpt-test"], tool_mode="native")) as engine:
+        events = list(engine.run(MESSAGES))
+    seen = [f"call {e.call.id}" if isinstance(e, ToolStartEvent) else e.text for e in events
+            if isinstance(e, (ToolStartEvent, TokenEvent))]
+    assert seen == ["call call_1", "after the call", "done"]
 
 
 def test_a_server_without_argument_deltas_gives_them_in_arguments_done_or_item_done(fp, client):
@@ -152,9 +163,9 @@ def test_a_server_without_argument_deltas_gives_them_in_arguments_done_or_item_d
                       item=function_item("fc_2", "call_2", "b", '{"y": 2}')),
                 event("response.output_item.done", output_index=2, item=function_item("fc_3", "call_3", "c", '{}')),
                 completed(), auto_finish=False)
-    chunks = collect(client)
-    assert calls_of(chunks) == [ToolCall("call_1", "a", '{"x": 1}'), ToolCall("call_2", "b", '{"y": 2}'),
-                                ToolCall("call_3", "c", "{}")]
+    chunks, calls = with_calls(client)
+    assert calls == [ToolCall("call_1", "a", '{"x": 1}'), ToolCall("call_2", "b", '{"y": 2}'),
+                     ToolCall("call_3", "c", "{}")]
     assert chunks[-1].finish_reason == "tool_calls"
 
 
@@ -178,10 +189,10 @@ def test_a_refusal_is_its_own_field_not_the_answer(fp, client):
     assert text_of(chunks) == "Sure, "
     assert "".join(c.refusal or "" for c in chunks) == "I can't help with that."
     assert all(c.is_meaningful for c in chunks if c.refusal)
-    aggregator = ResponseAggregator()
-    for chunk in chunks:
-        aggregator.add(chunk)
-    assert (aggregator.response().content, aggregator.response().refusal) == ("Sure, ", "I can't help with that.")
+    fp.add_turn(s.text("Sure, "), s.Step("delta", {"refusal": "I can't help "}),
+                s.Step("delta", {"refusal": "with that."}))
+    response = streamed(client, MESSAGES, OPTIONS)[1]
+    assert (response.content, response.refusal) == ("Sure, ", "I can't help with that.")
 
 
 def test_a_buffered_answer_keeps_its_refusal_and_reasoning(fp, client):
@@ -241,8 +252,8 @@ def test_a_server_that_streams_nothing_gives_the_answer_in_response_completed(fp
     output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "whole"}]},
               function_item("fc_1", "call_1", "f", '{"k": 1}')]
     fp.add_turn(created(), completed(output=output), auto_finish=False)
-    chunks = collect(client)
-    assert text_of(chunks) == "whole" and calls_of(chunks) == [ToolCall("call_1", "f", '{"k": 1}')]
+    chunks, calls = with_calls(client)
+    assert text_of(chunks) == "whole" and calls == [ToolCall("call_1", "f", '{"k": 1}')]
     assert chunks[-1].finish_reason == "tool_calls"
 
 
@@ -472,9 +483,6 @@ def test_the_aggregate_of_a_stream_is_the_buffered_answer(fp, client):
     script = [s.text("a"), s.tool_call(0, id="call_1", name="f", arguments="{}"), s.usage(prompt=2, completion=3)]
     fp.add_turn(*script)
     fp.add_turn(*script)
-    aggregator = ResponseAggregator()
-    for chunk in collect(client):
-        aggregator.add(chunk)
-    streamed, whole = aggregator.response(), client.complete(MESSAGES, options=OPTIONS)
-    assert (streamed.id, whole.id) == ("resp_fake_1", "resp_fake_2")  # two answers, each with its own id
-    assert dataclasses.replace(streamed, id=None) == dataclasses.replace(whole, id=None)
+    aggregated, whole = streamed(client, MESSAGES, OPTIONS)[1], client.complete(MESSAGES, options=OPTIONS)
+    assert (aggregated.id, whole.id) == ("resp_fake_1", "resp_fake_2")  # two answers, each with its own id
+    assert dataclasses.replace(aggregated, id=None) == dataclasses.replace(whole, id=None)

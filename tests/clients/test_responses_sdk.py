@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Tuple
 import openai
 import pytest
 import requests
+from engine_calls import EngineCall
 
 from streamengine import CompletionOptions, OpenAIResponsesClient, Response, ToolSpec
-from streamengine._accumulate import ResponseAggregator
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -78,11 +78,8 @@ def sdk_stream(sdk: Any) -> Tuple[List[Any], Any]:
 
 
 def our_stream(client: OpenAIResponsesClient) -> Answer:
-    aggregator = ResponseAggregator()
-    for chunk in client.stream(INPUT, options=CompletionOptions(model=MODEL)):
-        aggregator.add(chunk)
-    assert aggregator.completed
-    return ours(aggregator.response())
+    """Our client's stream as the engine aggregates it (the response its observers hear)."""
+    return ours(EngineCall(client).call(INPUT, options=CompletionOptions(model=MODEL)))
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

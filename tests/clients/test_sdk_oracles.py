@@ -13,10 +13,10 @@ from typing import Any, Dict, Iterator, List, Tuple
 import anthropic
 import openai
 import pytest
+from engine_calls import EngineCall
 from http_support import CLIENTS, MESSAGES
 
 from streamengine import CompletionOptions, Response, ToolSpec
-from streamengine._accumulate import ResponseAggregator
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -46,11 +46,8 @@ def ours(response: Response) -> Answer:
 
 
 def our_stream(client: Any, options: CompletionOptions) -> Answer:
-    aggregator = ResponseAggregator()
-    for chunk in client.stream(MESSAGES, options=options):
-        aggregator.add(chunk)
-    assert aggregator.completed
-    return ours(aggregator.response())
+    """Our client's stream as the engine aggregates it (the response its observers hear)."""
+    return ours(EngineCall(client).call(MESSAGES, options=options))
 
 
 # -- Anthropic ----------------------------------------------------------------------------------

@@ -164,5 +164,10 @@ def _attempts(result: EngineResult, errors: Sequence[BaseException]) -> Tuple[Tu
     return tuple((model, by_line[i]) for i, model in enumerate(models) if i in by_line)
 
 
-def text_of(chunks: Sequence[Chunk]) -> str:
-    return "".join(chunk.content or "" for chunk in chunks)
+def streamed(client: LlmClient, messages: Any, options: Optional[CompletionOptions] = None,
+             ) -> Tuple[List[Chunk], Response]:
+    """The chunks of one streamed call, and the response the engine aggregated from them."""
+    chunks: List[Chunk] = []
+    with EngineCall(client) as calls:
+        response = calls.call(messages, options=options, on_chunk=chunks.append)
+    return chunks, response
