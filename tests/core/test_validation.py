@@ -1,60 +1,80 @@
-"""One rule for seconds, counts and names, and the places that use it refuse the same values."""
+"""One rule for seconds, counts and names: every public setting refuses the same values, in the same words.
+
+Through what users set: ``EngineConfig``, ``@tool(timeout=...)``, ``engine.run(...)``, a run log's
+``read(timeout_s=...)``.  The settings only the core's own classes take (failover's ``max_retry_wait``,
+the inline scanner's ``max_json_depth``) are checked with those classes, in
+clients/faults/test_faults_retry_policy.py and test_inline.py.
+"""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from streamengine import ConfigError, EngineConfig, ScriptedClient, StreamingEngine
-from streamengine import _validation as validation
-from streamengine._calls.failover import ModelFailover
-from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
-from streamengine._inline import InlineToolScanner
+from streamengine import ConfigError, EngineConfig, ScriptedClient, StreamingEngine, ToolError, tool
+from streamengine.runs import MemoryRunLog, new_run_id
 
 BAD_SECONDS = [float("inf"), -float("inf"), float("nan"), True, False, -1, "5", None, [1]]
 
 
+def noop() -> str:
+    """Does nothing."""
+    return ""
+
+
 @pytest.mark.parametrize("value", BAD_SECONDS)
 def test_seconds_refuses_what_is_not_a_finite_positive_number(value):
-    with pytest.raises(ConfigError, match="timeout_s must be a .*number of seconds > 0") as info:
-        validation.seconds(value, "timeout_s")
+    with pytest.raises(ConfigError, match="EngineConfig.idle_timeout must be a .*number of seconds > 0") as info:
+        EngineConfig(models=["m"], idle_timeout=value)
     assert repr(value) in str(info.value)
 
 
 def test_seconds_accepts_numbers_and_returns_floats():
-    assert validation.seconds(2, "t") == 2.0 and isinstance(validation.seconds(2, "t"), float)
-    assert validation.seconds(0.25, "t") == 0.25
+    timeout = tool(timeout=2)(noop).timeout
+    assert timeout == 2.0 and isinstance(timeout, float)
+    assert tool(timeout=0.25)(noop).timeout == 0.25
+    assert EngineConfig(models=["m"], idle_timeout=0.25).idle_timeout == 0.25
 
 
 def test_zero_and_none_only_when_allowed():
-    with pytest.raises(ConfigError, match="> 0"):
-        validation.seconds(0, "t")
-    assert validation.seconds(0, "t", allow_zero=True) == 0.0
-    with pytest.raises(ConfigError, match=">= 0"):
-        validation.seconds(-0.5, "t", allow_zero=True)
-    assert validation.seconds(None, "t", allow_none=True) is None
-    with pytest.raises(ConfigError, match="finite"):
-        validation.seconds(math.inf, "t", allow_none=True, allow_zero=True)
+    with pytest.raises(ToolError, match="> 0"):
+        tool(timeout=0)(noop)
+    log = MemoryRunLog()
+    run_id = new_run_id()
+    log.create(run_id, "owner")
+    assert log.read(run_id, "owner", timeout_s=0) == []  # zero: look once, do not wait
+    with pytest.raises(ConfigError, match="timeout_s must be a number of seconds >= 0"):
+        log.read(run_id, "owner", timeout_s=-0.5)
+    assert tool(timeout=None)(noop).timeout is None
+    with pytest.raises(ToolError, match="finite"):
+        tool(timeout=math.inf)(noop)
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, -1, "3", None])
 def test_count_refuses_bools_floats_and_negatives(value):
-    with pytest.raises(ConfigError, match="n must be an integer >= 0"):
-        validation.count(value, "n")
+    with pytest.raises(ConfigError, match="EngineConfig.max_retries must be an integer >= 0"):
+        EngineConfig(models=["m"], max_retries=value)
 
 
 def test_count_minimum():
-    assert validation.count(0, "n") == 0
-    assert validation.count(3, "n", minimum=3) == 3
-    with pytest.raises(ConfigError, match="n must be an integer >= 1, got 0"):
-        validation.count(0, "n", minimum=1)
+    assert EngineConfig(models=["m"], max_retries=0).max_retries == 0
+    assert EngineConfig(models=["m"], pool_size=1).pool_size == 1
+    with pytest.raises(ConfigError, match="EngineConfig.pool_size must be an integer >= 1, got 0"):
+        EngineConfig(models=["m"], pool_size=0)
 
 
 @pytest.mark.parametrize("value", ["", "   ", None, 3, b"m"])
 def test_name_refuses_empty_and_non_strings(value):
-    with pytest.raises(ConfigError, match="model must be a non-empty string"):
-        validation.name(value, "model")
-    assert validation.name("gpt", "model") == "gpt"
+    with pytest.raises(ConfigError, match="EngineConfig.models must be a non-empty list of model names"):
+        EngineConfig(models=[value])
+    if value is not None:  # model=None is "not given"
+        with pytest.raises(ConfigError, match=f"EngineConfig.model must be a non-empty string, got {value!r}"):
+            EngineConfig(model=value)
+    with StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(model="gpt")) as engine:
+        if value:  # an empty model for one run means the engine's own
+            with pytest.raises(ConfigError, match=r"run\(model=...\) must be a non-empty string"):
+                engine.run([{"role": "user", "content": "q"}], model=value)
+        assert engine.complete([{"role": "user", "content": "q"}], model="gpt").answer == "hi"
 
 
 # --- the same rule everywhere -------------------------------------------------------------------
@@ -80,26 +100,6 @@ def test_heartbeat_is_refused_with_a_config_error_not_an_overflow(value):
             engine.run([{"role": "user", "content": "q"}], heartbeat_s=value)
 
 
-@pytest.mark.parametrize("value", [float("inf"), True, -1])
-def test_call_strategy_timeouts(value):
-    with pytest.raises(ConfigError, match="idle_timeout must be a"):
-        StreamingCallStrategy(ScriptedClient(), idle_timeout=value)
-    with pytest.raises(ConfigError, match="completion_timeout must be a"):
-        make_call_strategy(ScriptedClient(), completion_timeout=value)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_retries": True}, "max_retries must be an integer"),
-    ({"max_retry_wait": float("nan")}, "max_retry_wait must be a finite number of seconds >= 0"),
-    ({"max_retry_wait": True}, "max_retry_wait must be a number of seconds >= 0"),
-])
-def test_failover_settings(kwargs, message):
-    with pytest.raises(ConfigError, match=message):
-        ModelFailover(StreamingCallStrategy(ScriptedClient()), ["a"], **kwargs)
-
-
-def test_inline_scanner_settings():
-    with pytest.raises(ConfigError, match="max_json_depth must be an integer >= 1, got True"):
-        InlineToolScanner(max_json_depth=True)
-    with pytest.raises(ConfigError, match="max_block_chars"):
-        InlineToolScanner(max_block_chars=21.5)
+def test_the_inline_scanner_settings_of_the_engine():
+    with pytest.raises(ConfigError, match="EngineConfig.max_block_chars must be an integer >= 1"):
+        EngineConfig(models=["m"], max_block_chars=21.5)

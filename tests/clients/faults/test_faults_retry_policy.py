@@ -1,4 +1,4 @@
-"""The retry policy's own rules, where no public setting reaches them: Retry-After date arithmetic and the back-off cap.
+"""The retry policy's own rules, where no public setting reaches them: Retry-After dates, the back-off cap.
 
 Private on purpose: ``parse_retry_after`` is checked at a fixed clock (``now=``), which an HTTP test cannot
 hold still, and failover's ``max_retry_wait`` (the cap on any one back-off) is not an engine setting, so only
@@ -14,6 +14,7 @@ from backoff_support import RecordedBackoffs
 from faultkit import MESSAGES
 from http_support import provider_fixtures
 
+from streamengine import ConfigError
 from streamengine._calls.failover import ModelFailover
 from streamengine._calls.strategies import make_call_strategy
 from streamengine._clients.http.errors import parse_retry_after
@@ -50,3 +51,13 @@ def test_the_back_off_never_exceeds_the_cap(client, fp, headers, cap, wait):
     assert (result.model, result.response.content, result.failovers) == ("a", "answer", 0)
     assert [(m, e.status_code) for m, e in result.attempts] == [("a", 429)]
     assert [r.json["model"] for r in fp.requests] == ["a", "a"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_retries": True}, "max_retries must be an integer"),
+    ({"max_retry_wait": float("nan")}, "max_retry_wait must be a finite number of seconds >= 0"),
+    ({"max_retry_wait": True}, "max_retry_wait must be a number of seconds >= 0"),
+])
+def test_the_policy_settings_follow_the_one_rule_for_counts_and_seconds(client, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelFailover(make_call_strategy(client), ["a"], **kwargs)
