@@ -1,4 +1,4 @@
-"""Events: the chunk event, the emitter's contract, and the engine events' shape."""
+"""Events: the chunk event, the emitter's contract (``engine.emitter``), observers, and the engine events' shape."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +11,7 @@ from streamengine import (
     Chunk,
     ConfigError,
     DoneEvent,
+    EngineConfig,
     ErrorEvent,
     Event,
     HeartbeatEvent,
@@ -20,12 +21,13 @@ from streamengine import (
     ResetEvent,
     Response,
     RoundEvent,
+    ScriptedClient,
+    StreamingEngine,
     TokenEvent,
     ToolCall,
     ToolResultEvent,
     ToolStartEvent,
 )
-from streamengine._calls.hooks import EventEmitter, check_observers, notify_observers
 
 
 @pytest.fixture
@@ -39,6 +41,13 @@ def warnings():
     logger.disable("streamengine")
 
 
+@pytest.fixture
+def emitter():
+    """The engine's emitter, the one users subscribe to for every chunk read from the model."""
+    with StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(models=["m"])) as engine:
+        yield engine.emitter
+
+
 def test_model_chunk_event_defaults_to_not_final_without_response():
     event = ModelChunkEvent(Chunk(content="x"))
     assert event.is_final is False and event.response is None
@@ -46,8 +55,7 @@ def test_model_chunk_event_defaults_to_not_final_without_response():
         event.is_final = True  # type: ignore[misc]
 
 
-def test_emitter_delivers_in_subscription_order_until_unsubscribed():
-    emitter = EventEmitter()
+def test_emitter_delivers_in_subscription_order_until_unsubscribed(emitter):
     seen = []
     emitter.subscribe(lambda e: seen.append(("a", e)))
     unsubscribe_b = emitter.subscribe(lambda e: seen.append(("b", e)))
@@ -58,8 +66,7 @@ def test_emitter_delivers_in_subscription_order_until_unsubscribed():
     assert seen == [("a", 1), ("b", 1), ("a", 2)]
 
 
-def test_emitter_is_falsy_without_subscribers_so_hot_paths_can_skip_it():
-    emitter = EventEmitter()
+def test_emitter_is_falsy_without_subscribers_so_hot_paths_can_skip_it(emitter):
     assert not emitter and len(emitter) == 0 and emitter.subscribers == ()
     callback = lambda e: None  # noqa: E731
     unsubscribe = emitter.subscribe(callback)
@@ -68,8 +75,7 @@ def test_emitter_is_falsy_without_subscribers_so_hot_paths_can_skip_it():
     assert not emitter and emitter.subscribers == ()
 
 
-def test_a_subscriber_may_unsubscribe_itself_while_called():
-    emitter = EventEmitter()
+def test_a_subscriber_may_unsubscribe_itself_while_called(emitter):
     seen = []
     holder = {}
 
@@ -84,8 +90,7 @@ def test_a_subscriber_may_unsubscribe_itself_while_called():
     assert seen == ["x", ("other", "x"), ("other", "y")]
 
 
-def test_a_failing_subscriber_is_logged_and_the_others_still_hear(warnings):
-    emitter = EventEmitter()
+def test_a_failing_subscriber_is_logged_and_the_others_still_hear(emitter, warnings):
     seen = []
 
     def broken(event):
@@ -98,9 +103,18 @@ def test_a_failing_subscriber_is_logged_and_the_others_still_hear(warnings):
     assert any("raised on str" in message for message in warnings)
 
 
-def test_subscribe_rejects_non_callables():
+def test_subscribe_rejects_non_callables(emitter):
     with pytest.raises(ConfigError, match="callable"):
-        EventEmitter().subscribe("not a function")  # type: ignore[arg-type]
+        emitter.subscribe("not a function")  # type: ignore[arg-type]
+
+
+def test_the_engine_hands_every_chunk_to_its_subscribers_the_last_with_the_response():
+    with StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(models=["m"])) as engine:
+        seen = []
+        engine.emitter.subscribe(seen.append)
+        assert engine.complete([{"role": "user", "content": "q"}]).answer == "hi"
+    assert all(isinstance(event, ModelChunkEvent) for event in seen) and seen[-1].is_final
+    assert seen[-1].response.content == "hi" and not any(event.is_final for event in seen[:-1])
 
 
 def test_observers_are_checked_and_a_failing_one_does_not_stop_the_rest(warnings):
@@ -117,12 +131,14 @@ def test_observers_are_checked_and_a_failing_one_does_not_stop_the_rest(warnings
 
     good = Good()
     assert isinstance(good, Observer)
-    observers = check_observers([Broken(), good])
-    notify_observers(observers, Response(content="hi"), logger)
-    assert good.responses == [Response(content="hi")]
+    with StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(models=["m"]),
+                         observers=[Broken(), good]) as engine:
+        assert engine.complete([{"role": "user", "content": "q"}]).answer == "hi"
+    assert [response.content for response in good.responses] == ["hi"]
+    assert isinstance(good.responses[0], Response)
     assert any("on_llm_responded" in message for message in warnings)
     with pytest.raises(ConfigError, match="on_llm_responded"):
-        check_observers([object()])
+        StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(models=["m"]), observers=[object()])
 
 
 @pytest.mark.parametrize("cls, name, args", [
