@@ -2,6 +2,9 @@
 
 Parsers do no I/O, so these feed byte slices straight in; the same cases
 over real sockets are in the client tests (BOM: test_anthropic.py).
+
+Private on purpose: the SSE line parser is an algorithm, fed here at every split offset, which no
+HTTP test can choose.
 """
 from __future__ import annotations
 

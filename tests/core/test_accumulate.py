@@ -1,4 +1,9 @@
-"""Tool-call delta accumulation and response aggregation (pure, in memory)."""
+"""Tool-call delta accumulation and response aggregation (pure, in memory).
+
+Private on purpose: the accumulator is an algorithm fed deltas one by one, in orders and shapes no
+provider sends on cue; what users get from it (a call that starts at its block's end, the aggregated
+response observers hear) is tested over HTTP in tests/clients.
+"""
 from __future__ import annotations
 
 import json

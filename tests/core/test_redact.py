@@ -1,4 +1,8 @@
-"""What text may show of URLs and secrets: masked by structure and by length, never mangled."""
+"""What text may show of URLs and secrets: masked by structure and by length, never mangled.
+
+Private on purpose: the redaction rules are an algorithm checked string by string here; what users
+see of them (no key in an error, a log line or a repr) is tested through the clients and the stores.
+"""
 from __future__ import annotations
 
 import pytest

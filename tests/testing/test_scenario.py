@@ -1,4 +1,9 @@
-"""Scenario files: validation errors name file and JSON path; runs check what they claim."""
+"""Scenario files: validation errors name file and JSON path; runs check what they claim.
+
+Private for now: ``streamengine.testing`` calls the scenario runner and its JUnit writer part of the
+public test kit (``streamengine harness`` runs them), but exports neither; this file checks them
+directly until it does.  The harness command itself is tested in tests/cli/test_cli.py.
+"""
 from __future__ import annotations
 
 import glob
