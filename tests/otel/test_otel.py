@@ -286,38 +286,38 @@ def test_without_opentelemetry_nothing_is_imported():
 
 
 def test_a_run_builds_a_trace_only_when_something_would_record_or_pass_it_on():
-    """With the API alone (its proxy providers, no SDK) a run builds no trace at all: no spans, its plain chunk
-    callback.  A caller's span in the current context is passed on (the run is traced, non-recording); once an
-    SDK's meter provider is set globally, the first meaningful chunk is watched; and an SDK tracer provider set
-    globally after the engine was made records the next run's spans (the proxy forwards to it)."""
+    """With the API alone (its proxy providers, no SDK) a run starts no span at all, not even a non-recording
+    one.  A caller's span in the current context is passed on (the run's spans start, non-recording); once an
+    SDK's meter provider is set globally, the first chunk is measured; and an SDK tracer provider set globally
+    after the engine was made records the next run's spans (the proxy forwards to it).  Spans are counted where
+    the OpenTelemetry API starts them (its ``ProxyTracer``), metrics read from the SDK's in-memory reader."""
     probe = (
         "from opentelemetry import metrics, trace\n"
         "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
         "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
         "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
         "from streamengine import EngineConfig, StreamingEngine, ScriptedClient\n"
-        "from streamengine._engine import traced\n"
-        "from streamengine._otel import tracing\n"
-        "seen, runs = [], []\n"
-        "watching, start_run = traced.RoundTrace.watching, tracing.Instrumentation.start_run\n"
-        "def spy(self, on_chunk):\n"
-        "    wrapped = watching(self, on_chunk)\n"
-        "    seen.append(wrapped is on_chunk)\n"
-        "    return wrapped\n"
-        "def counted(self, **kw):\n"
-        "    runs.append(1)\n"
-        "    return start_run(self, **kw)\n"
-        "traced.RoundTrace.watching, tracing.Instrumentation.start_run = spy, counted\n"
+        "started = []\n"
+        "proxy_start_span = trace.ProxyTracer.start_span\n"
+        "def counted(self, name, *args, **kwargs):\n"
+        "    started.append(name)\n"
+        "    return proxy_start_span(self, name, *args, **kwargs)\n"
+        "trace.ProxyTracer.start_span = counted\n"
         "engine = StreamingEngine(ScriptedClient(['hello'] * 4), config=EngineConfig(models=['m']))\n"
         "def answer():\n"
         "    return engine.complete([{'role': 'user', 'content': 'q'}]).answer\n"
-        "print(answer(), seen, len(runs))\n"
+        "print(answer(), started)\n"
         "caller = trace.NonRecordingSpan(trace.SpanContext(0x1234, 0x5678, is_remote=True))\n"
         "with trace.use_span(caller):\n"
-        "    print(answer(), seen, len(runs))\n"
-        "metrics.set_meter_provider(MeterProvider())\n"
-        "print(answer(), seen, len(runs))\n"
+        "    print(answer(), started)\n"
+        "reader = InMemoryMetricReader()\n"
+        "metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
+        "answer()\n"
+        "data = reader.get_metrics_data()\n"
+        "measured = {m.name for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics}\n"
+        "print('gen_ai.client.operation.time_to_first_chunk' in measured)\n"
         "exporter = InMemorySpanExporter()\n"
         "provider = TracerProvider()\n"
         "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
@@ -325,7 +325,7 @@ def test_a_run_builds_a_trace_only_when_something_would_record_or_pass_it_on():
         "answer()\n"
         "print(sorted(span.name for span in exporter.get_finished_spans()))\n"
     )
-    assert first_lines_of_python(probe, 4) == ["hello [] 0", "hello [True] 1", "hello [True, False] 2",
+    assert first_lines_of_python(probe, 4) == ["hello []", "hello ['invoke_agent streamengine', 'chat m']", "True",
                                                "['chat m', 'invoke_agent streamengine']"]
 
 
