@@ -24,7 +24,7 @@ def noop() -> str:
 
 @pytest.mark.parametrize("value", BAD_SECONDS)
 def test_seconds_refuses_what_is_not_a_finite_positive_number(value):
-    with pytest.raises(ConfigError, match="EngineConfig.idle_timeout must be a .*number of seconds > 0") as info:
+    with pytest.raises(ConfigError, match=r"EngineConfig\.idle_timeout must be a .*number of seconds > 0") as info:
         EngineConfig(models=["m"], idle_timeout=value)
     assert repr(value) in str(info.value)
 
@@ -52,20 +52,20 @@ def test_zero_and_none_only_when_allowed():
 
 @pytest.mark.parametrize("value", [True, False, 1.0, -1, "3", None])
 def test_count_refuses_bools_floats_and_negatives(value):
-    with pytest.raises(ConfigError, match="EngineConfig.max_retries must be an integer >= 0"):
+    with pytest.raises(ConfigError, match=r"EngineConfig\.max_retries must be an integer >= 0"):
         EngineConfig(models=["m"], max_retries=value)
 
 
 def test_count_minimum():
     assert EngineConfig(models=["m"], max_retries=0).max_retries == 0
     assert EngineConfig(models=["m"], pool_size=1).pool_size == 1
-    with pytest.raises(ConfigError, match="EngineConfig.pool_size must be an integer >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"EngineConfig\.pool_size must be an integer >= 1, got 0"):
         EngineConfig(models=["m"], pool_size=0)
 
 
 @pytest.mark.parametrize("value", ["", "   ", None, 3, b"m"])
 def test_name_refuses_empty_and_non_strings(value):
-    with pytest.raises(ConfigError, match="EngineConfig.models must be a non-empty list of model names"):
+    with pytest.raises(ConfigError, match=r"EngineConfig\.models must be a non-empty list of model names"):
         EngineConfig(models=[value])
     if value is not None:  # model=None is "not given"
         with pytest.raises(ConfigError, match=f"EngineConfig.model must be a non-empty string, got {value!r}"):
@@ -101,5 +101,5 @@ def test_heartbeat_is_refused_with_a_config_error_not_an_overflow(value):
 
 
 def test_the_inline_scanner_settings_of_the_engine():
-    with pytest.raises(ConfigError, match="EngineConfig.max_block_chars must be an integer >= 1"):
+    with pytest.raises(ConfigError, match=r"EngineConfig\.max_block_chars must be an integer >= 1"):
         EngineConfig(models=["m"], max_block_chars=21.5)

@@ -110,7 +110,7 @@ class EngineCall:
         self.classifier.errors.clear()
         self.responses.clear()
         model = options.model if options is not None else None
-        if model is not None:
+        if options is not None and model is not None:
             options = dataclasses.replace(options, model=None)
         unsubscribe = self.engine.emitter.subscribe(_chunks_to(on_chunk)) if on_chunk is not None else None
         try:
