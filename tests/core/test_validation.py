@@ -100,6 +100,14 @@ def test_heartbeat_is_refused_with_a_config_error_not_an_overflow(value):
             engine.run([{"role": "user", "content": "q"}], heartbeat_s=value)
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), True, -1, 0])
+def test_a_tools_timeout(value):
+    """A tool's own timeout follows the rule too, told as a ToolError: the tool's definition is what is wrong."""
+    with pytest.raises(ToolError, match=r"timeout of .*noop.* must be a .*number of seconds") as info:
+        tool(timeout=value)(noop)
+    assert isinstance(info.value.__cause__, ConfigError)
+
+
 def test_the_inline_scanner_settings_of_the_engine():
     with pytest.raises(ConfigError, match=r"EngineConfig\.max_block_chars must be an integer >= 1"):
         EngineConfig(models=["m"], max_block_chars=21.5)
