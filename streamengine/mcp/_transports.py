@@ -64,7 +64,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
 from .._clients.http.options import credentials_in
-from .._logs import Redactor, redact_url
+from .._logs import CREDENTIAL_PARAM, Redactor, redact_credentials
 from .._validation import count, short_repr
 from ..tools._schema import _NAME_RE
 
@@ -440,8 +440,8 @@ class StdioEndpoint(Endpoint):
 class HttpEndpoint(Endpoint):
     def __init__(self, name: str, url: str, headers: Optional[Dict[str, str]], limits: McpLimits) -> None:
         self.name, self._url, self.headers, self.limits = name, url, dict(headers or {}), limits
-        self.url = redact_url(url)  # what may be shown
-        self.redact = Redactor(_url_secrets(url) + credentials_in(None, self.headers))
+        self.url = redact_credentials(url)  # what may be shown: the user still reads its other parameters
+        self.redact = Redactor(_url_secrets(url) + credentials_in(None, self.headers), shown=[self.url])
         self.label = f"MCP server {name!r} at {self.url}"
 
     def transport(self) -> Any:
@@ -458,9 +458,11 @@ def shown_host(url: str) -> str:
 
 
 def _url_secrets(url: str) -> List[str]:
-    """The credentials a URL carries (userinfo, query values): masked by value too, wherever they appear."""
+    """The credentials a URL carries (userinfo, credential-named query values): masked by value too,
+    wherever they appear."""
     parsed = urllib.parse.urlsplit(url)
-    values = [value for _, value in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)]
+    values = [value for name, value in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)
+              if CREDENTIAL_PARAM.search(name)]
     return values + [v for v in (parsed.username, parsed.password) if v]
 
 
@@ -471,7 +473,7 @@ def _argument_secrets(args: Iterable[str]) -> List[str]:
         if after_flag and not arg.startswith("-"):
             secrets.append(arg)
         match = _SECRET_FLAG.match(arg)
-        after_flag = bool(match) and match.group(1) is None
+        after_flag = match is not None and match.group(1) is None
         if match and match.group(1):
             secrets.append(match.group(1))
     return secrets
