@@ -26,9 +26,10 @@ Text for a terminal: control characters shown, never obeyed.
 Model, tool and MCP server text is hostile input, and a terminal obeys what
 it is sent: ``ESC ] 52`` writes the clipboard, ``ESC ] 8`` hides a link
 behind harmless words, ``ESC [ 2J`` clears the screen, a bidi override
-reorders what a person reads.  :func:`for_terminal` replaces each such
-character one by one with a visible stand-in, so it is as safe on a stream
-cut into tokens (an escape sequence split between two) as on whole lines.
+reorders what a person reads, a zero-width character hides a difference.
+:func:`for_terminal` replaces each such character one by one with a visible
+stand-in, so it is as safe on a stream cut into tokens (an escape sequence
+split between two) as on whole lines.
 
 Logging: loguru, silent until the application asks for it, and imported when first needed.
 
@@ -130,8 +131,11 @@ class Redactor:
 redact = Redactor()
 
 
-#: Bidi embedding, override and isolate controls: they reorder the text around them.
-_BIDI = tuple(range(0x202A, 0x202F)) + tuple(range(0x2066, 0x206A))
+#: Bidi embedding, override and isolate controls and marks (U+061C, U+200E-U+200F): they reorder the text
+#: around them.  Zero-width characters (U+200B-U+200D, U+FEFF): they hide a difference a person cannot
+#: see (two names that look the same, a word split so a filter misses it).
+_INVISIBLE = ((0x061C, 0xFEFF) + tuple(range(0x200B, 0x2010)) + tuple(range(0x202A, 0x202F))
+              + tuple(range(0x2066, 0x206A)))
 
 
 def _table() -> Dict[int, str]:
@@ -140,7 +144,7 @@ def _table() -> Dict[int, str]:
         if chr(code) not in "\t\n":
             table[code] = "^" + chr(code + 0x40)  # caret notation, as cat -v and less show them: ESC is ^[
     table[0x7F] = "^?"
-    for code in tuple(range(0x80, 0xA0)) + _BIDI:  # C1 controls (0x9B is an 8-bit CSI) and bidi controls
+    for code in tuple(range(0x80, 0xA0)) + _INVISIBLE:  # C1 controls (0x9B is an 8-bit CSI), bidi, zero-width
         table[code] = f"<U+{code:04X}>"
     return table
 
