@@ -1,5 +1,6 @@
-"""The gate on a server's own requests (RequestGate in mcp/_session.py) counts what is really outstanding, whatever ids the
-server chooses: a reused id or a cancel must not let a server that reads no answers grow the shared loop."""
+"""The gate on a server's own requests (``RequestGate`` in mcp/_session.py) counts what is really outstanding,
+whatever ids the server chooses: a reused id or a cancel must not let a server that reads no answers grow the
+shared loop."""
 from __future__ import annotations
 
 import asyncio
