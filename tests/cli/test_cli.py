@@ -16,11 +16,18 @@ import pytest
 import requests
 from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
 
+from streamengine import (
+    DoneEvent,
+    EngineResult,
+    ErrorEvent,
+    Telemetry,
+    TokenEvent,
+    ToolCall,
+    ToolResultEvent,
+    ToolStartEvent,
+)
 from streamengine._cli import output as cli_output
 from streamengine._cli.main import EventPrinter, main
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine._engine.result import EngineResult, Telemetry
-from streamengine._messages import ToolCall
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolResult

@@ -94,8 +94,8 @@ def test_a_piped_answer_stays_byte_exact_and_stderr_lines_are_neutralised(capsys
 
 
 def test_json_events_at_a_terminal_escape_what_a_terminal_would_obey():
+    from streamengine import TokenEvent
     from streamengine._cli.output import JsonEventPrinter
-    from streamengine._engine.events import TokenEvent
 
     class Tty(io.StringIO):
         def isatty(self):

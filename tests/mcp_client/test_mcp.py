@@ -13,8 +13,7 @@ if sys.version_info < (3, 10):
 
 from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, process_gone, record, server_command  # noqa: F401 - fixtures
 
-from streamengine._errors import ConfigError, ToolError
-from streamengine._messages import ToolCall
+from streamengine import ConfigError, ToolCall, ToolError
 from streamengine.mcp import McpServer, McpToolError, _session
 from streamengine.tools import Tool, ToolExecutor, ToolRegistry
 

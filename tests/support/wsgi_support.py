@@ -16,8 +16,7 @@ import sseclient
 import waitress
 from waitress import wasyncore
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.web._serve import _close_all, finish_closing

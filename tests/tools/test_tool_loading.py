@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from streamengine._errors import ConfigError
+from streamengine import ConfigError
 from streamengine.tools import Tool
 from streamengine.tools._tool import import_object, load_tools
 

@@ -13,10 +13,8 @@ import requests
 from conftest import wait_for
 from serve_support import served
 
-from streamengine._clients.openai import OpenAICompatibleClient
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S as DEFAULT_TIMEOUT_S
-from streamengine._config import EngineConfig
-from streamengine._engine.run import StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.web import make_wsgi_app
 from streamengine.web._serve import (

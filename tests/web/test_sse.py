@@ -20,6 +20,7 @@ from typing import Any, List, Optional
 import pytest
 from sse_spec_parser import SseEvent, parse, parse_pieces
 
+from streamengine import LlmStreamError, ToolCall, Usage
 from streamengine._engine.events import (
     DoneEvent,
     ErrorEvent,
@@ -30,8 +31,6 @@ from streamengine._engine.events import (
     ToolResultEvent,
     ToolStartEvent,
 )
-from streamengine._errors import LlmStreamError
-from streamengine._messages import ToolCall, Usage
 from streamengine.web import _sse as sse
 from streamengine.web._sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
 
