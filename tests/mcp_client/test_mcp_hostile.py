@@ -134,12 +134,12 @@ def _median_call_s(executor, tool, n=15):
 
 
 def _tasks_on_the_mcp_loop():
-    from streamengine.mcp import _session
+    from mcp_servers.support import mcp_loop
 
     async def count():
         return len(asyncio.all_tasks())
 
-    return _session.run(count(), 10)
+    return asyncio.run_coroutine_threadsafe(count(), mcp_loop()).result(10)
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
