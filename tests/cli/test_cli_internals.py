@@ -1,21 +1,24 @@
 """The command line's private pieces, tested directly: the event printer, the markup filter, error lines,
-terminal escaping, and how flags and environment become engine settings.
+terminal escaping, how flags and environment become engine settings, and how ``--tools`` specs load.
 
-This module imports ``streamengine._cli`` and ``streamengine._logs`` on purpose: each test pins a rule of
-one of these algorithms (where a tool line breaks a word, which split block is removed, which cause
-comes first, how each control character is shown, which timeout wins) on inputs a whole command run
-cannot pick (exact timings, a given token split, a given error text) or cannot see (the engine's
-settings).  The commands themselves are tested through the installed ``streamengine`` in the other
-modules here.
+This module imports ``streamengine._cli``, ``streamengine._logs`` and the tools loader on purpose: each
+test pins a rule of one of these algorithms (where a tool line breaks a word, which split block is
+removed, which cause comes first, how each control character is shown, which timeout wins) on inputs a
+whole command run cannot pick (exact timings, a given token split, a given error text) or on what it
+cannot see (the engine's settings, an import error's chained cause).  The commands themselves are tested
+through the installed ``streamengine`` in the other CLI modules and in tests/tools/test_tool_loading.py.
 """
 from __future__ import annotations
 
 import io
+import sys
+import uuid
 
 import pytest
 
 from streamengine import (
     LLM_WARNING,
+    ConfigError,
     DoneEvent,
     EngineResult,
     ErrorEvent,
@@ -30,6 +33,7 @@ from streamengine._cli.build import NO_CAP_S, build_engine, close_engine
 from streamengine._cli.main import EventPrinter, build_parser
 from streamengine._logs import for_terminal
 from streamengine.tools import ToolResult
+from streamengine.tools._tool import load_tools
 
 BLOCK = '<tool name="lookup">{"city": "Oslo"}</tool>'
 
@@ -145,3 +149,15 @@ def test_timeouts_from_flags_and_environment(argv, environ, idle, cap, connect):
         close_engine(engine)
 
 
+
+
+# --- loading --tools specs -------------------------------------------------------------------
+
+def test_a_tools_file_that_fails_to_import_keeps_its_error_as_the_cause(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the loader adds the file's folder
+    bad = tmp_path / f"broken_{uuid.uuid4().hex[:8]}.py"
+    bad.write_text("raise RuntimeError('no\\nway')\n")
+    with pytest.raises(ConfigError, match=r"cannot import '.*broken_.*\.py': RuntimeError: no way$") as info:
+        load_tools(f"{bad}:TOOLS")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert bad.stem not in sys.modules
