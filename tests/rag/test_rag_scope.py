@@ -49,8 +49,10 @@ def engine_for(fp, store):
 
 def test_over_http_bob_never_finds_what_alices_run_filed():
     with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
-        # The application names the scope (here from its own session header); the body cannot.
-        with served(engine, scope=lambda environ: "user:" + environ["HTTP_X_SESSION_USER"]) as url:
+        def scope(environ):  # the application names the scope (here from its own session header); the body cannot
+            return "user:" + environ["HTTP_X_SESSION_USER"]
+
+        with served(engine, scope=scope) as url:
             def ask(user, body=None):
                 resp = requests.post(url + "v1/chat/stream", timeout=20, headers={"X-Session-User": user},
                                      json=body or {"messages": [{"role": "user", "content": "mail?"}]})
