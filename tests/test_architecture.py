@@ -148,7 +148,8 @@ def test_no_module_is_a_monster():
 
 TESTS = ROOT / "tests"
 #: Tests of the package as a whole; every other test lives in the folder of what it tests.
-WHOLE_PACKAGE_TESTS = {"conftest.py", "test_architecture.py", "test_install.py", "test_public_api.py", "test_readme.py"}
+WHOLE_PACKAGE_TESTS = {"conftest.py", "test_architecture.py", "test_install.py", "test_public_api.py", "test_readme.py",
+                       "test_types.py"}
 #: One folder per part of the package (``mcp_client``, not ``mcp``: that would shadow the SDK), and ``support``.
 TEST_FOLDERS = {"core", "calls", "engine", "clients", "tools", "web", "cli", "rag", "runs", "mcp_client", "otel",
                 "testing", "support"}

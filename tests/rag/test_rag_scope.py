@@ -6,39 +6,19 @@ test_rag_postgres.py), including a store made before scopes existed.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import queue
 import sqlite3
-import threading
-from typing import Any, Iterator
 
 import pytest
 import requests
 from rag_stores import stores  # noqa: F401 - a fixture: one StoreMaker per store kind
+from serve_support import served
 
 from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
-from streamengine.web import serve
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
-
-@contextlib.contextmanager
-def served(engine: Any, **app_options: Any) -> Iterator[str]:
-    """``streamengine.web.serve(engine)`` (waitress) on a free port of 127.0.0.1, in a thread; yields its URL."""
-    stop, urls = threading.Event(), queue.Queue()  # type: ignore[var-annotated]
-    thread = threading.Thread(target=serve, args=(engine,), name="test-serve", kwargs=dict(
-        host="127.0.0.1", port=0, threads=8, out=io.StringIO(), stop=stop, ready=urls.put, **app_options))
-    thread.start()
-    try:
-        yield urls.get(timeout=10)
-    finally:
-        stop.set()
-        thread.join(15)
-        assert not thread.is_alive()
-
 
 SECRET = "bank PIN is 4711, reset link carries SECRET-TOKEN"
 
@@ -68,8 +48,10 @@ def engine_for(fp, store):
 
 def test_over_http_bob_never_finds_what_alices_run_filed():
     with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
-        # The application names the scope (here from its own session header); the body cannot.
-        with served(engine, scope=lambda environ: "user:" + environ["HTTP_X_SESSION_USER"]) as url:
+        def scope(environ):  # the application names the scope (here from its own session header); the body cannot
+            return "user:" + environ["HTTP_X_SESSION_USER"]
+
+        with served(engine, scope=scope) as url:
             def ask(user, body=None):
                 resp = requests.post(url + "v1/chat/stream", timeout=20, headers={"X-Session-User": user},
                                      json=body or {"messages": [{"role": "user", "content": "mail?"}]})
