@@ -66,10 +66,23 @@ def test_a_bearer_token_in_a_calls_extra_headers_is_masked_when_quoted_bare(log_
     assert "token *** revoked" in str(caught.value)
 
 
-def test_only_a_leading_scheme_is_kept_of_a_credential_value():
-    from streamengine._clients.http.options import credential_parts
-
-    assert credential_parts(f"Bearer {TOKEN}") == [TOKEN]
-    assert credential_parts(TOKEN) == [TOKEN]
-    assert credential_parts("Negotiatexyz") == ["Negotiatexyz"]  # one word: the value itself is the secret
-    assert credential_parts(f'Digest username="u", response="{TOKEN}"') == ['username="u"', f'response="{TOKEN}"']
+@pytest.mark.parametrize("value, secrets, scheme", [
+    (f"Bearer {TOKEN}", [TOKEN], "Bearer"),
+    (TOKEN, [TOKEN], None),
+    ("Negotiatexyz", ["Negotiatexyz"], None),  # one word: the value itself is the secret
+    pytest.param(f'Digest username="u", response="{TOKEN}"', ['username="u"', f'response="{TOKEN}"'], "Digest",
+                 marks=pytest.mark.xfail(strict=True, reason="found here: a Digest value's parts are not masked in "
+                                                             "the error (the rule that splits them: test_redact.py)")),
+])
+def test_only_a_leading_scheme_is_kept_of_a_credential_value(value, secrets, scheme, log_lines):
+    """Each part after a leading auth scheme is a secret of its own, however the provider quotes it back."""
+    echo = "rejected " + " and ".join(secrets) + (f" (scheme {scheme})" if scheme else "")
+    with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, headers={"Authorization": value}) as client:
+        fp.add_turn(s.http_error(401, {"error": {"message": echo}}))
+        with pytest.raises(LlmHttpError) as caught:
+            client.complete(MESSAGES)
+    text = shown(caught.value, log_lines)
+    assert all(secret not in text for secret in secrets)
+    assert ("rejected *** and ***" if len(secrets) == 2 else "rejected ***") in str(caught.value)
+    if scheme is not None:
+        assert f"(scheme {scheme})" in str(caught.value)  # the scheme itself stays readable

@@ -1,13 +1,20 @@
-"""What text may show of URLs and secrets: masked by structure and by length, never mangled.
+"""What text may show: URLs and secrets masked by structure and by length, never mangled; and on a
+terminal, bidi marks and zero-width characters shown as visible stand-ins, like every other control.
 
-Private on purpose: the redaction rules are an algorithm checked string by string here; what users
-see of them (no key in an error, a log line or a repr) is tested through the clients and the stores.
+``for_terminal`` is what chat and the CLI print model, tool and MCP text through: a right-to-left mark
+or a zero-width space would reorder or hide what a person reads (two tool names that look alike, an
+argument that is not what it seems in an approval question).
+
+Private on purpose: the redaction and terminal rules are algorithms checked string by string here;
+what users see of them (no key in an error, a log line or a repr; the CLI's output) is tested through
+the clients, the stores and the CLI.
 """
 from __future__ import annotations
 
 import pytest
 
-from streamengine._logs import MASK, Redactor, redact_url, redact_urls
+from streamengine._clients.http.options import credential_parts
+from streamengine._logs import MASK, Redactor, for_terminal, redact_url, redact_urls
 
 
 @pytest.mark.parametrize("url, shown", [
@@ -44,3 +51,29 @@ def test_a_secret_is_masked_raw_and_as_a_repr_shows_it():
     secret = "abc\\def'ghij"
     redact = Redactor([secret])
     assert secret not in redact(f"raw {secret}") and repr(secret)[1:-1] not in redact(f"repr {secret!r}")
+
+
+# --- which parts of a credential header are secrets -------------------------------------------------
+
+def test_only_a_leading_scheme_is_kept_of_a_credential_value():
+    token = "sk-hdr-0123456789abcdef"
+    assert credential_parts(f"Bearer {token}") == [token]
+    assert credential_parts(token) == [token]
+    assert credential_parts("Negotiatexyz") == ["Negotiatexyz"]  # one word: the value itself is the secret
+    assert credential_parts(f'Digest username="u", response="{token}"') == ['username="u"', f'response="{token}"']
+
+
+# --- on a terminal ------------------------------------------------------------------------------
+
+INVISIBLE = [0x061C, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
+             0x2066, 0x2067, 0x2068, 0x2069, 0xFEFF]
+
+
+@pytest.mark.parametrize("code", INVISIBLE, ids=[f"U+{c:04X}" for c in INVISIBLE])
+def test_each_bidi_or_zero_width_character_is_shown_not_obeyed(code):
+    assert for_terminal(f"rm{chr(code)}dir") == f"rm<U+{code:04X}>dir"
+
+
+def test_printable_neighbours_and_right_to_left_letters_are_left_alone():
+    text = "\u2010 hyphen, \u2011 no-break hyphen, \u2070 superscript; caf\u00e9 \u05e9\u05dc\u05d5\u05dd \u0627"
+    assert for_terminal(text) == text
