@@ -42,7 +42,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
                      "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError",
                      "StreamEngineError", "ToolError"], "._errors"),
-    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
+    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "StopReason", "ToolCall",
                      "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
     **dict.fromkeys(["ToolContext"], "._messages"),
     **dict.fromkeys(["RunFailedError"], "._engine.run"),
@@ -62,10 +62,10 @@ __all__ = [
     "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError",
     "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer", "OpenAICompatibleClient", "OpenAIEmbedder",
     "OpenAIResponsesClient", "PostgresRagStore", "RefusalEvent", "ResetEvent", "Response", "RoundEvent",
-    "RoutedClient", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StreamEngineError", "StreamingEngine",
-    "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta", "ToolContext",
-    "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent", "Usage",
-    "enable_logging", "tool",
+    "RoutedClient", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError",
+    "StreamingEngine", "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta",
+    "ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent",
+    "Usage", "enable_logging", "tool",
 ]
 
 if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
@@ -115,6 +115,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._messages import CompletionOptions as CompletionOptions
     from ._messages import Message as Message
     from ._messages import Response as Response
+    from ._messages import StopReason as StopReason
     from ._messages import ToolCall as ToolCall
     from ._messages import ToolCallDelta as ToolCallDelta
     from ._messages import ToolContext as ToolContext

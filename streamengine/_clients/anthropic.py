@@ -78,6 +78,7 @@ from .._messages import (
     Message,
     MessageLike,
     Response,
+    StopReason,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
@@ -92,12 +93,12 @@ from .http.transport import HttpProviderClient, TypedEventParser, content_header
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
 FINISH_REASONS = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "tool_use": "tool_calls",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "refusal": "content_filter",
+    "end_turn": StopReason.STOP,
+    "stop_sequence": StopReason.STOP,
+    "tool_use": StopReason.TOOL_CALLS,
+    "max_tokens": StopReason.LENGTH,
+    "model_context_window_exceeded": StopReason.LENGTH,
+    "refusal": StopReason.CONTENT_FILTER,
 }
 
 # Tool results the engine failed to produce start with this (continuation.result_content).

@@ -53,6 +53,7 @@ from .._messages import (
     CompletionOptions,
     MessageLike,
     Response,
+    StopReason,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
@@ -382,7 +383,7 @@ class StreamParser(SseStreamParser):
             delta = {}
         finish = choice.get("finish_reason")
         if finish and type(finish) is str:
-            self.finish_reason = finish
+            self.finish_reason = finish = StopReason.known(finish)
         else:
             finish = None
         content = delta.get("content")
@@ -577,7 +578,7 @@ def response_from_json(payload: Any, redact: Any) -> Response:
         tool_calls=tuple(calls),
         usage=_usage(payload.get("usage")),
         model=payload.get("model") if isinstance(payload.get("model"), str) else None,
-        finish_reason=finish if isinstance(finish, str) else None,
+        finish_reason=StopReason.known(finish) if isinstance(finish, str) else None,
         id=_string_or_none(payload.get("id")),
     )
 

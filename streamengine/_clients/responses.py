@@ -89,6 +89,7 @@ from .._messages import (
     Message,
     MessageLike,
     Response,
+    StopReason,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
@@ -207,7 +208,7 @@ def _refuse(name: str, what: str) -> None:
 
 
 #: ``incomplete_details.reason`` -> the finish reasons the engine knows (Chat Completions' names).
-INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+INCOMPLETE_REASONS = {"max_output_tokens": StopReason.LENGTH, "content_filter": StopReason.CONTENT_FILTER}
 
 Redact = Callable[[str], str]
 
@@ -227,8 +228,8 @@ def finish_reason_of(response: Mapping[str, Any], made_calls: bool, incomplete: 
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, Mapping) else None
     if incomplete or response.get("status") == "incomplete" or reason:
-        return INCOMPLETE_REASONS.get(reason, reason) if isinstance(reason, str) and reason else "length"
-    return "tool_calls" if made_calls else "stop"
+        return INCOMPLETE_REASONS.get(reason, reason) if isinstance(reason, str) and reason else StopReason.LENGTH
+    return StopReason.TOOL_CALLS if made_calls else StopReason.STOP
 
 
 def raise_error(error: Any, url: str, redact: Redact, after: Optional[int] = None) -> None:
