@@ -20,7 +20,7 @@ with ``raise ... from``, so the original cause is never lost.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Type
 
 
 class StreamEngineError(Exception):
@@ -84,8 +84,8 @@ class LlmCancelledError(LlmError):
 class LlmOutputLimitError(LlmError):
     """The model's output crossed one of the run's caps (``EngineConfig.max_*_chars``).
 
-    Not a provider outage: failover does not try another model with the same
-    request.  ``what`` names the cap (``"answer"``, ``"reasoning"``,
+    Not a provider outage: the same request is never retried nor sent to
+    another model, whatever an ``ErrorClassifier`` says (:data:`NEVER_RETRIED`).  ``what`` names the cap (``"answer"``, ``"reasoning"``,
     ``"refusal"``, ``"tool arguments"``, ``"run output"``), ``limit`` its size in characters.
     """
 
@@ -106,3 +106,9 @@ class AllModelsFailedError(LlmError):
 
 class ToolError(StreamEngineError):
     """A tool could not be defined, validated or called."""
+
+
+#: Errors that end the model call at once, whatever an ``ErrorClassifier`` says: the cap would be crossed
+#: again by the same request on any model, and a cancel is the caller's wish, not a provider's fault.
+#: Failover consults this before asking its classifier.
+NEVER_RETRIED: Tuple[Type[LlmError], ...] = (LlmOutputLimitError, LlmCancelledError)

@@ -48,7 +48,7 @@ def test_a_member_behaves_like_its_string(member: StopReason):
     old = member.value
     assert member == old and old == member and hash(member) == hash(old)
     assert str(member) == old and f"{member}" == old and f"[{member:>30}]" == f"[{old:>30}]"
-    assert "%s" % member == old and "{}".format(member) == old
+    assert "%s" % member == old and "{}".format(member) == old  # noqa: UP031, UP032 (logging's and loguru's forms)
     assert json.dumps({"reason": member}) == json.dumps({"reason": old})
     assert member in {old} and old in {member}
     assert pickle.loads(pickle.dumps(member)) is member
