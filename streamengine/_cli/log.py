@@ -34,6 +34,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from .._errors import StreamEngineError
 from .._logs import for_terminal, is_terminal
 from .._messages import StopReason
 from .._validation import one_line
@@ -59,7 +60,7 @@ LOCK_WAIT_S = 5.0
 _TURN_OFF = "--no-log or STREAMENGINE_LOG=0 turns the log off"
 
 
-class RunLogError(Exception):
+class RunLogError(StreamEngineError):
     """The run log cannot be read or written: what is wrong with it, and what to do."""
 
 

@@ -89,6 +89,8 @@ class ToolReturnError(ToolFailure):
 
 
 class _NoJsonForm(TypeError):
+    """Internal: a value with no JSON form, met deep inside a result; never escapes ``result_to_text``."""
+
     def __init__(self, value: Any) -> None:
         super().__init__(type(value).__name__)
         self.value = value
@@ -222,7 +224,7 @@ def _mark_started_on_dask(token: str, tool_name: str) -> Any:
     return mark
 
 
-class RemoteToolError(Exception):
+class RemoteToolError(ToolError):
     """A remote tool's exception that could not travel back as itself; its text says what it was."""
 
 

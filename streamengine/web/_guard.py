@@ -57,7 +57,7 @@ import threading
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import _validation as validation
-from .._errors import ConfigError
+from .._errors import ConfigError, StreamEngineError
 from .._messages import Message, as_message
 from .._validation import json_type
 
@@ -74,7 +74,7 @@ def status_line(status: int) -> str:
     return f"{status} {_REASONS[status]}"
 
 
-class HttpError(Exception):
+class HttpError(StreamEngineError):
     """A request refused before streaming; ``str()`` is the JSON ``error`` sent back.
 
     ``field`` names the part of the request that was wrong (``"messages[2].role"``,
@@ -214,7 +214,7 @@ _PUBLIC_ROLES = ("user", "assistant")
 _PUBLIC_KEYS = frozenset({"role", "content"})
 
 
-class RequestRejected(ValueError):
+class RequestRejected(StreamEngineError, ValueError):
     """The request's messages break the policy; ``field`` names where (``messages[1].role``)."""
 
     def __init__(self, message: str, field: str = "messages") -> None:

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import sseclient
 
+from ..._errors import StreamEngineError
+
 MAX_EVENT_BYTES = 8 * 1024 * 1024
 # lines x bytes of one event; bounds sseclient's quadratic joining of data lines.
 MAX_EVENT_WORK = 8 * MAX_EVENT_BYTES
@@ -51,7 +53,7 @@ _MESSAGE = itertools.repeat("message")  # zip() takes only as many as there are 
 _CR = ord("\r")
 
 
-class SseEventTooLarge(ValueError):
+class SseEventTooLarge(StreamEngineError, ValueError):
     """An SSE event exceeded the size or work limit; the caller maps it to its own error."""
 
 
