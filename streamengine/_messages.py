@@ -113,12 +113,19 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """One streamed fragment of a native tool call, keyed by ``index``."""
+    """One streamed fragment of a native tool call, keyed by ``index``.
+
+    ``done`` says the call is complete with this fragment: a wire that marks
+    the end of each call (Anthropic's ``content_block_stop``, the Responses
+    API's ``output_item.done``) says so, and the call is dispatched at once.
+    Chat Completions marks no end, so its calls close as the accumulator infers.
+    """
 
     index: int
     id: Optional[str] = None
     name: Optional[str] = None
     arguments_fragment: Optional[str] = None
+    done: bool = False
 
 
 @dataclass(frozen=True)

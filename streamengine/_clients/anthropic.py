@@ -33,13 +33,10 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
   block index, so calls are numbered as OpenAI numbers them; id and name
   come with ``content_block_start``, the arguments with each
   ``input_json_delta``;
-* a block's ``content_block_stop`` is the moment its call is complete.  The
-  engine's accumulator closes a call early once a *higher* index has started
-  and its arguments parse, so the stop is expressed in those terms: the
-  arguments are completed (``{}`` for a call without input) and an empty
-  delta opens the next index.  The next tool block fills that index in; if
-  none comes, the empty slot has no name and is dropped at the end.  So a
-  call is dispatched at its block's stop, not at the end of the message;
+* a block's ``content_block_stop`` is the moment its call is complete: its
+  last delta says ``done`` (with the arguments the block started with,
+  ``{}`` for none, when no input was streamed), so a call is dispatched at
+  its block's stop, not at the end of the message;
 * the answer is complete at ``message_stop``, or when the body ends after a
   ``message_delta`` with a stop reason (everything has arrived); any other
   end is a broken stream.  Usage is input tokens from ``message_start`` and
@@ -420,12 +417,10 @@ class AnthropicStreamParser(TypedEventParser):
         if tool is None:
             return None
         del self._tools[frame["index"]]
-        deltas = []
+        arguments = None
         if not tool.argued:  # no input streamed: the call's input is the one it started with
-            start = tool.start_input if isinstance(tool.start_input, dict) else {}
-            deltas.append(ToolCallDelta(tool.index, arguments_fragment=json.dumps(start)))
-        deltas.append(ToolCallDelta(tool.index + 1))  # opens the next index: closes this call now
-        return Chunk(tool_calls=tuple(deltas))
+            arguments = json.dumps(tool.start_input if isinstance(tool.start_input, dict) else {})
+        return Chunk(tool_calls=(ToolCallDelta(tool.index, arguments_fragment=arguments, done=True),))
 
 
 def _is_index(value: Any) -> bool:

@@ -50,10 +50,9 @@ per output item ``response.output_item.added``, its deltas and
   each ``function_call_arguments.delta`` keyed by the item.  A server that
   sends no deltas (LM Studio) gives them whole in ``arguments.done`` or
   ``output_item.done``;
-* a call is complete at its ``output_item.done``: as in the Anthropic
-  parser, the arguments are completed and an empty delta opens the next
-  index, which makes the engine's accumulator close (and the engine
-  dispatch) the call then, not at ``response.completed``;
+* a call is complete at its ``output_item.done``: its last delta says
+  ``done`` (with the item's own arguments when none were streamed), so the
+  engine dispatches it then, not at ``response.completed``;
 * hosted tools (web search, file search, code interpreter, image
   generation, MCP) stream only progress events: each is a chunk with
   nothing in it that still counts as the model working (``is_meaningful``);
@@ -472,12 +471,12 @@ class ResponsesStreamParser(TypedEventParser):
         if call is None:  # a server that announces the call only when it is done
             call, deltas = self._start(frame, item)
         self._forget(call)
+        text = None
         if not call.argued:  # no arguments streamed: the item's own, or none
             arguments = item.get("arguments")
             text = arguments if isinstance(arguments, str) and arguments else (
                 json.dumps(arguments) if isinstance(arguments, dict) else "{}")
-            deltas.append(ToolCallDelta(call.index, arguments_fragment=text))
-        deltas.append(ToolCallDelta(call.index + 1))  # opens the next index: closes this call now
+        deltas.append(ToolCallDelta(call.index, arguments_fragment=text, done=True))
         return Chunk(tool_calls=tuple(deltas))
 
     def _forget(self, call: _Call) -> None:
