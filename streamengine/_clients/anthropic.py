@@ -69,6 +69,7 @@ import requests
 
 from .. import _validation as validation
 from .._errors import ConfigError, LlmError, LlmHttpError, LlmProtocolError
+from .._logs import Redactor
 from .._messages import (
     Chunk,
     CompletionOptions,
@@ -84,8 +85,8 @@ from .._messages import (
     text_chunk,
 )
 from .http.errors import in_band_error, in_band_status, status_error
-from .http.options import RequestExtras, sdk_settings
-from .http.transport import HttpProviderClient, TypedEventParser, content_headers
+from .http.options import sdk_settings
+from .http.transport import HttpProviderClient, TypedEventParser, Wire, content_headers
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
@@ -441,7 +442,51 @@ DEFAULT_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 
-class AnthropicClient(RequestExtras, HttpProviderClient):
+class MessagesWire(Wire):
+    """The Messages API: ``POST {base_url}/v1/messages``, its typed events, its errors and ``x-api-key``."""
+
+    chat_path = "/v1/messages"
+    example_base_url = DEFAULT_BASE_URL
+    api_root_hint = "is base_url the Anthropic API root (https://api.anthropic.com)?"
+    key_source = "ANTHROPIC_API_KEY"
+    log_name = "streamengine._clients.anthropic.AnthropicClient"
+    parser_class = AnthropicStreamParser
+
+    def __init__(self, anthropic_version: str, default_max_tokens: int) -> None:
+        validation.count(default_max_tokens, "default_max_tokens", minimum=1)
+        if not isinstance(anthropic_version, str) or not re.fullmatch(r"[0-9A-Za-z.-]+", anthropic_version):
+            raise ConfigError(f"anthropic_version must look like {DEFAULT_VERSION!r}, got {anthropic_version!r}")
+        self.anthropic_version = anthropic_version
+        self.default_max_tokens = default_max_tokens
+
+    def api_root(self, base_url: str) -> str:
+        # An OpenAI habit; the chat path adds /v1 itself.
+        return base_url[:-3] if base_url.endswith("/v1") else base_url
+
+    def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                  options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        return chat_body(messages, tools, options, self.default_max_tokens, stream=stream)
+
+    def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
+        sent = content_headers(stream)
+        sent["anthropic-version"] = self.anthropic_version
+        sent.update(headers)
+        if api_key:
+            sent["x-api-key"] = api_key
+        return sent
+
+    def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
+        return response_from_json(payload, redact)
+
+    def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
+        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers)
+
+    def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
+        if isinstance(payload, dict) and payload.get("type") == "error":
+            raise error_from_payload(payload, f"{url} answered with an error", redact)
+
+
+class AnthropicClient(HttpProviderClient):
     """Claude through the Messages API, over one ``requests.Session``.
 
     ``base_url`` is the API root without ``/v1`` (``https://api.anthropic.com``,
@@ -454,11 +499,7 @@ class AnthropicClient(RequestExtras, HttpProviderClient):
     ``extra_headers`` and ``extra_query`` are understood (:mod:`.http.options`).
     """
 
-    chat_path = "/v1/messages"
-    example_base_url = DEFAULT_BASE_URL
-    api_root_hint = "is base_url the Anthropic API root (https://api.anthropic.com)?"
-    log_name = "streamengine._clients.anthropic.AnthropicClient"
-    parser_class = AnthropicStreamParser
+    wire: MessagesWire
 
     def __init__(
         self,
@@ -474,41 +515,17 @@ class AnthropicClient(RequestExtras, HttpProviderClient):
         timeout: Optional[float] = None,
         max_retries: Optional[int] = None,
     ) -> None:
-        headers, connect, self.max_retries = sdk_settings(headers, default_headers, connect_timeout, timeout,
-                                                          max_retries)
-        validation.count(default_max_tokens, "default_max_tokens", minimum=1)
-        if not isinstance(anthropic_version, str) or not re.fullmatch(r"[0-9A-Za-z.-]+", anthropic_version):
-            raise ConfigError(f"anthropic_version must look like {DEFAULT_VERSION!r}, got {anthropic_version!r}")
-        self.anthropic_version = anthropic_version
-        self.default_max_tokens = default_max_tokens
-        super().__init__(base_url, api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"),
-                         key_source="ANTHROPIC_API_KEY", session=session, headers=headers,
-                         connect_timeout=connect)
+        headers, connect, retries = sdk_settings(headers, default_headers, connect_timeout, timeout, max_retries)
+        super().__init__(MessagesWire(anthropic_version, default_max_tokens), base_url,
+                         api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"), session=session,
+                         headers=headers, connect_timeout=connect, max_retries=retries)
 
-    # -- the wire format ---------------------------------------------------------------
+    @property
+    def anthropic_version(self) -> str:
+        """The ``anthropic-version`` header sent with every request."""
+        return self.wire.anthropic_version
 
-    def _api_root(self, base_url: str) -> str:
-        # An OpenAI habit; the chat path adds /v1 itself.
-        return base_url[:-3] if base_url.endswith("/v1") else base_url
-
-    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
-        return chat_body(messages, tools, options, self.default_max_tokens, stream=stream)
-
-    def _request_headers(self, stream: bool) -> Dict[str, str]:
-        headers = content_headers(stream)
-        headers["anthropic-version"] = self.anthropic_version
-        headers.update(self._headers)
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
-        return headers
-
-    def _response_of(self, payload: Any) -> Response:
-        return response_from_json(payload, self._redact)
-
-    def _status_error(self, resp: requests.Response, url: str, text: str, stream: bool) -> LlmError:
-        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers)
-
-    def _raise_in_band_error(self, payload: Any, url: str) -> None:
-        if isinstance(payload, dict) and payload.get("type") == "error":
-            raise error_from_payload(payload, f"{url} answered with an error", self._redact)
+    @property
+    def default_max_tokens(self) -> int:
+        """The ``max_tokens`` sent when a call's options give none."""
+        return self.wire.default_max_tokens

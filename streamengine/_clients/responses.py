@@ -67,21 +67,26 @@ per output item ``response.output_item.added``, its deltas and
 
 The OpenAI Responses API client (``POST {base_url}/responses``), streamed or not.
 
-Everything but the wire format is :class:`OpenAICompatibleClient`'s, inherited
-rather than copied: the constructor's options (``headers``, ``query``,
-``api_key_header``, ``connect_timeout``, a ``session``), ``from_env``,
-credentials and redaction, the transport (cancel shuts the socket down even
-before the headers, bounded reads, SSE framing), HTTP error wording and
-``retry-after``, connection-error messages and embeddings.  What differs is
-here: the request, the answer and its errors, the stream events.
+The client is an ``HttpProviderClient`` holding a :class:`ResponsesWire`,
+as every provider client is: the transport (cancel shuts the socket down
+even before the headers, bounded reads, SSE framing), credentials and
+redaction are the shared client's; the constructor's options, ``from_env``
+and embeddings are :class:`OpenAICompatibleClient`'s, and so are the
+headers, HTTP error wording, ``retry-after`` and connection-error messages
+(the wire calls the same functions).  What differs is here: the request,
+the answer and its errors, the stream events.
 """
 from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from .._errors import ConfigError, LlmProtocolError
+import requests
+
+from .._errors import ConfigError, LlmError, LlmProtocolError
+from .._logs import Redactor
 from .._messages import (
     Chunk,
     CompletionOptions,
@@ -95,8 +100,19 @@ from .._messages import (
     Usage,
     as_messages,
 )
-from .http.transport import TypedEventParser
-from .openai import OpenAICompatibleClient, _usage, raise_in_band_error
+from .http.options import check_headers, sdk_settings
+from .http.transport import HttpProviderClient, TypedEventParser, Wire
+from .openai import (
+    _usage,
+    check_query,
+    connection_error_message,
+    embed,
+    env_api_key,
+    env_base_url,
+    http_error,
+    raise_in_band_error,
+    request_headers,
+)
 
 #: Chat Completions option names -> their Responses names.
 RENAMED_OPTIONS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"}
@@ -507,7 +523,43 @@ def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class OpenAIResponsesClient(OpenAICompatibleClient):
+class ResponsesWire(Wire):
+    """The Responses API: ``POST {base_url}/responses``, its typed events; OpenAI's headers and errors."""
+
+    chat_path = "/responses"
+    example_base_url = "http://127.0.0.1:8000/v1"
+    api_root_hint = "is base_url an API root that serves the Responses API (ending in /v1)?"
+    key_source = "STREAMENGINE_API_KEY or OPENAI_API_KEY"
+    log_name = "streamengine._clients.responses.OpenAIResponsesClient"
+    parser_class = ResponsesStreamParser
+
+    def __init__(self, api_key_header: str) -> None:
+        check_headers({api_key_header: "x"} if isinstance(api_key_header, str) else {None: "x"})  # type: ignore[dict-item]
+        self.api_key_header = api_key_header
+
+    def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                  options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        return responses_body(messages, tools, options, stream=stream)
+
+    def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
+        return request_headers(stream, headers, api_key, self.api_key_header)
+
+    def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
+        return response_from_json(payload, url, redact)
+
+    def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
+        # No stream_options is sent here: no hint about turning it off.
+        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers, base_url=base_url,
+                          sent_stream_options=False)
+
+    def no_answer(self, exc: BaseException, url: str, base_url: str, connect_timeout: float) -> str:
+        return connection_error_message(exc, url, base_url, connect_timeout)
+
+    def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
+        raise_in_band_error(payload, url, redact)
+
+
+class OpenAIResponsesClient(HttpProviderClient):
     """OpenAI's Responses API (and the servers that speak it: vLLM, Ollama, llama.cpp, LM Studio, OpenRouter, Azure).
 
     ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1`` (without
@@ -525,18 +577,37 @@ class OpenAIResponsesClient(OpenAICompatibleClient):
     storing the responses.
     """
 
-    chat_path = "/responses"
-    api_root_hint = "is base_url an API root that serves the Responses API (ending in /v1)?"
-    log_name = "streamengine._clients.responses.OpenAIResponsesClient"
-    parser_class = ResponsesStreamParser
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        session: Optional[requests.Session] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        connect_timeout: Optional[float] = None,
+        query: Optional[Mapping[str, str]] = None,
+        api_key_header: str = "Authorization",
+        stream_options: bool = True,
+        default_headers: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        max_retries: Optional[int] = None,
+    ) -> None:
+        headers, connect, retries = sdk_settings(headers, default_headers, connect_timeout, timeout, max_retries)
+        if base_url is None:
+            base_url, api_key = env_base_url(), api_key if api_key is not None else env_api_key()
+        super().__init__(ResponsesWire(api_key_header), base_url, api_key, session=session, headers=headers,
+                         connect_timeout=connect, query=check_query(query), max_retries=retries)
 
-    def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None, **kwargs: Any) -> None:
-        super().__init__(base_url, api_key, **kwargs)
-        self.stream_options = False  # nothing to turn off here: no hint about it in error messages
+    #: Accepted for the Chat Completions client's signature; this API reports usage unasked.
+    stream_options = False
 
-    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
-        return responses_body(messages, tools, options, stream=stream)
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> OpenAIResponsesClient:
+        """Build from the environment, as :meth:`OpenAICompatibleClient.from_env` does."""
+        return cls(env_base_url(), env_api_key(), **kwargs)
 
-    def _response_of(self, payload: Any) -> Response:
-        return response_from_json(payload, self.base_url + self.chat_path, self._redact)
+    def embed(
+        self, texts: Sequence[str], model: str, *, cancel: Optional[threading.Event] = None,
+    ) -> List[List[float]]:
+        """Embed ``texts`` in one request to the same API's ``/embeddings``; vectors in input order."""
+        return embed(self, texts, model, cancel)
