@@ -63,7 +63,7 @@ import json
 import math
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import requests
 
@@ -87,6 +87,9 @@ from .._messages import (
 from .http.errors import in_band_error, in_band_status, status_error
 from .http.options import sdk_settings
 from .http.transport import HttpProviderClient, TypedEventParser, Wire, content_headers
+
+if TYPE_CHECKING:  # typing.TypeGuard is Python 3.10+
+    from typing_extensions import TypeGuard
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
@@ -251,9 +254,9 @@ def response_from_json(payload: Any, redact: Any) -> Response:
             calls.append(ToolCall(id=_text(block.get("id")) or f"toolu_{position}",
                                   name=_text(block.get("name")) or "",
                                   arguments=json.dumps(arguments if isinstance(arguments, dict) else {})))
-    return Response(content="".join(text), tool_calls=tuple(calls), usage=usage_of(merge_usage({}, payload.get("usage"))),
-                    model=_text(payload.get("model")), finish_reason=finish_reason(payload.get("stop_reason")),
-                    id=_text(payload.get("id")))
+    return Response(content="".join(text), tool_calls=tuple(calls),
+                    usage=usage_of(merge_usage({}, payload.get("usage"))), model=_text(payload.get("model")),
+                    finish_reason=finish_reason(payload.get("stop_reason")), id=_text(payload.get("id")))
 
 
 def _text(value: Any) -> Optional[str]:
@@ -355,7 +358,9 @@ class AnthropicStreamParser(TypedEventParser):
         if kind == "message_start":
             return self._message_start(frame)
         if kind == "message_delta":
-            delta = frame.get("delta") if isinstance(frame.get("delta"), dict) else {}
+            delta = frame.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
             self.finish_reason = finish_reason(delta.get("stop_reason")) or self.finish_reason
             self.usage = usage_of(merge_usage(self._counts, frame.get("usage")))
         elif kind == "message_stop":
@@ -366,9 +371,12 @@ class AnthropicStreamParser(TypedEventParser):
         return None  # ping, and event types this client does not know yet
 
     def _message_start(self, frame: Dict[str, Any]) -> Optional[Chunk]:
-        message = frame.get("message") if isinstance(frame.get("message"), dict) else {}
-        if isinstance(message.get("model"), str) and message["model"]:
-            self.model = message["model"]
+        message = frame.get("message")
+        if not isinstance(message, dict):
+            message = {}
+        model = message.get("model")
+        if isinstance(model, str) and model:
+            self.model = model
         self.usage = usage_of(merge_usage(self._counts, message.get("usage")))
         message_id = message.get("id")
         return Chunk(response_id=message_id) if isinstance(message_id, str) and message_id else None
@@ -424,7 +432,7 @@ class AnthropicStreamParser(TypedEventParser):
         return Chunk(tool_calls=(ToolCallDelta(tool.index, arguments_fragment=arguments, done=True),))
 
 
-def _is_index(value: Any) -> bool:
+def _is_index(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

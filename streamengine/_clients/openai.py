@@ -42,7 +42,7 @@ import re
 import socket
 import ssl
 import threading
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
 
 import requests
@@ -62,6 +62,7 @@ from .._messages import (
     as_messages,
     text_chunk,
 )
+from .base import Wait
 from .http.connection import RequestTracker
 from .http.errors import in_band_error, in_band_status, short_cause, status_error
 from .http.options import check_headers, sdk_settings
@@ -174,7 +175,7 @@ def connection_error_message(exc: BaseException, url: str, base_url: str, connec
     """One line for a request that got no answer: where, the cause in plain words, what to check."""
     causes = list(_causes(exc))
 
-    def found(*kinds: Any, names: tuple = ()) -> Optional[BaseException]:
+    def found(*kinds: Any, names: Tuple[str, ...] = ()) -> Optional[BaseException]:
         return next((c for c in causes if isinstance(c, kinds) or type(c).__name__ in names), None)
 
     where = f"could not connect to {base_url}"
@@ -197,7 +198,8 @@ def connection_error_message(exc: BaseException, url: str, base_url: str, connec
         return (f"the server at {base_url} closed the connection before answering ({short_cause(dropped)}) "
                 f"\u2014 it may have crashed or be overloaded; retry, or check the URL (http vs https, the port)")
     deepest = causes[-1] if causes else exc
-    return f"no answer from {url}: {short_cause(deepest)} \u2014 check that the provider is running and base_url is right"
+    return (f"no answer from {url}: {short_cause(deepest)} \u2014 check that the provider is running and base_url "
+            f"is right")
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -228,11 +230,11 @@ def provider_message(text: str) -> Optional[str]:
         return error
     if isinstance(error, dict):
         for key in ("message", "detail", "error"):
-            if isinstance(error.get(key), str) and error[key]:
-                return error[key]
-    if isinstance(payload.get("detail"), str):
-        return payload["detail"]
-    return None
+            said = error.get(key)
+            if isinstance(said, str) and said:
+                return said
+    detail = payload.get("detail")
+    return detail if isinstance(detail, str) else None
 
 
 def raise_in_band_error(payload: Any, url: str, redact: Any, after: Optional[int] = None) -> None:
@@ -264,7 +266,8 @@ def _hint_for_status(status: int) -> str:
                                   if status >= 500 else "the request was not accepted")
 
 
-_scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
+_scan_json: Callable[[str, int], Tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# (obj, end) from a str and an index, in C; typeshed does not declare scan_once.
 
 
 class StreamParser(SseStreamParser):
@@ -273,7 +276,7 @@ class StreamParser(SseStreamParser):
     end_marker = "a finish reason or [DONE]"
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+            tracker: RequestTracker) -> Generator[Union[Chunk, Wait], None, Chunk]:
         # The per-event loop is the hot path (100k+ events/s): names are bound
         # to locals, and a plain ``data:`` JSON object without "error" goes
         # straight to _chunk_from_frame.
@@ -611,8 +614,7 @@ class ChatCompletionsWire(Wire):
     parser_class = StreamParser
 
     def __init__(self, api_key_header: str, stream_options: bool) -> None:
-        check_headers({api_key_header: "x"} if isinstance(api_key_header, str) else {None: "x"})  # type: ignore[dict-item]
-        self.api_key_header = api_key_header
+        self.api_key_header = checked_key_header(api_key_header)
         self.stream_options = bool(stream_options)
 
     def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
@@ -634,6 +636,12 @@ class ChatCompletionsWire(Wire):
 
     def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
         raise_in_band_error(payload, url, redact)
+
+
+def checked_key_header(name: Any) -> str:
+    """The header the key goes in (``Authorization``, Azure's ``api-key``), refused now if it cannot be sent."""
+    check_headers({name: "x"} if isinstance(name, str) else {None: "x"})  # type: ignore[dict-item]
+    return str(name)
 
 
 def embed(client: HttpProviderClient, texts: Sequence[str], model: str,

@@ -100,11 +100,12 @@ from .._messages import (
     Usage,
     as_messages,
 )
-from .http.options import check_headers, sdk_settings
+from .http.options import sdk_settings
 from .http.transport import HttpProviderClient, TypedEventParser, Wire
 from .openai import (
     _usage,
     check_query,
+    checked_key_header,
     connection_error_message,
     embed,
     env_api_key,
@@ -154,10 +155,10 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
         body["max_output_tokens"] = options.max_tokens
     if options.stop is not None:
         _refuse("stop", "CompletionOptions.stop")
-    for name, value in (options.extra or {}).items():
-        name, value = _translated_option(name, value)
+    for given, value in (options.extra or {}).items():
+        name, translated = _translated_option(given, value)
         if name is not None:
-            body[name] = value
+            body[name] = translated
     return body
 
 
@@ -373,7 +374,9 @@ class ResponsesStreamParser(TypedEventParser):
     # -- one event ---------------------------------------------------------------------
 
     def chunk_of(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
-        kind = frame.get("type") if isinstance(frame.get("type"), str) else name
+        kind = frame.get("type")
+        if not isinstance(kind, str):
+            kind = name
         if kind == "response.output_text.delta":
             return self._text(frame.get("delta"), None)
         if kind in _REASONING_DELTAS:
@@ -394,9 +397,9 @@ class ResponsesStreamParser(TypedEventParser):
             told = self._note_response(frame.get("response"))
             return self._finished(frame.get("response"), incomplete=kind == "response.incomplete") or told
         if kind == "response.failed":
-            response = frame.get("response") if isinstance(frame.get("response"), Mapping) else {}
-            raise_error(response.get("error") or {"message": "the response failed"}, self.url, self.redact,
-                        after=self.events - 1)
+            response = frame.get("response")
+            error = response.get("error") if isinstance(response, Mapping) else None
+            raise_error(error or {"message": "the response failed"}, self.url, self.redact, after=self.events - 1)
         if kind == "error" or name == "error":
             raise_error(frame, self.url, self.redact, after=self.events - 1)
         if _HOSTED_PROGRESS.fullmatch(kind):
@@ -534,8 +537,7 @@ class ResponsesWire(Wire):
     parser_class = ResponsesStreamParser
 
     def __init__(self, api_key_header: str) -> None:
-        check_headers({api_key_header: "x"} if isinstance(api_key_header, str) else {None: "x"})  # type: ignore[dict-item]
-        self.api_key_header = api_key_header
+        self.api_key_header = checked_key_header(api_key_header)
 
     def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:

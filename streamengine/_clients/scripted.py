@@ -85,7 +85,7 @@ class ScriptedClient(StreamingLlmClient):
 
     def _call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
               options: Optional[CompletionOptions], cancel: Optional[threading.Event],
-              streamed: bool) -> Iterator[Chunk]:
+              streamed: bool) -> Iterator[Union[Chunk, Wait]]:
         """Record the call and take its turn now; the returned iterator plays it."""
         call = ScriptedCall(tuple(as_messages(messages)), tuple(tools) if tools is not None else None,
                             options, streamed)

@@ -195,7 +195,8 @@ class RemoteCall:
             context = ToolContext(event, context.deadline)
         started = _mark_started_on_dask(self.token, self.tool_name)
         try:
-            return tool._invoke(dict(self.args), context)
+            text: str = tool._invoke(dict(self.args), context)
+            return text
         except Exception as exc:
             raise _sendable(exc) from None
         finally:
@@ -213,7 +214,7 @@ def _mark_started_on_dask(token: str, tool_name: str) -> Any:
         worker = get_worker()
     except (ImportError, ValueError):
         return None
-    mark = Event(f"streamengine-call-{token}")
+    mark: Any = Event(f"streamengine-call-{token}")  # type: ignore[no-untyped-call, unused-ignore]
     if mark.is_set():
         raise RemoteToolError(
             f"tool {tool_name!r} was already started on a Dask worker that died (or was lost) while running it, "
@@ -367,7 +368,8 @@ class Tool:
     @property
     def parameters(self) -> Dict[str, Any]:
         """A copy of the JSON schema of the arguments."""
-        return json.loads(json.dumps(self._schema))
+        copy: Dict[str, Any] = json.loads(json.dumps(self._schema))
+        return copy
 
     @property
     def context_param(self) -> Optional[str]:
@@ -382,6 +384,7 @@ class Tool:
         """
         if not isinstance(args, Mapping):
             raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {describe_value(args)}")
+        checked: Dict[str, Any]
         checked, problems = self._signature.check(args)
         if problems:
             raise ToolError(f"invalid arguments for tool {self.name!r}: " + "; ".join(problems))
@@ -513,7 +516,7 @@ _FORMS = "expected 'module:attribute' (e.g. 'myapp.tools:TOOLS') or 'path/to/fil
 
 
 def import_object(spec: str, what: str = "--tools") -> Any:
-    """``"package.module:attr.sub"`` or ``"path/to/file.py:attr"`` -> the object; one-line :class:`ConfigError` otherwise.
+    """``"package.module:attr.sub"`` or ``"path/to/file.py:attr"`` -> the object, or a one-line :class:`ConfigError`.
 
     The current directory is put on ``sys.path`` (as gunicorn and uvicorn do),
     so ``--tools mytools:TOOLS`` finds ``./mytools.py`` from the console script.
@@ -582,7 +585,7 @@ def _import_file(spec: str, source: str, what: str) -> Any:
 
 
 def load_tools(spec: str, what: str = "--tools") -> List[Tool]:
-    """The tools named by ``module:attr`` or ``file.py:attr``: a Tool, a plain function, or a list/tuple/registry of them."""
+    """The tools named by ``module:attr`` or ``file.py:attr``: a Tool, a function, or a list/tuple/registry of them."""
     obj = import_object(spec, what)
     items = list(obj) if isinstance(obj, (list, tuple, ToolRegistry)) else [obj]
     tools = []

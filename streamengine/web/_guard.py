@@ -61,6 +61,9 @@ from .._errors import ConfigError, StreamEngineError
 from .._messages import Message, as_message
 from .._validation import json_type
 
+#: A WSGI environ (PEP 3333).
+Environ = Dict[str, Any]
+
 StartResponse = Callable[..., Any]
 Headers = List[Tuple[str, str]]
 
@@ -107,7 +110,7 @@ _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+$")
 _OPEN_THE_PAGE = "open the page at / and ask there"
 
 
-def same_origin(environ: dict) -> bool:
+def same_origin(environ: Environ) -> bool:
     """The browser says the request comes from this site's own page (the only one that may autorun)."""
     return environ.get("HTTP_SEC_FETCH_SITE") == "same-origin"
 
@@ -122,7 +125,7 @@ class CrossSite:
     def cors(self) -> bool:
         return self.origins is not None
 
-    def refuse_post(self, environ: dict) -> None:
+    def refuse_post(self, environ: Environ) -> None:
         """Another site may POST a run only if ``allow_origin`` lets its origin in (a run costs money, calls tools)."""
         site = environ.get("HTTP_SEC_FETCH_SITE", "")
         if site not in ("cross-site", "same-site"):
@@ -135,7 +138,7 @@ class CrossSite:
                         "one, pass its origin as make_wsgi_app(engine, allow_origin=[...])", 403, field="Origin")
 
     @staticmethod
-    def refuse_get(environ: dict) -> None:
+    def refuse_get(environ: Environ) -> None:
         """A GET run comes from this site's own script (fetch/EventSource), never from a link or a tag."""
         site = environ.get("HTTP_SEC_FETCH_SITE", "")
         if site == "none":
@@ -165,7 +168,7 @@ class CrossSite:
             return origin == self.origins
         return origin in self.origins
 
-    def cors_headers(self, environ: dict) -> Headers:
+    def cors_headers(self, environ: Environ) -> Headers:
         if self.origins is None:
             return []
         if self.origins == "*":
@@ -188,7 +191,7 @@ class CrossSite:
         ]
 
 
-def _asks_for_html(environ: dict) -> bool:
+def _asks_for_html(environ: Environ) -> bool:
     """``Accept`` names an HTML type: what a browser sends for a navigation, never fetch() or EventSource."""
     accept = environ.get("HTTP_ACCEPT", "").lower()
     types = {part.split(";", 1)[0].strip() for part in accept.split(",")}
@@ -242,7 +245,8 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
     if not trusted and parsed[-1].role != "user":
         raise RequestRejected(f"messages[{len(raw) - 1}].role: the last message must be the user's question, "
                               f"got {parsed[-1].role!r}; "
-                              f"end with {{\"role\": \"user\", \"content\": \"...\"}}", f"messages[{len(raw) - 1}].role")
+                              f"end with {{\"role\": \"user\", \"content\": \"...\"}}",
+                              f"messages[{len(raw) - 1}].role")
     return with_system_prompt(parsed, system_prompt)
 
 
@@ -332,12 +336,12 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-ClientKey = Callable[[dict], str]
+ClientKey = Callable[[Environ], str]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 
 
-def client_address(environ: dict) -> str:
+def client_address(environ: Environ) -> str:
     """The default client key: the peer address (behind a proxy, pass a ``client_key`` that reads yours)."""
     return environ.get("REMOTE_ADDR") or "unknown"
 
@@ -363,7 +367,7 @@ class HostCheck:
                               f"'127.0.0.1' (no scheme, port or path), or '*' for any; got {host!r}")
         return _bare(host.strip().lower())
 
-    def check(self, environ: dict) -> None:
+    def check(self, environ: Environ) -> None:
         if self._any:
             return
         raw = environ.get("HTTP_HOST") or ""
@@ -375,7 +379,7 @@ class HostCheck:
                             "Pass make_wsgi_app(engine, allowed_hosts=[...])", 400, field="Host")
 
     @staticmethod
-    def _defaults(environ: dict) -> FrozenSet[str]:
+    def _defaults(environ: Environ) -> FrozenSet[str]:
         server = _bare((environ.get("SERVER_NAME") or "").lower())
         return LOOPBACK_HOSTS | ({server} if server not in _WILDCARDS else set())
 
@@ -429,7 +433,7 @@ class StreamLimiter:
     def active(self) -> int:
         return self._total
 
-    def acquire(self, environ: dict) -> Callable[[], None]:
+    def acquire(self, environ: Environ) -> Callable[[], None]:
         """Take a slot for this request's client, or raise a 429; returns ``release()`` (idempotent)."""
         key = str(self._client_key(environ))
         with self._lock:
@@ -441,7 +445,7 @@ class StreamLimiter:
                                     f"{self.max_streams_per_client}); close one")
             self._total += 1
             self._per_client[key] = held + 1
-        released = []
+        released: List[bool] = []
 
         def release() -> None:
             with self._lock:

@@ -17,7 +17,7 @@ CLIENTS = [OpenAICompatibleClient, OpenAIResponsesClient, AnthropicClient]
 
 
 @pytest.mark.parametrize("client_class", CLIENTS, ids=lambda c: c.__name__)
-def test_a_client_is_the_shared_http_client_with_a_wire_and_overrides_none_of_it(client_class: type):
+def test_a_client_is_the_shared_http_client_with_a_wire_and_overrides_none_of_it(client_class: type) -> None:
     assert client_class.__bases__ == (HttpProviderClient,)
     shared = {name for name, value in vars(HttpProviderClient).items() if callable(value)}
     assert shared & {name for name, value in vars(client_class).items() if callable(value)} == {"__init__"}
@@ -25,7 +25,7 @@ def test_a_client_is_the_shared_http_client_with_a_wire_and_overrides_none_of_it
         assert isinstance(client.wire, Wire) and type(client.wire).__bases__ == (Wire,)
 
 
-def test_each_client_keeps_its_settings_readable():
+def test_each_client_keeps_its_settings_readable() -> None:
     with OpenAICompatibleClient("http://127.0.0.1:9/v1", stream_options=False) as chat, \
             OpenAIResponsesClient("http://127.0.0.1:9/v1") as responses, \
             AnthropicClient("http://127.0.0.1:9", api_key="k", anthropic_version="2024-01-01",

@@ -43,7 +43,7 @@ TWO_CALLS = (s.text("Checking."),
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "responses"])
-def test_each_call_ends_on_its_own_done_delta_and_no_empty_index_is_opened(wire: str):
+def test_each_call_ends_on_its_own_done_delta_and_no_empty_index_is_opened(wire: str) -> None:
     deltas = deltas_of(wire, *TWO_CALLS)
     assert {delta.index for delta in deltas} == {0, 1}, deltas  # no index 2 opened to close index 1
     assert not [d for d in deltas if d.id is None and d.name is None and not d.arguments_fragment and not d.done]
@@ -56,11 +56,11 @@ def test_each_call_ends_on_its_own_done_delta_and_no_empty_index_is_opened(wire:
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "responses"])
-def test_a_call_without_streamed_arguments_ends_with_its_own_arguments_on_the_done_delta(wire: str):
+def test_a_call_without_streamed_arguments_ends_with_its_own_arguments_on_the_done_delta(wire: str) -> None:
     deltas = deltas_of(wire, s.tool_call(0, id="call_1", name="first"), s.finish("tool_calls"))
     assert deltas[-1] == ToolCallDelta(0, arguments_fragment="{}", done=True)
 
 
-def test_chat_completions_marks_no_end_so_no_delta_says_done():
+def test_chat_completions_marks_no_end_so_no_delta_says_done() -> None:
     deltas = deltas_of("openai", *TWO_CALLS)
     assert deltas and not any(delta.done for delta in deltas)

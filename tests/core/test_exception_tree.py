@@ -55,13 +55,13 @@ def _exceptions_defined_in(name: str) -> List[Type[BaseException]]:
 
 
 @pytest.mark.parametrize("module", _modules())
-def test_every_exception_a_module_defines_is_in_the_tree_or_named_internal(module: str):
+def test_every_exception_a_module_defines_is_in_the_tree_or_named_internal(module: str) -> None:
     outside = [f"{cls.__module__}.{cls.__qualname__}" for cls in _exceptions_defined_in(module)
                if not issubclass(cls, StreamEngineError)]
     assert sorted(set(outside) - INTERNAL) == [], "derive them from StreamEngineError (see _errors.py)"
 
 
-def test_the_allowlist_names_only_classes_that_exist_outside_the_tree_and_say_internal():
+def test_the_allowlist_names_only_classes_that_exist_outside_the_tree_and_say_internal() -> None:
     for dotted in INTERNAL:
         module, _, name = dotted.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
@@ -81,7 +81,7 @@ def test_the_allowlist_names_only_classes_that_exist_outside_the_tree_and_say_in
     ("streamengine._cli.log.RunLogError", StreamEngineError),
     ("streamengine.web._guard.HttpError", StreamEngineError),
 ])
-def test_the_errors_that_lived_outside_the_tree_keep_the_bases_users_catch(dotted: str, extra_base: type):
+def test_the_errors_that_lived_outside_the_tree_keep_the_bases_users_catch(dotted: str, extra_base: type) -> None:
     module, _, name = dotted.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     assert issubclass(cls, StreamEngineError) and issubclass(cls, extra_base)
@@ -92,7 +92,7 @@ def _failed_result() -> EngineResult:
                         error="provider answered HTTP 400: bad request")
 
 
-def test_run_failed_error_is_an_llm_error_that_chains_its_cause():
+def test_run_failed_error_is_an_llm_error_that_chains_its_cause() -> None:
     cause = LlmError("provider answered HTTP 400: bad request")
     error = RunFailedError(_failed_result(), cause)
     assert isinstance(error, LlmError) and error.__cause__ is cause
@@ -103,7 +103,7 @@ def test_run_failed_error_is_an_llm_error_that_chains_its_cause():
     assert RunFailedError(_failed_result()).__cause__ is None
 
 
-def test_a_remote_tool_error_still_travels_between_processes():
+def test_a_remote_tool_error_still_travels_between_processes() -> None:
     from streamengine.tools._tool import RemoteToolError
 
     error = pickle.loads(pickle.dumps(RemoteToolError("ValueError: no")))

@@ -39,12 +39,12 @@ OLD_STRINGS = {
 }
 
 
-def test_the_enum_holds_exactly_the_strings_it_replaced():
+def test_the_enum_holds_exactly_the_strings_it_replaced() -> None:
     assert {member.value for member in StopReason} == OLD_STRINGS
 
 
 @pytest.mark.parametrize("member", list(StopReason), ids=str)
-def test_a_member_behaves_like_its_string(member: StopReason):
+def test_a_member_behaves_like_its_string(member: StopReason) -> None:
     old = member.value
     assert member == old and old == member and hash(member) == hash(old)
     assert str(member) == old and f"{member}" == old and f"[{member:>30}]" == f"[{old:>30}]"
@@ -55,13 +55,13 @@ def test_a_member_behaves_like_its_string(member: StopReason):
     assert StopReason(old) is member and StopReason.known(old) is member
 
 
-def test_a_reason_the_package_does_not_know_passes_through_as_the_providers_string():
+def test_a_reason_the_package_does_not_know_passes_through_as_the_providers_string() -> None:
     assert StopReason.known("pause_turn") == "pause_turn"
     assert StopReason.known(None) is None and StopReason.known("") == ""
 
 
 @pytest.mark.parametrize("member", list(StopReason), ids=str)
-def test_a_member_reaches_sse_and_sqlite_as_its_plain_string(member: StopReason):
+def test_a_member_reaches_sse_and_sqlite_as_its_plain_string(member: StopReason) -> None:
     telemetry = Telemetry(stop_reason=member, finish_reasons=[member, None])
     result = EngineResult(answer="a", rounds=("a",), tool_results=(), telemetry=telemetry)
     done = next(event for event in parse(b"".join(encode_stream([DoneEvent(result)]))).events
@@ -82,7 +82,7 @@ CLIENTS: Dict[str, Any] = {"openai": OpenAICompatibleClient, "anthropic": Anthro
 
 @pytest.mark.parametrize("wire", sorted(CLIENTS))
 @pytest.mark.parametrize("finish", [StopReason.LENGTH, StopReason.CONTENT_FILTER])
-def test_each_wire_reports_a_cut_off_as_the_member_and_sse_sends_its_string(wire: str, finish: StopReason):
+def test_each_wire_reports_a_cut_off_as_the_member_and_sse_sends_its_string(wire: str, finish: StopReason) -> None:
     """Each wire's own word (``max_tokens``, ``incomplete``...) arrives as the member, over real HTTP both ways."""
     with FakeProvider(wire=wire) as fp:
         fp.add_turn(s.text("half an ans"), s.finish(finish.value))

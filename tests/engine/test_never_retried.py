@@ -46,15 +46,16 @@ def engine_on(fp: FakeProvider, classifier: ErrorClassifier, **config: object) -
 
 
 @pytest.mark.parametrize("classifier", CLASSIFIERS, ids=lambda c: type(c).__name__)
-def test_an_output_cap_ends_the_run_once_and_no_other_model_is_asked(classifier: ErrorClassifier):
+def test_an_output_cap_ends_the_run_once_and_no_other_model_is_asked(classifier: ErrorClassifier) -> None:
     with FakeProvider() as fp:
         # Reasoning is not shown, so the round is not committed: only the rule stops a failover here.
         fp.respond_with(lambda request: [s.forever(s.reasoning("r" * 1000), every=0.0005)])
         with engine_on(fp, classifier, max_reasoning_chars=20_000) as engine:
             events = list(engine.run([{"role": "user", "content": "question"}]))
         asked = [request.json.get("model") for request in fp.requests]
-    result = events[-1].result
-    assert isinstance(events[-1], DoneEvent)
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    result = done.result
     assert result.telemetry.stop_reason == StopReason.OUTPUT_LIMIT
     assert asked == ["m1"], asked
     assert result.telemetry.failovers == 0 and len(result.telemetry.failed_attempts) == 1

@@ -31,7 +31,7 @@ import codecs
 import itertools
 import math
 import re
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, cast
 
 import sseclient
 
@@ -164,7 +164,7 @@ class SseFramer:
         fields = [("message", t[6:]) if t[:6] == "data: " and "\n" not in t else None for t in texts]
         if None in fields:
             return _fields_slow(texts, fields)
-        return fields
+        return cast(List[Tuple[str, str]], fields)
 
     def _feed_sanitized(self, data: bytes) -> List[bytes]:
         if b"\r" in data or self._has_cr:
@@ -279,7 +279,7 @@ def event_fields(events: List[bytes]) -> List[Tuple[str, str]]:
     read here directly; anything else (comments, several lines, CRs) goes
     through sseclient-py, so both give the same result.
     """
-    out = []
+    out: List[Tuple[str, str]] = []
     append = out.append
     for raw in events:
         if raw[:5] == b"data:" and b"\n" not in raw and b"\r" not in raw:
@@ -333,7 +333,7 @@ def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> L
 
 
 def _parsed(raw: bytes) -> Optional[sseclient.Event]:
-    for event in sseclient.SSEClient([raw + b"\n\n"]).events():
+    for event in sseclient.SSEClient(iter([raw + b"\n\n"])).events():
         return event
     return None
 

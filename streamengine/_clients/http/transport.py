@@ -61,7 +61,7 @@ import re
 import threading
 import time
 from functools import cached_property
-from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import requests
 import requests.utils
@@ -87,6 +87,8 @@ from .connection import RequestTracker, mount_cancellable, tracking
 from .errors import redact_exception, short_cause
 from .options import check_api_key, check_headers, credentials_in, parse_base_url, split_extras
 from .sse_read import MAX_EVENT_BYTES, WAIT, SseEventTooLarge, SseFramer, iter_event_batches
+
+_Client = TypeVar("_Client", bound="HttpProviderClient")
 
 #: A client talks to a handful of URLs (its endpoints); past this many, the oldest are forgotten.
 MAX_URLS = 64
@@ -184,13 +186,13 @@ class SseStreamParser:
         self._framer = SseFramer(max_event_bytes, 8 * max_event_bytes)
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        """Yield the chunks of the stream; return the completed chunk (not yielded)."""
+            tracker: RequestTracker) -> Generator[Union[Chunk, Wait], None, Chunk]:
+        """Yield the chunks of the stream (and the body's waits); return the completed chunk (not yielded)."""
         raise NotImplementedError
 
     @contextlib.contextmanager
     def reading(self, resp: requests.Response, cancel: Optional[threading.Event],
-                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, str]], Any]]:
+                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, Any]], Any]]:
         """``(event name, data)`` pairs as they arrive, and the cancel flag for the loop over them.
 
         A broken body leaves as a streamengine error.  The tracker is only
@@ -335,7 +337,7 @@ class HttpProviderClient(StreamingLlmClient):
         if self._owns_session:
             self._session.close()
 
-    def __enter__(self) -> HttpProviderClient:
+    def __enter__(self: _Client) -> _Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -529,7 +531,7 @@ class TypedEventParser(SseStreamParser):
     wire_name = "the"
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+            tracker: RequestTracker) -> Generator[Union[Chunk, Wait], None, Chunk]:
         with self.reading(resp, cancel, tracker) as (events, flag):
             for name, data in events:
                 if name is WAIT:  # the body would block: the run waits for it, with everything else
