@@ -31,7 +31,7 @@ import codecs
 import itertools
 import math
 import re
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, cast
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import sseclient
 
@@ -161,10 +161,11 @@ class SseFramer:
             except SseEventTooLarge:
                 self._buf.clear()
                 raise
-        fields = [("message", t[6:]) if t[:6] == "data: " and "\n" not in t else None for t in texts]
+        # List[Any]: it may hold a None until the test below; a cast() would cost a call per read.
+        fields: List[Any] = [("message", t[6:]) if t[:6] == "data: " and "\n" not in t else None for t in texts]
         if None in fields:
             return _fields_slow(texts, fields)
-        return cast(List[Tuple[str, str]], fields)
+        return fields
 
     def _feed_sanitized(self, data: bytes) -> List[bytes]:
         if b"\r" in data or self._has_cr:
