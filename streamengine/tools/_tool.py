@@ -64,7 +64,20 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+    overload,
+)
 
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
@@ -433,15 +446,26 @@ def _check_timeout(timeout: Any, label: str) -> Optional[float]:
         raise ToolError(str(exc)) from exc
 
 
+@overload
+def tool(fn: Callable[..., Any], *, name: Optional[str] = None, description: Optional[str] = None,
+         timeout: Optional[float] = None, side_effects: bool = False, executor: str = "local") -> Tool: ...
+
+
+@overload
+def tool(fn: Optional[str] = None, *, name: Optional[str] = None, description: Optional[str] = None,
+         timeout: Optional[float] = None, side_effects: bool = False,
+         executor: str = "local") -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(
-    fn: Any = None,
+    fn: Union[Callable[..., Any], str, None] = None,
     *,
     name: Optional[str] = None,
     description: Optional[str] = None,
     timeout: Optional[float] = None,
     side_effects: bool = False,
     executor: str = "local",
-) -> Any:
+) -> Union[Tool, Callable[[Callable[..., Any]], Tool]]:
     """Make a :class:`Tool`: ``@tool``, ``@tool()``, ``@tool("name")`` or ``@tool(name=..., ...)``.
 
     ``side_effects=True`` tells the engine not to start the tool before the
