@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._clients.base import LlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
-from .._errors import ConfigError
+from .._errors import ConfigError, StreamEngineError
 
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
@@ -25,7 +25,7 @@ ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 PROVIDERS = ("openai", "anthropic", "openai-responses")
 
 
-class UsageError(Exception):
+class UsageError(StreamEngineError):
     """A command line that cannot be run as written (exit status 2)."""
 
 

@@ -56,6 +56,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 from requests.structures import CaseInsensitiveDict
 
+from .._messages import StopReason
 from . import _steps as wire_steps
 from ._steps import Step, delay, done, finish, raw, usage
 from ._wires import AnthropicEncoder, ResponsesEncoder, error_body, failed_body, message_body, response_body
@@ -85,7 +86,7 @@ def _build_turn(items: Sequence[Any], auto_finish: bool) -> Turn:
     if auto_finish and not turn.has(*wire_steps._TERMINAL):
         extra = []
         if not turn.has("finish"):
-            extra.append(finish("tool_calls" if turn.has_tool_calls() else "stop"))
+            extra.append(finish(StopReason.TOOL_CALLS if turn.has_tool_calls() else StopReason.STOP))
         if not turn.has("usage"):
             extra.append(usage())
         extra.append(done())
@@ -781,7 +782,8 @@ class _Aggregate:
         return {
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message,
-                         "finish_reason": self.finish_reason or ("tool_calls" if self.calls else "stop")}],
+                         "finish_reason": self.finish_reason
+                         or (StopReason.TOOL_CALLS if self.calls else StopReason.STOP)}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion},
         }
