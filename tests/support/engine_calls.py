@@ -67,6 +67,10 @@ class AllFailed(RunFailedError):
         self.attempts = attempts
 
 
+class Cancelled(RunFailedError):
+    """The engine's ``RunFailedError`` of a call the caller cancelled (``stop_reason`` is ``cancelled``)."""
+
+
 class EngineCall:
     """Calls ``client`` through a one-round engine with these deadlines and models.
 
@@ -74,7 +78,7 @@ class EngineCall:
     :class:`Answered`.  A failed single-model call raises the error the call
     raised (the one a classifier sees), a failover that no model answered
     :class:`AllFailed` (the engine's ``RunFailedError``), one stopped by a
-    fatal error that error; :attr:`attempts` holds ``(model, error)`` of
+    fatal error that error, a cancelled one :class:`Cancelled`; :attr:`attempts` holds ``(model, error)`` of
     each failed attempt of the last call either way.  A model named in a
     call's ``options`` is that call's one model (the engine takes it as
     ``model=``); else ``models`` fail over in turn.
@@ -120,6 +124,8 @@ class EngineCall:
                 unsubscribe()
         self.result = result
         self.attempts = _attempts(result, self.classifier.errors)
+        if result.telemetry.stop_reason == "cancelled":
+            raise Cancelled(result)
         errors = self.classifier.errors
         if result.error is not None and errors and result.error == str(errors[-1]):
             raise errors[-1]  # the run stopped on this error itself: a fatal one stops failover at once

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from engine_calls import AllFailed, EngineCall, WholeAnswers
+from engine_calls import AllFailed, Cancelled, EngineCall, WholeAnswers
 from faultkit import GUARD_S, MESSAGES, backoffs, captured_logs, failing_over, stream_threads, streaming
 from http_support import provider_fixtures
 from rawwire import outcomes_of, random_bodies
@@ -22,7 +22,6 @@ from streamengine import (
     CompletionOptions,
     ErrorClass,
     ErrorClassifier,
-    LlmCancelledError,
     LlmHttpError,
     LlmStreamError,
     LlmTimeoutError,
@@ -112,8 +111,9 @@ def test_a_caller_cancel_during_a_stall_ends_the_call_and_the_connection(fp, cli
     cancel = threading.Event()
     timer = threading.Timer(0.1, cancel.set)
     timer.start()
-    with pytest.raises(LlmCancelledError):
+    with pytest.raises(Cancelled) as info:
         streaming(client, 30.0, 60.0).call(MESSAGES, options=OPTIONS, cancel=cancel)
+    assert info.value.result.telemetry.stop_reason == "cancelled" and info.value.result.error is None
     timer.join()
     assert stream_threads() == [] and fp.wait_for_client_disconnects(1, GUARD_S)
 

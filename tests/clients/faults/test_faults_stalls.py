@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from engine_calls import Cancelled
 from faultkit import EMPTY_DELTA, GUARD_S, KEEP_ALIVE, MESSAGES, PING, content_frame, stream_threads, streaming
 from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, RawConn, RawServer, chunk
 
@@ -159,14 +160,13 @@ def test_stalls_through_fake_provider(framing, turn, message):
 
 
 def test_a_caller_cancel_during_a_stall_closes_the_socket_and_ends_the_producer():
-    from streamengine import LlmCancelledError
-
     with RawServer(forever(KEEP_ALIVE)) as server, OpenAICompatibleClient(server.base_url) as client:
         cancel = threading.Event()  # a plain Event: bridged by a watcher thread, which must end too
         timer = threading.Timer(0.1, cancel.set)
         timer.start()
-        with pytest.raises(LlmCancelledError):
+        with pytest.raises(Cancelled) as info:
             streaming(client, 30.0, 60.0).call(MESSAGES, cancel=cancel)
+        assert info.value.result.telemetry.stop_reason == "cancelled"
         timer.join()
         assert stream_threads() == []
         assert server.peer_closed.wait(GUARD_S)
