@@ -41,6 +41,7 @@ loguru on its first log call (most runs never log anything).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -86,14 +87,13 @@ def redact_urls(text: str) -> str:
 
 
 def secret_forms(secrets: Iterable[Optional[str]]) -> Tuple[str, ...]:
-    """Each secret worth hiding as it may appear in a message: raw, and escaped inside a ``repr()``."""
+    """Each secret worth hiding as it may appear in a message: raw, escaped inside a ``repr()``, and
+    escaped inside a JSON string (an error body is redacted before it is parsed, so ``response="…"`` of a
+    Digest header arrives as ``response=\\"…\\"``)."""
     forms = set()
     for secret in secrets:
         if secret and len(secret) >= MIN_SECRET_CHARS:
-            forms.add(secret)
-            escaped = repr(secret)[1:-1]
-            if escaped != secret:
-                forms.add(escaped)
+            forms.update((secret, repr(secret)[1:-1], json.dumps(secret)[1:-1]))
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted(forms, key=len, reverse=True))
 
