@@ -524,7 +524,9 @@ def test_autorun_needs_a_same_origin_request(browser):
 
             with serving(evil) as attacker:
                 browser.open(attacker.replace("127.0.0.1", "localhost") + "/")
-                browser.wait_for("document.getElementById('go') !== null")
+                # The evil page answers /healthz too (open() goes there first): wait for "/" itself, loaded.
+                browser.wait_for("location.pathname === '/' && document.readyState === 'complete' "
+                                 "&& document.getElementById('go') !== null")
                 browser.js("document.getElementById('go').click()")
                 browser.wait_for("(document.getElementById('prompt') || {}).value === 'spend'")
                 status = browser.js("document.getElementById('status').textContent")
