@@ -123,12 +123,13 @@ class EngineLike(Protocol):
     """What the web layer needs of an engine: a :class:`~streamengine.StreamingEngine`, or one of your own.
 
     Only ``run()`` is needed; an engine with ``run_batches()`` (a ``StreamingEngine``)
-    is driven by that instead, so each burst of events is one socket write.
+    is driven by that instead, so each burst of events is one socket write.  The
+    app's :class:`RunOptions` are passed only when it has them: ``run()`` takes
+    ``conversation_id=`` for an app with ``scope=``, ``approve=`` for one with ``approve=``.
     """
 
-    def run(self, messages: Sequence[Message], cancel: threading.Event, /, *, heartbeat_s: Optional[float] = ...,
-            conversation_id: Optional[str] = ...,
-            approve: Optional[Callable[[ToolCall], object]] = ...) -> Iterator[Event]: ...
+    def run(self, messages: Sequence[Message], cancel: threading.Event, /, *,
+            heartbeat_s: Optional[float] = ...) -> Iterator[Event]: ...
 
 # ensure_ascii: every control, line-separator and non-ASCII character leaves as a
 # \uXXXX escape, so a payload is one ASCII line whatever the model wrote.
@@ -561,7 +562,8 @@ class SseResponse:
         if run_batches is not None:
             batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
         else:  # an engine of your own with run() only: one event a batch
-            batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
+            run: Callable[..., Iterator[Event]] = engine.run  # it takes the options the app has (see EngineLike)
+            batches = one_by_one(run(messages, self.cancel, heartbeat_s=tick, **extra))
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
         self._progress = _Progress()
         # A generator over the frames and the progress only, never the response: no reference cycle,
