@@ -63,7 +63,8 @@ from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from .._logs import component_logger
 
@@ -303,7 +304,7 @@ class Instruments:
     def __init__(self, meter_provider: Any, version: str, guard: Guard) -> None:
         meter = metrics.get_meter("streamengine", version, meter_provider=meter_provider)
 
-        def histogram(name: str, unit: str, description: str, boundaries: list) -> GuardedHistogram:
+        def histogram(name: str, unit: str, description: str, boundaries: Sequence[float]) -> GuardedHistogram:
             return GuardedHistogram(_made(meter, name, unit, description, boundaries), guard)
 
         self.operation_duration = histogram(METRIC_OPERATION_DURATION, "s", "GenAI operation duration", _SECONDS)
@@ -320,7 +321,7 @@ class Instruments:
                                          _SECONDS)
 
 
-def _made(meter: Any, name: str, unit: str, description: str, boundaries: list) -> Any:
+def _made(meter: Any, name: str, unit: str, description: str, boundaries: Sequence[float]) -> Any:
     try:
         return meter.create_histogram(name, unit=unit, description=description,
                                       explicit_bucket_boundaries_advisory=boundaries)
@@ -436,19 +437,24 @@ SCOPE = "streamengine"
 #: set by the start hook, taken by the tool as it starts, so its own client span nests under it.
 _handing_over = threading.local()
 
+#: A tool span handed over to the tool that starts itself: its context and the run's instrumentation.
+HandOver = Tuple[Context, "Instrumentation"]
+#: An MCP client span (None when its start failed) and the instrumentation that ends it.
+McpSpan = Tuple[Optional[Span], "Instrumentation"]
 
-def take_hand_over() -> Optional[tuple]:
+
+def take_hand_over() -> Optional[HandOver]:
     """``(context, instrumentation)`` of the tool span being handed over on this thread, once; else None."""
-    pending = getattr(_handing_over, "pending", None)
+    pending: Optional[HandOver] = getattr(_handing_over, "pending", None)
     _handing_over.pending = None
     return pending
 
 
-def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
+def mcp_client_span(pending: HandOver, tool_name: str, transport: str) -> Tuple[McpSpan, Dict[str, str]]:
     """The MCP client span (``tools/call {tool}``) under the call's tool span, and its ``_meta`` carrier."""
     from opentelemetry import propagate
     parent, owner = pending
-    span: Any = None
+    span: Optional[Span] = None
     carrier: Dict[str, str] = {}
     with owner.guard("starting an MCP client span"):
         span = owner.tracer.start_span(f"tools/call {tool_name}", context=parent, kind=SpanKind.CLIENT)
@@ -459,7 +465,7 @@ def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
     return (span, owner), carrier
 
 
-def end_mcp_client_span(handle: tuple, error: Optional[BaseException]) -> None:
+def end_mcp_client_span(handle: McpSpan, error: Optional[BaseException]) -> None:
     """End the span :func:`mcp_client_span` made (none when its start failed), with the call's error."""
     span, owner = handle
     if span is None:
@@ -564,7 +570,7 @@ class RunTrace:
         #: Whether per-chunk work (the first meaningful chunk) is worth doing: nothing records it otherwise.
         self.watches_chunks = self.recording or owner.metrics_live()
         self._tools: Dict[str, Any] = {}
-        self._chats: list = []
+        self._chats: List[ChatTrace] = []
         self._lock = threading.Lock()  # tool spans are opened and closed from tool workers
         self._ended = False
         self._stream_open: Optional[float] = None  # when the current chat's stream started (for time behind)
@@ -643,7 +649,7 @@ class RunTrace:
             return None
         with self._lock:
             windows = [(chat.started, chat.ended_at or time.monotonic()) for chat in self._chats]
-        overlap = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at)) for start, end in windows)
+        overlap: float = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at)) for start, end in windows)
         return overlap
 
     # --- the end ---------------------------------------------------------------------------------
@@ -693,7 +699,8 @@ class RunTrace:
 FAILED_STOP_REASONS = frozenset({"cancelled", "llm_error", "llm_error_after_tokens", "internal_error", "output_limit"})
 
 
-def _run_failure(result: Any, error: Optional[BaseException], stop_reason: Optional[str]) -> Optional[tuple]:
+def _run_failure(result: Any, error: Optional[BaseException],
+                 stop_reason: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
     """The run failed or was cancelled (not: recovered by failover): its error type and message."""
     if error is not None:
         return error_type(error), str(error)

@@ -40,7 +40,7 @@ import concurrent.futures
 import contextlib
 import re
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Set, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Set, TypeVar, cast
 
 import anyio
 import mcp_types as types
@@ -49,6 +49,9 @@ from mcp.shared.exceptions import MCPError
 
 from ._tools import McpToolError
 from ._transports import Endpoint
+
+if TYPE_CHECKING:
+    from mcp.shared.dispatcher import ProgressFnT
 
 T = TypeVar("T")
 
@@ -251,7 +254,7 @@ class McpUnavailable(McpToolError):
 class Connection:
     """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``, warnings to ``warn``."""
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None],
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[types.Tool]], None],
                  warn: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.startup_timeout = startup_timeout
@@ -377,12 +380,12 @@ class Connection:
 
     # -- tools
 
-    async def list_tools(self) -> List[Any]:
+    async def list_tools(self) -> List[types.Tool]:
         client = await self.ensure()
         return await self._refresh_tools(client)
 
-    async def _refresh_tools(self, client: Client) -> List[Any]:
-        tools: List[Any] = []
+    async def _refresh_tools(self, client: Client) -> List[types.Tool]:
+        tools: List[types.Tool] = []
         cursor: Optional[str] = None
         for _ in range(100):  # a paginator that never ends cannot hang the start
             page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
@@ -393,8 +396,8 @@ class Connection:
         self._on_tools(tools)
         return tools
 
-    async def call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]] = None,
-                   meta: Optional[Dict[str, Any]] = None) -> Any:
+    async def call(self, name: str, arguments: Dict[str, Any], on_progress: Optional[ProgressFnT] = None,
+                   meta: Optional[Mapping[str, str]] = None) -> types.CallToolResult:
         """``tools/call``; a crash or lost connection becomes :class:`McpUnavailable` naming what happened."""
         if self._closing:
             raise self._unavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
@@ -410,12 +413,14 @@ class Connection:
         finally:
             self._calls.discard(task)
 
-    async def _call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]],
-                    meta: Optional[Dict[str, Any]] = None) -> Any:
+    async def _call(self, name: str, arguments: Dict[str, Any], on_progress: Optional[ProgressFnT],
+                    meta: Optional[Mapping[str, str]] = None) -> types.CallToolResult:
         client = await self.ensure()
         try:
             if meta:  # W3C trace context for the server (params._meta.traceparent)
-                return await client.call_tool(name, arguments, progress_callback=on_progress, meta=meta)
+                # An open TypedDict: the W3C keys (traceparent, tracestate) are its extra items.
+                return await client.call_tool(name, arguments, progress_callback=on_progress,
+                                              meta=cast("types.RequestParamsMeta", meta))
             return await client.call_tool(name, arguments, progress_callback=on_progress)
         except MCPError as exc:
             if _too_large(exc.error.message):
