@@ -93,9 +93,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._clients.openai import OpenAICompatibleClient
+from .._config import EngineConfig
 from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from .._engine.result import EngineResult, Telemetry
-from .._engine.run import EngineConfig, StreamingEngine
+from .._engine.run import StreamingEngine
 from .._errors import ConfigError, StreamEngineError, ToolError
 from .._messages import CompletionOptions
 from .._validation import one_line as _one_line
@@ -103,7 +104,7 @@ from .._validation import short_repr as _short
 from ..tools import Tool, ToolContext
 from ..tools._tool import load_tools
 from . import _steps as s
-from ._provider import FakeProvider
+from ._provider import FakeProvider, Framing
 from ._steps import Stamp, Step
 
 EVENT_NAMES = ("round", "token", "tool_start", "tool_result", "error", "done")
@@ -253,7 +254,7 @@ class Scenario:
     approvals: Tuple[Mapping[str, bool], ...] = ()
     prompt: str = "hello"
     system: Optional[str] = None
-    framing: str = "chunked"
+    framing: Framing = "chunked"
     expect: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -341,7 +342,9 @@ def _parse_step(where: _Where, step: Any) -> Step:
         raise at.error(f"unknown step; steps: {', '.join(_STEP_KEYS)}")
     if key in ("text", "reasoning", "comment", "raw"):
         _need(at, value, (str,), "a string")
-        return {"text": s.text, "reasoning": s.reasoning, "comment": s.comment, "raw": s.raw}[key](value)
+        makers: Dict[str, Callable[[str], Step]] = {"text": s.text, "reasoning": s.reasoning,
+                                                    "comment": s.comment, "raw": s.raw}
+        return makers[key](value)
     if key == "delay":
         return s.delay(_need_seconds(at, value))
     if key == "finish":

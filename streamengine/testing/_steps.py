@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish', 'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall', 'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
 
@@ -205,7 +205,11 @@ def continues_call(open_call: Optional[Sequence[Any]], kind: str, call: Mapping[
             and call.get("id") in (None, open_call[2]))
 
 
-def _flatten(items: Sequence[Any]) -> List[Step]:
+#: What a turn is made of: steps, and lists or tuples of them (such as :func:`reply`'s), nested as you like.
+StepLike = Union[Step, List["StepLike"], Tuple["StepLike", ...]]
+
+
+def _flatten(items: Sequence[StepLike]) -> List[Step]:
     out: List[Step] = []
     for item in items:
         if isinstance(item, Step):
