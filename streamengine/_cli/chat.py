@@ -43,12 +43,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, TextIO
 
-from .._logs import for_terminal
+from .._logs import for_terminal, is_terminal
 from .._messages import LLM_WARNING, PROG
 from .._validation import one_line
 from .build import UsageError, build_engine, close_engine
 from .log import RunLog, RunLogError, default_log, logging_enabled
-from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
+from .output import EventPrinter, JsonEventPrinter, strip_markup, use_color, write, write_error
 
 APPROVE_MODES = ("ask", "all", "never")
 #: What a refusal note says about the way to let such calls run.
@@ -66,9 +66,9 @@ def add_approval_flags(chat: argparse.ArgumentParser) -> None:
                                                             "(= --approve all)")
 
 
-def approval_mode(args: argparse.Namespace, stdin: Any, err: Any) -> str:
+def approval_mode(args: argparse.Namespace, stdin: TextIO, err: TextIO) -> str:
     """``ask``, ``all`` or ``never``, from the flags and whether a person can be asked."""
-    chosen = getattr(args, "approve", None)
+    chosen: Optional[str] = getattr(args, "approve", None)
     if getattr(args, "yes", False):
         if chosen not in (None, "all"):
             raise UsageError(f"-y/--yes and --approve {chosen} contradict each other; pass one of them")

@@ -23,12 +23,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .._clients.openai import OpenAICompatibleClient
+from .._config import EngineConfig
 from .._engine.events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .._engine.result import EngineResult
-from .._engine.run import EngineConfig, StreamingEngine
+from .._engine.run import StreamingEngine
 from .._errors import ToolError
 from ..testing import FakeProvider, Stamp, Step
 from ..testing import steps as s
@@ -74,14 +75,14 @@ def demo_tools(scale: float = 1.0) -> List[Tool]:
     seconds = TOOL_SECONDS * scale
 
     @tool
-    def get_weather(city: str, ctx: ToolContext) -> dict:
+    def get_weather(city: str, ctx: ToolContext) -> Dict[str, Any]:
         """Current weather and the weekend forecast for a city."""
         if not ctx.sleep(seconds):
             raise ToolError("cancelled")
         return {"city": city, "saturday": "24 C, sunny", "sunday": "22 C, light wind"}
 
     @tool
-    def search_flights(origin: str, destination: str, ctx: ToolContext) -> dict:
+    def search_flights(origin: str, destination: str, ctx: ToolContext) -> Dict[str, Any]:
         """Direct flights between two airports (IATA codes) on Friday."""
         if not ctx.sleep(seconds):
             raise ToolError("cancelled")
