@@ -113,7 +113,7 @@ def tidy(schema: Mapping[str, Any]) -> Dict[str, Any]:
     defs = dict(schema.get("$defs", {}))
     kept: Set[str] = set()
     body = {k: v for k, v in schema.items() if k != "$defs"}
-    out = _clean(_inline(body, defs, (), kept))
+    out: Dict[str, Any] = _clean(_inline(body, defs, (), kept))
     pending, done = set(kept), set()
     while pending:  # a kept definition may itself keep others
         name = pending.pop()
@@ -300,7 +300,8 @@ def _without_null(node: Mapping[str, Any], value: Any) -> Mapping[str, Any]:
     """``Optional[X]`` -> ``X`` when the value is there (pydantic adds no union tag for it)."""
     options = node.get("anyOf")
     if value is not None and isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        return options[0] if options[1] == {"type": "null"} else options[1]
+        kept: Mapping[str, Any] = options[0] if options[1] == {"type": "null"} else options[1]
+        return kept
     return node
 
 
