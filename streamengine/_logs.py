@@ -36,7 +36,6 @@ loguru on its first log call (most runs never log anything).
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -44,11 +43,13 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, TextIO, Tuple, Union, cast
 
 if TYPE_CHECKING:
+    import logging
+
     from loguru import Logger, Message, Record
 
 #: Where :func:`enable_logging` may send the logs: what loguru's ``logger.add`` takes (a stream, a
 #: function of each formatted message, a ``logging.Handler``, or a file path).
-Sink = Union[TextIO, "Callable[[Message], None]", logging.Handler, str, "os.PathLike[str]"]
+Sink = Union[TextIO, "Callable[[Message], None]", "logging.Handler", str, "os.PathLike[str]"]
 
 MASK = "***"
 #: A known secret shorter than this is a placeholder (``ollama``, ``x``, ``sk-``), not worth hiding.

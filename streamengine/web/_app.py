@@ -33,7 +33,7 @@ import json
 import pkgutil
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypedDict, Union
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
@@ -129,6 +129,26 @@ Approve = Callable[[ToolCall, "WSGIEnvironment"], object]
 #: ``scope(environ)``: the run's RAG scope (``conversation_id``), or None for a scope of its own.
 Scope = Callable[["WSGIEnvironment"], Optional[str]]
 Route = Callable[["WSGIEnvironment"], Tuple[str, Headers, Iterable[bytes]]]
+
+
+class AppOptions(TypedDict, total=False):
+    """:class:`StreamApp`'s options but ``approve``: what ``serve(engine, **options)`` passes on, checked by name."""
+
+    system_prompt: Optional[str]
+    trusted_messages: bool
+    authorize: Optional[Authorize]
+    allowed_hosts: Optional[Iterable[str]]
+    allow_origin: Union[str, Iterable[str], None]
+    get_runs: bool
+    max_streams: int
+    max_streams_per_client: int
+    client_key: Optional[ClientKey]
+    retry_after_s: int
+    expose_errors: bool
+    stuck_reader_timeout_s: Optional[float]
+    heartbeat_s: Optional[float]
+    max_body_bytes: int
+    scope: Optional[Scope]
 
 
 class StreamApp:

@@ -26,7 +26,9 @@ from .._messages import PROG
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
 
-    from ._app import Approve
+    from typing_extensions import Unpack
+
+    from ._app import AppOptions, Approve
     from ._sse import EngineLike
 
 #: Open connections at most (each a file descriptor and a little memory, no thread):
@@ -188,7 +190,8 @@ def _refuse(conn: socket.socket, answer: bytes) -> None:
 def serve(engine: EngineLike, *, host: str = "127.0.0.1", port: int = 8000, threads: int = 32,
           approve: Optional[Approve] = None, out: Optional[TextIO] = None,
           stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None,
-          max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT, **app_options: Any) -> None:
+          max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT,
+          **app_options: Unpack[AppOptions]) -> None:
     """Serve ``make_wsgi_app(engine, approve=approve, **app_options)`` under waitress until stopped.
 
     It stops on Ctrl-C, on SIGTERM (when run in the main thread) or when
