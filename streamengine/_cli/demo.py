@@ -233,8 +233,9 @@ def format_summary(report: DemoReport) -> str:
         lines.append("No tool ran, so there is nothing to compare.")
         return "\n".join(lines)
     lines += ["", "The same work if the tools had waited for the stream's end (arithmetic on the numbers above):"]
-    for label, sequential, amount, what in (("in parallel after the stream", False, report.longest_tool, "longest tool"),
-                                            ("one by one after the stream", True, report.tools_sum, "sum of tools")):
+    ways = (("in parallel after the stream", False, report.longest_tool, "longest tool"),
+            ("one by one after the stream", True, report.tools_sum, "sum of tools"))
+    for label, sequential, amount, what in ways:
         saved = report.saved(sequential)
         lines.append(f"  {label:<30} {report.stream_end:.2f} + {amount:.2f} ({what}) -> total "
                      f"{report.total + saved:.2f}s, overlap saved {saved:.2f}s")

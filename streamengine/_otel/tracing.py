@@ -649,7 +649,8 @@ class RunTrace:
             return None
         with self._lock:
             windows = [(chat.started, chat.ended_at or time.monotonic()) for chat in self._chats]
-        overlap: float = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at)) for start, end in windows)
+        overlap: float = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at))
+                             for start, end in windows)
         return overlap
 
     # --- the end ---------------------------------------------------------------------------------

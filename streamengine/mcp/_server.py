@@ -60,7 +60,8 @@ class McpServer:
     ``StreamingEngine(tools=...)``, beside Python tools and other servers'.
     """
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Optional[Logger] = None, protocol: str = "auto") -> None:
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Optional[Logger] = None,
+                 protocol: str = "auto") -> None:
         self.name = endpoint.name
         self.startup_timeout = check_seconds(startup_timeout, "startup_timeout")
         endpoint.protocol = _check_protocol(protocol)
@@ -236,7 +237,8 @@ class McpServer:
         if traced is None:
             return await self._answer(tool, arguments, None)
         from .._otel.tracing import end_mcp_client_span, mcp_client_span
-        span, meta = mcp_client_span(traced, tool.remote_name, "pipe" if isinstance(self._endpoint, StdioEndpoint) else "tcp")
+        transport = "pipe" if isinstance(self._endpoint, StdioEndpoint) else "tcp"
+        span, meta = mcp_client_span(traced, tool.remote_name, transport)
         error: Optional[BaseException] = None
         try:
             return await self._answer(tool, arguments, meta)

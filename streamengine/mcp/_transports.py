@@ -55,7 +55,21 @@ import signal
 import subprocess
 import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import anyio
 import httpx2
@@ -71,6 +85,9 @@ from ..tools._schema import _NAME_RE
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, Process
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+    #: What the stdio transport yields to the session: the stream it reads and the one it writes.
+    StdioStreams = Tuple[MemoryObjectReceiveStream["Incoming"], MemoryObjectSendStream[SessionMessage]]
 
 #: What the session reads from a transport: a message, or the error a line that could not be parsed gave.
 Incoming = Union[SessionMessage, Exception]
@@ -217,9 +234,9 @@ async def http_transport(url: str, headers: Dict[str, str], limit: int) -> Async
     headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
     async with httpx2.AsyncClient(headers={**headers, "Accept-Encoding": "identity"},
                                   timeout=httpx2.Timeout(30.0, read=300.0),
-                                  event_hooks={"response": [_capping(limit)]}) as http:
-        async with streamable_http_client(url, http_client=http, max_sse_event_size=limit) as streams:
-            yield streams
+                                  event_hooks={"response": [_capping(limit)]}) as http, \
+            streamable_http_client(url, http_client=http, max_sse_event_size=limit) as streams:
+        yield streams
 
 
 #: Lines of stderr kept for error messages, and the characters kept of each.
@@ -262,8 +279,7 @@ class ProcessState:
 
 @contextlib.asynccontextmanager
 async def stdio_transport(command: str, args: List[str], env: Optional[Dict[str, str]], cwd: Optional[str],
-                          state: ProcessState, limit: int,
-                          ) -> AsyncIterator[Tuple[MemoryObjectReceiveStream[Incoming], MemoryObjectSendStream[SessionMessage]]]:
+                          state: ProcessState, limit: int) -> AsyncIterator[StdioStreams]:
     """Start ``command args`` and yield the (read, write) streams the MCP session drives."""
     process = await anyio.open_process([command, *args], env={**get_default_environment(), **(env or {})},
                                        cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

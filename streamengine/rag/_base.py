@@ -274,7 +274,8 @@ class _StoreBase:
         vectors, label = self._embedding.for_storage(about, [text for _, text, _ in rows], embed_model)
         return rows, vectors, label, counts
 
-    def _checked_query(self, query: str, k: int, source: Optional[str], scope: str) -> Tuple[bool, Optional[List[float]]]:
+    def _checked_query(self, query: str, k: int, source: Optional[str],
+                       scope: str) -> Tuple[bool, Optional[List[float]]]:
         """Whether there is anything to search for, and the query's unit vector (None: keywords only)."""
         _check_search_args(query, k, source, scope)
         if not query.strip():

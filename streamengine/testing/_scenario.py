@@ -732,7 +732,7 @@ def _excerpt(text: str, limit: int = 120) -> str:
 
 
 def _compact(names: Sequence[str]) -> str:
-    """``round token×12 tool_start ...``: consecutive repeats folded."""
+    """``round token×12 tool_start ...``: consecutive repeats folded."""  # noqa: RUF002 - the sign the transcript prints
     out: List[Tuple[str, int]] = []
     for name in names:
         if out and out[-1][0] == name:
@@ -759,7 +759,7 @@ def _transcript(events: Sequence[Event]) -> str:
         elif isinstance(event, DoneEvent):
             lines.append("done " + json.dumps(dataclasses.asdict(event.result.telemetry)))
         else:
-            lines.append(f"{event.name} {json.dumps({k: v for k, v in vars(event).items()}, default=str)}")
+            lines.append(f"{event.name} {json.dumps(dict(vars(event)), default=str)}")
     if text:
         lines.append("token " + json.dumps("".join(text), ensure_ascii=False))
     return "\n".join(lines)

@@ -10,7 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish', 'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall', 'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
+__all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish',
+           'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall',
+           'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
 
 _POLL_S = 0.02
 _TIMING = frozenset({"delay", "wait", "signal"})

@@ -25,7 +25,6 @@ from .._messages import PROG
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
-
     from typing_extensions import Unpack
 
     from ._app import AppOptions, Approve
@@ -354,9 +353,8 @@ def finish_closing(trigger: Any, socket_map: Dict[Any, Any], wasyncore: Any) -> 
 
 def _close_all(socket_map: Dict[Any, Any], wasyncore: Any, keep_trigger: bool = False) -> None:
     for dispatcher in list(socket_map.values()):
-        if hasattr(dispatcher, "pull_trigger"):
-            if keep_trigger:
-                continue
+        if hasattr(dispatcher, "pull_trigger") and keep_trigger:
+            continue
         try:
             if hasattr(dispatcher, "write_soon"):
                 dispatcher.handle_close()  # a channel: wakes task threads blocked writing to it

@@ -86,8 +86,24 @@ import time
 from collections import abc
 from itertools import repeat
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generator, Iterable, Iterator, List, Optional,
-                    Protocol, Sequence, Tuple, TypedDict, cast)
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    FrozenSet,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypedDict,
+    cast,
+)
 
 from .._cancel import CancelToken
 from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent
@@ -514,7 +530,7 @@ class PublicErrors:
                 answer = answer.replace(warning, shown)
         telemetry = getattr(result, "telemetry", None)
         failures = getattr(telemetry, "failed_attempts", None)
-        if failures and telemetry is not None and not self.expose:  # which model failed and how, not what its provider said
+        if failures and telemetry is not None and not self.expose:  # which model failed and how, not what it said
             telemetry = dataclasses.replace(telemetry, failed_attempts=[
                 ": ".join(line.split(": ", 2)[:2]) for line in failures])
         return done_frame(result, answer, telemetry)
@@ -525,7 +541,7 @@ class PublicErrors:
             f"the answer failed (request id {self.request_id}; details are in the server log)"
         return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
 
-    _SPECIAL: Dict[str, Callable[[PublicErrors, object], bytes]] = {
+    _SPECIAL: ClassVar[Dict[str, Callable[[PublicErrors, object], bytes]]] = {
         "error": _error, "tool_result": _tool_result, "done": _done,
     }
 
@@ -550,7 +566,8 @@ class SseResponse:
     def __init__(self, engine: EngineLike, messages: Sequence[Message], *, heartbeat_s: Optional[float],
                  disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
                  errors: Optional[PublicErrors] = None, logger: Optional[Logger] = None,
-                 run_options: Optional[RunOptions] = None, drop_connection: Optional[Callable[[], None]] = None) -> None:
+                 run_options: Optional[RunOptions] = None,
+                 drop_connection: Optional[Callable[[], None]] = None) -> None:
         self.cancel = CancelToken()
         self._drop = drop_connection
         tick = heartbeat_s
