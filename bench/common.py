@@ -95,7 +95,7 @@ def median(values: Sequence[float]) -> float:
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100) of a non-empty sample."""
     ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, int(round(p / 100.0 * len(ordered) + 0.5)) - 1))
+    k = max(0, min(len(ordered) - 1, round(p / 100.0 * len(ordered) + 0.5) - 1))
     return ordered[k]
 
 

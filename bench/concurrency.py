@@ -151,7 +151,7 @@ def run(server: Server, sessions: int = 200, baseline_runs: int = 3) -> Dict[str
                 stop.wait(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
-        results = [dict() for _ in range(sessions)]
+        results = [{} for _ in range(sessions)]
         barrier = threading.Barrier(sessions + 1)
         threads = [threading.Thread(target=_session, args=(app.port, barrier, results[i]), daemon=True)
                    for i in range(sessions)]

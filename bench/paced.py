@@ -163,7 +163,7 @@ def _in_fresh_process(spec: Dict[str, Any]) -> Dict[str, Any]:
     code = f"import sys; sys.path.append({ROOT!r}); from bench.paced import _worker; _worker()"
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=os.path.join(ROOT, "bench"),
-                         capture_output=True, text=True, env=env, timeout=600)
+                         capture_output=True, text=True, check=False, env=env, timeout=600)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-600:]}
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -53,7 +53,8 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
            f"at once; each {t['tokens']} tokens at {t['rate']:.0f} tokens/s, one frame per read; figures from the "
            f"steady window only (after the ramp, before the drain); relay = requests -> WSGI generator, no engine",
            f"   {'server / app':<18}{'C':>5}{'open':>6}{'done':>10}{'CPU us/tok':>11}{'x relay':>8}{'cores':>7}"
-           f"{'sys':>5}{'gc':>5}{'TTFT p50':>9}{'p99 ms (n)':>15}{'late p99':>9}{'thr/sess':>9}{'KB/sess':>8}{'other':>7}"]
+           f"{'sys':>5}{'gc':>5}{'TTFT p50':>9}{'p99 ms (n)':>15}{'late p99':>9}"
+           f"{'thr/sess':>9}{'KB/sess':>8}{'other':>7}"]
     ratios: Dict[str, List[float]] = {}
     busy = 0.0
     for name, row in t["rows"].items():
@@ -79,7 +80,8 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
                "other = cores other processes used")
     lag = max((lv.get("upstream_lag_p99_ms") or 0) for row in t["rows"].values() for lv in row["levels"].values())
     if lag > 5:
-        out.append(f"   the upstream itself ran up to {lag:.1f} ms late (p99): the machine, not only the app, was short of CPU")
+        out.append(f"   the upstream itself ran up to {lag:.1f} ms late (p99): "
+                   "the machine, not only the app, was short of CPU")
     if busy > BUSY_CORES:
         verdict = lambda ok: f"NOT COMPARABLE (machine busy: other processes used up to {busy:.2f} cores)"  # noqa: E731
     targets = [f"{server} engine CPU/token <= 1.2x relay: {verdict(max(xs) <= 1.2)} (worst {max(xs):.2f}x)"
@@ -88,7 +90,8 @@ def served(t: Dict[str, Any], verdict: Verdict) -> List[str]:
                if name.endswith("/engine") for c, lv in row["levels"].items()]
     if threads:
         worst, where = max(threads)
-        targets.append(f"engine threads per open session <= 1.05: {verdict(worst <= 1.05)} (worst {worst:.2f}, {where})")
+        targets.append(f"engine threads per open session <= 1.05: {verdict(worst <= 1.05)} "
+                       f"(worst {worst:.2f}, {where})")
     targets += [_ttft_target(t["rows"], server, verdict) for server in ratios]
     out.append("   targets: " + "; ".join(targets))
     return out

@@ -68,7 +68,7 @@ def parser_times(repeats: int = 5, base: int = 5_000) -> Dict[str, Any]:
             for scale in (1, 10, 100):
                 if scale == 100 and rep >= max(1, repeats - 2):
                     continue
-                times[scale].append(_cpu(lambda: _parse(tokens, scale)))
+                times[scale].append(_cpu(lambda tokens=tokens, scale=scale: _parse(tokens, scale)))
         out[f"{size}char"] = dict({f"{k}x": median(v) for k, v in times.items()}, tokens_1x=len(tokens))
     return out
 
@@ -116,10 +116,12 @@ def engine_times(server: Server, repeats: int = 9, base: int = 2_000) -> Dict[st
                 engines[scale] = _engine(server, model)
                 engines[scale].complete(messages)  # warm-up
             times: Dict[int, List[float]] = {1: [], 10: [], 100: []}
-            for rep in range(repeats):
+            for _ in range(repeats):
                 for scale, engine in engines.items():
                     box: Dict[str, Any] = {}
-                    times[scale].append(_cpu(lambda: box.setdefault("r", engine.complete(messages))))
+                    def run(box: Dict[str, Any] = box, engine: Any = engine) -> None:
+                        box["r"] = engine.complete(messages)
+                    times[scale].append(_cpu(run))
                     if len(box["r"].answer) != base * scale * size:
                         raise RuntimeError(f"scaling: answer of {len(box['r'].answer)} chars, "
                                            f"expected {base * scale * size}")
@@ -149,12 +151,13 @@ def memory(server: Server, big: int = 1_000_000) -> Dict[str, Any]:
     _parse(tokens)  # imports and first-call caches stay out of the figures
     for n in (10_000, big):
         copies = max(1, round(n / len(tokens)))
-        out["parser"][str(n)] = {"peak_bytes": _peak(lambda: _parse(tokens, copies)), "answer_bytes": 0}
+        out["parser"][str(n)] = {"peak_bytes": _peak(lambda copies=copies: _parse(tokens, copies)), "answer_bytes": 0}
         model = server.script(f"mem-{n}", [seg(_compact("a"), repeat=n), seg(_finish())])
         with _engine(server, model) as engine:
             engine.complete([{"role": "user", "content": "warm"}])
             box = {}
-            peak = _peak(lambda: box.setdefault("r", engine.complete([{"role": "user", "content": "m"}])))
+            ask = [{"role": "user", "content": "m"}]
+            peak = _peak(lambda box=box, engine=engine, ask=ask: box.setdefault("r", engine.complete(ask)))
             answer = len(box.pop("r").answer)
             if answer != n:
                 raise RuntimeError(f"memory: answer of {answer} chars, expected {n}")

@@ -359,8 +359,8 @@ def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS,
                     sessions = _sessions_for(c, quick, tokens)
                     rows[kind][str(c)] = _level(app, upstream, c, sessions, idle[kind], tokens)
             for kind in KINDS:
-                out["rows"][f"{server}/{kind}"] = dict(levels=rows[kind], idle_threads=idle[kind]["threads"],
-                                                      idle_rss=idle[kind]["rss"])
+                out["rows"][f"{server}/{kind}"] = {"levels": rows[kind], "idle_threads": idle[kind]["threads"],
+                                                      "idle_rss": idle[kind]["rss"]}
         finally:
             for app in apps.values():
                 app.close()

@@ -182,7 +182,7 @@ def measure(server: Any, model: str, warm: str, n: int, repeats: int, sdk_repeat
                 if answer != expected:
                     raise RuntimeError(f"throughput/{key}: got {len(answer)} chars, expected {len(expected)}")
                 times[key].append(elapsed)
-        for rep in range(repeats, sdk_repeats):  # the SDK's runs beyond the shared rounds
+        for _ in range(repeats, sdk_repeats):  # the SDK's runs beyond the shared rounds
             if "openai_sdk" in runners:
                 t0 = time.perf_counter()
                 runners["openai_sdk"](model)
@@ -211,7 +211,7 @@ def _in_fresh_process(spec: Dict[str, Any]) -> Dict[str, List[float]]:
     code = (f"import sys; sys.path.append({ROOT!r}); "
             f"from bench.throughput import _worker; _worker()")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=os.path.join(ROOT, "bench"),
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"throughput worker failed: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

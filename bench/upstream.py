@@ -195,7 +195,7 @@ class Upstream:
             self._burst(stream)
             return
         self.lags.append(now - stream.due)
-        text = " t%.6f" % time.monotonic() if stream.stamp else " w"
+        text = f" t{time.monotonic():.6f}" if stream.stamp else " w"
         self._send(conn, chunk(token_frame(text)))
         self._count(stream, 1)
         if stream.left:

@@ -1,4 +1,4 @@
-# Sourced by scripts/test and scripts/demo: make .venv and install the package
+# Sourced by scripts/test, scripts/check and scripts/demo: make .venv and install the package
 # into it once, again only when setup.cfg changes (so a fresh clone just works).
 # It says what it is doing on stderr; pip's own output goes to .venv/install.log
 # and is shown only if the install fails.
@@ -16,7 +16,8 @@ elif [ ! -f "$STAMP" ] || [ "$ROOT/setup.cfg" -nt "$STAMP" ]; then
 fi
 if [ ! -f "$STAMP" ] || [ "$ROOT/setup.cfg" -nt "$STAMP" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip >"$LOG" 2>&1 || true
-  if ! "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]" >>"$LOG" 2>&1; then
+  # The test extra for scripts/test, the check extra (ruff, mypy, stubs) for scripts/check.
+  if ! "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test,check]" >>"$LOG" 2>&1; then
     echo "installing streamengine into .venv failed; the end of $LOG:" >&2
     tail -n 30 "$LOG" >&2
     exit 1

@@ -16,15 +16,20 @@ provider's answer or an MCP server's error hides the same things:
 * **Known secrets by value**, only those long enough to be secrets
   (:data:`MIN_SECRET_CHARS`): a dummy key such as ``ollama`` or ``x`` must not
   turn "ollama pull llama3.2" into "*** pull llama3.2".
+* **URLs the owner gave** (an MCP server's endpoint) are shown with only
+  their credentials masked (:func:`redact_credentials`, userinfo and
+  credential-named parameters), so a user still reads which URL it was; a
+  :class:`Redactor` keeps them as they are (``shown=``).
 
 Text for a terminal: control characters shown, never obeyed.
 
 Model, tool and MCP server text is hostile input, and a terminal obeys what
 it is sent: ``ESC ] 52`` writes the clipboard, ``ESC ] 8`` hides a link
 behind harmless words, ``ESC [ 2J`` clears the screen, a bidi override
-reorders what a person reads.  :func:`for_terminal` replaces each such
-character one by one with a visible stand-in, so it is as safe on a stream
-cut into tokens (an escape sequence split between two) as on whole lines.
+reorders what a person reads, a zero-width character hides a difference.
+:func:`for_terminal` replaces each such character one by one with a visible
+stand-in, so it is as safe on a stream cut into tokens (an escape sequence
+split between two) as on whole lines.
 
 Logging: loguru, silent until the application asks for it, and imported when first needed.
 
@@ -41,6 +46,7 @@ import re
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, TextIO, Tuple, Union, cast
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     import logging
@@ -59,18 +65,26 @@ MIN_SECRET_CHARS = 8
 # inside a word or a path (so "a/b" in prose is left alone).
 _URL = re.compile(r"(?:\b[A-Za-z][A-Za-z0-9+.\-]*://|(?<![\w/.\-])/(?=[\w.~%\-]))[^\s'\"<>`]*")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)([^/?#@]*)@")
-_QUERY_VALUE = re.compile(r"([?&;][^=&;#]*=)([^&;#]*)")
+_QUERY_VALUE = re.compile(r"([?&;]([^=&;#]*)=)([^&;#]*)")
+#: Query parameter names whose values are credentials (``token``, ``api_key``, ``X-Amz-Signature``...).
+CREDENTIAL_PARAM = re.compile(r"auth|key|token|secret|passw|pwd|sig|credential|session|cookie|jwt", re.I)
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its userinfo and query values masked; everything else kept."""
+def redact_url(url: str, masked: Callable[[str], bool] = lambda name: True) -> str:
+    """``url`` with its userinfo and the query values of parameters ``masked`` names (all) masked."""
     url = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", url, count=1)
     head, hash_, fragment = url.partition("#")
     path, question, query = head.partition("?")
     if not question:
         return url
-    return path + _QUERY_VALUE.sub(lambda m: m.group(1) + (MASK if m.group(2) else ""), "?" + query) \
-        + hash_ + fragment
+    return path + _QUERY_VALUE.sub(
+        lambda m: m.group(1) + (MASK if m.group(3) and masked(unquote(m.group(2))) else m.group(3)),
+        "?" + query) + hash_ + fragment
+
+
+def redact_credentials(url: str) -> str:
+    """``url`` with its userinfo and credential-named query values masked: a URL its owner still reads."""
+    return redact_url(url, lambda name: bool(CREDENTIAL_PARAM.search(name)))
 
 
 def redact_urls(text: str) -> str:
@@ -94,30 +108,43 @@ def secret_forms(secrets: Iterable[Optional[str]]) -> Tuple[str, ...]:
 
 
 class Redactor:
-    """Masks URLs by structure and the given secrets by value; ``Redactor()(text)`` is the safe text."""
+    """Masks URLs by structure and the given secrets by value; ``Redactor()(text)`` is the safe text.
 
-    __slots__ = ("secrets",)
+    ``shown``: URLs already made safe to show (:func:`redact_credentials`), kept as they are.
+    """
 
-    def __init__(self, secrets: Iterable[Optional[str]] = ()) -> None:
+    __slots__ = ("secrets", "shown")
+
+    def __init__(self, secrets: Iterable[Optional[str]] = (), shown: Iterable[str] = ()) -> None:
         self.secrets = secret_forms(secrets)
+        self.shown = tuple(sorted(set(shown), key=len, reverse=True))
 
     def __call__(self, text: str) -> str:
+        kept = [url for url in self.shown if url in text]
+        for i, url in enumerate(kept):
+            text = text.replace(url, f"\x00{i}\x00")
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, MASK)
-        return redact_urls(text)
+        text = redact_urls(text)
+        for i, url in enumerate(kept):
+            text = text.replace(f"\x00{i}\x00", url)
+        return text
 
     def with_secrets(self, secrets: Iterable[Optional[str]]) -> Redactor:
         """A redactor that also hides ``secrets`` (a request's own credential headers)."""
-        return Redactor(list(self.secrets) + list(secrets))
+        return Redactor(list(self.secrets) + list(secrets), self.shown)
 
 
 #: For text that carries no known secret, only URLs.
 redact = Redactor()
 
 
-#: Bidi embedding, override and isolate controls: they reorder the text around them.
-_BIDI = tuple(range(0x202A, 0x202F)) + tuple(range(0x2066, 0x206A))
+#: Bidi embedding, override and isolate controls and marks (U+061C, U+200E-U+200F): they reorder the text
+#: around them.  Zero-width characters (U+200B-U+200D, U+FEFF): they hide a difference a person cannot
+#: see (two names that look the same, a word split so a filter misses it).
+_INVISIBLE = ((0x061C, 0xFEFF) + tuple(range(0x200B, 0x2010)) + tuple(range(0x202A, 0x202F))
+              + tuple(range(0x2066, 0x206A)))
 
 
 def _table() -> Dict[int, str]:
@@ -126,7 +153,7 @@ def _table() -> Dict[int, str]:
         if chr(code) not in "\t\n":
             table[code] = "^" + chr(code + 0x40)  # caret notation, as cat -v and less show them: ESC is ^[
     table[0x7F] = "^?"
-    for code in tuple(range(0x80, 0xA0)) + _BIDI:  # C1 controls (0x9B is an 8-bit CSI) and bidi controls
+    for code in tuple(range(0x80, 0xA0)) + _INVISIBLE:  # C1 controls (0x9B is an 8-bit CSI), bidi, zero-width
         table[code] = f"<U+{code:04X}>"
     return table
 

@@ -46,10 +46,11 @@ def provider():
 
 
 # Modules whose tests share a module-scoped resource worth making once: a Chromium, a process
-# pool, a Dask cluster.  Under pytest-xdist each runs whole on one worker; every other test is
-# scheduled on its own, wherever a worker is free.
+# pool, a Dask cluster, a mypy run.  Under pytest-xdist each runs whole on one worker; every other
+# test is scheduled on its own, wherever a worker is free.
 ONE_WORKER_MODULES = frozenset({
     "tests/web/test_browser.py", "tests/engine/test_engine_remote.py", "tests/tools/test_executor_remote.py",
+    "tests/test_types.py",
 })
 
 

@@ -25,7 +25,7 @@ LAYERS = [
     ("clients", ["_clients"]),
     ("tools", ["tools"]),
     ("one call", ["_calls"]),
-    ("stores", ["rag"]),
+    ("stores", ["rag", "runs"]),  # runs: the run logs (memory, SQLite, Redis, PostgreSQL)
     ("mcp", ["mcp"]),
     ("one run", ["_engine", "_otel"]),  # _otel: spans and metrics of a run, imported by _engine/run.py
     ("testing", ["testing"]),  # the fake provider and scenarios; the CLI's demo and harness use them
@@ -148,10 +148,11 @@ def test_no_module_is_a_monster():
 
 TESTS = ROOT / "tests"
 #: Tests of the package as a whole; every other test lives in the folder of what it tests.
-WHOLE_PACKAGE_TESTS = {"conftest.py", "test_architecture.py", "test_install.py", "test_public_api.py", "test_readme.py"}
+WHOLE_PACKAGE_TESTS = {"conftest.py", "test_architecture.py", "test_install.py", "test_public_api.py", "test_readme.py",
+                       "test_types.py"}
 #: One folder per part of the package (``mcp_client``, not ``mcp``: that would shadow the SDK), and ``support``.
-TEST_FOLDERS = {"core", "calls", "engine", "clients", "tools", "web", "cli", "rag", "mcp_client", "otel", "testing",
-                "support"}
+TEST_FOLDERS = {"core", "calls", "engine", "clients", "tools", "web", "cli", "rag", "runs", "mcp_client", "otel",
+                "testing", "support"}
 
 
 def test_tests_are_laid_out_like_the_package():

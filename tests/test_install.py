@@ -125,7 +125,7 @@ def first_readme_example() -> str:
 
 def test_the_installation_section_names_every_extra_and_the_wheel() -> None:
     section = README.split("Installation\n------------\n", 1)[1].split("\nExample\n-------\n", 1)[0]
-    extras = set(SETUP["options.extras_require"]) - {"test", "bench"}
+    extras = set(SETUP["options.extras_require"]) - {"test", "bench", "check"}  # for developers, not users
     described = set(re.findall(r"^``(\w+)``  ", section, re.M))
     assert described == extras, f"setup.cfg's extras {sorted(extras)}, the README's table {sorted(described)}"
     assert f'pip install "dist/{WHEEL}[serve]"' in section

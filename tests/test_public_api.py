@@ -8,7 +8,7 @@ import pytest
 import streamengine
 
 PUBLIC_MODULES = ["streamengine", "streamengine.web", "streamengine.tools", "streamengine.rag", "streamengine.mcp",
-                  "streamengine.testing", "streamengine.wsgi"]
+                  "streamengine.testing", "streamengine.wsgi", "streamengine.runs"]
 
 
 def test_all_is_sorted_and_unique():
@@ -95,7 +95,7 @@ def test_importing_the_package_imports_no_heavy_dependency():
 def test_every_public_package_exports_only_names_it_defines():
     import importlib
     for package in ("streamengine.tools", "streamengine.rag", "streamengine.web", "streamengine.testing",
-                    "streamengine.wsgi"):
+                    "streamengine.wsgi", "streamengine.runs"):
         module = importlib.import_module(package)
         assert list(module.__all__) == sorted(set(module.__all__)), package
         assert [name for name in module.__all__ if not hasattr(module, name)] == [], package

@@ -1,14 +1,17 @@
 """What ``StreamingEngine.run()`` yields to its caller, and what the web layer turns into frames.
 
 :class:`TokenEvent`, :class:`ToolStartEvent` and friends each carry a
-``name`` class attribute that is the SSE event name.  Call-level hooks (a
+``name`` class attribute that is the SSE event name, typed as its ``Literal``
+so that ``if event.name == "token": event.text`` narrows the :data:`Event`
+union for a type checker (a class attribute, not a field: it stays out of
+``dataclasses.fields``, equality, pickles and ``vars``).  Call-level hooks (a
 chunk event per chunk read, observers of whole responses) are one layer
 down, in :mod:`streamengine._calls.hooks`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, ClassVar, Literal, Optional, Union
 
 from .._messages import ToolCall
 
@@ -23,7 +26,7 @@ if TYPE_CHECKING:  # engine-level types live in upper layers; only hints need th
 class TokenEvent:
     """Visible answer text, as it streams."""
 
-    name: ClassVar[str] = "token"
+    name: ClassVar[Literal["token"]] = "token"
     text: str
 
     # By hand, not generated: one per visible token (see messages.Chunk).
@@ -35,7 +38,7 @@ class TokenEvent:
 class ToolStartEvent:
     """A tool's function was entered: its deadline counts from here (not from a wait for a worker)."""
 
-    name: ClassVar[str] = "tool_start"
+    name: ClassVar[Literal["tool_start"]] = "tool_start"
     call: ToolCall
 
 
@@ -51,7 +54,7 @@ class ToolResultEvent:
     arguments that could not be read), ``"pool_busy"``, ``"cancelled"``.
     """
 
-    name: ClassVar[str] = "tool_result"
+    name: ClassVar[Literal["tool_result"]] = "tool_result"
     result: ToolResult
     skipped: Optional[str] = None
 
@@ -65,7 +68,7 @@ class RefusalEvent:
     finished normally.
     """
 
-    name: ClassVar[str] = "refusal"
+    name: ClassVar[Literal["refusal"]] = "refusal"
     text: str
     round: int = 1
 
@@ -74,7 +77,7 @@ class RefusalEvent:
 class RoundEvent:
     """A new model round began (round 1 is the first answer, 2 the first continuation)."""
 
-    name: ClassVar[str] = "round"
+    name: ClassVar[Literal["round"]] = "round"
     round: int
 
 
@@ -87,7 +90,7 @@ class ErrorEvent:
     that could not be read, a result that could not be filed in the store).
     """
 
-    name: ClassVar[str] = "error"
+    name: ClassVar[Literal["error"]] = "error"
     message: str
     fatal: bool = True
 
@@ -100,7 +103,7 @@ class ResetEvent:
     failed mid-answer and another model is left; ``reason`` says which failed.
     """
 
-    name: ClassVar[str] = "reset"
+    name: ClassVar[Literal["reset"]] = "reset"
     round: int
     reason: str
 
@@ -109,7 +112,7 @@ class ResetEvent:
 class DoneEvent:
     """The run ended; ``result`` holds the answer and telemetry."""
 
-    name: ClassVar[str] = "done"
+    name: ClassVar[Literal["done"]] = "done"
     result: EngineResult
 
 
@@ -121,7 +124,7 @@ class HeartbeatEvent:
     notice a gone client.
     """
 
-    name: ClassVar[str] = "heartbeat"
+    name: ClassVar[Literal["heartbeat"]] = "heartbeat"
 
 
 Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent,

@@ -242,23 +242,41 @@ class FilingQueue:
             try:
                 chunks = chunks_for_ingest(job.result.text, config.chunk_size, config.chunk_overlap)
             except Exception as exc:  # the store is an aid: never raises
-                self._failed([job], exc)
-                self._progress([job], filed=0)
+                self._settle([job], exc)
                 continue
             filings.append((job, Filing(f"tool:{job.result.name}:{job.result.call_id}", chunks, job.scope)))
         if self._add_many is not None and filings:
-            self._store_call([job for job, _ in filings], self._add_many, [filing for _, filing in filings],
-                             config.embed_model)
+            self._file_together(self._add_many, filings)
             return
         for job, filing in filings:
-            self._store_call([job], self.store.add_chunks, filing.source, filing.chunks, config.embed_model,
-                             scope=filing.scope)
+            self._settle([job], _attempt(self.store.add_chunks, filing.source, filing.chunks, config.embed_model,
+                                         scope=filing.scope))
 
-    def _store_call(self, jobs: List[Job], call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        try:
-            call(*args, **kwargs)
-        except Exception as exc:  # the store is an aid: never raises
-            self._failed(jobs, exc)
+    def _file_together(self, add_many: Callable[..., Any], filings: List[Tuple[Job, Any]]) -> None:
+        """One ``add_many`` call (all or none); if it fails, each filing again alone, so one result the store
+        refuses fails alone, with its own cause, not the other runs' results that shared its batch.
+
+        The retries stop after ``filing_timeout`` (a store that is down fails every one of them); what is
+        left fails with the batch's cause."""
+        jobs = [job for job, _ in filings]
+        embed_model = self._config.embed_model
+        problem = _attempt(add_many, [filing for _, filing in filings], embed_model)
+        if problem is None or len(filings) == 1:
+            self._settle(jobs, problem)
+            return
+        self._log.info("filing {} results together failed ({}: {}); filing each alone",
+                       len(filings), type(problem).__name__, problem)
+        give_up_at = time.monotonic() + self._config.filing_timeout
+        for job, filing in filings:
+            if time.monotonic() >= give_up_at:
+                self._settle([job], problem)
+            else:
+                self._settle([job], _attempt(add_many, [filing], embed_model))
+
+    def _settle(self, jobs: List[Job], problem: Optional[Exception]) -> None:
+        """A store call for ``jobs`` returned: filed (``problem`` None) or failed with ``problem``."""
+        if problem is not None:
+            self._failed(jobs, problem)
             self._progress(jobs, filed=0)
             return
         for job in jobs:
@@ -279,11 +297,20 @@ class FilingQueue:
 
     def _failed(self, jobs: List[Job], exc: Exception) -> None:
         names = sorted({job.result.name for job in jobs})
-        self._log.opt(exception=True).warning("could not file {} result(s) of tool(s) {} in the RAG store: {}",
+        self._log.opt(exception=exc).warning("could not file {} result(s) of tool(s) {} in the RAG store: {}",
                                               len(jobs), names, exc)
         for job in jobs:
             job.ticket.fail(f"the result of tool '{job.result.name}' could not be filed in the RAG store "
                             f"({type(exc).__name__}: {exc}); a later rag_search will not find it")
+
+
+def _attempt(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional[Exception]:
+    """``call(...)``; what it raised, or None (the store is an aid: filing never raises)."""
+    try:
+        call(*args, **kwargs)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def batch_adder(store: Any) -> Optional[Callable[..., Any]]:

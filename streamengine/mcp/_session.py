@@ -16,9 +16,14 @@ The SDK starts one task per request a server sends (``ping``, ``roots/list``,
 written.  A server that sends requests in a loop and stops reading its
 stdin grew the loop by 16,000 tasks and 150 MB in 5 s.  The gate sits
 between the transport and the session: at most :data:`MAX_SERVER_REQUESTS`
-of a server's requests are open at once (answered, or cancelled by the
-server, closes one); past it, further requests are dropped unanswered (the
-server is not reading its answers anyway) and a warning says so once.
+of a server's requests are open at once; past it, further requests are
+dropped unanswered (the server is not reading its answers anyway) and a
+warning says so once.  A request stays open until the session has written
+its answer or settled it unanswered (the SDK's ``on_request_unanswered``
+hook, after a cancel took effect): a ``notifications/cancelled`` alone frees
+nothing, since the answer may already be stuck in the write.  A request
+reusing the id of one still open is dropped (JSON-RPC ids are unique among
+open requests), so one answer always frees exactly one request.
 Notifications need no gate: the session handles each at once, and a
 changed tool list is re-read one list at a time (``_session``).
 
@@ -38,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import re
 import threading
 from typing import (
@@ -59,6 +65,7 @@ import anyio
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from ._tools import McpToolError
 from ._transports import Endpoint
@@ -163,31 +170,51 @@ MAX_SERVER_REQUESTS = 32
 
 
 class RequestGate:
+    """The open requests of one server, by id; what `_Receive` lets through and `_Send` sees answered."""
+
     def __init__(self, limit: int, warn: Callable[[str], None]) -> None:
         self.limit, self._warn = limit, warn
-        self.open: Set[Any] = set()
-        self.dropped = 0
+        self.open: Set[str] = set()
+        self._told: Set[str] = set()
 
-    def admit(self, item: Any) -> bool:
-        """Whether an incoming item goes on to the session (False: a request past the limit)."""
+    def admit(self, item: Any) -> Optional[Any]:
+        """``item`` as it goes on to the session, or None: a request dropped (reused id, or past the limit)."""
         message = getattr(item, "message", None)
-        if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
-            self.open.discard(str((message.params or {}).get("requestId")))
         if not isinstance(message, types.JSONRPCRequest):
-            return True
+            return item
+        key = str(message.id)
+        if key in self.open:
+            self._warn_once("reused", f"it reuses request id {key!r} while a request with it is still open; "
+                                      "such requests are dropped unanswered")
+            return None
         if len(self.open) >= self.limit:
-            self.dropped += 1
-            if self.dropped == 1:
-                self._warn(f"it has {self.limit} requests to this client open and sends more without reading "
-                           "the answers; further requests are dropped unanswered")
-            return False
-        self.open.add(str(message.id))
-        return True
+            self._warn_once("full", f"it has {self.limit} requests to this client open and sends more without "
+                                    "reading the answers; further requests are dropped unanswered")
+            return None
+        self.open.add(key)
+        return self._told_when_unanswered(item, key)
 
     def answered(self, item: Any) -> None:
         message = getattr(item, "message", None)
         if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
             self.open.discard(str(message.id))
+
+    def _told_when_unanswered(self, item: SessionMessage, key: str) -> SessionMessage:
+        """``item`` with a hook the session runs when it settles the request with no answer written."""
+        metadata = item.metadata if isinstance(item.metadata, ServerMessageMetadata) else ServerMessageMetadata()
+        earlier = metadata.on_request_unanswered
+
+        async def unanswered() -> None:
+            self.open.discard(key)
+            if earlier is not None:
+                await earlier()
+
+        return dataclasses.replace(item, metadata=dataclasses.replace(metadata, on_request_unanswered=unanswered))
+
+    def _warn_once(self, kind: str, text: str) -> None:
+        if kind not in self._told:
+            self._told.add(kind)
+            self._warn(text)
 
 
 class _Receive:
@@ -212,9 +239,9 @@ class _Receive:
 
     async def __anext__(self) -> Any:
         while True:
-            item = await self._inner.__anext__()
-            if self._gate.admit(item):
-                return item
+            admitted = self._gate.admit(await self._inner.__anext__())
+            if admitted is not None:
+                return admitted
 
     async def aclose(self) -> None:
         await self._inner.aclose()

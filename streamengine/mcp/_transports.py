@@ -77,8 +77,8 @@ import mcp_types as types
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
-from .._clients.http.options import SENSITIVE_HEADER
-from .._logs import Redactor, redact_url
+from .._clients.http.options import credentials_in
+from .._logs import CREDENTIAL_PARAM, Redactor, redact_credentials
 from .._validation import count, short_repr
 from ..tools._schema import _NAME_RE
 
@@ -450,7 +450,7 @@ class StdioEndpoint(Endpoint):
         self.name, self.command, self.args, self.env, self.cwd = name, command, args, env, cwd
         self.limits = limits
         self.state = ProcessState()
-        secrets = [v for k, v in (env or {}).items() if SENSITIVE_HEADER.search(k)] + _argument_secrets(args)
+        secrets = credentials_in(None, env or {}) + _argument_secrets(args)
         self.redact = Redactor(secrets)
         self.label = self.redact(f"MCP server {name!r} ({shlex.join([command, *args])})")
 
@@ -477,8 +477,8 @@ class StdioEndpoint(Endpoint):
 class HttpEndpoint(Endpoint):
     def __init__(self, name: str, url: str, headers: Optional[Dict[str, str]], limits: McpLimits) -> None:
         self.name, self._url, self.headers, self.limits = name, url, dict(headers or {}), limits
-        self.url = redact_url(url)  # what may be shown
-        self.redact = Redactor(_url_secrets(url) + _header_secrets(self.headers))
+        self.url = redact_credentials(url)  # what may be shown: the user still reads its other parameters
+        self.redact = Redactor(_url_secrets(url) + credentials_in(None, self.headers), shown=[self.url])
         self.label = f"MCP server {name!r} at {self.url}"
 
     def transport(self) -> Any:
@@ -495,16 +495,12 @@ def shown_host(url: str) -> str:
 
 
 def _url_secrets(url: str) -> List[str]:
-    """The credentials a URL carries (userinfo, query values): masked by value too, wherever they appear."""
+    """The credentials a URL carries (userinfo, credential-named query values): masked by value too,
+    wherever they appear."""
     parsed = urllib.parse.urlsplit(url)
-    values = [value for _, value in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)]
+    values = [value for name, value in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)
+              if CREDENTIAL_PARAM.search(name)]
     return values + [v for v in (parsed.username, parsed.password) if v]
-
-
-def _header_secrets(headers: Dict[str, str]) -> List[str]:
-    """Credential headers' values, whole and word by word (``Bearer TOKEN`` may be shown as ``TOKEN``)."""
-    values = [v for k, v in headers.items() if SENSITIVE_HEADER.search(k)]
-    return values + [word for value in values for word in value.split()]
 
 
 def _argument_secrets(args: Iterable[str]) -> List[str]:

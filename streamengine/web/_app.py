@@ -51,8 +51,8 @@ from ._guard import (
     StreamLimiter,
     client_address,
     json_response,
+    may_autorun,
     messages_from_request,
-    same_origin,
     status_line,
     with_system_prompt,
 )
@@ -83,8 +83,9 @@ def load_page() -> Tuple[str, str]:
 
 def fill_page(page: str, stream_url: str, environ: WSGIEnvironment) -> bytes:
     """The page for one request: its stream URL, whether ``?autorun=`` may start a run, the warning prefix."""
-    # ?autorun=PROMPT asks on load only for a same-origin request (_sites); any other only fills the box.
-    autorun = "on" if same_origin(environ) else "off"
+    # ?autorun=PROMPT asks on load only for a same-origin request no click made (_guard); any other only fills
+    # the box.
+    autorun = "on" if may_autorun(environ) else "off"
     return (page.replace("__STREAM_URL__", html.escape(stream_url, quote=True))
             .replace("__AUTORUN__", autorun)
             .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))

@@ -4,11 +4,10 @@ HTTP plumbing shared by the web modules: the refusal exception and JSON response
 
 Which browsers' requests may start a run: the cross-site checks and CORS.
 
-Browsers say where a request comes from (``Sec-Fetch-Site``) and what it is
-for (``Sec-Fetch-Mode``, ``Sec-Fetch-Dest``); clients that are not browsers
-(curl, a backend) send none of these and are not affected, except a GET that
-asks for HTML, which is what a browser too old to send them does when it
-follows a link.
+Browsers say where a request comes from (``Sec-Fetch-Site``), what it is
+for (``Sec-Fetch-Mode``, ``Sec-Fetch-Dest``) and whether a person's click or
+typing made it (``Sec-Fetch-User: ?1``); clients that are not browsers
+(curl, a backend) send none of these and are not affected by them.
 
 * **POST**: another site may start a run only when ``allow_origin`` admits
   its origin (a JSON POST needs a CORS preflight, so the browser asks first).
@@ -16,9 +15,14 @@ follows a link.
   any page, or a link clicked in a mail or chat app (``Sec-Fetch-Site:
   none``, ``Sec-Fetch-Mode: navigate``), would start a run: whatever
   ``allow_origin`` says, a browser's GET run must be same-origin and made by
-  the page's script (``Sec-Fetch-Dest: empty``, not a navigation).
+  the page's script (``Sec-Fetch-Dest: empty``, not a navigation).  It must
+  also ask for ``Accept: text/event-stream`` (what EventSource sends): a
+  browser too old to send ``Sec-Fetch-*`` says nothing else, and a link or a
+  tag never asks for that type.
 * **Autorun** (``/?autorun=PROMPT``) asks on load only for a same-origin
-  request; any other only fills the prompt box, and a person presses Send.
+  request that no click made: a link the model wrote into an answer is
+  same-origin too, and clicking it must not run what it says.  Any other
+  only fills the prompt box, and a person presses Send.
 
 Which messages a request may bring: the trust boundary between a browser and the provider.
 
@@ -107,9 +111,14 @@ _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+$")
 _OPEN_THE_PAGE = "open the page at / and ask there"
 
 
-def same_origin(environ: dict) -> bool:
-    """The browser says the request comes from this site's own page (the only one that may autorun)."""
-    return environ.get("HTTP_SEC_FETCH_SITE") == "same-origin"
+def may_autorun(environ: Dict[str, Any]) -> bool:
+    """The browser says this site's own script opened the page, not a click on a link (model-written ones too)."""
+    return environ.get("HTTP_SEC_FETCH_SITE") == "same-origin" and not _clicked(environ)
+
+
+def _clicked(environ: Dict[str, Any]) -> bool:
+    """A person's click or typed address made the request (``Sec-Fetch-User: ?1``), never a script."""
+    return environ.get("HTTP_SEC_FETCH_USER") == "?1"
 
 
 class CrossSite:
@@ -152,9 +161,14 @@ class CrossSite:
         if environ.get("HTTP_SEC_FETCH_MODE", "") == "navigate":
             raise HttpError("refused a GET run opened as a page: runs start from the page's fetch() or "
                             f"EventSource; {_OPEN_THE_PAGE}", 403, field="Sec-Fetch-Mode")
-        if not site and _asks_for_html(environ):
-            raise HttpError(f"refused a GET run asking for HTML (a browser following a link); {_OPEN_THE_PAGE}, "
-                            "or send Accept: text/event-stream from a client of your own", 403, field="Accept")
+        if _clicked(environ):
+            raise HttpError("refused a GET run made by a click: runs start from the page's fetch() or "
+                            f"EventSource; {_OPEN_THE_PAGE}", 403, field="Sec-Fetch-User")
+        if not _asks_for_event_stream(environ):
+            raise HttpError("refused a GET run without Accept: text/event-stream (a link, a tag or an old "
+                            f"browser's navigation asks for other types); {_OPEN_THE_PAGE}, or send "
+                            "Accept: text/event-stream from a client of your own (EventSource does)",
+                            403, field="Accept")
 
     def origin_allowed(self, origin: str) -> bool:
         if self.origins is None:
@@ -188,11 +202,10 @@ class CrossSite:
         ]
 
 
-def _asks_for_html(environ: dict) -> bool:
-    """``Accept`` names an HTML type: what a browser sends for a navigation, never fetch() or EventSource."""
+def _asks_for_event_stream(environ: Dict[str, Any]) -> bool:
+    """``Accept`` names ``text/event-stream`` itself (``*/*`` is what a tag or curl sends, not a stream reader)."""
     accept = environ.get("HTTP_ACCEPT", "").lower()
-    types = {part.split(";", 1)[0].strip() for part in accept.split(",")}
-    return bool(types & {"text/html", "application/xhtml+xml"})
+    return "text/event-stream" in {part.split(";", 1)[0].strip() for part in accept.split(",")}
 
 
 def _check_origins(allow_origin: Union[str, Iterable[str], None]) -> Origins:

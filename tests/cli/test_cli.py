@@ -392,7 +392,8 @@ def test_demo_serve_streams_the_scripted_run(capsys):
         assert http.get(srv.url + "healthz", timeout=5).status_code == 200
         page = http.get(srv.url, timeout=5)
         assert page.status_code == 200 and "text/html" in page.headers["Content-Type"]
-        stream = http.get(srv.url + "v1/chat/stream", params={"q": "anything"}, timeout=10)
+        stream = http.get(srv.url + "v1/chat/stream", params={"q": "anything"},
+                          headers={"Accept": "text/event-stream"}, timeout=10)
     assert stream.text.count("event: tool_start") == 2
     assert stream.text.count("event: round") == 2 and "data: [DONE]" in stream.text
     assert srv.rc == [0]

@@ -130,11 +130,15 @@ def test_observers_are_checked_and_a_failing_one_does_not_stop_the_rest(warnings
     (ResetEvent, "reset", (2, "model a failed mid-answer")),
     (DoneEvent, "done", (object(),)),
     (HeartbeatEvent, "heartbeat", ()),
+    (RefusalEvent, "refusal", ("I can't help with that", 1)),
 ])
-def test_engine_events_are_frozen_and_name_is_a_class_attribute(cls, name, args):
+def test_engine_events_are_frozen_and_name_is_a_literal_class_attribute(cls, name, args):
     event = cls(*args)
     assert event.name == name == cls.name
     assert "name" not in {f.name for f in dataclasses.fields(cls)}
+    # The Literal lets `if event.name == "token": event.text` narrow the Event union (tests/test_types.py).
+    declared = eval(cls.__annotations__["name"], {"ClassVar": typing.ClassVar, "Literal": typing.Literal})
+    assert declared == typing.ClassVar[typing.Literal[name]]
     assert len(dataclasses.fields(cls)) == len(args)
     assert cls in typing.get_args(Event)
     if dataclasses.fields(cls):
@@ -144,4 +148,5 @@ def test_engine_events_are_frozen_and_name_is_a_class_attribute(cls, name, args)
 
 def test_event_union_is_exactly_the_engine_events():
     assert set(typing.get_args(Event)) == {
-        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent, DoneEvent, HeartbeatEvent}
+        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent, DoneEvent,
+        HeartbeatEvent}

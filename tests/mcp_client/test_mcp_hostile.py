@@ -17,6 +17,7 @@ if sys.version_info < (3, 10):
 
 from mcp_servers.support import hostile_http, hostile_stdio_args, lab_stdio_args, no_mcp_leak, process_gone, record  # noqa: F401 - fixtures
 
+from conftest import wait_for
 from streamengine._errors import ConfigError
 from streamengine._messages import ToolCall
 from streamengine.mcp import McpLimits, McpServer
@@ -167,8 +168,10 @@ def test_a_list_changed_flood_keeps_one_refresh_in_flight_and_another_server_fas
 def test_a_server_that_floods_requests_and_reads_no_answers_holds_a_bounded_part_of_the_loop(record, log_lines):
     with McpServer.stdio(*hostile_stdio_args(record), name="deaf") as deaf, ToolExecutor() as executor:
         tasks_before = _tasks_on_the_mcp_loop()
-        assert call(executor, by_name(deaf.tools(eager=True))["flood"], {"seconds": 3, "pings": True}).ok
-        time.sleep(1.5)
+        assert call(executor, by_name(deaf.tools(eager=True))["flood"], {"seconds": 6, "pings": True}).ok
+        # The gate fills once the pipe to the deaf server is full: seconds on a loaded machine, so wait for it.
+        assert wait_for(lambda: any("requests are dropped unanswered" in line for line in log_lines), timeout=5.5)
+        time.sleep(0.5)
         tasks_during = _tasks_on_the_mcp_loop()
     assert tasks_during < tasks_before + 50, (tasks_before, tasks_during)  # it was 16,000 after 5 s
     assert sum("requests are dropped unanswered" in line for line in log_lines) == 1

@@ -108,6 +108,15 @@ def environ_for(method: str = "GET", path: str = "/", body: bytes = b"", query: 
     return env
 
 
+#: What the page's EventSource sends, and a GET run must ask for (a link, a tag or a navigation asks for others).
+STREAM_ACCEPT = {"Accept": "text/event-stream"}
+
+
+def get_run(query: str, **extra) -> dict:
+    """The environ of a GET run asked the way EventSource (or a client of your own) asks for it."""
+    return environ_for("GET", "/v1/chat/stream", query=query, HTTP_ACCEPT="text/event-stream", **extra)
+
+
 def call(app, environ: dict) -> Tuple[str, dict, bytes]:
     """Drive ``app`` (wrapped in wsgiref's validator) like a server would: iterate, then close."""
     got: dict = {}

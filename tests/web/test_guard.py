@@ -7,7 +7,7 @@ from typing import List
 
 import pytest
 import requests
-from wsgi_support import Silent, Unused, call, environ_for, make_engine, read1_pieces, serving, sse, tokens_of
+from wsgi_support import Silent, Unused, call, environ_for, get_run, make_engine, read1_pieces, serving, sse, tokens_of
 
 from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider
@@ -85,7 +85,7 @@ def test_authorize_hook_401_403_500_and_pass():
     status, _, data = post(app, HTTP_COOKIE="session=broken")
     assert status == "500 Internal Server Error" and "10.0.0.9" not in data.decode()
     assert "request id" in json.loads(data)["error"]
-    assert call(app, environ_for("GET", "/v1/chat/stream", query="q=x"))[0] == "401 Unauthorized"
+    assert call(app, get_run("q=x"))[0] == "401 Unauthorized"
     assert engine.runs == 0
     assert post(app, HTTP_COOKIE="session=ok")[0] == "200 OK" and engine.runs == 1
     assert call(app, environ_for("GET", "/healthz"))[0] == "200 OK"  # health and page stay public
@@ -173,8 +173,9 @@ def test_guard_settings_are_checked(kwargs):
 # --- GET runs --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("headers,status", [
-    ({}, "200 OK"),                                                            # curl, a backend
-    ({"HTTP_SEC_FETCH_SITE": "same-origin", "HTTP_SEC_FETCH_DEST": "empty"}, "200 OK"),  # the page's fetch
+    ({"HTTP_ACCEPT": "text/event-stream"}, "200 OK"),                          # curl, a backend
+    ({"HTTP_SEC_FETCH_SITE": "same-origin", "HTTP_SEC_FETCH_DEST": "empty",
+      "HTTP_ACCEPT": "text/event-stream"}, "200 OK"),                          # the page's EventSource
     ({"HTTP_SEC_FETCH_SITE": "same-origin", "HTTP_SEC_FETCH_DEST": "image"}, "403 Forbidden"),  # <img> on the site
     ({"HTTP_SEC_FETCH_SITE": "cross-site", "HTTP_SEC_FETCH_DEST": "image"}, "403 Forbidden"),
     ({"HTTP_SEC_FETCH_SITE": "cross-site", "HTTP_SEC_FETCH_DEST": "empty",
@@ -189,6 +190,6 @@ def test_get_runs_start_only_from_this_sites_scripts(headers, status):
 
 def test_get_runs_can_be_turned_off():
     status, headers, data = call(make_wsgi_app(Unused(), get_runs=False),
-                                 environ_for("GET", "/v1/chat/stream", query="q=x"))
+                                 get_run("q=x"))
     assert status == "405 Method Not Allowed" and headers["Allow"] == "POST"
     assert "get_runs=True" in json.loads(data)["error"]

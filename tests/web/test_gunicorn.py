@@ -21,7 +21,7 @@ import pytest
 import requests
 import sseclient
 from conftest import wait_for
-from wsgi_support import read1_pieces
+from wsgi_support import STREAM_ACCEPT, read1_pieces
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -85,7 +85,8 @@ def test_gunicorn_gthread_streams_and_a_disconnect_cancels_the_run(tmp_path):
             tokens = [json.loads(d) for k, d in events if k == "message" and d != "[DONE]"]
             assert tokens == ["Hello ", "from gunicorn."] and events[-1] == ("message", "[DONE]")
 
-            resp = requests.get(f"{url}/v1/chat/stream", params={"q": "stall"}, stream=True, timeout=10)
+            resp = requests.get(f"{url}/v1/chat/stream", params={"q": "stall"}, headers=STREAM_ACCEPT,
+                                stream=True, timeout=10)
             for event in sseclient.SSEClient(read1_pieces(resp)).events():
                 if event.data == json.dumps("Working on it "):
                     break

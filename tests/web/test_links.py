@@ -2,9 +2,10 @@
 
 What a browser sends for such a link: ``Sec-Fetch-Site: none``,
 ``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``.  Only the page's
-own script (same-origin, ``Sec-Fetch-Dest: empty``) may start a GET run, or
-have ``?autorun=`` ask on load; anything else only fills the prompt box.
-Clients that are not browsers send no ``Sec-Fetch-*`` headers and keep working.
+own script (same-origin, ``Sec-Fetch-Dest: empty``, ``Accept: text/event-stream``)
+may start a GET run, or have ``?autorun=`` ask on load; anything else only fills
+the prompt box.  Clients that are not browsers send no ``Sec-Fetch-*`` headers
+and keep working when they ask for ``text/event-stream``.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 
 import pytest
 import requests
-from wsgi_support import Silent, block, call, environ_for, make_engine, serving, sse, tokens_of
+from wsgi_support import STREAM_ACCEPT, Silent, block, call, environ_for, make_engine, serving, sse, tokens_of
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -73,10 +74,14 @@ def test_a_same_origin_script_still_starts_a_get_run(spend):
     assert tokens_of(events)[-1] == "done" and calls == [1]
 
 
-def test_a_client_that_is_not_a_browser_still_starts_a_get_run(spend):
-    url, fp, calls = spend
-    with requests.get(f"{url}/v1/chat/stream", params={"q": "spend it"}, stream=True, timeout=10) as resp:
-        assert resp.status_code == 200  # requests sends Accept: */* and no Sec-Fetch-*, like curl
+def test_a_client_that_is_not_a_browser_starts_a_get_run_when_it_asks_for_a_stream(spend):
+    url, _, calls = spend
+    refused = requests.get(f"{url}/v1/chat/stream", params={"q": "spend it"}, timeout=10)
+    assert refused.status_code == 403 and refused.json()["field"] == "Accept"  # requests sends Accept: */*
+    assert "send Accept: text/event-stream" in refused.json()["error"] and calls == []
+    with requests.get(f"{url}/v1/chat/stream", params={"q": "spend it"}, headers=STREAM_ACCEPT, stream=True,
+                      timeout=10) as resp:
+        assert resp.status_code == 200  # no Sec-Fetch-*, like curl -H 'Accept: text/event-stream'
         sse(resp)
     assert calls == [1]
 
@@ -96,8 +101,9 @@ def test_an_opened_link_with_autorun_only_fills_the_box_over_http(spend):
     (dict(PAGE_SCRIPT, **{"Sec-Fetch-Mode": "navigate"}), "403 Forbidden", "Sec-Fetch-Mode"),
     (OLD_BROWSER_LINK, "403 Forbidden", "Accept"),
     (PAGE_SCRIPT, "200 OK", None),
-    ({"Accept": "*/*"}, "200 OK", None),                              # curl, requests, a backend
-    ({}, "200 OK", None),
+    ({"Accept": "text/event-stream"}, "200 OK", None),                # curl, requests, a backend asking for it
+    ({"Accept": "*/*"}, "403 Forbidden", "Accept"),                   # what a tag or a bare curl asks for
+    ({}, "403 Forbidden", "Accept"),
 ])
 def test_only_the_pages_own_script_or_a_non_browser_starts_a_get_run(headers, status, field):
     engine = Silent()

@@ -7,7 +7,7 @@ from typing import List
 import pytest
 import requests
 from loguru import logger
-from wsgi_support import block, kinds, make_engine, serving, sse, tokens_of
+from wsgi_support import STREAM_ACCEPT, block, kinds, make_engine, serving, sse, tokens_of
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -78,7 +78,8 @@ def test_a_tool_error_shows_which_tool_failed_but_not_why(log_lines):
         fp.add_turn(s.text(block("lookup", {"city": "Oslo"})))
         fp.add_turn(s.text("sorry"))
         with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url:
-            with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, stream=True, timeout=10) as resp:
+            with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                              stream=True, timeout=10) as resp:
                 request_id = resp.headers["X-Request-Id"]
                 events = sse(resp)
     result = json.loads(next(d for k, d in events if k == "tool_result"))

@@ -27,11 +27,13 @@ from wsgi_support import (
     HOSTILE,
     LONE_SURROGATE,
     LONE_SURROGATE_FRAME,
+    STREAM_ACCEPT,
     Silent,
     Unused,
     block,
     call,
     environ_for,
+    get_run,
     kinds,
     make_engine,
     read1_pieces,
@@ -99,7 +101,7 @@ def test_tool_calling_stream_passes_the_validator(fp):
     fp.add_turn(s.text("It is sunny."))
     with make_engine(fp, [lookup]) as engine:
         status, headers, body = call(make_wsgi_app(engine, heartbeat_s=HEARTBEAT),
-                                     environ_for("GET", "/v1/chat/stream", query="q=weather+in+Oslo%3F"))
+                                     get_run("q=weather+in+Oslo%3F"))
     assert status == "200 OK"
     assert headers["Content-Type"] == "text/event-stream; charset=utf-8"
     assert headers["Cache-Control"] == "no-cache" and headers["X-Accel-Buffering"] == "no"
@@ -258,15 +260,15 @@ def test_get_reads_q_as_utf8_escaped_or_raw(fp):
     fp.add_turn(s.text("b"))
     with make_engine(fp) as engine:
         app = make_wsgi_app(engine)
-        call(app, environ_for("GET", "/v1/chat/stream", query="q=caf%C3%A9+%26+tea"))
+        call(app, get_run("q=caf%C3%A9+%26+tea"))
         raw = "q=café".encode().decode("latin-1")  # as a server hands over unescaped bytes
-        call(app, environ_for("GET", "/v1/chat/stream", query=raw))
+        call(app, get_run(raw))
     assert [r.json["messages"][-1]["content"] for r in fp.requests] == ["café & tea", "café"]
 
 
 def test_get_without_q_says_how_to_ask():
     for query in ("", "q=", "q=%20%20", "other=1"):
-        status, _, data = call(make_wsgi_app(Unused()), environ_for("GET", "/v1/chat/stream", query=query))
+        status, _, data = call(make_wsgi_app(Unused()), get_run(query))
         assert status == "400 Bad Request"
         assert "?q=your+question" in json.loads(data)["error"]
 
@@ -347,7 +349,7 @@ def test_cors_single_origin_list_and_preflight():
 def test_only_allowed_sites_can_start_runs_from_a_browser(site, origin, allow_origin, allowed):
     """A listed origin may POST (JSON needs a preflight); a GET run from another site never starts."""
     engine = Silent()
-    extra = {}
+    extra = {"HTTP_ACCEPT": "text/event-stream"}
     if site:
         extra["HTTP_SEC_FETCH_SITE"] = site
     if origin:
@@ -395,14 +397,14 @@ def test_something_that_is_not_an_engine_is_refused():
 def test_a_closed_engine_answers_503(fp):
     engine = make_engine(fp)
     engine.close()
-    status, _, data = call(make_wsgi_app(engine), environ_for("GET", "/v1/chat/stream", query="q=hi"))
+    status, _, data = call(make_wsgi_app(engine), get_run("q=hi"))
     assert status == "503 Service Unavailable" and "closed" in json.loads(data)["error"]
 
 
 def test_close_before_iterating_starts_nothing_and_is_idempotent(fp):
     with make_engine(fp) as engine:
         app = make_wsgi_app(engine)
-        body = app(environ_for("GET", "/v1/chat/stream", query="q=hi"), lambda *a: None)
+        body = app(get_run("q=hi"), lambda *a: None)
         assert isinstance(body, SseResponse) and app.active_streams == 1
         body.close()
         body.close()
@@ -415,7 +417,7 @@ def test_close_from_another_thread_while_a_frame_is_awaited_ends_the_run(fp):
     fp.add_turn(s.text("one "), s.stall())
     with make_engine(fp) as engine:
         app = make_wsgi_app(engine, heartbeat_s=None)
-        body = app(environ_for("GET", "/v1/chat/stream", query="q=hi"), lambda *a: None)
+        body = app(get_run("q=hi"), lambda *a: None)
         frames: List[bytes] = []
         got_token = threading.Event()
 
@@ -440,7 +442,8 @@ def test_heartbeats_are_written_while_the_model_is_silent(fp):
     release = threading.Event()
     fp.add_turn(s.text("a"), s.wait(release, timeout=5), s.text("b"))
     with make_engine(fp) as engine, serving(validator(make_wsgi_app(engine, heartbeat_s=0.05))) as url:
-        with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, stream=True, timeout=10) as resp:
+        with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                          stream=True, timeout=10) as resp:
             parser_pieces: List[bytes] = []
             for piece in read1_pieces(resp):
                 parser_pieces.append(piece)
@@ -522,7 +525,8 @@ def test_waitress_get_stream_carries_the_question_verbatim(fp):
     question = "naïve q&a = 100% / ok? \u2028 <b>"
     fp.add_turn(s.text("ok"))
     with make_engine(fp) as engine, serving(validator(make_wsgi_app(engine))) as url:
-        with requests.get(f"{url}/v1/chat/stream", params={"q": question}, stream=True, timeout=10) as resp:
+        with requests.get(f"{url}/v1/chat/stream", params={"q": question}, headers=STREAM_ACCEPT,
+                          stream=True, timeout=10) as resp:
             events = sse(resp)
     assert tokens_of(events) == ["ok"] and kinds(events)[-1] == "[DONE]"
     assert fp.requests[0].json["messages"][-1] == {"role": "user", "content": question}
@@ -538,7 +542,8 @@ def test_hostile_model_text_arrives_as_exactly_one_token_event_each(fp):
     fp.add_turn(*[s.text(t) for t in HOSTILE], LONE_SURROGATE_FRAME)
     expected = HOSTILE + [LONE_SURROGATE]
     with make_engine(fp, [noop]) as engine, serving(validator(make_wsgi_app(engine))) as url:
-        with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, stream=True, timeout=10) as resp:
+        with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                          stream=True, timeout=10) as resp:
             body = b"".join(read1_pieces(resp))
     assert body.isascii()
     for piece in (None, 1, 7):
@@ -557,7 +562,7 @@ def test_a_lone_surrogate_from_the_model_survives_the_next_round(fp):
     fp.add_turn(LONE_SURROGATE_FRAME, s.text(block("noop")))
     fp.add_turn(s.text("after"))
     with make_engine(fp, [noop]) as engine:
-        _, _, body = call(make_wsgi_app(engine), environ_for("GET", "/v1/chat/stream", query="q=x"))
+        _, _, body = call(make_wsgi_app(engine), get_run("q=x"))
     events = parse(body).events
     assert [e.type for e in events if e.type == "error"] == [], [e.data for e in events if e.type == "error"]
     assert [json.loads(e.data) for e in events if e.type == "message" and e.data != "[DONE]"] == \
@@ -609,7 +614,8 @@ def test_client_disconnect_mid_stream_cancels_upstream_and_tools(fp, lookahead, 
     with make_engine(fp, [slow], tool_timeout=20.0, idle_timeout=30.0, completion_timeout=60.0) as engine:
         app = make_wsgi_app(engine, heartbeat_s=HEARTBEAT)
         with serving(validator(app), channel_request_lookahead=lookahead) as url:
-            resp = requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, stream=True, timeout=10)
+            resp = requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                                stream=True, timeout=10)
             for event in sseclient.SSEClient(read1_pieces(resp)).events():
                 if event.event == "tool_start":
                     break

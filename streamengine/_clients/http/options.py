@@ -42,6 +42,8 @@ from ..._validation import count, seconds
 # Azure's ``api-key``, ``x-api-key``, ``X-Auth-Token``, ``?key=``...): never shown in errors.
 SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)
 _BAD_HEADER_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+# An HTTP auth-scheme as credentials start with it (``Bearer``, ``Basic``, ``Token``, ``Negotiate``).
+_AUTH_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9-]*")
 
 
 def check_api_key(api_key: Optional[str], source: str = "STREAMENGINE_API_KEY or OPENAI_API_KEY") -> Optional[str]:
@@ -115,8 +117,22 @@ def credentials_in(auth: Optional[Tuple[str, str]], *named: Mapping[str, str]) -
         user, password = auth
         secrets.append(password or user)
     for values in named:
-        secrets += [value for name, value in values.items() if SENSITIVE_HEADER.search(name)]
+        secrets += [part for name, value in values.items() if SENSITIVE_HEADER.search(name)
+                    for part in credential_parts(value)]
     return secrets
+
+
+def credential_parts(value: str) -> List[str]:
+    """What to mask of a credential's value: each word but a leading auth scheme.
+
+    Masked word by word, a token is hidden wherever it shows (a provider may
+    quote it bare, without its ``Bearer``), and ``Bearer ***`` still tells
+    how the request authenticated.
+    """
+    words = value.replace(",", " ").split()
+    if len(words) > 1 and _AUTH_SCHEME.fullmatch(words[0]):
+        words = words[1:]
+    return words
 
 
 EXTRA_KEYS = ("extra_body", "extra_headers", "extra_query")

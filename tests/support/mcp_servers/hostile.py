@@ -10,8 +10,9 @@ handshake era only: it refuses ``server/discover``).  Its tools:
   ``sse``); RECORD gets ``{"event": "wrote", "bytes": N}`` with how much of
   it the client took before it stopped reading.
   With ``id_last`` the id comes at the end of the message (as some SDKs write it).
-* ``flood(seconds)``: writes ``notifications/tools/list_changed`` as fast as
-  it can for ``seconds`` (over HTTP on the GET stream).
+* ``flood(seconds, pings)``: writes ``notifications/tools/list_changed`` as fast as
+  it can for ``seconds`` (over HTTP on the GET stream); with ``pings`` (stdio), ping
+  requests instead, and stops reading (see ``Stdio.flood``).
 * ``bomb()`` (HTTP): a gzip-compressed answer of 32 MiB, sent though the client asked for none.
 * ``leak()`` (HTTP): an error result quoting the URL path it was called at
   and its ``Authorization`` header, as a careless server might.
@@ -172,19 +173,26 @@ class Stdio:
             self.record.note(event="wrote", bytes=wrote)
         elif name == "flood":
             what = CHANGED if not args.get("pings") else None
-            threading.Thread(target=self.flood, args=(float(args.get("seconds", 1)), what), daemon=True).start()
+            threading.Thread(target=self.flood, args=(float(args.get("seconds", 1)), what, args.get("pings")),
+                             daemon=True).start()
             self.send(reply(rid, text_result("flooding")))
         else:
             self.send(reply(rid, text_result(str(args.get("text", "")))))
 
-    def flood(self, seconds: float, what: Optional[bytes]) -> None:
-        """``what`` as fast as possible; ``None``: ping requests, while no longer reading stdin."""
+    def flood(self, seconds: float, what: Optional[bytes], pings: Any = None) -> None:
+        """``what`` as fast as possible; ``None``: ping requests, while no longer reading stdin.
+
+        ``pings="same"`` gives every ping the one id ``"p"``; ``pings="cancelled"`` cancels each ping
+        right after sending it (its answer is stuck behind the unread ones all the same)."""
         until = time.monotonic() + seconds
         sent = 0
         if what is None:
             self.deaf = True
         while time.monotonic() < until:
-            self.send(what or b'{"jsonrpc":"2.0","id":"p%d","method":"ping"}' % sent)
+            rid = b'"p"' if pings == "same" else b'"p%d"' % sent
+            self.send(what or b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % rid)
+            if what is None and pings == "cancelled":
+                self.send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":%s}}' % rid)
             sent += 1
         self.record.note(event="flooded", sent=sent)
 
