@@ -33,7 +33,7 @@ import json
 import pkgutil
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple, TypedDict, Union
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
@@ -91,7 +91,17 @@ def fill_page(page: str, stream_url: str, environ: WSGIEnvironment) -> bytes:
             .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))
 
 
-def mount(host_app: WSGIApplication, prefix: str, app: WSGIApplication) -> WSGIApplication:
+class WsgiApp(Protocol):
+    """A PEP 3333 app as :func:`mount` returns it: callable by position or by name.
+
+    By name too, so it can replace a method such as Flask's ``app.wsgi_app``
+    (a type checker refuses a positional-only callable there).
+    """
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]: ...
+
+
+def mount(host_app: WSGIApplication, prefix: str, app: WSGIApplication) -> WsgiApp:
     """A WSGI app sending ``prefix`` and everything below it to ``app``, the rest to ``host_app``.
 
     The way to put the stream next to an existing Flask or Django app without
