@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 __all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish',
            'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall',
@@ -208,7 +208,7 @@ def continues_call(open_call: Optional[Sequence[Any]], kind: str, call: Mapping[
 
 
 #: What a turn is made of: steps, and lists or tuples of them (such as :func:`reply`'s), nested as you like.
-StepLike = Union[Step, List["StepLike"], Tuple["StepLike", ...]]
+StepLike = Union[Step, Sequence["StepLike"]]
 
 
 def _flatten(items: Sequence[StepLike]) -> List[Step]:
