@@ -60,7 +60,8 @@ from typing import Any, Dict, Iterable, List, Optional
 from flask import Flask
 
 from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, ToolCall, enable_logging
-from streamengine.rag import SqliteRagStore
+from streamengine.mcp import McpServer, McpTool
+from streamengine.rag import OpenAIEmbedder, SqliteRagStore
 from streamengine.testing import FakeProvider, Step, steps as s
 from streamengine.web import make_wsgi_app, mount, serve
 
@@ -76,11 +77,17 @@ def approve(call: ToolCall, environ: Dict[str, Any]) -> bool:
     return call.name == "send_mail" and environ.get("REMOTE_USER") == "admin"
 
 
+def time_tools() -> List[McpTool]:
+    with McpServer.stdio("mcp-server-time", "--local-timezone", "UTC", env={"TZ": "UTC"}) as server:
+        return server.tools(prefix="time_", eager={"get_current_time"}, timeout=5.0)
+
+
 def turn() -> List[Step]:
     return [*s.reply("Hello there", pieces=3), s.finish("stop")]
 
 
-with FakeProvider(wire="anthropic", framing="length") as fp, SqliteRagStore(Path("rag.db")) as store:
+embedder = OpenAIEmbedder(OpenAICompatibleClient("http://127.0.0.1:9/v1", "k"), "text-embedding-3-small")
+with FakeProvider(wire="anthropic", framing="length") as fp, SqliteRagStore(Path("rag.db"), embedder) as store:
     fp.add_turn(turn(), s.usage(3, 4))
     fp.respond_with(lambda request: [s.text(str(request.get("model")))])
     engine = StreamingEngine(OpenAICompatibleClient(fp.base_url, "k"), [], EngineConfig(models=["m"]))
