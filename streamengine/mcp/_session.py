@@ -50,8 +50,8 @@ from typing import (
     TYPE_CHECKING,
     Any,
     AsyncIterator,
-    Awaitable,
     Callable,
+    Coroutine,
     Dict,
     List,
     Mapping,
@@ -68,7 +68,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from ._tools import McpToolError
-from ._transports import Endpoint
+from ._transports import Endpoint, Incoming
 
 if TYPE_CHECKING:
     from mcp.shared.dispatcher import ProgressFnT
@@ -132,7 +132,7 @@ def release() -> None:
     ending.stop()
 
 
-def submit(coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     """Run ``coro`` on the loop; cancelling the returned future cancels the coroutine's task."""
     loop = _current.loop if _current is not None else None
     if loop is None:
@@ -140,10 +140,10 @@ def submit(coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         if close is not None:
             close()  # never awaited: say nothing about it at garbage collection
         raise RuntimeError("the MCP event loop is not running: the server was closed")
-    return asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+    return asyncio.run_coroutine_threadsafe(coro, loop)
 
 
-def run(coro: Awaitable[T], timeout: Optional[float] = None) -> T:
+def run(coro: Coroutine[Any, Any, T], timeout: Optional[float] = None) -> T:
     """Run ``coro`` on the loop and wait for its value (cancelled if ``timeout`` passes first)."""
     future = submit(coro)
     try:
@@ -159,7 +159,7 @@ def in_loop_thread() -> bool:
     return current is not None and threading.current_thread() is current.thread
 
 
-def alive() -> Any:
+def alive() -> Optional[threading.Thread]:
     """The loop's thread while it runs (for tests: none remains after the last close)."""
     current = _current
     return current.thread if current is not None else None
@@ -177,12 +177,11 @@ class RequestGate:
         self.open: Set[str] = set()
         self._told: Set[str] = set()
 
-    def admit(self, item: Any) -> Optional[Any]:
+    def admit(self, item: Incoming) -> Optional[Incoming]:
         """``item`` as it goes on to the session, or None: a request dropped (reused id, or past the limit)."""
-        message = getattr(item, "message", None)
-        if not isinstance(message, types.JSONRPCRequest):
+        if isinstance(item, Exception) or not isinstance(item.message, types.JSONRPCRequest):
             return item
-        key = str(message.id)
+        key = str(item.message.id)
         if key in self.open:
             self._warn_once("reused", f"it reuses request id {key!r} while a request with it is still open; "
                                       "such requests are dropped unanswered")
@@ -194,7 +193,7 @@ class RequestGate:
         self.open.add(key)
         return self._told_when_unanswered(item, key)
 
-    def answered(self, item: Any) -> None:
+    def answered(self, item: SessionMessage) -> None:
         message = getattr(item, "message", None)
         if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
             self.open.discard(str(message.id))
