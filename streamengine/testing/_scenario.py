@@ -209,7 +209,7 @@ class FakeTool:
         def fake(**kwargs: Any) -> str:
             return body(kwargs.pop("ctx"), kwargs)
 
-        fake.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        fake.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]  # read by inspect.signature
         fake.__annotations__ = annotations
         fake.__name__ = self.name
         description = self.description if self.description is not None else f"Scenario fake tool ({self.kind})."

@@ -456,7 +456,9 @@ class _Signature:
 
         config = ConfigDict(extra="forbid", allow_inf_nan=False)
         try:
-            model = create_model(f"{name}_arguments", __config__=config, **self._fields)  # type: ignore[call-overload]
+            # Any values: mypy reads a **dict as possibly holding create_model's own keywords (__base__ ...).
+            fields: Dict[str, Any] = self._fields
+            model = create_model(f"{name}_arguments", __config__=config, **fields)
             with warnings.catch_warnings():  # a default that is not JSON is left out of the schema, on purpose
                 warnings.simplefilter("ignore")
                 return model, model.model_json_schema(by_alias=True)
