@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, get_args
 
 from requests.structures import CaseInsensitiveDict
 
@@ -135,8 +135,7 @@ Wire = Literal["openai", "anthropic", "responses"]
 Framing = Literal["chunked", "close", "length"]
 #: A function answering a request (its JSON body) with the steps of its turn.
 Responder = Callable[[Dict[str, Any]], Sequence[StepLike]]
-
-WIRES = ("openai", "anthropic", "responses")
+WIRES: Tuple[Wire, ...] = get_args(Wire)
 _CHAT_PATHS = {"openai": "/chat/completions", "anthropic": "/messages", "responses": "/responses"}
 _ID_PREFIXES = {"openai": "chatcmpl-fake-", "anthropic": "msg_fake_", "responses": "resp_fake_"}
 

@@ -60,9 +60,8 @@ integer, number, boolean, array, object, any; all required), ``timeout``,
 ``side_effects``, ``description``, ``result``, ``message``, ``seconds``.  Or
 ``{"import": "module:attr"}``: a Tool, a function, or a list/tuple/registry of them.
 
-**Config**: any :class:`~streamengine._engine.run.EngineConfig` field (``options``
-as an object of ``CompletionOptions`` fields).  Harness defaults:
-``models ["fake-model"]``, ``idle_timeout 10``, ``completion_timeout 30``.
+**Config**: any :class:`~streamengine.EngineConfig` field (``options`` as an object of ``CompletionOptions``
+fields).  Harness defaults: ``models ["fake-model"]``, ``idle_timeout 10``, ``completion_timeout 30``.
 
 **Expectations** (all optional): ``events`` must appear in this order as a
 subsequence of the run's event names (round, token, tool_start, tool_result,
