@@ -31,6 +31,7 @@ from .._engine.events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .._engine.result import EngineResult
 from .._engine.run import StreamingEngine
 from .._errors import ToolError
+from .._messages import MessageLike
 from ..testing import FakeProvider, Stamp, Step
 from ..testing import steps as s
 from ..tools import Tool, ToolContext, tool
@@ -267,11 +268,11 @@ class DemoEngine:
     def __init__(self, fast: bool = False) -> None:
         self.scale = FAST_SCALE if fast else 1.0
 
-    def run(self, messages: Sequence[Any], cancel: Optional[threading.Event] = None, *,
+    def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None) -> Iterator[Event]:
         return self._events(list(messages), cancel, heartbeat_s)
 
-    def _events(self, messages: List[Any], cancel: Optional[threading.Event],
+    def _events(self, messages: List[MessageLike], cancel: Optional[threading.Event],
                 heartbeat_s: Optional[float]) -> Iterator[Event]:
         with FakeProvider() as fp:
             for turn in demo_turns(self.scale):
