@@ -41,11 +41,10 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["CancellableAdapter"], "._clients.http.connection"),
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
                      "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError",
-                     "StreamEngineError", "ToolError"], "._errors"),
-    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "ToolCall",
+                     "RunFailedError", "StreamEngineError", "ToolError"], "._errors"),
+    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "StopReason", "ToolCall",
                      "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
     **dict.fromkeys(["ToolContext"], "._messages"),
-    **dict.fromkeys(["RunFailedError"], "._engine.run"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
     **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
     **dict.fromkeys(["SqliteRagStore"], ".rag._sqlite"),
@@ -62,10 +61,10 @@ __all__ = [
     "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError",
     "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer", "OpenAICompatibleClient", "OpenAIEmbedder",
     "OpenAIResponsesClient", "PostgresRagStore", "RefusalEvent", "ResetEvent", "Response", "RoundEvent",
-    "RoutedClient", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StreamEngineError", "StreamingEngine",
-    "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta", "ToolContext",
-    "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent", "Usage",
-    "enable_logging", "tool",
+    "RoutedClient", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError",
+    "StreamingEngine", "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta",
+    "ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent",
+    "Usage", "enable_logging", "tool",
 ]
 
 if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
@@ -95,7 +94,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._engine.events import ToolStartEvent as ToolStartEvent
     from ._engine.result import EngineResult as EngineResult
     from ._engine.result import Telemetry as Telemetry
-    from ._engine.run import RunFailedError as RunFailedError
     from ._engine.run import StreamingEngine as StreamingEngine
     from ._errors import AllModelsFailedError as AllModelsFailedError
     from ._errors import ConfigError as ConfigError
@@ -107,6 +105,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._errors import LlmProtocolError as LlmProtocolError
     from ._errors import LlmStreamError as LlmStreamError
     from ._errors import LlmTimeoutError as LlmTimeoutError
+    from ._errors import RunFailedError as RunFailedError
     from ._errors import StreamEngineError as StreamEngineError
     from ._errors import ToolError as ToolError
     from ._logs import enable_logging as enable_logging
@@ -115,6 +114,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._messages import CompletionOptions as CompletionOptions
     from ._messages import Message as Message
     from ._messages import Response as Response
+    from ._messages import StopReason as StopReason
     from ._messages import ToolCall as ToolCall
     from ._messages import ToolCallDelta as ToolCallDelta
     from ._messages import ToolContext as ToolContext

@@ -24,9 +24,10 @@ the ``arguments`` JSON.  Real providers bend this in ways seen in the wild:
 
 The engine wants to start a tool as soon as its call is complete, not when
 the stream ends ("early dispatch").  :meth:`ToolCallAccumulator.add` returns
-the calls that became complete with that delta: the old call when its index
-is reused with a new id, and open lower-index calls once a higher index has
-started **and** their arguments already parse as JSON.  The JSON check makes
+the calls that became complete with that delta: a call whose delta says
+``done`` (a wire that marks the end of each call says so itself), the old
+call when its index is reused with a new id, and open lower-index calls once
+a higher index has started **and** their arguments already parse as JSON.  The JSON check makes
 early dispatch safe with interleaved streams: a call whose arguments are still
 incomplete stays open until it completes or :meth:`finish` is called.
 
@@ -218,6 +219,8 @@ class ToolCallAccumulator:
             self._highest_index = index
         if len(self._open) > 1:
             completed.extend(self._complete_lower(index))
+        if delta.done:
+            completed.extend(self._close(index, early=True))
         return completed
 
     def _is_late(self, index: int, delta: ToolCallDelta) -> bool:

@@ -1,26 +1,43 @@
-"""One exception tree for the whole library.
+"""One exception tree for the whole library: every error it raises to a caller is a :class:`StreamEngineError`.
 
 ::
 
     StreamEngineError
     ├── ConfigError (ValueError)
+    │   └── ScenarioError                   testing: a scenario file that cannot be run
     ├── LlmError
-    │   ├── LlmHttpError            status_code, body, retry_after
-    │   ├── LlmTimeoutError (TimeoutError)   timeout_s, chunks_received, verb
-    │   ├── LlmStreamError          broken / malformed / in-band error stream
-    │   │   └── LlmProtocolError    the provider did not speak the wire format
+    │   ├── LlmHttpError                    status_code, body, retry_after
+    │   ├── LlmTimeoutError (TimeoutError)  timeout_s, chunks_received, verb
+    │   ├── LlmStreamError                  broken / malformed / in-band error stream
+    │   │   └── LlmProtocolError            the provider did not speak the wire format
     │   ├── LlmConnectionError (ConnectionError)
-    │   ├── LlmCancelledError       the caller cancelled the call
-    │   ├── LlmOutputLimitError     the model's output crossed a cap: what, limit
-    │   └── AllModelsFailedError    attempts: every model's cause
-    └── ToolError                   a tool could not be defined or called
+    │   ├── LlmCancelledError               the caller cancelled the call
+    │   ├── LlmOutputLimitError             the model's output crossed a cap: what, limit
+    │   ├── AllModelsFailedError            attempts: every model's cause
+    │   └── RunFailedError                  complete() of a run with no answer: result
+    ├── ToolError                           a tool could not be defined or called
+    │   ├── ToolFailure                     tools: a failure worded for the model, the result as is
+    │   │   ├── ToolReturnError             tools: a return value with no JSON form
+    │   │   └── McpToolError                mcp: the server's error
+    │   │       └── McpUnavailable          mcp: the server cannot answer
+    │   ├── RemoteToolError                 tools: a remote tool's exception that could not travel back
+    │   └── BlockError                      an inline ``<tool>`` block that is not a valid call
+    ├── SseEventTooLarge (ValueError)       clients: an SSE event past its size or work limit
+    ├── RequestRejected (ValueError)        web: a request's messages break the policy
+    ├── HttpError                           web: a request refused before streaming
+    ├── UsageError                          CLI: a command line that cannot run as written
+    └── RunLogError                         CLI: the run log cannot be read or written
 
-Third-party exceptions are translated at one boundary (the client) and chained
-with ``raise ... from``, so the original cause is never lost.
+Classes outside this module are defined beside the code that raises them;
+``tests/core/test_exception_tree.py`` checks every module's exceptions
+against the tree (its allowlist names the few internal ones that never reach
+a caller, and why).  Third-party exceptions are translated at one boundary
+(the client) and chained with ``raise ... from``, so the original cause is
+never lost.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Type
 
 
 class StreamEngineError(Exception):
@@ -84,9 +101,10 @@ class LlmCancelledError(LlmError):
 class LlmOutputLimitError(LlmError):
     """The model's output crossed one of the run's caps (``EngineConfig.max_*_chars``).
 
-    Not a provider outage: failover does not try another model with the same
-    request.  ``what`` names the cap (``"answer"``, ``"reasoning"``,
-    ``"refusal"``, ``"tool arguments"``, ``"run output"``), ``limit`` its size in characters.
+    Not a provider outage: the same request is never retried nor sent to
+    another model, whatever an ``ErrorClassifier`` says (:data:`NEVER_RETRIED`).
+    ``what`` names the cap (``"answer"``, ``"reasoning"``, ``"refusal"``,
+    ``"tool arguments"``, ``"run output"``), ``limit`` its size in characters.
     """
 
     def __init__(self, message: str, *, what: str, limit: int) -> None:
@@ -104,5 +122,23 @@ class AllModelsFailedError(LlmError):
         super().__init__(f"all {len(self.attempts)} model attempt(s) failed: {causes}")
 
 
+class RunFailedError(LlmError):
+    """``complete()`` of a run that produced no answer; ``result`` (an ``EngineResult``) is what the run did get.
+
+    ``cause``, when known, is the error that ended the run; it is chained as ``__cause__``.
+    """
+
+    def __init__(self, result: Any, cause: Optional[BaseException] = None) -> None:
+        self.result = result
+        super().__init__(getattr(result, "error", None) or "the run failed")
+        self.__cause__ = cause
+
+
 class ToolError(StreamEngineError):
     """A tool could not be defined, validated or called."""
+
+
+#: Errors that end the model call at once, whatever an ``ErrorClassifier`` says: the cap would be crossed
+#: again by the same request on any model, and a cancel is the caller's wish, not a provider's fault.
+#: Failover consults this before asking its classifier.
+NEVER_RETRIED: Tuple[Type[LlmError], ...] = (LlmOutputLimitError, LlmCancelledError)

@@ -115,7 +115,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _validation as validation
-from ._errors import ConfigError
+from ._errors import ConfigError, ToolError
 from ._messages import ToolCall, ToolSpec, too_deep, unique_keys
 
 OPEN = "<tool"
@@ -127,7 +127,7 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _SNIPPET = 40
 
 
-class BlockError(Exception):
+class BlockError(ToolError):
     """A closed block that is not a valid tool call; the message says why."""
 
 

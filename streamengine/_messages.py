@@ -16,6 +16,7 @@ other data in ``_messages``.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import re
@@ -114,12 +115,19 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """One streamed fragment of a native tool call, keyed by ``index``."""
+    """One streamed fragment of a native tool call, keyed by ``index``.
+
+    ``done`` says the call is complete with this fragment: a wire that marks
+    the end of each call (Anthropic's ``content_block_stop``, the Responses
+    API's ``output_item.done``) says so, and the call is dispatched at once.
+    Chat Completions marks no end, so its calls close as the accumulator infers.
+    """
 
     index: int
     id: Optional[str] = None
     name: Optional[str] = None
     arguments_fragment: Optional[str] = None
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -290,6 +298,45 @@ def text_chunk(content: str, model: Optional[str]) -> Chunk:
     fields["content"] = content
     fields["model"] = model
     return chunk
+
+
+class StopReason(str, enum.Enum):
+    """Why a model round ended, or why a run stopped early: one name for each reason the package reports.
+
+    ``Response.finish_reason`` and ``Telemetry.finish_reasons`` hold a round's
+    reason (OpenAI's names; each wire's own are mapped onto them, and one the
+    engine does not know is passed on as the provider's string);
+    ``Telemetry.stop_reason`` holds the run's.  A ``str`` enum whose ``str()``
+    and ``format()`` are its value: a member equals, prints, and is written to
+    JSON and SSE as the plain string it replaced (``"cancelled"``).
+    """
+
+    # How a model round ended.
+    STOP = "stop"
+    TOOL_CALLS = "tool_calls"
+    LENGTH = "length"
+    CONTENT_FILTER = "content_filter"
+    # Why a run stopped before a normal answer.
+    CANCELLED = "cancelled"
+    LLM_ERROR = "llm_error"
+    LLM_ERROR_AFTER_TOKENS = "llm_error_after_tokens"
+    MAX_CONTINUATIONS_REACHED = "max_continuations_reached"
+    OUTPUT_LIMIT = "output_limit"
+    INTERNAL_ERROR = "internal_error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
+
+    @classmethod
+    def known(cls, reason: Optional[str]) -> Optional[str]:
+        """``reason`` as a member when it names one, else as given (a provider's own reason, or None)."""
+        return _STOP_REASONS.get(reason, reason) if reason else reason
+
+
+_STOP_REASONS: Dict[Optional[str], StopReason] = {member.value: member for member in StopReason}
 
 
 @dataclass(frozen=True)

@@ -161,15 +161,9 @@ def assert_type_checks(errors: List[MypyError], code: str) -> None:
         raise PackageTypeErrors("\n".join(f"{e.line}: {e.message}" for e in errors))
 
 
-_PACKAGE_NOT_TYPED_YET = pytest.mark.xfail(
-    raises=PackageTypeErrors, strict=True,
-    reason="@tool(timeout=10) and @tool(side_effects=True) make search and send_mail untyped (PACKAGE_ERRORS); "
-           "remove this mark when `tool` is typed")
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", [
-    pytest.param("readme_examples.py", marks=_PACKAGE_NOT_TYPED_YET),
+    "readme_examples.py",
     "llm.py",
     "flask_example.py",
     *[name for name in example_files() if name.startswith("django_example_")],

@@ -39,6 +39,7 @@ import tenacity
 from .. import _validation as validation
 from .._clients.base import Wait, run_blocking
 from .._errors import (
+    NEVER_RETRIED,
     AllModelsFailedError,
     ConfigError,
     LlmCancelledError,
@@ -189,7 +190,7 @@ class ModelFailover:
     def _after_failure(self, exc: Exception, model: str, position: int, cancel: Optional[threading.Event],
                        may_advance: Optional[Callable[[], bool]], attempts: List[Attempt]) -> None:
         """Decide, after a model gave up: raise (fatal, last model, no advance) or return to try the next."""
-        kind = self.classifier.classify(exc)
+        kind = self.classify(exc)
         if kind is ErrorClass.FATAL:
             if not isinstance(exc, LlmCancelledError):
                 self._log.warning("model {} failed with a fatal error, not failing over: {}", model, _cause(exc))
@@ -207,6 +208,10 @@ class ModelFailover:
             raise exc
         self._log.warning("model {} {}, failing over to {} ({})", model, _verb(exc),
                           self.models[position + 1], _cause(exc))
+
+    def classify(self, exc: BaseException) -> ErrorClass:
+        """The classifier's verdict, except that :data:`NEVER_RETRIED` errors are fatal whatever it says."""
+        return ErrorClass.FATAL if isinstance(exc, NEVER_RETRIED) else self.classifier.classify(exc)
 
     def _attempt(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
                  options: CompletionOptions, cancel: Optional[threading.Event],
@@ -294,7 +299,7 @@ class _RetryPolicy:
             sleep=self.sleep, before_sleep=self.before_sleep, reraise=True)
 
     def should_retry(self, exc: BaseException) -> bool:
-        if self.failover.classifier.classify(exc) is not ErrorClass.TRANSIENT_RETRY:
+        if self.failover.classify(exc) is not ErrorClass.TRANSIENT_RETRY:
             return False
         if self.has_next and self.failover._asks_too_long(exc):
             self.log.warning("model {} {} with Retry-After {:g}s, over the {:g}s cap: not waiting",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from .._clients.base import LlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
-from .._errors import ConfigError
+from .._errors import ConfigError, StreamEngineError
 
 if TYPE_CHECKING:
     from .._engine.run import StreamingEngine
@@ -33,7 +33,7 @@ ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 PROVIDERS = ("openai", "anthropic", "openai-responses")
 
 
-class UsageError(Exception):
+class UsageError(StreamEngineError):
     """A command line that cannot be run as written (exit status 2)."""
 
 

@@ -44,7 +44,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from .._logs import for_terminal, is_terminal
-from .._messages import LLM_WARNING, PROG
+from .._messages import LLM_WARNING, PROG, StopReason
 from .._validation import one_line
 from .build import UsageError, build_engine, close_engine
 from .log import RunLog, RunLogError, default_log, logging_enabled
@@ -310,7 +310,7 @@ def _not_whole(result: EngineResult, err: TextIO, quiet: bool) -> bool:
         write(err, f"{PROG}: warning: {CUT_OFF_ADVICE.get(cut, cut)} (finish reason {cut})\n")
     if not quiet and result.refusal:
         write(err, f"{PROG}: warning: the model refused: {for_terminal(one_line(result.refusal))}\n")
-    unfinished = result.telemetry.stop_reason == "max_continuations_reached"
+    unfinished = result.telemetry.stop_reason == StopReason.MAX_CONTINUATIONS_REACHED
     if not quiet and unfinished:
         write(err, f"{PROG}: warning: the answer is an unfinished draft: the model called tools in its last "
                    f"allowed round (--max-continuations {max(0, result.telemetry.rounds - 1)}) and never read "
@@ -337,9 +337,9 @@ def _warn_failover(result: EngineResult, models: Sequence[str], err: TextIO) -> 
 
 
 #: What to tell a person whose answer was cut off, by finish reason.
-CUT_OFF_ADVICE = {
-    "length": "the answer was cut off at the token limit; raise --max-tokens",
-    "content_filter": "the provider's content filter cut the answer off",
+CUT_OFF_ADVICE: Dict[str, str] = {
+    StopReason.LENGTH: "the answer was cut off at the token limit; raise --max-tokens",
+    StopReason.CONTENT_FILTER: "the provider's content filter cut the answer off",
 }
 
 
@@ -352,7 +352,7 @@ def final_answer(result: Optional[EngineResult]) -> str:
     if result is None or not result.answer or result.answer.startswith(LLM_WARNING):
         return ""
     text = result.answer
-    if result.telemetry.stop_reason == "max_continuations_reached" and result.rounds:
+    if result.telemetry.stop_reason == StopReason.MAX_CONTINUATIONS_REACHED and result.rounds:
         text = result.rounds[-1]
     return strip_markup(text).strip()
 

@@ -31,7 +31,7 @@ from .._engine.events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .._engine.result import EngineResult
 from .._engine.run import StreamingEngine
 from .._errors import ToolError
-from .._messages import MessageLike
+from .._messages import MessageLike, StopReason
 from ..testing import FakeProvider, Stamp, Step
 from ..testing import steps as s
 from ..tools import Tool, ToolContext, tool
@@ -110,10 +110,10 @@ def _script(parts: Sequence[Tuple[str, float]], scale: float) -> List[Step]:
 
 def demo_turns(scale: float = 1.0, round1_end: Optional[threading.Event] = None) -> Tuple[List[Step], List[Step]]:
     """The two provider turns; ``round1_end`` is set when the provider wrote round 1's last byte."""
-    first = _script(_ROUND_1, scale) + [s.finish("stop"), s.usage(120, 160), s.done()]
+    first = _script(_ROUND_1, scale) + [s.finish(StopReason.STOP), s.usage(120, 160), s.done()]
     if round1_end is not None:
         first.append(s.signal(round1_end))
-    second = _script(_ROUND_2, scale) + [s.finish("stop"), s.usage(300, 90), s.done()]
+    second = _script(_ROUND_2, scale) + [s.finish(StopReason.STOP), s.usage(300, 90), s.done()]
     return first, second
 
 

@@ -34,7 +34,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from .._errors import StreamEngineError
 from .._logs import for_terminal, is_terminal
+from .._messages import StopReason
 from .._validation import one_line
 from .build import UsageError
 from .output import write
@@ -58,7 +60,7 @@ LOCK_WAIT_S = 5.0
 _TURN_OFF = "--no-log or STREAMENGINE_LOG=0 turns the log off"
 
 
-class RunLogError(Exception):
+class RunLogError(StreamEngineError):
     """The run log cannot be read or written: what is wrong with it, and what to do."""
 
 
@@ -195,7 +197,7 @@ def cmd_logs(args: argparse.Namespace, hooks: Any) -> int:
             write(out, json.dumps(run, ensure_ascii=at_terminal) + "\n")
             continue
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["at"]))
-        ended = f", {run['finish_reason']}" if run.get("finish_reason") not in (None, "stop") else ""
+        ended = f", {run['finish_reason']}" if run.get("finish_reason") not in (None, StopReason.STOP) else ""
         write(out, shown(f"## {when}  {run['model'] or '?'}  conversation {run['conversation'][:8]}{ended}\n\n"
                          f"> {one_line(run['prompt'])}\n\n{run['answer']}\n\n"))
     return 0

@@ -33,13 +33,10 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
   block index, so calls are numbered as OpenAI numbers them; id and name
   come with ``content_block_start``, the arguments with each
   ``input_json_delta``;
-* a block's ``content_block_stop`` is the moment its call is complete.  The
-  engine's accumulator closes a call early once a *higher* index has started
-  and its arguments parse, so the stop is expressed in those terms: the
-  arguments are completed (``{}`` for a call without input) and an empty
-  delta opens the next index.  The next tool block fills that index in; if
-  none comes, the empty slot has no name and is dropped at the end.  So a
-  call is dispatched at its block's stop, not at the end of the message;
+* a block's ``content_block_stop`` is the moment its call is complete: its
+  last delta says ``done`` (with the arguments the block started with,
+  ``{}`` for none, when no input was streamed), so a call is dispatched at
+  its block's stop, not at the end of the message;
 * the answer is complete at ``message_stop``, or when the body ends after a
   ``message_delta`` with a stop reason (everything has arrived); any other
   end is a broken stream.  Usage is input tokens from ``message_start`` and
@@ -66,18 +63,20 @@ import json
 import math
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import requests
 
 from .. import _validation as validation
 from .._errors import ConfigError, LlmError, LlmHttpError, LlmProtocolError
+from .._logs import Redactor
 from .._messages import (
     Chunk,
     CompletionOptions,
     Message,
     MessageLike,
     Response,
+    StopReason,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
@@ -86,18 +85,21 @@ from .._messages import (
     text_chunk,
 )
 from .http.errors import in_band_error, in_band_status, status_error
-from .http.options import RequestExtras, sdk_settings
-from .http.transport import HttpProviderClient, TypedEventParser, content_headers
+from .http.options import sdk_settings
+from .http.transport import HttpProviderClient, TypedEventParser, Wire, content_headers
+
+if TYPE_CHECKING:  # typing.TypeGuard is Python 3.10+
+    from typing_extensions import TypeGuard
 
 #: Anthropic ``stop_reason`` -> the finish reasons the engine knows (OpenAI's names).
 #: ``length`` and ``content_filter`` mark an answer cut off; others pass through as they are.
 FINISH_REASONS = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "tool_use": "tool_calls",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "refusal": "content_filter",
+    "end_turn": StopReason.STOP,
+    "stop_sequence": StopReason.STOP,
+    "tool_use": StopReason.TOOL_CALLS,
+    "max_tokens": StopReason.LENGTH,
+    "model_context_window_exceeded": StopReason.LENGTH,
+    "refusal": StopReason.CONTENT_FILTER,
 }
 
 # Tool results the engine failed to produce start with this (continuation.result_content).
@@ -252,9 +254,9 @@ def response_from_json(payload: Any, redact: Any) -> Response:
             calls.append(ToolCall(id=_text(block.get("id")) or f"toolu_{position}",
                                   name=_text(block.get("name")) or "",
                                   arguments=json.dumps(arguments if isinstance(arguments, dict) else {})))
-    return Response(content="".join(text), tool_calls=tuple(calls), usage=usage_of(merge_usage({}, payload.get("usage"))),
-                    model=_text(payload.get("model")), finish_reason=finish_reason(payload.get("stop_reason")),
-                    id=_text(payload.get("id")))
+    return Response(content="".join(text), tool_calls=tuple(calls),
+                    usage=usage_of(merge_usage({}, payload.get("usage"))), model=_text(payload.get("model")),
+                    finish_reason=finish_reason(payload.get("stop_reason")), id=_text(payload.get("id")))
 
 
 def _text(value: Any) -> Optional[str]:
@@ -356,7 +358,9 @@ class AnthropicStreamParser(TypedEventParser):
         if kind == "message_start":
             return self._message_start(frame)
         if kind == "message_delta":
-            delta = frame.get("delta") if isinstance(frame.get("delta"), dict) else {}
+            delta = frame.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
             self.finish_reason = finish_reason(delta.get("stop_reason")) or self.finish_reason
             self.usage = usage_of(merge_usage(self._counts, frame.get("usage")))
         elif kind == "message_stop":
@@ -367,9 +371,12 @@ class AnthropicStreamParser(TypedEventParser):
         return None  # ping, and event types this client does not know yet
 
     def _message_start(self, frame: Dict[str, Any]) -> Optional[Chunk]:
-        message = frame.get("message") if isinstance(frame.get("message"), dict) else {}
-        if isinstance(message.get("model"), str) and message["model"]:
-            self.model = message["model"]
+        message = frame.get("message")
+        if not isinstance(message, dict):
+            message = {}
+        model = message.get("model")
+        if isinstance(model, str) and model:
+            self.model = model
         self.usage = usage_of(merge_usage(self._counts, message.get("usage")))
         message_id = message.get("id")
         return Chunk(response_id=message_id) if isinstance(message_id, str) and message_id else None
@@ -419,15 +426,13 @@ class AnthropicStreamParser(TypedEventParser):
         if tool is None:
             return None
         del self._tools[frame["index"]]
-        deltas = []
+        arguments = None
         if not tool.argued:  # no input streamed: the call's input is the one it started with
-            start = tool.start_input if isinstance(tool.start_input, dict) else {}
-            deltas.append(ToolCallDelta(tool.index, arguments_fragment=json.dumps(start)))
-        deltas.append(ToolCallDelta(tool.index + 1))  # opens the next index: closes this call now
-        return Chunk(tool_calls=tuple(deltas))
+            arguments = json.dumps(tool.start_input if isinstance(tool.start_input, dict) else {})
+        return Chunk(tool_calls=(ToolCallDelta(tool.index, arguments_fragment=arguments, done=True),))
 
 
-def _is_index(value: Any) -> bool:
+def _is_index(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -445,7 +450,51 @@ DEFAULT_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 
-class AnthropicClient(RequestExtras, HttpProviderClient):
+class MessagesWire(Wire):
+    """The Messages API: ``POST {base_url}/v1/messages``, its typed events, its errors and ``x-api-key``."""
+
+    chat_path = "/v1/messages"
+    example_base_url = DEFAULT_BASE_URL
+    api_root_hint = "is base_url the Anthropic API root (https://api.anthropic.com)?"
+    key_source = "ANTHROPIC_API_KEY"
+    log_name = "streamengine._clients.anthropic.AnthropicClient"
+    parser_class = AnthropicStreamParser
+
+    def __init__(self, anthropic_version: str, default_max_tokens: int) -> None:
+        validation.count(default_max_tokens, "default_max_tokens", minimum=1)
+        if not isinstance(anthropic_version, str) or not re.fullmatch(r"[0-9A-Za-z.-]+", anthropic_version):
+            raise ConfigError(f"anthropic_version must look like {DEFAULT_VERSION!r}, got {anthropic_version!r}")
+        self.anthropic_version = anthropic_version
+        self.default_max_tokens = default_max_tokens
+
+    def api_root(self, base_url: str) -> str:
+        # An OpenAI habit; the chat path adds /v1 itself.
+        return base_url[:-3] if base_url.endswith("/v1") else base_url
+
+    def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                  options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        return chat_body(messages, tools, options, self.default_max_tokens, stream=stream)
+
+    def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
+        sent = content_headers(stream)
+        sent["anthropic-version"] = self.anthropic_version
+        sent.update(headers)
+        if api_key:
+            sent["x-api-key"] = api_key
+        return sent
+
+    def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
+        return response_from_json(payload, redact)
+
+    def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
+        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers)
+
+    def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
+        if isinstance(payload, dict) and payload.get("type") == "error":
+            raise error_from_payload(payload, f"{url} answered with an error", redact)
+
+
+class AnthropicClient(HttpProviderClient):
     """Claude through the Messages API, over one ``requests.Session``.
 
     ``base_url`` is the API root without ``/v1`` (``https://api.anthropic.com``,
@@ -458,11 +507,7 @@ class AnthropicClient(RequestExtras, HttpProviderClient):
     ``extra_headers`` and ``extra_query`` are understood (:mod:`.http.options`).
     """
 
-    chat_path = "/v1/messages"
-    example_base_url = DEFAULT_BASE_URL
-    api_root_hint = "is base_url the Anthropic API root (https://api.anthropic.com)?"
-    log_name = "streamengine._clients.anthropic.AnthropicClient"
-    parser_class = AnthropicStreamParser
+    wire: MessagesWire
 
     def __init__(
         self,
@@ -478,41 +523,17 @@ class AnthropicClient(RequestExtras, HttpProviderClient):
         timeout: Optional[float] = None,
         max_retries: Optional[int] = None,
     ) -> None:
-        headers, connect, self.max_retries = sdk_settings(headers, default_headers, connect_timeout, timeout,
-                                                          max_retries)
-        validation.count(default_max_tokens, "default_max_tokens", minimum=1)
-        if not isinstance(anthropic_version, str) or not re.fullmatch(r"[0-9A-Za-z.-]+", anthropic_version):
-            raise ConfigError(f"anthropic_version must look like {DEFAULT_VERSION!r}, got {anthropic_version!r}")
-        self.anthropic_version = anthropic_version
-        self.default_max_tokens = default_max_tokens
-        super().__init__(base_url, api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"),
-                         key_source="ANTHROPIC_API_KEY", session=session, headers=headers,
-                         connect_timeout=connect)
+        headers, connect, retries = sdk_settings(headers, default_headers, connect_timeout, timeout, max_retries)
+        super().__init__(MessagesWire(anthropic_version, default_max_tokens), base_url,
+                         api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY"), session=session,
+                         headers=headers, connect_timeout=connect, max_retries=retries)
 
-    # -- the wire format ---------------------------------------------------------------
+    @property
+    def anthropic_version(self) -> str:
+        """The ``anthropic-version`` header sent with every request."""
+        return self.wire.anthropic_version
 
-    def _api_root(self, base_url: str) -> str:
-        # An OpenAI habit; the chat path adds /v1 itself.
-        return base_url[:-3] if base_url.endswith("/v1") else base_url
-
-    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
-        return chat_body(messages, tools, options, self.default_max_tokens, stream=stream)
-
-    def _request_headers(self, stream: bool) -> Dict[str, str]:
-        headers = content_headers(stream)
-        headers["anthropic-version"] = self.anthropic_version
-        headers.update(self._headers)
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
-        return headers
-
-    def _response_of(self, payload: Any) -> Response:
-        return response_from_json(payload, self._redact)
-
-    def _status_error(self, resp: requests.Response, url: str, text: str, stream: bool) -> LlmError:
-        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers)
-
-    def _raise_in_band_error(self, payload: Any, url: str) -> None:
-        if isinstance(payload, dict) and payload.get("type") == "error":
-            raise error_from_payload(payload, f"{url} answered with an error", self._redact)
+    @property
+    def default_max_tokens(self) -> int:
+        """The ``max_tokens`` sent when a call's options give none."""
+        return self.wire.default_max_tokens

@@ -42,17 +42,19 @@ import re
 import socket
 import ssl
 import threading
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
 
 import requests
 
 from .._errors import ConfigError, LlmError, LlmHttpError, LlmProtocolError
+from .._logs import Redactor
 from .._messages import (
     Chunk,
     CompletionOptions,
     MessageLike,
     Response,
+    StopReason,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
@@ -60,11 +62,12 @@ from .._messages import (
     as_messages,
     text_chunk,
 )
+from .base import Wait
 from .http.connection import RequestTracker
 from .http.errors import in_band_error, in_band_status, short_cause, status_error
-from .http.options import RequestExtras, check_headers, sdk_settings
+from .http.options import check_headers, sdk_settings
 from .http.sse_read import WAIT
-from .http.transport import HttpProviderClient, SseStreamParser, content_headers, encode_body
+from .http.transport import HttpProviderClient, SseStreamParser, Wire, content_headers, encode_body
 
 #: The one default provider URL (the CLI and ``from_env`` use it too).
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -172,7 +175,7 @@ def connection_error_message(exc: BaseException, url: str, base_url: str, connec
     """One line for a request that got no answer: where, the cause in plain words, what to check."""
     causes = list(_causes(exc))
 
-    def found(*kinds: Any, names: tuple = ()) -> Optional[BaseException]:
+    def found(*kinds: Any, names: Tuple[str, ...] = ()) -> Optional[BaseException]:
         return next((c for c in causes if isinstance(c, kinds) or type(c).__name__ in names), None)
 
     where = f"could not connect to {base_url}"
@@ -195,7 +198,8 @@ def connection_error_message(exc: BaseException, url: str, base_url: str, connec
         return (f"the server at {base_url} closed the connection before answering ({short_cause(dropped)}) "
                 f"\u2014 it may have crashed or be overloaded; retry, or check the URL (http vs https, the port)")
     deepest = causes[-1] if causes else exc
-    return f"no answer from {url}: {short_cause(deepest)} \u2014 check that the provider is running and base_url is right"
+    return (f"no answer from {url}: {short_cause(deepest)} \u2014 check that the provider is running and base_url "
+            f"is right")
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -226,11 +230,11 @@ def provider_message(text: str) -> Optional[str]:
         return error
     if isinstance(error, dict):
         for key in ("message", "detail", "error"):
-            if isinstance(error.get(key), str) and error[key]:
-                return error[key]
-    if isinstance(payload.get("detail"), str):
-        return payload["detail"]
-    return None
+            said = error.get(key)
+            if isinstance(said, str) and said:
+                return said
+    detail = payload.get("detail")
+    return detail if isinstance(detail, str) else None
 
 
 def raise_in_band_error(payload: Any, url: str, redact: Any, after: Optional[int] = None) -> None:
@@ -262,7 +266,8 @@ def _hint_for_status(status: int) -> str:
                                   if status >= 500 else "the request was not accepted")
 
 
-_scan_json = json.JSONDecoder().scan_once  # (obj, end) from a str and an index, in C
+_scan_json: Callable[[str, int], Tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# (obj, end) from a str and an index, in C; typeshed does not declare scan_once.
 
 
 class StreamParser(SseStreamParser):
@@ -271,7 +276,7 @@ class StreamParser(SseStreamParser):
     end_marker = "a finish reason or [DONE]"
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+            tracker: RequestTracker) -> Generator[Union[Chunk, Wait], None, Chunk]:
         # The per-event loop is the hot path (100k+ events/s): names are bound
         # to locals, and a plain ``data:`` JSON object without "error" goes
         # straight to _chunk_from_frame.
@@ -382,7 +387,7 @@ class StreamParser(SseStreamParser):
             delta = {}
         finish = choice.get("finish_reason")
         if finish and type(finish) is str:
-            self.finish_reason = finish
+            self.finish_reason = finish = StopReason.known(finish)
         else:
             finish = None
         content = delta.get("content")
@@ -577,7 +582,7 @@ def response_from_json(payload: Any, redact: Any) -> Response:
         tool_calls=tuple(calls),
         usage=_usage(payload.get("usage")),
         model=payload.get("model") if isinstance(payload.get("model"), str) else None,
-        finish_reason=finish if isinstance(finish, str) else None,
+        finish_reason=StopReason.known(finish) if isinstance(finish, str) else None,
         id=_string_or_none(payload.get("id")),
     )
 
@@ -598,7 +603,61 @@ def vectors_from_json(payload: Any, expected: int) -> List[List[float]]:
             f"the embeddings answer is malformed ({exc}); expected data[i].embedding lists") from exc
 
 
-class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
+class ChatCompletionsWire(Wire):
+    """The Chat Completions API: ``POST {base_url}/chat/completions``, its SSE chunks, its errors."""
+
+    chat_path = "/chat/completions"
+    example_base_url = "http://127.0.0.1:8000/v1"
+    api_root_hint = "is base_url an OpenAI-compatible API root (ending in /v1)?"
+    key_source = "STREAMENGINE_API_KEY or OPENAI_API_KEY"
+    log_name = "streamengine._clients.openai.OpenAICompatibleClient"
+    parser_class = StreamParser
+
+    def __init__(self, api_key_header: str, stream_options: bool) -> None:
+        self.api_key_header = checked_key_header(api_key_header)
+        self.stream_options = bool(stream_options)
+
+    def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                  options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        return chat_body(messages, tools, options, stream=stream, stream_options=stream and self.stream_options)
+
+    def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
+        return request_headers(stream, headers, api_key, self.api_key_header)
+
+    def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
+        return response_from_json(payload, redact)
+
+    def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
+        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers, base_url=base_url,
+                          sent_stream_options=stream and self.stream_options)
+
+    def no_answer(self, exc: BaseException, url: str, base_url: str, connect_timeout: float) -> str:
+        return connection_error_message(exc, url, base_url, connect_timeout)
+
+    def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
+        raise_in_band_error(payload, url, redact)
+
+
+def checked_key_header(name: Any) -> str:
+    """The header the key goes in (``Authorization``, Azure's ``api-key``), refused now if it cannot be sent."""
+    check_headers({name: "x"} if isinstance(name, str) else {None: "x"})  # type: ignore[dict-item]
+    return str(name)
+
+
+def embed(client: HttpProviderClient, texts: Sequence[str], model: str,
+          cancel: Optional[threading.Event]) -> List[List[float]]:
+    """``texts`` embedded in one request to ``{base_url}/embeddings``; vectors in input order."""
+    if isinstance(texts, (str, bytes)):
+        raise ConfigError(
+            "embed() takes a list of texts, e.g. embed(['some text'], model), not one string")
+    texts = list(texts)
+    if not texts:
+        return []
+    payload = client._post_json("/embeddings", encode_body({"model": model, "input": texts}), cancel)
+    return vectors_from_json(payload, len(texts))
+
+
+class OpenAICompatibleClient(HttpProviderClient):
     """Chat completions (streamed or not) and embeddings over one ``requests.Session``.
 
     ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1``; requests go
@@ -627,11 +686,7 @@ class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
     them (see :mod:`.http.options`).
     """
 
-    chat_path = "/chat/completions"
-    example_base_url = "http://127.0.0.1:8000/v1"
-    api_root_hint = "is base_url an OpenAI-compatible API root (ending in /v1)?"
-    log_name = "streamengine._clients.openai.OpenAICompatibleClient"
-    parser_class = StreamParser
+    wire: ChatCompletionsWire
 
     def __init__(
         self,
@@ -648,16 +703,16 @@ class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
         timeout: Optional[float] = None,
         max_retries: Optional[int] = None,
     ) -> None:
-        headers, connect, self.max_retries = sdk_settings(headers, default_headers, connect_timeout, timeout,
-                                                          max_retries)
+        headers, connect, retries = sdk_settings(headers, default_headers, connect_timeout, timeout, max_retries)
         if base_url is None:
             base_url, api_key = env_base_url(), api_key if api_key is not None else env_api_key()
-        super().__init__(base_url, api_key, key_source="STREAMENGINE_API_KEY or OPENAI_API_KEY", session=session,
-                         headers=headers, connect_timeout=connect)
-        self._query.update(check_query(query))
-        check_headers({api_key_header: "x"} if isinstance(api_key_header, str) else {None: "x"})  # type: ignore[dict-item]
-        self._api_key_header = api_key_header
-        self.stream_options = bool(stream_options)
+        super().__init__(ChatCompletionsWire(api_key_header, stream_options), base_url, api_key, session=session,
+                         headers=headers, connect_timeout=connect, query=check_query(query), max_retries=retries)
+
+    @property
+    def stream_options(self) -> bool:
+        """Whether a streamed request asks for the usage frame (``stream_options``)."""
+        return self.wire.stream_options
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> OpenAICompatibleClient:
@@ -666,40 +721,10 @@ class OpenAICompatibleClient(RequestExtras, HttpProviderClient):
         Base URL: ``STREAMENGINE_BASE_URL``, else ``OPENAI_BASE_URL``, else
         OpenAI's.  Key: ``STREAMENGINE_API_KEY``, else ``OPENAI_API_KEY``.
         """
-        base_url, api_key = env_base_url(), env_api_key()
-        return cls(base_url, api_key, **kwargs)
+        return cls(env_base_url(), env_api_key(), **kwargs)
 
     def embed(
         self, texts: Sequence[str], model: str, *, cancel: Optional[threading.Event] = None,
     ) -> List[List[float]]:
         """Embed ``texts`` in one request; vectors come back in input order."""
-        if isinstance(texts, (str, bytes)):
-            raise ConfigError(
-                "embed() takes a list of texts, e.g. embed(['some text'], model), not one string")
-        texts = list(texts)
-        if not texts:
-            return []
-        payload = self._post_json("/embeddings", encode_body({"model": model, "input": texts}), cancel)
-        return vectors_from_json(payload, len(texts))
-
-    # -- the wire format ---------------------------------------------------------------
-
-    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
-        return chat_body(messages, tools, options, stream=stream, stream_options=stream and self.stream_options)
-
-    def _request_headers(self, stream: bool) -> Dict[str, str]:
-        return request_headers(stream, self._headers, self._api_key, self._api_key_header)
-
-    def _response_of(self, payload: Any) -> Response:
-        return response_from_json(payload, self._redact)
-
-    def _status_error(self, resp: requests.Response, url: str, text: str, stream: bool) -> LlmError:
-        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers, base_url=self.base_url,
-                          sent_stream_options=stream and self.stream_options)
-
-    def _no_answer(self, exc: BaseException, url: str) -> str:
-        return connection_error_message(exc, url, self.base_url, self.connect_timeout)
-
-    def _raise_in_band_error(self, payload: Any, url: str) -> None:
-        raise_in_band_error(payload, url, self._redact)
+        return embed(self, texts, model, cancel)

@@ -50,10 +50,9 @@ per output item ``response.output_item.added``, its deltas and
   each ``function_call_arguments.delta`` keyed by the item.  A server that
   sends no deltas (LM Studio) gives them whole in ``arguments.done`` or
   ``output_item.done``;
-* a call is complete at its ``output_item.done``: as in the Anthropic
-  parser, the arguments are completed and an empty delta opens the next
-  index, which makes the engine's accumulator close (and the engine
-  dispatch) the call then, not at ``response.completed``;
+* a call is complete at its ``output_item.done``: its last delta says
+  ``done`` (with the item's own arguments when none were streamed), so the
+  engine dispatches it then, not at ``response.completed``;
 * hosted tools (web search, file search, code interpreter, image
   generation, MCP) stream only progress events: each is a chunk with
   nothing in it that still counts as the model working (``is_meaningful``);
@@ -68,35 +67,53 @@ per output item ``response.output_item.added``, its deltas and
 
 The OpenAI Responses API client (``POST {base_url}/responses``), streamed or not.
 
-Everything but the wire format is :class:`OpenAICompatibleClient`'s, inherited
-rather than copied: the constructor's options (``headers``, ``query``,
-``api_key_header``, ``connect_timeout``, a ``session``), ``from_env``,
-credentials and redaction, the transport (cancel shuts the socket down even
-before the headers, bounded reads, SSE framing), HTTP error wording and
-``retry-after``, connection-error messages and embeddings.  What differs is
-here: the request, the answer and its errors, the stream events.
+The client is an ``HttpProviderClient`` holding a :class:`ResponsesWire`,
+as every provider client is: the transport (cancel shuts the socket down
+even before the headers, bounded reads, SSE framing), credentials and
+redaction are the shared client's; the constructor's options, ``from_env``
+and embeddings are :class:`OpenAICompatibleClient`'s, and so are the
+headers, HTTP error wording, ``retry-after`` and connection-error messages
+(the wire calls the same functions).  What differs is here: the request,
+the answer and its errors, the stream events.
 """
 from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from .._errors import ConfigError, LlmProtocolError
+import requests
+
+from .._errors import ConfigError, LlmError, LlmProtocolError
+from .._logs import Redactor
 from .._messages import (
     Chunk,
     CompletionOptions,
     Message,
     MessageLike,
     Response,
+    StopReason,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
     Usage,
     as_messages,
 )
-from .http.transport import TypedEventParser
-from .openai import OpenAICompatibleClient, _usage, raise_in_band_error
+from .http.options import sdk_settings
+from .http.transport import HttpProviderClient, TypedEventParser, Wire
+from .openai import (
+    _usage,
+    check_query,
+    checked_key_header,
+    connection_error_message,
+    embed,
+    env_api_key,
+    env_base_url,
+    http_error,
+    raise_in_band_error,
+    request_headers,
+)
 
 #: Chat Completions option names -> their Responses names.
 RENAMED_OPTIONS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"}
@@ -138,10 +155,10 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
         body["max_output_tokens"] = options.max_tokens
     if options.stop is not None:
         _refuse("stop", "CompletionOptions.stop")
-    for name, value in (options.extra or {}).items():
-        name, value = _translated_option(name, value)
+    for given, value in (options.extra or {}).items():
+        name, translated = _translated_option(given, value)
         if name is not None:
-            body[name] = value
+            body[name] = translated
     return body
 
 
@@ -207,7 +224,7 @@ def _refuse(name: str, what: str) -> None:
 
 
 #: ``incomplete_details.reason`` -> the finish reasons the engine knows (Chat Completions' names).
-INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+INCOMPLETE_REASONS = {"max_output_tokens": StopReason.LENGTH, "content_filter": StopReason.CONTENT_FILTER}
 
 Redact = Callable[[str], str]
 
@@ -227,8 +244,8 @@ def finish_reason_of(response: Mapping[str, Any], made_calls: bool, incomplete: 
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, Mapping) else None
     if incomplete or response.get("status") == "incomplete" or reason:
-        return INCOMPLETE_REASONS.get(reason, reason) if isinstance(reason, str) and reason else "length"
-    return "tool_calls" if made_calls else "stop"
+        return INCOMPLETE_REASONS.get(reason, reason) if isinstance(reason, str) and reason else StopReason.LENGTH
+    return StopReason.TOOL_CALLS if made_calls else StopReason.STOP
 
 
 def raise_error(error: Any, url: str, redact: Redact, after: Optional[int] = None) -> None:
@@ -357,7 +374,9 @@ class ResponsesStreamParser(TypedEventParser):
     # -- one event ---------------------------------------------------------------------
 
     def chunk_of(self, name: str, frame: Dict[str, Any]) -> Optional[Chunk]:
-        kind = frame.get("type") if isinstance(frame.get("type"), str) else name
+        kind = frame.get("type")
+        if not isinstance(kind, str):
+            kind = name
         if kind == "response.output_text.delta":
             return self._text(frame.get("delta"), None)
         if kind in _REASONING_DELTAS:
@@ -378,9 +397,9 @@ class ResponsesStreamParser(TypedEventParser):
             told = self._note_response(frame.get("response"))
             return self._finished(frame.get("response"), incomplete=kind == "response.incomplete") or told
         if kind == "response.failed":
-            response = frame.get("response") if isinstance(frame.get("response"), Mapping) else {}
-            raise_error(response.get("error") or {"message": "the response failed"}, self.url, self.redact,
-                        after=self.events - 1)
+            response = frame.get("response")
+            error = response.get("error") if isinstance(response, Mapping) else None
+            raise_error(error or {"message": "the response failed"}, self.url, self.redact, after=self.events - 1)
         if kind == "error" or name == "error":
             raise_error(frame, self.url, self.redact, after=self.events - 1)
         if _HOSTED_PROGRESS.fullmatch(kind):
@@ -471,12 +490,12 @@ class ResponsesStreamParser(TypedEventParser):
         if call is None:  # a server that announces the call only when it is done
             call, deltas = self._start(frame, item)
         self._forget(call)
+        text = None
         if not call.argued:  # no arguments streamed: the item's own, or none
             arguments = item.get("arguments")
             text = arguments if isinstance(arguments, str) and arguments else (
                 json.dumps(arguments) if isinstance(arguments, dict) else "{}")
-            deltas.append(ToolCallDelta(call.index, arguments_fragment=text))
-        deltas.append(ToolCallDelta(call.index + 1))  # opens the next index: closes this call now
+        deltas.append(ToolCallDelta(call.index, arguments_fragment=text, done=True))
         return Chunk(tool_calls=tuple(deltas))
 
     def _forget(self, call: _Call) -> None:
@@ -507,7 +526,42 @@ def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class OpenAIResponsesClient(OpenAICompatibleClient):
+class ResponsesWire(Wire):
+    """The Responses API: ``POST {base_url}/responses``, its typed events; OpenAI's headers and errors."""
+
+    chat_path = "/responses"
+    example_base_url = "http://127.0.0.1:8000/v1"
+    api_root_hint = "is base_url an API root that serves the Responses API (ending in /v1)?"
+    key_source = "STREAMENGINE_API_KEY or OPENAI_API_KEY"
+    log_name = "streamengine._clients.responses.OpenAIResponsesClient"
+    parser_class = ResponsesStreamParser
+
+    def __init__(self, api_key_header: str) -> None:
+        self.api_key_header = checked_key_header(api_key_header)
+
+    def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                  options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        return responses_body(messages, tools, options, stream=stream)
+
+    def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
+        return request_headers(stream, headers, api_key, self.api_key_header)
+
+    def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
+        return response_from_json(payload, url, redact)
+
+    def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
+        # No stream_options is sent here: no hint about turning it off.
+        return http_error(resp.status_code, resp.reason or "", url, text, resp.headers, base_url=base_url,
+                          sent_stream_options=False)
+
+    def no_answer(self, exc: BaseException, url: str, base_url: str, connect_timeout: float) -> str:
+        return connection_error_message(exc, url, base_url, connect_timeout)
+
+    def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
+        raise_in_band_error(payload, url, redact)
+
+
+class OpenAIResponsesClient(HttpProviderClient):
     """OpenAI's Responses API (and the servers that speak it: vLLM, Ollama, llama.cpp, LM Studio, OpenRouter, Azure).
 
     ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1`` (without
@@ -525,18 +579,37 @@ class OpenAIResponsesClient(OpenAICompatibleClient):
     storing the responses.
     """
 
-    chat_path = "/responses"
-    api_root_hint = "is base_url an API root that serves the Responses API (ending in /v1)?"
-    log_name = "streamengine._clients.responses.OpenAIResponsesClient"
-    parser_class = ResponsesStreamParser
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        session: Optional[requests.Session] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        connect_timeout: Optional[float] = None,
+        query: Optional[Mapping[str, str]] = None,
+        api_key_header: str = "Authorization",
+        stream_options: bool = True,
+        default_headers: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        max_retries: Optional[int] = None,
+    ) -> None:
+        headers, connect, retries = sdk_settings(headers, default_headers, connect_timeout, timeout, max_retries)
+        if base_url is None:
+            base_url, api_key = env_base_url(), api_key if api_key is not None else env_api_key()
+        super().__init__(ResponsesWire(api_key_header), base_url, api_key, session=session, headers=headers,
+                         connect_timeout=connect, query=check_query(query), max_retries=retries)
 
-    def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None, **kwargs: Any) -> None:
-        super().__init__(base_url, api_key, **kwargs)
-        self.stream_options = False  # nothing to turn off here: no hint about it in error messages
+    #: Accepted for the Chat Completions client's signature; this API reports usage unasked.
+    stream_options = False
 
-    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
-        return responses_body(messages, tools, options, stream=stream)
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> OpenAIResponsesClient:
+        """Build from the environment, as :meth:`OpenAICompatibleClient.from_env` does."""
+        return cls(env_base_url(), env_api_key(), **kwargs)
 
-    def _response_of(self, payload: Any) -> Response:
-        return response_from_json(payload, self.base_url + self.chat_path, self._redact)
+    def embed(
+        self, texts: Sequence[str], model: str, *, cancel: Optional[threading.Event] = None,
+    ) -> List[List[float]]:
+        """Embed ``texts`` in one request to the same API's ``/embeddings``; vectors in input order."""
+        return embed(self, texts, model, cancel)

@@ -44,8 +44,9 @@ class RoutedClient(StreamingLlmClient):
             if not isinstance(name, str) or not name or ":" in name or name != name.strip():
                 raise ConfigError(f"route names are non-empty words without ':' or spaces, got {name!r}")
             if not isinstance(client, StreamingLlmClient):
-                raise ConfigError(f"the client for route {name!r} must be a StreamingLlmClient "
-                                  f"(e.g. OpenAICompatibleClient, OpenAIResponsesClient or AnthropicClient), got {type(client).__name__}")
+                raise ConfigError(f"the client for route {name!r} must be a StreamingLlmClient (e.g. "
+                                  f"OpenAICompatibleClient, OpenAIResponsesClient or AnthropicClient), "
+                                  f"got {type(client).__name__}")
         if default is not None and default not in clients:
             raise ConfigError(f"default route {default!r} is not one of the routes {sorted(clients)}")
         self.clients: Dict[str, StreamingLlmClient] = dict(clients)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._accumulate import ResponseAggregator
 from .._errors import ConfigError, LlmCancelledError, LlmHttpError
-from .._messages import Chunk, CompletionOptions, Message, MessageLike, Response, ToolSpec, as_messages
+from .._messages import Chunk, CompletionOptions, Message, MessageLike, Response, StopReason, ToolSpec, as_messages
 from .base import StreamingLlmClient, Wait, chunks_only
 
 TurnItem = Union[Chunk, str, float, int, BaseException, type]
@@ -85,7 +85,7 @@ class ScriptedClient(StreamingLlmClient):
 
     def _call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
               options: Optional[CompletionOptions], cancel: Optional[threading.Event],
-              streamed: bool) -> Iterator[Chunk]:
+              streamed: bool) -> Iterator[Union[Chunk, Wait]]:
         """Record the call and take its turn now; the returned iterator plays it."""
         call = ScriptedCall(tuple(as_messages(messages)), tuple(tools) if tools is not None else None,
                             options, streamed)
@@ -139,7 +139,7 @@ class ScriptedClient(StreamingLlmClient):
                 raise item
         _raise_if_cancelled(cancel)
         if self.auto_complete:
-            yield Chunk(is_completed=True, finish_reason=finish_reason or "stop", usage=usage, model=model)
+            yield Chunk(is_completed=True, finish_reason=finish_reason or StopReason.STOP, usage=usage, model=model)
 
     def close(self) -> None:
         self.closed = True

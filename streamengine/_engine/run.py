@@ -30,7 +30,7 @@ from .._calls.strategies import make_call_strategy
 from .._cancel import CancelToken, on_cancel
 from .._clients.base import LlmClient
 from .._config import EngineConfig, completion_options
-from .._errors import ConfigError, LlmError
+from .._errors import ConfigError, RunFailedError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, ToolCall, as_messages
 from .._otel import instrumentation
@@ -53,14 +53,6 @@ def _produced_nothing(result: EngineResult) -> bool:
     """The run failed and no round has text but the engine's warning: there is no answer at all."""
     return (result.error is not None and result.telemetry.stop_reason in _NOTHING_PRODUCED
             and not any(text and not text.startswith(LLM_WARNING) for text in result.rounds))
-
-
-class RunFailedError(LlmError):
-    """``complete()`` of a run that produced no answer; ``result`` is what the run did get."""
-
-    def __init__(self, result: EngineResult) -> None:
-        self.result = result
-        super().__init__(result.error or "the run failed")
 
 
 class StreamingEngine:

@@ -67,6 +67,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from .._logs import component_logger
+from .._messages import StopReason
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Histogram, Meter, MeterProvider
@@ -223,7 +224,7 @@ def input_messages(messages: Iterable[Message]) -> str:
 def output_messages(text: str, calls: Iterable[ToolCall], finish_reason: Optional[str]) -> str:
     parts: List[Dict[str, Any]] = [{"type": "text", "content": text}] if text else []
     parts += [_tool_call_part(call) for call in calls]
-    return json.dumps([{"role": "assistant", "parts": parts, "finish_reason": finish_reason or "stop"}],
+    return json.dumps([{"role": "assistant", "parts": parts, "finish_reason": finish_reason or StopReason.STOP}],
                       ensure_ascii=False)
 
 
@@ -338,7 +339,7 @@ def _made(meter: Meter, name: str, unit: str, description: str, boundaries: Sequ
 
 def unfinished_text(reason: str) -> str:
     """A status description that names no content: what ended the run, in the engine's words."""
-    return "the run was cancelled" if reason == "cancelled" else f"the run stopped: {reason}"
+    return "the run was cancelled" if reason == StopReason.CANCELLED else f"the run stopped: {reason}"
 
 
 def mark_unfinished(span: Span, reason: str) -> None:
@@ -671,13 +672,13 @@ class RunTrace:
                 return
             self._ended = True
         stop_reason = getattr(getattr(result, "telemetry", None), "stop_reason", None) or (
-            "cancelled" if cancelled else None)
+            StopReason.CANCELLED if cancelled else None)
         with self._lock:
             leftovers = list(self._tools.values())
             self._tools.clear()
             chats = [chat for chat in self._chats if chat.open]
             provider = next((chat.attributes[PROVIDER] for chat in reversed(self._chats) if chat.answered), None)
-        unfinished = stop_reason or "cancelled"
+        unfinished = stop_reason or StopReason.CANCELLED
         for chat in chats:
             with self.owner.guard("ending a chat span"):
                 chat.abandoned(unfinished)
@@ -707,7 +708,8 @@ class RunTrace:
 
 #: Stop reasons of a run that did not complete: its span is an ERROR with the reason as ``error.type``
 #: (``cancelled`` is this engine's own value: the conventions name none for a cancelled operation).
-FAILED_STOP_REASONS = frozenset({"cancelled", "llm_error", "llm_error_after_tokens", "internal_error", "output_limit"})
+FAILED_STOP_REASONS = frozenset({StopReason.CANCELLED, StopReason.LLM_ERROR, StopReason.LLM_ERROR_AFTER_TOKENS,
+                                 StopReason.INTERNAL_ERROR, StopReason.OUTPUT_LIMIT})
 
 
 def _run_failure(result: Optional[EngineResult], error: Optional[BaseException],

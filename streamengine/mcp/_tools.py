@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-from typing import Any, Callable, Collection, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple, Union
 
 from .._errors import ConfigError, ToolError
 from .._logs import redact as redact_urls
@@ -92,6 +92,11 @@ class McpTool(Tool):
                  side_effects_reason: str = "", annotations_trusted: bool = False) -> None:
         super().__init__(self._call_blocking, name=name, description=description, side_effects=side_effects,
                          parameters=schema, timeout=timeout)
+        # Declared here, not in the class body, for the reason Tool.__init__ gives.
+        self.server: Any
+        self.annotations: Dict[str, Any]
+        self.annotations_trusted: bool
+        self.side_effects_reason: str
         object.__setattr__(self, "server", server)
         object.__setattr__(self, "remote_name", remote_name)
         #: The server's annotations as it sent them (hints, trusted or not).
@@ -102,7 +107,8 @@ class McpTool(Tool):
         object.__setattr__(self, "side_effects_reason", side_effects_reason)
 
     def start(self, checked: Dict[str, Any], context: ToolContext) -> concurrent.futures.Future[str]:
-        return self.server._start_call(self, checked)
+        future: concurrent.futures.Future[str] = self.server._start_call(self, checked)
+        return future
 
     def _invoke(self, checked: Dict[str, Any], context: Optional[ToolContext]) -> str:
         """Called directly (``tool.run(...)``, not through the engine): wait here, bounded by the context."""
@@ -178,7 +184,8 @@ def _annotations(listed_tool: Any) -> Dict[str, Any]:
     annotations = getattr(listed_tool, "annotations", None)
     if annotations is None:
         return {}
-    return annotations.model_dump(by_alias=True, exclude_none=True)
+    dumped: Dict[str, Any] = annotations.model_dump(by_alias=True, exclude_none=True)
+    return dumped
 
 
 def _check_prefix(prefix: Any) -> str:
@@ -190,7 +197,7 @@ def _check_prefix(prefix: Any) -> str:
     return prefix
 
 
-def _check_names(given: Any, what: str, names: Dict[str, Any], server: str) -> Optional[set]:
+def _check_names(given: Any, what: str, names: Dict[str, Any], server: str) -> Optional[Set[str]]:
     if given is None:
         return None
     if isinstance(given, str) or not isinstance(given, Collection):
@@ -202,7 +209,7 @@ def _check_names(given: Any, what: str, names: Dict[str, Any], server: str) -> O
     return set(given)
 
 
-def _eager_names(eager: Eager, names: Dict[str, Any], server: str) -> set:
+def _eager_names(eager: Eager, names: Dict[str, Any], server: str) -> Set[str]:
     if eager is None or eager is False:
         return set()
     if eager is True:

@@ -56,6 +56,7 @@ from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional,
 
 from requests.structures import CaseInsensitiveDict
 
+from .._messages import StopReason
 from . import _steps as wire_steps
 from ._steps import Step, StepLike, delay, done, finish, raw, usage
 from ._wires import AnthropicEncoder, ResponsesEncoder, error_body, failed_body, message_body, response_body
@@ -74,7 +75,6 @@ class Turn:
         return any(step.kind == "delta" and "tool_calls" in step.value for step in self.steps)
 
 
-
 def _build_turn(items: Sequence[StepLike], auto_finish: bool) -> Turn:
     body = wire_steps._flatten(items)
     first = next((i for i, st in enumerate(body) if st.kind not in wire_steps._TIMING), None)
@@ -85,7 +85,7 @@ def _build_turn(items: Sequence[StepLike], auto_finish: bool) -> Turn:
     if auto_finish and not turn.has(*wire_steps._TERMINAL):
         extra = []
         if not turn.has("finish"):
-            extra.append(finish("tool_calls" if turn.has_tool_calls() else "stop"))
+            extra.append(finish(StopReason.TOOL_CALLS if turn.has_tool_calls() else StopReason.STOP))
         if not turn.has("usage"):
             extra.append(usage())
         extra.append(done())
@@ -127,7 +127,6 @@ def fake_embedding(text: str, dim: int = 16) -> List[float]:
 
 
 # -- the server ------------------------------------------------------------------------
-
 
 #: The wire format a FakeProvider speaks: OpenAI Chat Completions, Anthropic Messages or OpenAI Responses.
 Wire = Literal["openai", "anthropic", "responses"]
@@ -788,7 +787,8 @@ class _Aggregate:
         return {
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message,
-                         "finish_reason": self.finish_reason or ("tool_calls" if self.calls else "stop")}],
+                         "finish_reason": self.finish_reason
+                         or (StopReason.TOOL_CALLS if self.calls else StopReason.STOP)}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion},
         }

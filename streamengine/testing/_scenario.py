@@ -97,7 +97,7 @@ from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolR
 from .._engine.result import EngineResult, Telemetry
 from .._engine.run import StreamingEngine
 from .._errors import ConfigError, StreamEngineError, ToolError
-from .._messages import CompletionOptions
+from .._messages import CompletionOptions, StopReason
 from .._validation import one_line as _one_line
 from .._validation import short_repr as _short
 from ..tools import Tool, ToolContext
@@ -518,7 +518,7 @@ def _stamped(turn: Sequence[Step], begin: Stamp, end: Stamp) -> List[Step]:
     if not any(step.kind in _TERMINAL for step in body):
         has_calls = any(step.kind == "delta" and "tool_calls" in step.value for step in body)
         if not any(step.kind == "finish" for step in body):
-            body.append(s.finish("tool_calls" if has_calls else "stop"))
+            body.append(s.finish(StopReason.TOOL_CALLS if has_calls else StopReason.STOP))
         if not any(step.kind == "usage" for step in body):
             body.append(s.usage())
         body.append(s.done())

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from .._messages import StopReason
+
 __all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish',
            'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall',
            'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
@@ -63,7 +65,7 @@ def empty_delta() -> Step:
     return Step("delta", {"role": "assistant", "content": ""})
 
 
-def finish(reason: str = "stop") -> Step:
+def finish(reason: str = StopReason.STOP) -> Step:
     return Step("finish", reason)
 
 

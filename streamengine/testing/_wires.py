@@ -71,11 +71,12 @@ import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .._messages import StopReason
 from ._steps import Step, continues_call
 
 #: OpenAI finish reasons (what ``s.finish`` takes) -> Anthropic ``stop_reason``.
-STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
-                "content_filter": "refusal"}
+STOP_REASONS: Dict[str, str] = {StopReason.STOP: "end_turn", StopReason.TOOL_CALLS: "tool_use",
+                                 StopReason.LENGTH: "max_tokens", StopReason.CONTENT_FILTER: "refusal"}
 _SIGNATURE = "ZmFrZS1zaWduYXR1cmU="  # what a thinking block's signature_delta carries here
 
 
@@ -215,7 +216,7 @@ def message_body(message_id: str, model: str, content: str, reasoning: str,
             arguments = {}
         blocks.append({"type": "tool_use", "id": call["id"] or f"toolu_fake_{position}",
                        "name": call["name"] or "", "input": arguments})
-    finish = finish_reason or ("tool_calls" if calls else "stop")
+    finish = finish_reason or (StopReason.TOOL_CALLS if calls else StopReason.STOP)
     prompt, completion = usage or (1, 1)
     return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": blocks,
             "stop_reason": STOP_REASONS.get(finish, finish), "stop_sequence": None,
@@ -223,7 +224,8 @@ def message_body(message_id: str, model: str, content: str, reasoning: str,
 
 
 #: OpenAI finish reasons (what ``s.finish`` takes) -> ``incomplete_details.reason``.
-INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+INCOMPLETE_REASONS: Dict[str, str] = {StopReason.LENGTH: "max_output_tokens",
+                                       StopReason.CONTENT_FILTER: "content_filter"}
 
 
 def _responses_usage_of(steps: Sequence[Step]) -> Tuple[int, int]:
@@ -314,7 +316,7 @@ class ResponsesEncoder:
         if kind == "usage":
             return []
         if kind == "done":
-            return [] if self.ended else self._end("stop")
+            return [] if self.ended else self._end(StopReason.STOP)
         if kind == "error_frame":
             return self._error(step.value["error"])
         raise ValueError(f"FakeProvider's Responses wire cannot encode a {kind!r} step")

@@ -64,7 +64,20 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+    overload,
+)
 
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
@@ -89,6 +102,8 @@ class ToolReturnError(ToolFailure):
 
 
 class _NoJsonForm(TypeError):
+    """Internal: a value with no JSON form, met deep inside a result; never escapes ``result_to_text``."""
+
     def __init__(self, value: Any) -> None:
         super().__init__(type(value).__name__)
         self.value = value
@@ -193,7 +208,8 @@ class RemoteCall:
             context = ToolContext(event, context.deadline)
         started = _mark_started_on_dask(self.token, self.tool_name)
         try:
-            return tool._invoke(dict(self.args), context)
+            text: str = tool._invoke(dict(self.args), context)
+            return text
         except Exception as exc:
             raise _sendable(exc) from None
         finally:
@@ -211,7 +227,7 @@ def _mark_started_on_dask(token: str, tool_name: str) -> Any:
         worker = get_worker()
     except (ImportError, ValueError):
         return None
-    mark = Event(f"streamengine-call-{token}")
+    mark: Any = Event(f"streamengine-call-{token}")  # type: ignore[no-untyped-call, unused-ignore]
     if mark.is_set():
         raise RemoteToolError(
             f"tool {tool_name!r} was already started on a Dask worker that died (or was lost) while running it, "
@@ -222,7 +238,7 @@ def _mark_started_on_dask(token: str, tool_name: str) -> Any:
     return mark
 
 
-class RemoteToolError(Exception):
+class RemoteToolError(ToolError):
     """A remote tool's exception that could not travel back as itself; its text says what it was."""
 
 
@@ -365,7 +381,8 @@ class Tool:
     @property
     def parameters(self) -> Dict[str, Any]:
         """A copy of the JSON schema of the arguments."""
-        return json.loads(json.dumps(self._schema))
+        copy: Dict[str, Any] = json.loads(json.dumps(self._schema))
+        return copy
 
     @property
     def context_param(self) -> Optional[str]:
@@ -380,6 +397,7 @@ class Tool:
         """
         if not isinstance(args, Mapping):
             raise ToolError(f"arguments for tool {self.name!r} must be a JSON object, got {describe_value(args)}")
+        checked: Dict[str, Any]
         checked, problems = self._signature.check(args)
         if problems:
             raise ToolError(f"invalid arguments for tool {self.name!r}: " + "; ".join(problems))
@@ -428,15 +446,26 @@ def _check_timeout(timeout: Any, label: str) -> Optional[float]:
         raise ToolError(str(exc)) from exc
 
 
+@overload
+def tool(fn: Callable[..., Any], *, name: Optional[str] = None, description: Optional[str] = None,
+         timeout: Optional[float] = None, side_effects: bool = False, executor: str = "local") -> Tool: ...
+
+
+@overload
+def tool(fn: Optional[str] = None, *, name: Optional[str] = None, description: Optional[str] = None,
+         timeout: Optional[float] = None, side_effects: bool = False,
+         executor: str = "local") -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(
-    fn: Any = None,
+    fn: Union[Callable[..., Any], str, None] = None,
     *,
     name: Optional[str] = None,
     description: Optional[str] = None,
     timeout: Optional[float] = None,
     side_effects: bool = False,
     executor: str = "local",
-) -> Any:
+) -> Union[Tool, Callable[[Callable[..., Any]], Tool]]:
     """Make a :class:`Tool`: ``@tool``, ``@tool()``, ``@tool("name")`` or ``@tool(name=..., ...)``.
 
     ``side_effects=True`` tells the engine not to start the tool before the
@@ -511,7 +540,7 @@ _FORMS = "expected 'module:attribute' (e.g. 'myapp.tools:TOOLS') or 'path/to/fil
 
 
 def import_object(spec: str, what: str = "--tools") -> Any:
-    """``"package.module:attr.sub"`` or ``"path/to/file.py:attr"`` -> the object; one-line :class:`ConfigError` otherwise.
+    """``"package.module:attr.sub"`` or ``"path/to/file.py:attr"`` -> the object, or a one-line :class:`ConfigError`.
 
     The current directory is put on ``sys.path`` (as gunicorn and uvicorn do),
     so ``--tools mytools:TOOLS`` finds ``./mytools.py`` from the console script.
@@ -580,7 +609,7 @@ def _import_file(spec: str, source: str, what: str) -> Any:
 
 
 def load_tools(spec: str, what: str = "--tools") -> List[Tool]:
-    """The tools named by ``module:attr`` or ``file.py:attr``: a Tool, a plain function, or a list/tuple/registry of them."""
+    """The tools named by ``module:attr`` or ``file.py:attr``: a Tool, a function, or a list/tuple/registry of them."""
     obj = import_object(spec, what)
     items = list(obj) if isinstance(obj, (list, tuple, ToolRegistry)) else [obj]
     tools = []

@@ -61,9 +61,12 @@ import threading
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import _validation as validation
-from .._errors import ConfigError
+from .._errors import ConfigError, StreamEngineError
 from .._messages import Message, as_message
 from .._validation import json_type
+
+#: A WSGI environ (PEP 3333).
+Environ = Dict[str, Any]
 
 StartResponse = Callable[..., Any]
 Headers = List[Tuple[str, str]]
@@ -78,7 +81,7 @@ def status_line(status: int) -> str:
     return f"{status} {_REASONS[status]}"
 
 
-class HttpError(Exception):
+class HttpError(StreamEngineError):
     """A request refused before streaming; ``str()`` is the JSON ``error`` sent back.
 
     ``field`` names the part of the request that was wrong (``"messages[2].role"``,
@@ -111,12 +114,12 @@ _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+$")
 _OPEN_THE_PAGE = "open the page at / and ask there"
 
 
-def may_autorun(environ: Dict[str, Any]) -> bool:
+def may_autorun(environ: Environ) -> bool:
     """The browser says this site's own script opened the page, not a click on a link (model-written ones too)."""
     return environ.get("HTTP_SEC_FETCH_SITE") == "same-origin" and not _clicked(environ)
 
 
-def _clicked(environ: Dict[str, Any]) -> bool:
+def _clicked(environ: Environ) -> bool:
     """A person's click or typed address made the request (``Sec-Fetch-User: ?1``), never a script."""
     return environ.get("HTTP_SEC_FETCH_USER") == "?1"
 
@@ -131,7 +134,7 @@ class CrossSite:
     def cors(self) -> bool:
         return self.origins is not None
 
-    def refuse_post(self, environ: dict) -> None:
+    def refuse_post(self, environ: Environ) -> None:
         """Another site may POST a run only if ``allow_origin`` lets its origin in (a run costs money, calls tools)."""
         site = environ.get("HTTP_SEC_FETCH_SITE", "")
         if site not in ("cross-site", "same-site"):
@@ -144,7 +147,7 @@ class CrossSite:
                         "one, pass its origin as make_wsgi_app(engine, allow_origin=[...])", 403, field="Origin")
 
     @staticmethod
-    def refuse_get(environ: dict) -> None:
+    def refuse_get(environ: Environ) -> None:
         """A GET run comes from this site's own script (fetch/EventSource), never from a link or a tag."""
         site = environ.get("HTTP_SEC_FETCH_SITE", "")
         if site == "none":
@@ -179,7 +182,7 @@ class CrossSite:
             return origin == self.origins
         return origin in self.origins
 
-    def cors_headers(self, environ: dict) -> Headers:
+    def cors_headers(self, environ: Environ) -> Headers:
         if self.origins is None:
             return []
         if self.origins == "*":
@@ -202,7 +205,7 @@ class CrossSite:
         ]
 
 
-def _asks_for_event_stream(environ: Dict[str, Any]) -> bool:
+def _asks_for_event_stream(environ: Environ) -> bool:
     """``Accept`` names ``text/event-stream`` itself (``*/*`` is what a tag or curl sends, not a stream reader)."""
     accept = environ.get("HTTP_ACCEPT", "").lower()
     return "text/event-stream" in {part.split(";", 1)[0].strip() for part in accept.split(",")}
@@ -227,7 +230,7 @@ _PUBLIC_ROLES = ("user", "assistant")
 _PUBLIC_KEYS = frozenset({"role", "content"})
 
 
-class RequestRejected(ValueError):
+class RequestRejected(StreamEngineError, ValueError):
     """The request's messages break the policy; ``field`` names where (``messages[1].role``)."""
 
     def __init__(self, message: str, field: str = "messages") -> None:
@@ -255,7 +258,8 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
     if not trusted and parsed[-1].role != "user":
         raise RequestRejected(f"messages[{len(raw) - 1}].role: the last message must be the user's question, "
                               f"got {parsed[-1].role!r}; "
-                              f"end with {{\"role\": \"user\", \"content\": \"...\"}}", f"messages[{len(raw) - 1}].role")
+                              f"end with {{\"role\": \"user\", \"content\": \"...\"}}",
+                              f"messages[{len(raw) - 1}].role")
     return with_system_prompt(parsed, system_prompt)
 
 
@@ -345,12 +349,12 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-ClientKey = Callable[[dict], str]
+ClientKey = Callable[[Environ], str]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 
 
-def client_address(environ: dict) -> str:
+def client_address(environ: Environ) -> str:
     """The default client key: the peer address (behind a proxy, pass a ``client_key`` that reads yours)."""
     return environ.get("REMOTE_ADDR") or "unknown"
 
@@ -376,7 +380,7 @@ class HostCheck:
                               f"'127.0.0.1' (no scheme, port or path), or '*' for any; got {host!r}")
         return _bare(host.strip().lower())
 
-    def check(self, environ: dict) -> None:
+    def check(self, environ: Environ) -> None:
         if self._any:
             return
         raw = environ.get("HTTP_HOST") or ""
@@ -388,7 +392,7 @@ class HostCheck:
                             "Pass make_wsgi_app(engine, allowed_hosts=[...])", 400, field="Host")
 
     @staticmethod
-    def _defaults(environ: dict) -> FrozenSet[str]:
+    def _defaults(environ: Environ) -> FrozenSet[str]:
         server = _bare((environ.get("SERVER_NAME") or "").lower())
         return LOOPBACK_HOSTS | ({server} if server not in _WILDCARDS else set())
 
@@ -442,7 +446,7 @@ class StreamLimiter:
     def active(self) -> int:
         return self._total
 
-    def acquire(self, environ: dict) -> Callable[[], None]:
+    def acquire(self, environ: Environ) -> Callable[[], None]:
         """Take a slot for this request's client, or raise a 429; returns ``release()`` (idempotent)."""
         key = str(self._client_key(environ))
         with self._lock:
@@ -454,7 +458,7 @@ class StreamLimiter:
                                     f"{self.max_streams_per_client}); close one")
             self._total += 1
             self._per_client[key] = held + 1
-        released = []
+        released: List[bool] = []
 
         def release() -> None:
             with self._lock:

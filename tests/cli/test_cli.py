@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import glob
 import importlib
-import io
 import json
 import os
 import queue
@@ -14,16 +13,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import requests
-from cli_support import clean_env, tools_module  # noqa: F401  (fixtures)
+from cli_support import clean_env, main, tools_module  # noqa: F401  (fixtures)
 
-from streamengine._cli import output as cli_output
-from streamengine._cli.main import EventPrinter, main
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine._engine.result import EngineResult, Telemetry
-from streamengine._messages import ToolCall
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
-from streamengine.tools import ToolResult
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -230,44 +223,6 @@ def test_help_exits_0(capsys):
     assert rc == 0 and "--max-continuations" in out and "STREAMENGINE_MODEL" in out
 
 
-# --- the printer -----------------------------------------------------------------------------
-
-class Tty(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def done_event(error=None):
-    return DoneEvent(EngineResult(answer="", rounds=(), tool_results=(), telemetry=Telemetry(), error=error))
-
-
-def test_printer_on_a_terminal_puts_dimmed_tool_lines_on_their_own_line_between_words():
-    out = Tty()
-    printer = EventPrinter(out, out, color=True)
-    call = ToolCall(id="c1", name="lookup", arguments="{}")
-    printer.handle(TokenEvent("Me"), 0.1)
-    printer.handle(ToolStartEvent(call), 0.42)  # mid-word: waits for the word's end
-    printer.handle(TokenEvent("anwhile it"), 0.5)
-    printer.handle(ToolResultEvent(ToolResult("c1", "lookup", True, "x", duration_s=0.51)), 0.6)
-    printer.handle(TokenEvent(" rains.\n"), 0.7)
-    assert out.getvalue() == ("Meanwhile\n\x1b[2m[tool lookup started +0.42s]\x1b[0m\nit\n"
-                              "\x1b[2m[tool lookup ok 0.51s]\x1b[0m\nrains.\n")
-
-
-def test_printer_keeps_model_text_that_only_looks_like_the_engine_warning():
-    out, info = io.StringIO(), io.StringIO()
-    printer = EventPrinter(out, info)
-    printer.handle(TokenEvent(cli_output.LLM_WARNING + "just kidding"), 0.0)
-    printer.handle(TokenEvent(" more"), 0.1)
-    printer.handle(done_event(), 0.2)
-    assert out.getvalue() == cli_output.LLM_WARNING + "just kidding more\n"
-    printer = EventPrinter(out := io.StringIO(), info := io.StringIO())
-    printer.handle(TokenEvent(cli_output.LLM_WARNING + "boom"), 0.0)
-    printer.handle(ErrorEvent("boom"), 0.0)
-    printer.handle(done_event("boom"), 0.0)
-    assert out.getvalue() == "" and info.getvalue() == "streamengine: error: boom\n"
-
-
 # --- demo ------------------------------------------------------------------------------------
 
 SPAN = r"\+(\d+\.\d+) \.\. \+(\d+\.\d+)"
@@ -439,29 +394,3 @@ def test_serve_system_prompt_leads_every_run(capsys):
     assert fp.requests[0].json["messages"] == [{"role": "system", "content": "Answer in French."},
                                                {"role": "user", "content": "hi"}]
     assert "with a system prompt" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("tokens, shown", [
-    (["Checking. ", BLOCK, " Still talking."], "Checking. Still talking."),
-    (["Checking. " + BLOCK + " Still", " talking."], "Checking. Still talking."),
-    (["weather ", '<tool name="a"/>', ". Then"], "weather. Then"),
-    (["a <tool> is a word", " here"], "a <tool> is a word here"),  # not a block: kept
-    (["multi\n", '<tool name="lookup">\n{"city": "Oslo"}\n</tool>', "\nline"], "multi\n\nline"),
-])
-def test_markup_filter_removes_blocks_split_across_tokens(tokens, shown):
-    markup = cli_output.MarkupFilter()
-    assert "".join(markup.feed(t) for t in tokens) + markup.flush() == shown
-
-
-@pytest.mark.parametrize("message, models, lines", [
-    ("all 2 model attempt(s) failed: m: LlmHttpError: provider answered HTTP 503; retry; "
-     "m: LlmConnectionError: could not connect to u: refused", ["m"], ["could not connect to u: refused"]),
-    ("all 2 model attempt(s) failed: a: LlmTimeoutError: idle; b: LlmHttpError: HTTP 500: x; y", ["a", "b"],
-     ["all 2 models failed:", "a: idle", "b: HTTP 500: x; y"]),
-    ("the model's stream failed after a partial answer: all 1 model attempt(s) failed: a: LlmStreamError: cut",
-     ["a"], ["the model's stream failed after a partial answer: cut"]),
-    ("plain message\nwith a newline", ["a"], ["plain message with a newline"]),
-    ("all 1 model attempt(s) failed: unknown: X: y", ["a"], ["all 1 model attempt(s) failed: unknown: X: y"]),
-])
-def test_error_lines_put_the_cause_first(message, models, lines):
-    assert cli_output.error_lines(message, models) == lines

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 import requests
-from cli_support import clean_env, run  # noqa: F401  (fixture)
+from cli_support import clean_env, main, run  # noqa: F401  (fixture)
 from pty_support import Terminal, child_env
 
 from streamengine.testing import FakeProvider
@@ -243,27 +243,37 @@ def test_approval_flags_that_cannot_hold_are_usage_errors(capsys, argv, needle):
     assert rc == 2 and needle in err
 
 
-def test_chat_asks_only_when_stdin_and_stderr_are_both_terminals(capsys, monkeypatch):
+class Tty(io.StringIO):
+    """A terminal: what is typed at it, what it shows."""
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("stdin_tty, stderr_tty, asked", [(True, True, True), (True, False, False),
+                                                           (False, True, False)],
+                         ids=["both-terminals", "stderr-to-a-file", "stdin-from-a-pipe"])
+def test_chat_asks_only_when_stdin_and_stderr_are_both_terminals(capsys, monkeypatch, workdir, stdin_tty,
+                                                                   stderr_tty, asked):
     """stdin a terminal but stderr not (2> file): nobody sees a question, so nothing is asked."""
-    from streamengine._cli.chat import approval_mode
-    from streamengine._cli.main import build_parser
-
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
-
-    args = build_parser().parse_args(["chat", "hi"])
-    assert approval_mode(args, Tty(), Tty()) == "ask"
-    assert approval_mode(args, Tty(), io.StringIO()) == "never"
-    assert approval_mode(args, io.StringIO(), Tty()) == "never"
+    monkeypatch.setattr(sys, "stdin", (Tty if stdin_tty else io.StringIO)("y\n"))
+    err = (Tty if stderr_tty else io.StringIO)()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setenv("NO_COLOR", "1")
+    with FakeProvider() as fp:
+        branch_turns(fp)
+        rc = main(["chat", "make branch x", "-m", "m", "--base-url", fp.base_url,
+                   "--tools", "se_approval_tools:create_branch", "--no-log"])
+    assert rc == 0, err.getvalue()
+    assert (PROMPT.decode() in err.getvalue()) is asked
+    assert ran(workdir) == (["x"] if asked else [])
+    assert ("not run" in told_the_model(fp)) is not asked
 
 
 # --- serve ---------------------------------------------------------------------------------------
 
 def serve_one_stream(capsys, fp, *extra):
     """``streamengine serve`` with the tools module; one browser-less stream, then stop."""
-    from streamengine._cli.main import main
-
     stop, replies, threads = threading.Event(), [], []
 
     def ask(url):

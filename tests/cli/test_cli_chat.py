@@ -5,7 +5,6 @@ replaced by a StringIO (a pipe) or a StringIO that says it is a terminal.
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -18,8 +17,6 @@ import pytest
 from cli_support import CLI_ENV, LOOKUP_TOOLS_SOURCE, clean_env, run, tools_module, user_messages  # noqa: F401  (fixtures)
 
 from streamengine import __version__
-from streamengine._cli.build import NO_CAP_S, build_engine, close_engine
-from streamengine._cli.main import build_parser
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -71,7 +68,6 @@ def test_options_after_the_command_and_short_flags(capsys):
     assert body["model"] == "primary"
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert "DEBUG" in err and "POST " in err  # -vv after the command turned logging on
-    assert build_parser().parse_args(["chat", "hi", "-v"]).verbose == 1
 
 
 def test_version(capsys):
@@ -109,14 +105,23 @@ def test_redirected_stdout_gets_only_the_final_answer(capsys, tools_module):
     assert "Checking." in err and "one moment." in err and "[tool lookup ok" in err and "<tool" not in err + out
 
 
+class TtyOutput(io.StringIO):
+    """A screen: stdout at a terminal."""
+
+    def isatty(self):
+        return True
+
+
 def test_a_terminal_watches_every_round_live_without_markup(capsys, tools_module, monkeypatch):
-    monkeypatch.setattr("streamengine._cli.chat.is_terminal", lambda stream: stream is sys.stdout)
+    screen = TtyOutput()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setenv("NO_COLOR", "1")
     with FakeProvider() as fp:
         tool_turns(fp)
-        rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
-                           "--tools", f"{tools_module}:lookup")
+        rc, _, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
+                         "--tools", f"{tools_module}:lookup")
     assert rc == 0, err
-    assert out == "Checking. one moment.\nIt is sunny in Oslo.\n"
+    assert screen.getvalue() == "Checking. one moment.\nIt is sunny in Oslo.\n"
     assert "[round 2: revised answer" in err
 
 
@@ -163,29 +168,6 @@ def test_a_failed_turn_is_left_out_of_the_conversation(capsys, monkeypatch):
 
 
 # --- timeouts ---------------------------------------------------------------------------------------
-
-def engine_for(*argv, environ=None):
-    args = build_parser().parse_args(["chat", "hi", "-m", "m", "--base-url", "http://127.0.0.1:9/v1", *argv])
-    return build_engine(args, environ or {})
-
-
-@pytest.mark.parametrize("argv, environ, idle, cap, connect", [
-    ((), {}, 30.0, 600.0, 10.0),
-    (("--timeout", "0"), {}, 30.0, NO_CAP_S, 10.0),
-    (("--idle-timeout", "90", "--timeout", "1200", "--connect-timeout", "3"), {}, 90.0, 1200.0, 3.0),
-    ((), {"STREAMENGINE_IDLE_TIMEOUT": "45", "STREAMENGINE_TIMEOUT": "0", "STREAMENGINE_CONNECT_TIMEOUT": "2.5"},
-     45.0, NO_CAP_S, 2.5),
-    (("--timeout", "100"), {"STREAMENGINE_TIMEOUT": "0"}, 30.0, 100.0, 10.0),
-])
-def test_timeouts_from_flags_and_environment(argv, environ, idle, cap, connect):
-    engine = engine_for(*argv, environ=environ)
-    try:
-        assert engine.config.idle_timeout == idle
-        assert engine.config.completion_timeout == cap
-        assert engine.client.connect_timeout == connect
-    finally:
-        close_engine(engine)
-
 
 def test_a_bad_timeout_variable_is_a_usage_error_naming_it(capsys, monkeypatch):
     monkeypatch.setenv("STREAMENGINE_IDLE_TIMEOUT", "soon")
@@ -234,21 +216,19 @@ def test_verbose_shows_what_is_underneath(capsys):
     assert rc == 1
     assert "streamengine: error: could not connect" in err
     assert "MaxRetryError" in err and "ECONNREFUSED" in err  # what urllib3 said, from the log
+    assert "DEBUG" not in err  # one -v after the command counts once: info, not debug
 
 
-def test_anthropic_provider_is_built_lazily_with_a_clear_error_when_missing(capsys):
-    if importlib.util.find_spec("streamengine._clients.anthropic") is None:
-        rc, _, err = run(capsys, "chat", "hi", "-m", "claude", "--provider", "anthropic")
-        assert rc == 2
-        assert "--provider anthropic needs streamengine._clients.anthropic" in err
-    else:  # the module has landed: the flag builds its client
-        args = build_parser().parse_args(["chat", "hi", "-m", "claude", "--provider", "anthropic",
-                                          "--api-key", "sk-ant"])
-        engine = build_engine(args, {})
-        try:
-            assert type(engine.client).__name__ == "AnthropicClient"
-        finally:
-            close_engine(engine)
+def test_the_anthropic_provider_flag_speaks_the_messages_api(capsys):
+    with FakeProvider(wire="anthropic") as fp:
+        fp.add_turn(s.text("bonjour"))
+        rc, out, err = run(capsys, "chat", "hi", "-m", "claude", "--provider", "anthropic", "--api-key", "sk-ant",
+                           "--base-url", fp.base_url, "--no-log")
+    assert rc == 0, err
+    assert out == "bonjour\n"
+    request = fp.requests[0]
+    assert request.path == "/v1/messages" and request.headers["x-api-key"] == "sk-ant"
+    assert request.json["model"] == "claude" and "hi" in json.dumps(request.json["messages"])
 
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a POSIX pseudo-terminal")
@@ -259,7 +239,7 @@ def test_a_conversation_on_a_real_pseudo_terminal():
         fp.add_turn(s.text("still here"))
         primary, secondary = os.openpty()
         env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
-        proc = subprocess.Popen([sys.executable, "-m", "streamengine._cli.main", "chat", "-m", "m", "--base-url",
+        proc = subprocess.Popen([sys.executable, "-m", "streamengine", "chat", "-m", "m", "--base-url",
                                  fp.base_url], stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env)
         os.close(secondary)

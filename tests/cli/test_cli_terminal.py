@@ -18,7 +18,6 @@ import pytest
 from cli_support import clean_env, run, tools_module  # noqa: F401  (fixtures)
 from pty_support import Terminal, child_env
 
-from streamengine._logs import for_terminal
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -35,28 +34,6 @@ def lookup(city: str) -> str:
     """Weather for a city."""
     raise ToolError({HOSTILE!r})
 '''
-
-
-# --- the function --------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("text, shown", [
-    ("\x1b]52;c;cGF3bmVk\x07", "^[]52;c;cGF3bmVk^G"),
-    ("\x1b[2J", "^[[2J"),
-    ("a\u009b31mb", "a<U+009B>31mb"),
-    ("abc\u202edef", "abc<U+202E>def"),
-    ("tab\tand\nnewline stay", "tab\tand\nnewline stay"),
-    ("line\r\nend", "line\nend"),
-    ("over\rwrite", "over^Mwrite"),
-    ("\x7f\x00", "^?^@"),
-    ("Zürich, 東京, emoji 🙂", "Zürich, 東京, emoji 🙂"),
-])
-def test_for_terminal_makes_each_control_character_visible(text, shown):
-    assert for_terminal(text) == shown
-
-
-def test_an_escape_sequence_cut_between_tokens_is_still_neutralised():
-    pieces = ["A\x1b", "]52;c;eA==", "\x07"]
-    assert "\x1b" not in "".join(for_terminal(p) for p in pieces)
 
 
 # --- chat ----------------------------------------------------------------------------------------
@@ -93,18 +70,22 @@ def test_a_piped_answer_stays_byte_exact_and_stderr_lines_are_neutralised(capsys
     assert HOSTILE in err
 
 
-def test_json_events_at_a_terminal_escape_what_a_terminal_would_obey():
-    from streamengine._cli.output import JsonEventPrinter
-    from streamengine._engine.events import TokenEvent
-
+@pytest.mark.parametrize("at_a_terminal", [True, False], ids=["terminal", "pipe"])
+def test_json_events_at_a_terminal_escape_what_a_terminal_would_obey(capsys, monkeypatch, at_a_terminal):
     class Tty(io.StringIO):
         def isatty(self):
             return True
 
-    for stream, raw in ((Tty(), False), (io.StringIO(), True)):
-        JsonEventPrinter(stream).handle(TokenEvent("x\u009b2J\u202e"), 0.0)
-        assert json.loads(stream.getvalue())["text"] == "x\u009b2J\u202e"
-        assert ("\u009b" in stream.getvalue()) is raw
+    if at_a_terminal:
+        monkeypatch.setattr(sys, "stdout", Tty())
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("x\u009b2J\u202e"))
+        rc, piped, err = run(capsys, "chat", "q", "-m", "m", "--base-url", fp.base_url, "--no-log", "--json")
+    assert rc == 0, err
+    shown = sys.stdout.getvalue() if at_a_terminal else piped
+    tokens = [record["text"] for record in map(json.loads, shown.splitlines()) if record["event"] == "token"]
+    assert tokens == ["x\u009b2J\u202e"]
+    assert ("\u009b" in shown) is not at_a_terminal
 
 
 def test_an_error_body_with_escapes_is_one_visible_line(capsys):
@@ -211,12 +192,10 @@ def test_a_log_that_cannot_be_read_is_one_error_line_not_a_traceback(capsys, dat
 
 
 @pytest.mark.parametrize("command", [["logs"], ["chat", "-c", "again"]], ids=["logs", "chat-c"])
-def test_a_locked_log_is_one_error_line_saying_so(capsys, data_home, monkeypatch, command):
-    from streamengine._cli import log
-
+def test_a_locked_log_is_one_error_line_saying_so(capsys, data_home, command):
+    """The command waits a few seconds for the lock, as it would for a second ``streamengine`` writing."""
     with FakeProvider() as fp:
         one_chat(capsys, fp)
-    monkeypatch.setattr(log, "LOCK_WAIT_S", 0.1)
     holder = sqlite3.connect(str(data_home / "streamengine" / "logs.db"), isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")

@@ -11,11 +11,18 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
-from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, process_gone, record, server_command  # noqa: F401 - fixtures
+from mcp_servers.support import (  # noqa: F401 - fixtures
+    lab_http,
+    lab_stdio_args,
+    mcp_loop_threads,
+    no_mcp_leak,
+    process_gone,
+    record,
+    server_command,
+)
 
-from streamengine._errors import ConfigError, ToolError
-from streamengine._messages import ToolCall
-from streamengine.mcp import McpServer, McpToolError, _session
+from streamengine import ConfigError, ToolCall, ToolError
+from streamengine.mcp import McpServer, McpToolError
 from streamengine.tools import Tool, ToolExecutor, ToolRegistry
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_mcp_leak")
@@ -247,9 +254,9 @@ def test_close_leaves_no_thread_and_no_process(record):
         server.start()
     pids = [s._endpoint.state.pid for s in servers]
     servers[0].close()
-    assert _session.alive() is not None  # the loop serves the other server still
+    assert mcp_loop_threads()  # the loop serves the other server still
     servers[1].close()
-    assert _session.alive() is None
+    assert not mcp_loop_threads()  # the last close joined it
     assert all(process_gone(pid) for pid in pids)
     with pytest.raises(ConfigError, match="closed"):
         servers[0].tools()

@@ -9,10 +9,9 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
-from cli_support import clean_env  # noqa: F401  (fixture)
+from cli_support import clean_env, main  # noqa: F401  (fixture)
 from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, record, server_command  # noqa: F401 - fixtures
 
-from streamengine._cli.main import main
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

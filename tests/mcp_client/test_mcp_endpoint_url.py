@@ -14,7 +14,7 @@ if sys.version_info < (3, 10):
 
 from mcp_servers.support import hostile_http, no_mcp_leak, record  # noqa: F401 - fixtures
 
-from streamengine._messages import ToolCall
+from streamengine import ToolCall
 from streamengine.mcp import McpServer
 from streamengine.tools import ToolExecutor
 
@@ -43,6 +43,8 @@ def test_a_down_servers_error_names_its_url_with_only_the_credentials_masked(hos
     ("https://u:p@h/mcp?client_secret=C&access%5Ftoken=T&q=", "https://***@h/mcp?client_secret=***&access%5Ftoken=***&q="),
 ])
 def test_only_credential_named_parameters_are_masked(url, shown):
-    from streamengine._logs import redact_credentials
-
-    assert redact_credentials(url) == shown
+    server = McpServer.http(url, name="team")  # not started: nothing is sent anywhere
+    try:
+        assert repr(server) == f"McpServer(MCP server 'team' at {shown}, new)"
+    finally:
+        server.close()

@@ -11,8 +11,17 @@ if sys.version_info < (3, 10):
 
 from mcp_servers.support import lab_http, lab_stdio_args, no_mcp_leak, record, server_command  # noqa: F401 - fixtures
 
-from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
-from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent, ToolStartEvent
+from streamengine import (
+    DoneEvent,
+    EngineConfig,
+    OpenAICompatibleClient,
+    SqliteRagStore,
+    StreamingEngine,
+    TokenEvent,
+    ToolResultEvent,
+    ToolStartEvent,
+    tool,
+)
 from streamengine.mcp import McpServer
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s

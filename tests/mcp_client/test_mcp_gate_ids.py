@@ -1,6 +1,11 @@
 """The gate on a server's own requests (``RequestGate`` in mcp/_session.py) counts what is really outstanding,
 whatever ids the server chooses: a reused id or a cancel must not let a server that reads no answers grow the
-shared loop."""
+shared loop.
+
+This module imports the private ``streamengine.mcp._session`` on purpose: the gate is a private algorithm,
+driven here directly with the SDK's own dispatcher (a cancel racing an answer cannot be timed from outside)
+and held to its own bound.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +20,7 @@ if sys.version_info < (3, 10):
 
 from mcp_servers.support import hostile_stdio_args, no_mcp_leak, record  # noqa: F401 - fixtures
 
-from streamengine._messages import ToolCall
+from streamengine import ToolCall
 from streamengine.mcp import McpServer
 from streamengine.mcp._session import MAX_SERVER_REQUESTS
 from streamengine.tools import ToolExecutor

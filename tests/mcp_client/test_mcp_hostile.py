@@ -15,11 +15,10 @@ import pytest
 if sys.version_info < (3, 10):
     pytest.skip("the MCP SDK needs Python 3.10+", allow_module_level=True)
 
+from conftest import wait_for
 from mcp_servers.support import hostile_http, hostile_stdio_args, lab_stdio_args, no_mcp_leak, process_gone, record  # noqa: F401 - fixtures
 
-from conftest import wait_for
-from streamengine._errors import ConfigError
-from streamengine._messages import ToolCall
+from streamengine import ConfigError, ToolCall
 from streamengine.mcp import McpLimits, McpServer
 from streamengine.tools import ToolExecutor
 
@@ -135,12 +134,12 @@ def _median_call_s(executor, tool, n=15):
 
 
 def _tasks_on_the_mcp_loop():
-    from streamengine.mcp import _session
+    from mcp_servers.support import mcp_loop
 
     async def count():
         return len(asyncio.all_tasks())
 
-    return _session.run(count(), 10)
+    return asyncio.run_coroutine_threadsafe(count(), mcp_loop()).result(10)
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -18,7 +18,6 @@ from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, S
 from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
-from streamengine.web import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -50,9 +49,10 @@ def engine_for(fp, store):
 
 def test_over_http_bob_never_finds_what_alices_run_filed():
     with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
-        # The application names the scope (here from its own session header); the body cannot.
-        app = make_wsgi_app(engine, scope=lambda environ: "user:" + environ["HTTP_X_SESSION_USER"])
-        with served(app) as url:
+        def scope(environ):  # the application names the scope (here from its own session header); the body cannot
+            return "user:" + environ["HTTP_X_SESSION_USER"]
+
+        with served(engine, scope=scope) as url:
             def ask(user, body=None):
                 resp = requests.post(url + "v1/chat/stream", timeout=20, headers={"X-Session-User": user},
                                      json=body or {"messages": [{"role": "user", "content": "mail?"}]})

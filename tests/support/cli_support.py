@@ -1,18 +1,35 @@
-"""Fixtures the CLI test modules share: a clean environment and an importable tools module.
+"""What the CLI test modules share: the command in-process, a clean environment, an importable tools module.
 
-Import them into a test module (``from cli_support import clean_env, tools_module``);
-``clean_env`` is autouse there.  ``tools_module`` writes the module's own
-``TOOLS_SOURCE``.
+``main(argv, stop=None, ready=None) -> int`` is the installed ``streamengine``
+command's own function, found by its public name (the console-script entry
+point), so the tests run exactly what a user's shell runs.  Import the
+fixtures into a test module (``from cli_support import clean_env,
+tools_module``); ``clean_env`` is autouse there.  ``tools_module`` writes the
+module's own ``TOOLS_SOURCE``.
 """
 from __future__ import annotations
 
 import io
 import sys
 import uuid
+from importlib.metadata import entry_points
+from typing import Callable
 
 import pytest
 
-from streamengine._cli.main import main
+
+def installed_command(name: str = "streamengine") -> Callable[..., int]:
+    """The function behind the console script ``name``, as the installed command's wrapper loads it."""
+    found = entry_points()
+    if hasattr(found, "select"):
+        scripts = list(found.select(group="console_scripts", name=name))
+    else:  # Python 3.9: a dict of groups
+        scripts = [entry for entry in found.get("console_scripts", ()) if entry.name == name]
+    assert scripts, f"no '{name}' console script: install the package (pip install -e '.[test]'; scripts/test does)"
+    return scripts[0].load()
+
+
+main = installed_command()
 
 #: Every variable the CLI reads: a developer's own settings must not leak into a test.
 CLI_ENV = ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",

@@ -9,7 +9,7 @@ import contextlib
 import gc
 from typing import Any, Callable, Iterator, List
 
-from streamengine._engine.events import DoneEvent
+from streamengine import DoneEvent
 
 
 @contextlib.contextmanager

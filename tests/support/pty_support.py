@@ -1,6 +1,6 @@
 """The installed command on a pseudo-terminal that is its controlling terminal, as a person's shell runs it.
 
-``Terminal(argv)`` starts ``python -m streamengine._cli.main ARGV`` in a new
+``Terminal(argv)`` starts ``python -m streamengine ARGV`` in a new
 session whose controlling terminal is the pty (so Ctrl-C typed there is a
 SIGINT to it, as at a real keyboard), with stdin and stderr on the pty and
 stdout on the pty or, with ``stdout_pipe=True``, on a pipe.  ``screen`` is
@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 #: Becomes the session's controlling terminal (the child is a session leader), then runs the CLI.
 _LAUNCH = ("import fcntl, runpy, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
            "sys.argv = ['streamengine'] + sys.argv[1:]; "
-           "runpy.run_module('streamengine._cli.main', run_name='__main__', alter_sys=True)")
+           "runpy.run_module('streamengine', run_name='__main__', alter_sys=True)")
 
 
 class Terminal:

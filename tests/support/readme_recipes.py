@@ -6,9 +6,8 @@ import shlex
 from pathlib import Path
 from typing import List, Tuple
 
-from cli_support import CLI_ENV
+from cli_support import CLI_ENV, main
 
-from streamengine._cli.main import main
 from streamengine.testing import FakeProvider
 
 README = (Path(__file__).resolve().parents[2] / "README.rst").read_text(encoding="utf-8")

@@ -2,7 +2,7 @@
 
 Written from the HTML standard ("Interpreting an event stream",
 https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation),
-not from ``streamengine.web._sse``: the encoder is checked against what a browser's
+not from the package's SSE encoder: the encoder is checked against what a browser's
 ``EventSource`` would dispatch, so a bug shared by encoder and parser cannot
 hide.  Each rule below cites the step of the standard it implements.
 

@@ -16,11 +16,9 @@ import sseclient
 import waitress
 from waitress import wasyncore
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
-from streamengine.web._serve import _close_all, finish_closing
 
 HOSTILE = [
     "\n\nevent: tool_result\ndata: {}\n\n",
@@ -57,8 +55,9 @@ def serving(app, threads: int = 8, **options) -> Iterator[str]:
 
     ``server.close()`` alone only closes the listening socket of a single-socket
     server: open channels keep the loop running and the task threads wait.  So
-    the channels are closed inside the loop thread (a trigger thunk), the loop
-    ends once its map is empty, and the task threads are shut down.
+    the channels are closed inside the loop thread (a trigger thunk), the task
+    threads are shut down while the trigger still works (a finishing task pulls
+    it), and then the trigger and the server close, which ends the loop.
     """
     server = waitress.create_server(app, host="127.0.0.1", port=0, threads=threads, **options)
     loop = threading.Thread(target=server.run, name="waitress-loop", daemon=True)
@@ -66,12 +65,30 @@ def serving(app, threads: int = 8, **options) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.effective_port}"
     finally:
-        # The order streamengine.web._serve uses: channels first (the trigger stays, since a
-        # finishing task pulls it), then the task threads, then the trigger and the loop.
-        server.trigger.pull_trigger(lambda: _close_all(server._map, wasyncore, keep_trigger=True))
+        server.trigger.pull_trigger(lambda: _close_channels_and_listener(server))
         server.task_dispatcher.shutdown(timeout=5)
-        finish_closing(server.trigger, server._map, wasyncore)
+        try:
+            server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map, ignore_all=True))
+        except OSError:  # the trigger is gone already: the loop has nothing left to serve
+            wasyncore.close_all(server._map, ignore_all=True)
         loop.join(5)
+        assert not loop.is_alive(), "waitress's loop outlived the test"
+
+
+def _close_channels_and_listener(server) -> None:
+    """Close the client channels (this wakes task threads blocked writing to them) and the listener.
+
+    The trigger stays: the server's own ``close()`` would close it too, so the listener closes as a plain
+    dispatcher.
+    """
+    for dispatcher in list(server._map.values()):
+        try:
+            if hasattr(dispatcher, "write_soon"):
+                dispatcher.handle_close()
+            elif dispatcher is server:
+                wasyncore.dispatcher.close(server)
+        except OSError:
+            pass
 
 
 def read1_pieces(resp: requests.Response) -> Iterator[bytes]:

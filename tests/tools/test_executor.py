@@ -16,9 +16,7 @@ from typing import Callable, List
 
 import pytest
 
-from streamengine._cancel import CancelToken
-from streamengine._errors import ConfigError
-from streamengine._messages import ToolCall
+from streamengine import CancelToken, ConfigError, ToolCall
 from streamengine.tools import ToolContext, ToolExecutor, ToolResult, tool
 
 GUARD_S = 10.0

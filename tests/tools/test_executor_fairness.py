@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
-from streamengine._messages import ToolCall
+from streamengine import ToolCall
 from streamengine.tools import ToolExecutor, tool
 
 GUARD_S = 10.0
@@ -126,7 +126,7 @@ def test_an_owner_at_its_limit_is_refused_as_busy_after_the_queue_timeout(make_e
 
 
 def test_invalid_sharing_options_are_config_errors():
-    from streamengine._errors import ConfigError
+    from streamengine import ConfigError
 
     with pytest.raises(ConfigError, match="queue_timeout must be a number of seconds > 0, got 0"):
         ToolExecutor(queue_timeout=0)

@@ -26,8 +26,7 @@ import pytest
 from conftest import wait_for
 from remote_tools import read_note_when, write_note
 
-from streamengine._errors import ToolError
-from streamengine._messages import ToolCall
+from streamengine import ToolCall, ToolError
 from streamengine.tools import ToolContext, ToolExecutor, tool
 
 GUARD_S = 20.0

@@ -1,14 +1,27 @@
-"""``--tools`` specs: ``module:attr`` and ``path/to/file.py:attr``, with one-line errors."""
+"""``--tools`` specs: ``module:attr`` and ``path/to/file.py:attr``, with one-line errors.
+
+Each spec goes through the installed ``streamengine`` command in-process (``cli_support.main``); a tool
+that loads is called by the model over FakeProvider, so "loaded" means the model's call ran it.
+That a failed import keeps its cause chained is checked on the loader itself in
+tests/cli/test_cli_internals.py.
+"""
 from __future__ import annotations
 
+import json
+import re
 import sys
 import uuid
 
 import pytest
+from cli_support import clean_env, run  # noqa: F401  (fixture)
 
-from streamengine._errors import ConfigError
-from streamengine.tools import Tool
-from streamengine.tools._tool import import_object, load_tools
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+#: Nothing listens here: a spec that fails to load ends the command before any request.
+NOWHERE = "http://127.0.0.1:9/v1"
 
 
 @pytest.fixture
@@ -34,19 +47,38 @@ def tool_file(tmp_path):
         sys.path.remove(str(folder))
 
 
-def test_a_file_path_spec_imports_the_file(tool_file):
+def greet_ann(capsys, spec):
+    """A chat whose model calls ``greet(name="ann")`` from ``--tools spec``; returns what the model was told."""
+    with FakeProvider() as fp:
+        fp.add_turn(s.text('<tool name="greet">{"name": "ann"}</tool>'))
+        fp.add_turn(s.text("done"))
+        rc, out, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", fp.base_url, "--no-log", "--tools", spec)
+        assert rc == 0, err
+        assert out == "done\n"
+        return fp.requests[1].json["messages"][-1]["content"]
+
+
+def refusal(capsys, spec):
+    """The one error line a spec that cannot load gives (exit status 2), without its ``streamengine: error: ``."""
+    rc, out, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", NOWHERE, "--no-log", "--tools", spec)
+    assert rc == 2 and out == "", err
+    assert err.startswith("streamengine: error: ") and err.count("\n") == 1, err
+    return err[len("streamengine: error: "):].rstrip("\n")
+
+
+def test_a_file_path_spec_imports_the_file(capsys, tool_file):
     path, stem = tool_file
-    tools = load_tools(f"{path}:TOOLS")
-    assert [t.name for t in tools] == ["greet"] and isinstance(tools[0], Tool)
-    assert tools[0].run({"name": "ann"}) == '{"text": "hello ann"}'
-    assert sys.modules[stem].__file__ == str(path)  # importable under its own name: classes pickle
-    assert load_tools(f"{path}:greet")[0] is tools[0]  # loaded once
+    assert json.dumps({"text": "hello ann"}) in greet_ann(capsys, f"{path}:TOOLS")
+    module = sys.modules[stem]
+    assert module.__file__ == str(path)  # importable under its own name: classes pickle
+    assert json.dumps({"text": "hello ann"}) in greet_ann(capsys, f"{path}:greet")
+    assert sys.modules[stem] is module  # loaded once
 
 
-def test_a_relative_file_path_works(tool_file, monkeypatch):
+def test_a_relative_file_path_works(capsys, tool_file, monkeypatch):
     path, _ = tool_file
     monkeypatch.chdir(path.parent.parent)
-    assert import_object(f"deep/{path.name}:TOOLS")[0].name == "greet"
+    assert "hello ann" in greet_ann(capsys, f"deep/{path.name}:TOOLS")
 
 
 @pytest.mark.parametrize("spec, pattern", [
@@ -59,22 +91,19 @@ def test_a_relative_file_path_works(tool_file, monkeypatch):
     ("some/dir:TOOLS", r"'some/dir' looks like a path but does not end in \.py; expected"),
     ("missing_dir/none.py:TOOLS", r"no such file '.*none\.py'"),
 ])
-def test_malformed_specs_say_which_form_to_use(spec, pattern):
-    with pytest.raises(ConfigError, match=pattern) as info:
-        import_object(spec)
-    assert "\n" not in str(info.value)
+def test_malformed_specs_say_which_form_to_use(capsys, spec, pattern):
+    assert re.search(pattern, refusal(capsys, spec))
 
 
-def test_a_file_that_fails_to_import_is_named(tmp_path, monkeypatch):
+def test_a_file_that_fails_to_import_is_named(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the loader adds the file's folder
     bad = tmp_path / f"broken_{uuid.uuid4().hex[:8]}.py"
     bad.write_text("raise RuntimeError('no\\nway')\n")
-    with pytest.raises(ConfigError, match=r"cannot import '.*broken_.*\.py': RuntimeError: no way$") as info:
-        load_tools(f"{bad}:TOOLS")
-    assert isinstance(info.value.__cause__, RuntimeError)
+    assert re.search(r"cannot import '.*broken_.*\.py': RuntimeError: no way$", refusal(capsys, f"{bad}:TOOLS"))
     assert bad.stem not in sys.modules
-    with pytest.raises(ConfigError, match=r"has no attribute 'NOPE'"):
-        good = tmp_path / f"good_{uuid.uuid4().hex[:8]}.py"
-        good.write_text("X = 1\n")
-        load_tools(f"{good}:NOPE")
-    sys.modules.pop(good.stem, None)
+    good = tmp_path / f"good_{uuid.uuid4().hex[:8]}.py"
+    good.write_text("X = 1\n")
+    try:
+        assert "has no attribute 'NOPE'" in refusal(capsys, f"{good}:NOPE")
+    finally:
+        sys.modules.pop(good.stem, None)

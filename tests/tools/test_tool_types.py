@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
-from streamengine._errors import ToolError
+from streamengine import ToolError
 from streamengine.tools import tool
 
 

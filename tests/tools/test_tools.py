@@ -12,8 +12,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 import pytest
 from pydantic import BaseModel
 
-from streamengine._errors import ToolError
-from streamengine._messages import ToolCall, ToolSpec
+from streamengine import ToolCall, ToolError, ToolSpec
 from streamengine.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool
 
 try:  # Annotated is in typing from 3.9

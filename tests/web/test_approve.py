@@ -18,8 +18,7 @@ import pytest
 import requests
 from wsgi_support import block, call, environ_for, serving, sse
 
-from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
-from streamengine._errors import ConfigError
+from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool

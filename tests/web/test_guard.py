@@ -9,7 +9,7 @@ import pytest
 import requests
 from wsgi_support import Silent, Unused, call, environ_for, get_run, make_engine, read1_pieces, serving, sse, tokens_of
 
-from streamengine._errors import ConfigError
+from streamengine import ConfigError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.wsgi import make_wsgi_app

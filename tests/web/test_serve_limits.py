@@ -1,43 +1,41 @@
 """``serve`` sets waitress's limits: connections, request body, output buffer, idle channels.
 
-Each test runs the real ``serve_app`` (waitress) on 127.0.0.1 in a thread
-and talks to it with raw sockets, the way a slow or hostile client does.
+Each test runs the public ``serve`` (waitress) on 127.0.0.1 in a thread and
+talks to it with raw sockets, the way a slow or hostile client does.  How the
+server groups addresses into clients and the limits table it hands waitress
+are checked in test_connection_gate.py.
 """
 from __future__ import annotations
 
+import inspect
+import re
 import socket
+import threading
 from typing import List
 
 import pytest
 import requests
+from cli_support import main
 from conftest import wait_for
 from serve_support import served
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._config import DEFAULT_COMPLETION_TIMEOUT_S as DEFAULT_TIMEOUT_S
-from streamengine._config import EngineConfig
-from streamengine._engine.run import StreamingEngine
+from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine.testing import FakeProvider
-from streamengine.web import make_wsgi_app
-from streamengine.web._serve import (
-    CHANNEL_TIMEOUT_S,
-    CONNECTION_LIMIT,
-    CONNECTIONS_PER_CLIENT,
-    OUTBUF_HIGH_WATERMARK,
-    client_of,
-    server_limits,
-)
+from streamengine.web import serve
 
 HALF_SENT = (b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
              b"Content-Length: 100\r\n\r\n{\"messages\"")
 
+#: One address's open connections by default: ``serve``'s own default.
+CONNECTIONS_PER_CLIENT = inspect.signature(serve).parameters["max_connections_per_client"].default
+
 
 @pytest.fixture
-def app():
+def engine():
     with FakeProvider() as fp:
         engine = StreamingEngine(OpenAICompatibleClient(fp.base_url), config=EngineConfig(model="m"))
         try:
-            yield make_wsgi_app(engine, max_streams=4)
+            yield engine
         finally:
             engine.close()
 
@@ -78,8 +76,8 @@ def close_all(sockets: List[socket.socket]) -> None:
         sock.close()
 
 
-def test_healthz_answers_while_120_connections_sit_half_sent(app, no_thread_leak):
-    with served(app) as url:
+def test_healthz_answers_while_120_connections_sit_half_sent(engine, no_thread_leak):
+    with served(engine, max_streams=4) as url:
         waiting = [sock for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4")
                    for sock in half_sent(port_of(url), 40, source)]
         try:
@@ -89,8 +87,8 @@ def test_healthz_answers_while_120_connections_sit_half_sent(app, no_thread_leak
             close_all(waiting)
 
 
-def test_one_address_dribbling_headers_cannot_take_every_connection(app, no_thread_leak):
-    with served(app, connection_limit=20, max_connections_per_client=5) as url:
+def test_one_address_dribbling_headers_cannot_take_every_connection(engine, no_thread_leak):
+    with served(engine, max_streams=4, max_connections_per_client=5) as url:
         dribbling = half_sent(port_of(url), 5)
         try:
             assert refusal(port_of(url)).startswith(b"HTTP/1.1 429 "), "a sixth connection from one address"
@@ -101,9 +99,8 @@ def test_one_address_dribbling_headers_cannot_take_every_connection(app, no_thre
         assert wait_for(lambda: healthz_from(port_of(url), "127.0.0.1").startswith(b"HTTP/1.1 200 "))
 
 
-def test_by_default_one_address_holds_a_small_share_of_the_connections(app, no_thread_leak):
-    assert CONNECTIONS_PER_CLIENT * 10 <= CONNECTION_LIMIT
-    with served(app) as url:
+def test_by_default_one_address_holds_a_small_share_of_the_connections(engine, no_thread_leak):
+    with served(engine, max_streams=4) as url:
         dribbling = half_sent(port_of(url), CONNECTIONS_PER_CLIENT)
         try:
             answer = refusal(port_of(url))
@@ -114,36 +111,8 @@ def test_by_default_one_address_holds_a_small_share_of_the_connections(app, no_t
             close_all(dribbling)
 
 
-@pytest.mark.parametrize("address,client", [
-    ("192.0.2.7", "192.0.2.7"),
-    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),   # one IPv6 host has a /64 to pick addresses from
-    ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
-    ("::ffff:192.0.2.7", "192.0.2.7"),
-    ("fe80::1%eth0", "fe80::/64"),
-])
-def test_a_client_is_its_ipv4_address_or_its_ipv6_64(address, client):
-    assert client_of((address, 1234)) == client
-
-
-def test_past_the_connection_limit_a_client_is_refused_not_left_hanging(app, no_thread_leak):
-    with served(app, connection_limit=4) as url:
-        waiting = half_sent(port_of(url), 4)
-        try:
-            extra = socket.create_connection(("127.0.0.1", port_of(url)), timeout=10)
-            with extra:
-                try:
-                    answer = extra.recv(4096)  # the refusal comes without our sending anything
-                except ConnectionResetError:  # the kernel may turn the close into a reset: still refused
-                    answer = b"reset"
-            assert answer.startswith(b"HTTP/1.1 503 ") or answer == b"reset", answer
-        finally:
-            close_all(waiting)
-        # Below the limit again (once the server has seen the closes), it serves as before.
-        assert wait_for(lambda: requests.get(url + "healthz", timeout=10).status_code == 200)
-
-
-def test_a_body_over_the_apps_cap_is_refused_before_it_is_read(app, no_thread_leak):
-    with served(app) as url:
+def test_a_body_over_the_apps_cap_is_refused_before_it_is_read(engine, no_thread_leak):
+    with served(engine, max_streams=4) as url:
         with socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) as sock:
             sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 200000000\r\n\r\n{")
@@ -151,24 +120,14 @@ def test_a_body_over_the_apps_cap_is_refused_before_it_is_read(app, no_thread_le
         assert answer.startswith(b"HTTP/1.1 413 "), answer
 
 
-def test_server_limits_follow_the_app_and_bound_buffers(app):
-    limits = server_limits(app, threads=8)
-    assert limits["max_request_body_size"] == app.max_body_bytes
-    assert limits["outbuf_high_watermark"] == OUTBUF_HIGH_WATERMARK == 1 << 20
-    assert limits["channel_timeout"] == CHANNEL_TIMEOUT_S and limits["asyncore_use_poll"] is True
-    assert limits["connection_limit"] > 100 * 8  # well above any stream cap of an 8-thread server
-
-
-def test_cli_timeout_default_is_the_librarys():
-    assert EngineConfig(model="m").completion_timeout == DEFAULT_TIMEOUT_S
+def test_cli_timeout_default_is_the_librarys(capsys):
+    assert main(["chat", "--help"]) == 0
+    shown = re.search(r"STREAMENGINE_TIMEOUT; default ([0-9.]+)", " ".join(capsys.readouterr().out.split()))
+    assert shown and float(shown.group(1)) == EngineConfig(model="m").completion_timeout
 
 
 @pytest.mark.parametrize("flag, refused", [("2", True), ("0", False)])
 def test_serve_flag_sets_the_per_client_connection_cap(capsys, flag, refused, no_thread_leak):
-    import threading
-
-    from streamengine._cli.main import main
-
     stop, seen = threading.Event(), {}
 
     def ready(url):

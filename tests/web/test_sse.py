@@ -1,6 +1,6 @@
-"""SSE encoding, checked with a WHATWG-following parser (tests/support/sse_spec_parser.py).
+"""SSE encoding (``streamengine.web.encode_stream``), checked with a WHATWG-following parser.
 
-The parser is written from the HTML standard, not from ``streamengine.web._sse``:
+The parser (tests/support/sse_spec_parser.py) is written from the HTML standard, not from the encoder:
 what it dispatches is what a browser's ``EventSource`` would.  The rule under
 test (issue 5/7): hostile model or tool text reaches the client as exactly one
 event with identical text, and nothing it contains reaches an ``event:`` or
@@ -18,25 +18,36 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import pytest
+from loguru import logger
 from sse_spec_parser import SseEvent, parse, parse_pieces
 
-from streamengine._engine.events import (
+from streamengine import (
+    LLM_WARNING,
     DoneEvent,
     ErrorEvent,
     HeartbeatEvent,
+    LlmStreamError,
     RefusalEvent,
+    ResetEvent,
     RoundEvent,
     TokenEvent,
+    ToolCall,
     ToolResultEvent,
     ToolStartEvent,
+    Usage,
 )
-from streamengine._errors import LlmStreamError
-from streamengine._messages import ToolCall, Usage
-from streamengine.web import _sse as sse
-from streamengine.web._sse import DONE_FRAME, OK_FRAME, PING_FRAME, encode_event, encode_stream
+from streamengine.web import PublicErrors, encode_stream
+
+#: The fixed frames of the wire: the first (flushes headers through proxies), the last, and a heartbeat.
+OK_FRAME = b": ok\n\n"
+DONE_FRAME = b"data: [DONE]\n\n"
+PING_FRAME = b": ping\n\n"
+
+#: The event types a frame may carry on an ``event:`` line (tokens are plain messages, heartbeats comments).
+WIRE_EVENT_TYPES = {"tool_start", "tool_result", "round", "refusal", "reset", "error", "done"}
 
 # -- stand-ins for tools.ToolResult and engine.EngineResult/Telemetry --------------
-# sse.py reads them duck-typed; these mirror the shared spec so this file runs
+# the encoder reads them duck-typed; these mirror the shared spec so this file runs
 # before tools.py/engine.py import.  test_real_result_types_encode checks the
 # real ones once they do.
 
@@ -72,6 +83,31 @@ class EngineResult:
 
 
 # -- fixtures and helpers ------------------------------------------------------
+
+
+def encode_event(event: Any) -> bytes:
+    """One event's frame as ``encode_stream`` writes it: the stream's ``[DONE]`` frame left off.
+
+    A frame the encoder could not write ends the stream with an error frame instead: that fails here,
+    so a test on one event's frame never reads an error frame by mistake.
+    """
+    body = b"".join(encode_stream([event], ok_first=False))
+    assert body.endswith(DONE_FRAME), body[-80:]
+    frame = body[:-len(DONE_FRAME)]
+    assert isinstance(event, ErrorEvent) or not frame.startswith(b"event: error\n"), frame
+    return frame
+
+
+@pytest.fixture
+def logged_errors():
+    """The messages the package logs at ERROR or above while the test runs."""
+    messages: List[str] = []
+    logger.enable("streamengine")
+    handler = logger.add(lambda m: messages.append(m.record["message"]), level="ERROR",
+                         filter=lambda r: r["name"].startswith("streamengine"))
+    yield messages
+    logger.remove(handler)
+    logger.disable("streamengine")
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +169,7 @@ def assert_well_formed(stream: bytes) -> None:
         if line == b"" or line.startswith(b":") or line.startswith(b"data: "):
             continue
         assert line.startswith(b"event: "), line[:80]
-        assert line[len(b"event: "):].decode() in sse.EVENT_NAMES - {"token", "heartbeat"}
+        assert line[len(b"event: "):].decode() in WIRE_EVENT_TYPES
 
 
 # -- the parser itself, against the standard's examples --------------------------
@@ -260,13 +296,16 @@ def test_hostile_token_survives_byte_by_byte_delivery(text):
 
 def test_token_frame_is_compact_json_string():
     assert encode_event(TokenEvent("Hé\n")) == b'data: "H\\u00e9\\n"\n\n'
-    assert sse.encode_token("") == b'data: ""\n\n'
+    assert encode_event(TokenEvent("")) == b'data: ""\n\n'
     assert encode_event(TokenEvent("\u2028")) == b'data: "\\u2028"\n\n'
 
 
-def test_token_text_must_be_a_string():
-    with pytest.raises(TypeError, match="must be a str"):
-        encode_event(TokenEvent(None))  # type: ignore[arg-type]
+def test_a_token_whose_text_is_not_a_string_ends_the_stream_with_an_error(logged_errors):
+    body = b"".join(encode_stream([TokenEvent(None)]))  # type: ignore[arg-type]
+    events = parse(body).events
+    assert [e.type for e in events] == ["error", "message"] and events[-1].data == "[DONE]"
+    assert "TypeError" in json.loads(events[0].data)["message"]
+    assert any("must be a str" in message for message in logged_errors)
 
 
 # -- named events ----------------------------------------------------------------
@@ -376,22 +415,37 @@ class Named:
     text: str = "x"
 
 
-@pytest.mark.parametrize("name", ["bogus", "message", "TOKEN", "done\n", "token\nevent: x", "",
-                                  None, 5, ["token"]], ids=repr)
-def test_unknown_event_name_is_rejected(name):
-    with pytest.raises(ValueError, match="not one of") as info:
-        encode_event(Named(name))
-    assert "Named" in str(info.value) and repr(name) in str(info.value)
+def rejected(event: Any, logged_errors: List[str]) -> str:
+    """What the server log says of an event the encoder refused: the stream is an error, then [DONE], only."""
+    body = b"".join(encode_stream([event], ok_first=False))
+    events = parse(body).events
+    assert [e.type for e in events] == ["error", "message"] and events[-1].data == "[DONE]", body
+    assert "ValueError" in json.loads(events[0].data)["message"]
+    assert len(logged_errors) == 1, logged_errors
+    return logged_errors.pop()
 
 
-def test_object_without_name_is_rejected():
-    with pytest.raises(ValueError, match="None"):
-        encode_event(object())
+@pytest.mark.parametrize("name", ["bogus", "message", "TOKEN", "done\n", "token\nevent: x", "", "ping", "ok",
+                                  "data", "id", "retry", "model_chunk", None, 5, ["token"]], ids=repr)
+def test_unknown_event_name_is_rejected(name, logged_errors):
+    message = rejected(Named(name), logged_errors)
+    assert "not one of" in message and "Named" in message and repr(name) in message
 
 
-def test_event_names_are_the_fixed_allowlist():
-    assert {"token", "tool_start", "tool_result", "round", "refusal", "reset", "error", "done",
-                               "heartbeat"} == sse.EVENT_NAMES
+def test_object_without_name_is_rejected(logged_errors):
+    assert "None" in rejected(object(), logged_errors)
+
+
+def test_every_engine_event_is_on_the_allowlist():
+    call = ToolCall("c1", "t", "{}")
+    events = [TokenEvent("a"), ToolStartEvent(call), ToolResultEvent(ToolResult("c1", "t", True, "x")),
+              RoundEvent(1), RefusalEvent("no", 1), ResetEvent(1, "why"), ErrorEvent("e"), HeartbeatEvent(),
+              DoneEvent(EngineResult("a", (), (), Telemetry()))]
+    assert {e.name for e in events} == {"token", "tool_start", "tool_result", "round", "refusal", "reset",
+                                        "error", "done", "heartbeat"}
+    types = [[e.type for e in parse(encode_event(event)).events] for event in events]
+    assert types == [["message"], ["tool_start"], ["tool_result"], ["round"], ["refusal"], ["reset"], ["error"],
+                     [], ["done"]]
 
 
 # -- streams ---------------------------------------------------------------------
@@ -478,22 +532,9 @@ def test_unknown_event_mid_stream_ends_with_error_and_done():
     assert [e.type for e in parse(b"".join(frames)).events] == ["message", "error", "message"]
 
 
-def test_stream_failure_is_logged(monkeypatch):
-    records: List[str] = []
-    monkeypatch.setattr(sse, "_log", _RecordingLogger(records))
+def test_stream_failure_is_logged(logged_errors):
     list(encode_stream(failing(LlmStreamError("boom"))))
-    assert records and "boom" in records[0]
-
-
-class _RecordingLogger:
-    def __init__(self, records: List[str]) -> None:
-        self.records = records
-
-    def opt(self, **_: Any) -> _RecordingLogger:
-        return self
-
-    def error(self, message: str, *args: Any) -> None:
-        self.records.append(message.format(*args))
+    assert logged_errors and "boom" in logged_errors[0]
 
 
 def test_closing_the_stream_closes_the_events_and_yields_nothing_more():
@@ -620,20 +661,11 @@ def test_real_result_types_encode():
 
 
 def test_reset_frames_name_the_round_and_reason():
-    @dataclass(frozen=True)
-    class ResetEvent:
-        name = "reset"
-        round: int
-        reason: str
-
     events = parse(encode_event(ResetEvent(2, "line\nbreak"))).events
     assert [(e.type, json.loads(e.data)) for e in events] == [("reset", {"round": 2, "reason": "line\nbreak"})]
 
 
 def test_public_errors_keep_details_out_of_every_frame_that_carries_them():
-    from streamengine import LLM_WARNING
-    from streamengine.web._sse import PublicErrors
-
     seen: List[str] = []
 
     class Log:

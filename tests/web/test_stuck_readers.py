@@ -29,7 +29,6 @@ from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
-from streamengine.web import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -68,6 +67,25 @@ def ask_then_read_nothing(port: int) -> socket.socket:
     return sock
 
 
+def every_stream_slot_is_free(fp: FakeProvider, url: str) -> bool:
+    """True when one client's ``STREAMS_PER_CLIENT`` streams are all served at once: no earlier stream holds a slot.
+
+    What the app's ``active_streams == 0`` says, asked as a client sees it (``serve`` keeps its app to itself).
+    """
+    release = threading.Event()
+    fp.respond_with(lambda request: [s.text("held"), s.wait(release, timeout=30)])
+    held: List[requests.Response] = []
+    try:
+        for _ in range(STREAMS_PER_CLIENT):
+            held.append(post(url))
+        return all(resp.status_code == 200 for resp in held)
+    finally:
+        release.set()
+        for resp in held:
+            resp.close()
+        fp.respond_with(None)
+
+
 def ends(sock: socket.socket) -> bool:
     """Read what the socket still holds: True when the server closed the connection (end or reset)."""
     try:
@@ -93,30 +111,30 @@ def test_a_stuck_reader_loses_its_connection_and_its_slot_after_the_timeout(stuc
         fp.add_turn(s.text("fresh"))
         config = EngineConfig(models=["m"], idle_timeout=30.0, completion_timeout=120.0,
                               max_answer_chars=10 ** 9, max_run_output_chars=10 ** 9)
-        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [], config) as engine:
-            app = make_wsgi_app(engine, stuck_reader_timeout_s=STUCK_TIMEOUT_S, heartbeat_s=5.0)
-            with served(app) as url:
-                stuck = [ask_then_read_nothing(port_of(url)) for _ in range(STREAMS_PER_CLIENT)]
-                try:
-                    assert wait_for(lambda: app.active_streams == STREAMS_PER_CLIENT, timeout=10)
-                    with post(url) as refused:  # the client's every stream slot is taken
-                        assert refused.status_code == 429
-                    assert wait_for(lambda: len(stuck_warnings) >= STREAMS_PER_CLIENT, timeout=60), \
-                        "the stuck readers were never cancelled"
-                    cancelled_at = max(stuck_warnings)
-                    status = 429
-                    while status == 429 and time.monotonic() < cancelled_at + 5:
-                        with post(url) as fresh:
-                            status = fresh.status_code
-                            events = sse(fresh) if status == 200 else []
-                        time.sleep(0.05)
-                    assert status == 200, "the stuck readers kept their stream slots"
-                    assert tokens_of(events) == ["fresh"]
-                    assert all(ends(sock) for sock in stuck), "a stuck reader's connection stayed open"
-                    assert wait_for(lambda: app.active_streams == 0)
-                finally:
-                    for sock in stuck:
-                        sock.close()
+        # As many streams as the app's default allows: only the client's own cap refuses the fifth.
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [], config) as engine, \
+                served(engine, stuck_reader_timeout_s=STUCK_TIMEOUT_S, heartbeat_s=5.0, max_streams=32) as url:
+            stuck = [ask_then_read_nothing(port_of(url)) for _ in range(STREAMS_PER_CLIENT)]
+            try:
+                assert fp.wait_for_requests(STREAMS_PER_CLIENT, timeout=10)  # every stuck stream's run began
+                with post(url) as refused:  # the client's every stream slot is taken
+                    assert refused.status_code == 429
+                assert wait_for(lambda: len(stuck_warnings) >= STREAMS_PER_CLIENT, timeout=60), \
+                    "the stuck readers were never cancelled"
+                cancelled_at = max(stuck_warnings)
+                status = 429
+                while status == 429 and time.monotonic() < cancelled_at + 5:
+                    with post(url) as fresh:
+                        status = fresh.status_code
+                        events = sse(fresh) if status == 200 else []
+                    time.sleep(0.05)
+                assert status == 200, "the stuck readers kept their stream slots"
+                assert tokens_of(events) == ["fresh"]
+                assert all(ends(sock) for sock in stuck), "a stuck reader's connection stayed open"
+                assert wait_for(lambda: every_stream_slot_is_free(fp, url))
+            finally:
+                for sock in stuck:
+                    sock.close()
 
 
 def test_a_closed_browser_cancels_a_running_tool_during_a_silent_phase_before_any_heartbeat():
@@ -136,21 +154,20 @@ def test_a_closed_browser_cancels_a_running_tool_during_a_silent_phase_before_an
     with FakeProvider() as fp:
         fp.add_turn(s.text("Looking. "), s.text(block("survey")), s.wait(silence, timeout=60), s.text("never"))
         config = EngineConfig(models=["m"], idle_timeout=90.0, completion_timeout=120.0, tool_timeout=90.0)
-        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [survey], config) as engine:
-            app = make_wsgi_app(engine, heartbeat_s=heartbeat_s)
-            with served(app) as url:
-                try:
-                    resp = post(url)
-                    for event in sseclient.SSEClient(read1_pieces(resp)).events():
-                        if event.event == "tool_start":
-                            break
-                    assert running.wait(10)
-                    resp.close()  # the tab is closed while the tool runs and the model is silent
-                    # Far below the heartbeat: a failed write cannot be what noticed it.
-                    assert cancelled.wait(heartbeat_s / 3), "the closed browser's tool was not cancelled"
-                    assert wait_for(lambda: app.active_streams == 0)
-                finally:
-                    silence.set()
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [survey], config) as engine, \
+                served(engine, heartbeat_s=heartbeat_s, max_streams=32) as url:
+            try:
+                resp = post(url)
+                for event in sseclient.SSEClient(read1_pieces(resp)).events():
+                    if event.event == "tool_start":
+                        break
+                assert running.wait(10)
+                resp.close()  # the tab is closed while the tool runs and the model is silent
+                # Far below the heartbeat: a failed write cannot be what noticed it.
+                assert cancelled.wait(heartbeat_s / 3), "the closed browser's tool was not cancelled"
+                assert wait_for(lambda: every_stream_slot_is_free(fp, url))
+            finally:
+                silence.set()
 
 
 GUNICORN_APP = """

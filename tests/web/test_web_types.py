@@ -10,10 +10,8 @@ import pytest
 from wsgi_support import call, environ_for
 
 from streamengine import DoneEvent, EngineResult, StreamingEngine, TokenEvent
-from streamengine.web import StreamApp, make_wsgi_app
-from streamengine.web._app import AppOptions
-from streamengine.web._serve import serve
-from streamengine.web._sse import RunOptions
+from streamengine.web import AppOptions, StreamApp, make_wsgi_app, serve
+from streamengine.web._sse import RunOptions  # what the app adds to a run: internal, so private
 
 
 def test_app_options_name_every_option_of_the_app_but_approve():

@@ -42,7 +42,7 @@ from wsgi_support import (
     tokens_of,
 )
 
-from streamengine._errors import ConfigError
+from streamengine import ConfigError
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool

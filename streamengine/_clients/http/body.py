@@ -43,9 +43,8 @@ def read1_of(resp: requests.Response) -> Callable[[int], bytes]:
     if hasattr(raw, "read1"):
         return lambda n: raw.read1(n, decode_content=True)
     fp = getattr(raw, "_fp", None)
-    if fp is not None and hasattr(fp, "read1"):
-        return fp.read1
-    return raw.read  # last resort: correct, but may wait for a full buffer
+    reader: Callable[[int], bytes] = fp.read1 if fp is not None and hasattr(fp, "read1") else raw.read
+    return reader  # raw.read is the last resort: correct, but may wait for a full buffer
 
 
 #: After ``[DONE]``, how long to wait for the rest of the body (a chunked body's

@@ -10,7 +10,7 @@ from __future__ import annotations
 import email.utils
 import re
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Set
 
 from ..._errors import LlmError, LlmHttpError, LlmStreamError
 
@@ -34,7 +34,8 @@ def redact_exception(exc: BaseException, redact: Callable[[str], str]) -> None:
     whole chain: urllib3 quotes the request's path with its query
     (``Max retries exceeded with url: /v1/chat?key=...``).
     """
-    seen, todo = set(), [exc]
+    seen: Set[int] = set()
+    todo: List[Optional[BaseException]] = [exc]
     while todo:
         error = todo.pop()
         if error is None or id(error) in seen:

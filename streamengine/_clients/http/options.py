@@ -28,7 +28,6 @@ call, used by the engine instead of ``EngineConfig.max_retries``).
 """
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -159,42 +158,6 @@ def split_extras(options: Optional[CompletionOptions]) -> Tuple[Optional[Complet
     extra.update(body)
     assert options is not None
     return replace(options, extra=extra or None), headers, query
-
-
-class RequestExtras:
-    """Mixed into an HTTP client: ``stream``/``open_stream``/``complete`` honour the extras of their options.
-
-    A call with extra headers or query runs on a shallow copy of the client
-    (same session and pool) whose headers, query and secrets include them:
-    the transport reads them per request, and nothing of one call leaks into
-    the next.
-    """
-
-    def stream(self, messages: Any, tools: Any = None, options: Optional[CompletionOptions] = None,
-               cancel: Any = None) -> Any:
-        client, options = self._for_call(options)
-        return super(RequestExtras, client).stream(messages, tools, options, cancel)  # type: ignore[misc]
-
-    def open_stream(self, messages: Any, tools: Any = None, options: Optional[CompletionOptions] = None,
-                    cancel: Any = None) -> Any:
-        client, options = self._for_call(options)
-        return super(RequestExtras, client).open_stream(messages, tools, options, cancel)  # type: ignore[misc]
-
-    def complete(self, messages: Any, tools: Any = None, options: Optional[CompletionOptions] = None,
-                 cancel: Any = None) -> Any:
-        client, options = self._for_call(options)
-        return super(RequestExtras, client).complete(messages, tools, options, cancel)  # type: ignore[misc]
-
-    def _for_call(self, options: Optional[CompletionOptions]) -> Tuple[Any, Optional[CompletionOptions]]:
-        options, headers, query = split_extras(options)
-        if not headers and not query:
-            return self, options
-        view = copy.copy(self)
-        view._headers = {**self._headers, **headers}  # type: ignore[attr-defined]
-        view._query = {**self._query, **query}  # type: ignore[attr-defined]
-        view._redact = self._redact.with_secrets(credentials_in(None, headers, query))  # type: ignore[attr-defined]
-        view._owns_session = False  # closing the view must never close the shared session
-        return view, options
 
 
 def sdk_settings(headers: Optional[Mapping[str, str]], default_headers: Optional[Mapping[str, str]],

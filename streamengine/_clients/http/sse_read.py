@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import sseclient
 
+from ..._errors import StreamEngineError
+
 MAX_EVENT_BYTES = 8 * 1024 * 1024
 # lines x bytes of one event; bounds sseclient's quadratic joining of data lines.
 MAX_EVENT_WORK = 8 * MAX_EVENT_BYTES
@@ -51,7 +53,7 @@ _MESSAGE = itertools.repeat("message")  # zip() takes only as many as there are 
 _CR = ord("\r")
 
 
-class SseEventTooLarge(ValueError):
+class SseEventTooLarge(StreamEngineError, ValueError):
     """An SSE event exceeded the size or work limit; the caller maps it to its own error."""
 
 
@@ -159,7 +161,8 @@ class SseFramer:
             except SseEventTooLarge:
                 self._buf.clear()
                 raise
-        fields = [("message", t[6:]) if t[:6] == "data: " and "\n" not in t else None for t in texts]
+        # List[Any]: it may hold a None until the test below; a cast() would cost a call per read.
+        fields: List[Any] = [("message", t[6:]) if t[:6] == "data: " and "\n" not in t else None for t in texts]
         if None in fields:
             return _fields_slow(texts, fields)
         return fields
@@ -277,7 +280,7 @@ def event_fields(events: List[bytes]) -> List[Tuple[str, str]]:
     read here directly; anything else (comments, several lines, CRs) goes
     through sseclient-py, so both give the same result.
     """
-    out = []
+    out: List[Tuple[str, str]] = []
     append = out.append
     for raw in events:
         if raw[:5] == b"data:" and b"\n" not in raw and b"\r" not in raw:
@@ -331,7 +334,7 @@ def _fields_slow(texts: List[str], fields: List[Optional[Tuple[str, str]]]) -> L
 
 
 def _parsed(raw: bytes) -> Optional[sseclient.Event]:
-    for event in sseclient.SSEClient([raw + b"\n\n"]).events():
+    for event in sseclient.SSEClient(iter([raw + b"\n\n"])).events():
         return event
     return None
 

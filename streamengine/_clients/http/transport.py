@@ -38,8 +38,9 @@ provider alike:
 * no message or log line shows a credential: the key, the base_url's userinfo, credential-like
   header and query values, or any URL's userinfo and query values (``_redact.Redactor``).
 
-A provider subclasses :class:`HttpProviderClient` (request body and headers,
-answer parsing, error wording) and :class:`SseStreamParser` (events -> chunks).
+A provider writes a :class:`Wire` (request body and headers, answer parsing,
+error wording) and an :class:`SseStreamParser` (events -> chunks); its client
+is an :class:`HttpProviderClient` holding that wire.
 
 The loop of a wire whose SSE events are JSON objects named by their ``type`` (Anthropic, OpenAI Responses).
 
@@ -53,13 +54,14 @@ Chat Completions wire keeps its own loop: it is the hot path and has no
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import json
 import re
 import threading
 import time
 from functools import cached_property
-from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import requests
 import requests.utils
@@ -83,8 +85,10 @@ from .body import (
 )
 from .connection import RequestTracker, mount_cancellable, tracking
 from .errors import redact_exception, short_cause
-from .options import check_api_key, check_headers, credentials_in, parse_base_url
+from .options import check_api_key, check_headers, credentials_in, parse_base_url, split_extras
 from .sse_read import MAX_EVENT_BYTES, WAIT, SseEventTooLarge, SseFramer, iter_event_batches
+
+_Client = TypeVar("_Client", bound="HttpProviderClient")
 
 #: A client talks to a handful of URLs (its endpoints); past this many, the oldest are forgotten.
 MAX_URLS = 64
@@ -182,13 +186,13 @@ class SseStreamParser:
         self._framer = SseFramer(max_event_bytes, 8 * max_event_bytes)
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
-        """Yield the chunks of the stream; return the completed chunk (not yielded)."""
+            tracker: RequestTracker) -> Generator[Union[Chunk, Wait], None, Chunk]:
+        """Yield the chunks of the stream (and the body's waits); return the completed chunk (not yielded)."""
         raise NotImplementedError
 
     @contextlib.contextmanager
     def reading(self, resp: requests.Response, cancel: Optional[threading.Event],
-                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, str]], Any]]:
+                tracker: RequestTracker) -> Iterator[Tuple[Iterator[Tuple[str, Any]], Any]]:
         """``(event name, data)`` pairs as they arrive, and the cancel flag for the loop over them.
 
         A broken body leaves as a streamengine error.  The tracker is only
@@ -233,43 +237,96 @@ class SseStreamParser:
                      response_id=self.response_id)
 
 
-class HttpProviderClient(StreamingLlmClient):
-    """Chat over one ``requests.Session``: a provider supplies the wire format through the hooks below.
+class Wire:
+    """What one provider's API adds to the shared :class:`HttpProviderClient`: paths, bodies, headers, answers, errors.
 
-    A ``session`` you pass is used as is, except that a cancellable adapter is
-    mounted for ``base_url`` (needed to abort a request before its headers);
-    it is not closed by :meth:`close`.  A query string in ``base_url`` is sent
-    with every request, and its ``user:password@`` as Basic auth.
+    A client is an :class:`HttpProviderClient` holding one wire: the client
+    owns the HTTP (session, credentials, cancel, bounded reads), the wire
+    only says how this API spells a request and its answer.  The wire's
+    methods are given what they need from the client; they keep no state of
+    a call.
     """
 
-    #: An SSE event larger than this is refused (LlmProtocolError), bounding memory.
-    max_event_bytes: int = MAX_EVENT_BYTES
-    #: The path of the chat endpoint below ``base_url``.
+    #: The path of the chat endpoint below the API root.
     chat_path = ""
     #: Shown in the error for a bad ``base_url``.
     example_base_url = ""
     #: The question that ends an error for an answer of the wrong kind (HTML, a proxy's login page).
     api_root_hint = ""
+    #: Where the key comes from, for the error about a key that cannot be sent.
+    key_source = ""
     #: The logger's component name.
     log_name = "streamengine._clients"
     #: Turns the events of a streamed answer into chunks.
-    parser_class = SseStreamParser
+    parser_class: Type[SseStreamParser] = SseStreamParser
 
-    def __init__(self, base_url: str, api_key: Optional[str], *, key_source: str, session: Optional[requests.Session],
-                 headers: Optional[Mapping[str, str]], connect_timeout: float) -> None:
+    def api_root(self, base_url: str) -> str:
+        """``base_url`` as the API root the paths are appended to."""
+        return base_url
+
+    def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
+                  options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
+        """Every header of a request: content negotiation, the caller's ``headers``, the key."""
+        raise NotImplementedError
+
+    def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
+        """A non-streamed answer from ``url``, parsed."""
+        raise NotImplementedError
+
+    def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
+        """The error for an HTTP error status; ``text`` is the (redacted) start of the body."""
+        raise NotImplementedError
+
+    def no_answer(self, exc: BaseException, url: str, base_url: str, connect_timeout: float) -> str:
+        """The message for a request that got no answer at all (refused, unreachable, reset)."""
+        return (f"could not get an answer from {url}: {type(exc).__name__}: {exc}; "
+                f"check that the provider is reachable and base_url is right")
+
+    def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
+        """Raise if a 200 JSON answer is an error after all."""
+
+
+class HttpProviderClient(StreamingLlmClient):
+    """Chat over one ``requests.Session`` in the format of its :class:`Wire`: every provider client is one.
+
+    A ``session`` you pass is used as is, except that a cancellable adapter is
+    mounted for ``base_url`` (needed to abort a request before its headers);
+    it is not closed by :meth:`close`.  A query string in ``base_url`` is sent
+    with every request (with ``query`` added), and its ``user:password@`` as
+    Basic auth.  ``max_retries`` (the SDKs' name) is the engine's retries of
+    a rate-limited call, None to leave them to ``EngineConfig``.
+
+    The options' ``extra_headers`` and ``extra_query`` go with one call:
+    it runs on a shallow copy of the client (same session and pool) whose
+    headers, query and secrets include them, so nothing of one call leaks
+    into the next (``extra_body`` is merged into the body by the options).
+    """
+
+    #: An SSE event larger than this is refused (LlmProtocolError), bounding memory.
+    max_event_bytes: int = MAX_EVENT_BYTES
+
+    def __init__(self, wire: Wire, base_url: str, api_key: Optional[str], *, session: Optional[requests.Session],
+                 headers: Optional[Mapping[str, str]], connect_timeout: float,
+                 query: Optional[Mapping[str, str]] = None, max_retries: Optional[int] = None) -> None:
         if not isinstance(base_url, str) or not re.match(r"^https?://[^/]", base_url):
-            raise ConfigError(f"base_url must be an http(s) URL such as {self.example_base_url!r}, "
+            raise ConfigError(f"base_url must be an http(s) URL such as {wire.example_base_url!r}, "
                               f"got {redact_urls(repr(base_url))}")
+        self.wire = wire
         self.connect_timeout = seconds(connect_timeout, "connect_timeout")
+        self.max_retries = max_retries
         root, self._auth, self._query = parse_base_url(base_url)  # userinfo: Basic auth, never shown
-        self.base_url = self._api_root(root.rstrip("/"))
-        self._api_key = check_api_key(api_key, key_source)
+        self._query.update(query or {})
+        self.base_url = wire.api_root(root.rstrip("/"))
+        self._api_key = check_api_key(api_key, wire.key_source)
         self._headers = check_headers(headers)
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
         mount_cancellable(self._session, ("http://", "https://") if self._owns_session else (self.base_url + "/",))
         self._environment = read_once(self._session) if self._owns_session else None
-        self._log = component_logger(self.log_name)
+        self._log = component_logger(wire.log_name)
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else None
@@ -280,7 +337,7 @@ class HttpProviderClient(StreamingLlmClient):
         if self._owns_session:
             self._session.close()
 
-    def __enter__(self) -> HttpProviderClient:
+    def __enter__(self: _Client) -> _Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -301,43 +358,29 @@ class HttpProviderClient(StreamingLlmClient):
                     options: Optional[CompletionOptions] = None,
                     cancel: Optional[threading.Event] = None) -> Iterator[Union[Chunk, Wait]]:
         """Chunks, and a :class:`Wait` on the socket wherever the body would block (``_clients.base``)."""
-        return self._stream(encode_body(self._chat_body(messages, tools, options, stream=True)), cancel)
+        client, options = self._for_call(options)
+        return client._stream(encode_body(self.wire.chat_body(messages, tools, options, stream=True)), cancel)
 
     def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                  options: Optional[CompletionOptions] = None,
                  cancel: Optional[threading.Event] = None) -> Response:
         """One answer, not streamed."""
-        body = encode_body(self._chat_body(messages, tools, options, stream=False))
-        return self._response_of(self._post_json(self.chat_path, body, cancel))
+        client, options = self._for_call(options)
+        body = encode_body(self.wire.chat_body(messages, tools, options, stream=False))
+        path = self.wire.chat_path
+        return self.wire.response_of(client._post_json(path, body, cancel), self.base_url + path, client._redact)
 
-    # -- the wire format: what a provider writes ---------------------------------------
-
-    def _api_root(self, base_url: str) -> str:
-        """``base_url`` as the API root the paths are appended to."""
-        return base_url
-
-    def _chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
-        raise NotImplementedError
-
-    def _request_headers(self, stream: bool) -> Dict[str, str]:
-        raise NotImplementedError
-
-    def _response_of(self, payload: Any) -> Response:
-        """A non-streamed answer, parsed."""
-        raise NotImplementedError
-
-    def _status_error(self, resp: requests.Response, url: str, text: str, stream: bool) -> LlmError:
-        """The error for an HTTP error status; ``text`` is the (redacted) start of the body."""
-        raise NotImplementedError
-
-    def _no_answer(self, exc: BaseException, url: str) -> str:
-        """The message for a request that got no answer at all (refused, unreachable, reset)."""
-        return (f"could not get an answer from {url}: {type(exc).__name__}: {exc}; "
-                f"check that the provider is reachable and base_url is right")
-
-    def _raise_in_band_error(self, payload: Any, url: str) -> None:
-        """Raise if a 200 JSON answer is an error after all."""
+    def _for_call(self, options: Optional[CompletionOptions]) -> Tuple[HttpProviderClient, Optional[CompletionOptions]]:
+        """This client, or a copy of it carrying the options' ``extra_headers`` and ``extra_query``."""
+        options, headers, query = split_extras(options)
+        if not headers and not query:
+            return self, options
+        view = copy.copy(self)
+        view._headers = {**self._headers, **headers}
+        view._query = {**self._query, **query}
+        view.__dict__["_redact"] = self._redact.with_secrets(credentials_in(None, headers, query))
+        view._owns_session = False  # closing the view must never close the shared session
+        return view, options
 
     # -- the transport -----------------------------------------------------------------
 
@@ -360,7 +403,8 @@ class HttpProviderClient(StreamingLlmClient):
         try:
             with tracking(tracker):
                 resp = self._session.post(
-                    url, data=data, headers=self._request_headers(stream), params=self._query or None,
+                    url, data=data, headers=self.wire.request_headers(stream, self._headers, self._api_key),
+                    params=self._query or None,
                     stream=True, timeout=(self.connect_timeout, read_timeout), **environment,
                 )
         except STREAM_ERRORS as exc:
@@ -371,7 +415,8 @@ class HttpProviderClient(StreamingLlmClient):
             if read_timeout is not None and isinstance(exc, requests.exceptions.ReadTimeout):
                 raise LlmConnectionError(f"{url} sent no response headers within {read_timeout:.3g}s "
                                          f"(what was left of the call's deadlines)") from exc
-            raise LlmConnectionError(self._redact(self._no_answer(exc, url))) from exc
+            raise LlmConnectionError(self._redact(
+                self.wire.no_answer(exc, url, self.base_url, self.connect_timeout))) from exc
         except UnicodeEncodeError as exc:
             # http.client encodes header values as latin-1; the only headers
             # not checked at construction are a user session's own.
@@ -395,7 +440,8 @@ class HttpProviderClient(StreamingLlmClient):
             if cancelled(cancel, tracker):
                 return LlmCancelledError(f"call to {url} was cancelled while reading an error answer")
             raw = f"<error body unreadable: {exc}>".encode()
-        error = self._status_error(resp, url, self._redact(raw.decode("utf-8", errors="replace")), stream)
+        error = self.wire.status_error(resp, url, self._redact(raw.decode("utf-8", errors="replace")), stream,
+                                       self.base_url)
         self._log.debug("{}", error)
         return error
 
@@ -441,24 +487,25 @@ class HttpProviderClient(StreamingLlmClient):
                 raise LlmProtocolError(
                     f"{url} answered HTTP {resp.status_code} with a body that is not JSON "
                     f"(content type {resp.headers.get('Content-Type')!r}): "
-                    f"{self._redact(raw[:200].decode('utf-8', errors='replace'))!r}; {self.api_root_hint}"
+                    f"{self._redact(raw[:200].decode('utf-8', errors='replace'))!r}; {self.wire.api_root_hint}"
                 ) from exc
-        self._raise_in_band_error(payload, url)
+        self.wire.raise_in_band_error(payload, url, self._redact)
         return payload
 
     def _stream(self, data: bytes, cancel: Optional[threading.Event]) -> Iterator[Union[Chunk, Wait]]:
-        url = self.base_url + self.chat_path
+        path = self.wire.chat_path
+        url = self.base_url + path
         # Passed up first, so the strategy fills in its deadlines: they bound the wait for the headers.
         first = Wait(None, ready=ALWAYS)
         yield first
-        with self._response(self.chat_path, data, True, cancel, seconds_left(first)) as (tracker, resp):
+        with self._response(path, data, True, cancel, seconds_left(first)) as (tracker, resp):
             content_type = resp.headers.get("Content-Type", "")
             if not content_type.lower().startswith("text/event-stream"):
                 raise LlmProtocolError(
                     f"{url} answered a streaming request with content type {content_type!r}, "
-                    f"not 'text/event-stream': {self._redact(excerpt(resp))!r}; {self.api_root_hint}"
+                    f"not 'text/event-stream': {self._redact(excerpt(resp))!r}; {self.wire.api_root_hint}"
                 )
-            parser = self.parser_class(url, self._redact, self.max_event_bytes)
+            parser = self.wire.parser_class(url, self._redact, self.max_event_bytes)
             body = parser.body = SocketBody.of(resp)
             try:
                 completed = yield from parser.run(resp, cancel, tracker)
@@ -484,7 +531,7 @@ class TypedEventParser(SseStreamParser):
     wire_name = "the"
 
     def run(self, resp: requests.Response, cancel: Optional[threading.Event],
-            tracker: RequestTracker) -> Generator[Chunk, None, Chunk]:
+            tracker: RequestTracker) -> Generator[Union[Chunk, Wait], None, Chunk]:
         with self.reading(resp, cancel, tracker) as (events, flag):
             for name, data in events:
                 if name is WAIT:  # the body would block: the run waits for it, with everything else

@@ -23,7 +23,16 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
-from mcp_types import ToolAnnotations
+from mcp_types import (
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+    ToolAnnotations,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 READ_ONLY = ToolAnnotations(readOnlyHint=True)
@@ -95,6 +104,28 @@ def picture() -> Image:
     """An image result (a 1x1 PNG)."""
     png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=")
     return Image(data=png, format="png")
+
+
+#: What ``contents(kind)`` answers: the shapes of a CallToolResult a client must turn into text.
+CONTENTS = {
+    "texts": lambda: CallToolResult(content=[TextContent(text="one"), TextContent(text="two")]),
+    "structured": lambda: CallToolResult(content=[], structured_content={"a": 1, "b": "é"}),
+    "text-and-structured": lambda: CallToolResult(content=[TextContent(text="one")], structured_content={"a": 1}),
+    "media": lambda: CallToolResult(content=[
+        ImageContent(data="aGVsbG8=", mime_type="image/png"),
+        ResourceLink(uri="file:///tmp/report.pdf", name="report"),
+        EmbeddedResource(resource=TextResourceContents(uri="memo://1", text="memo text", mime_type="text/plain")),
+        EmbeddedResource(resource=BlobResourceContents(uri="blob://2", blob="AAAA")),
+    ]),
+    "error": lambda: CallToolResult(content=[TextContent(text="no such customer")], is_error=True),
+    "silent-error": lambda: CallToolResult(content=[], is_error=True),
+}
+
+
+@server.tool(annotations=READ_ONLY)
+def contents(kind: str) -> CallToolResult:
+    """A result of the given ``kind`` (see ``CONTENTS``), exactly as built here."""
+    return CONTENTS[kind]()
 
 
 @server.tool(annotations=READ_ONLY)

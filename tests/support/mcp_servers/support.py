@@ -1,7 +1,9 @@
 """Start the lab server (HTTP or stdio), find the reference servers, read what the lab server recorded."""
 from __future__ import annotations
 
+import asyncio
 import atexit
+import gc
 import json
 import os
 import shutil
@@ -177,17 +179,30 @@ def lab_http(record: Record):
         server.stop()
 
 
+#: The name of the one thread whose event loop serves every MCP server of the process.
+MCP_LOOP_THREAD = "streamengine-mcp-loop"
+
+
+def mcp_loop_threads() -> List[threading.Thread]:
+    """The MCP loop's thread while it runs: none once the last server is closed."""
+    return [thread for thread in threading.enumerate() if thread.name == MCP_LOOP_THREAD and thread.is_alive()]
+
+
+def mcp_loop() -> asyncio.AbstractEventLoop:
+    """The event loop the MCP servers share: the one event loop running in this test process."""
+    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+    assert len(loops) == 1, f"expected the MCP loop alone to run, found {loops}"
+    return loops[0]
+
+
 @pytest.fixture
 def no_mcp_leak():
     """After the test: no MCP loop thread, and every server process it started is gone."""
-    from streamengine.mcp import _session
-
     yield
     deadline = time.monotonic() + 10
-    while _session.alive() is not None and time.monotonic() < deadline:
+    while mcp_loop_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _session.alive() is None, "the MCP loop thread outlived every server"
-    assert not [t for t in threading.enumerate() if t.name == "streamengine-mcp-loop"]
+    assert not mcp_loop_threads(), "the MCP loop thread outlived every server"
 
 
 HOSTILE = str(Path(__file__).with_name("hostile.py"))
