@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import InitVar, dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _validation as validation
 from ._errors import ConfigError, LlmOutputLimitError
@@ -209,7 +209,7 @@ class EngineConfig:
         return cls(**overrides)
 
 
-def _models(models: Any, model: Optional[str]) -> tuple:
+def _models(models: Union[str, Iterable[str], None], model: Optional[str]) -> Tuple[str, ...]:
     """The failover list from ``models=`` or the one-model shorthand ``model=``."""
     if model is not None:
         validation.name(model, "EngineConfig.model")
@@ -225,7 +225,7 @@ def _models(models: Any, model: Optional[str]) -> tuple:
     return tuple(listed)
 
 
-def completion_options(value: Any, what: str) -> Optional[CompletionOptions]:
+def completion_options(value: object, what: str) -> Optional[CompletionOptions]:
     """``value`` as :class:`CompletionOptions`: kept if it is one, built if it is a mapping.
 
     Keys of the mapping that are CompletionOptions fields set them; the rest

@@ -46,8 +46,17 @@ import os
 import re
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, TextIO, Tuple, Union, cast
 from urllib.parse import unquote
+
+if TYPE_CHECKING:
+    import logging
+
+    from loguru import Logger, Message, Record
+
+#: Where :func:`enable_logging` may send the logs: what loguru's ``logger.add`` takes (a stream, a
+#: function of each formatted message, a ``logging.Handler``, or a file path).
+Sink = Union[TextIO, "Callable[[Message], None]", "logging.Handler", str, "os.PathLike[str]"]
 
 MASK = "***"
 #: A known secret shorter than this is a placeholder (``ollama``, ``x``, ``sk-``), not worth hiding.
@@ -164,7 +173,7 @@ def for_terminal(text: str) -> str:
     return text.translate(_VISIBLE)
 
 
-def is_terminal(stream: Any) -> bool:
+def is_terminal(stream: object) -> bool:
     """Whether ``stream`` is a terminal (a closed stream or one without ``isatty`` is not)."""
     isatty = getattr(stream, "isatty", None)
     try:
@@ -174,11 +183,11 @@ def is_terminal(stream: Any) -> bool:
 
 
 _sink_id: Optional[int] = None
-_logger: Any = None
+_logger: Optional[Logger] = None
 _first_use = threading.Lock()
 
 
-def loguru_logger() -> Any:
+def loguru_logger() -> Logger:
     """Loguru's logger, with streamengine's records disabled the first time it is fetched."""
     global _logger
     if _logger is None:
@@ -191,7 +200,7 @@ def loguru_logger() -> Any:
     return _logger
 
 
-def _host_decided(logger: Any) -> bool:
+def _host_decided(logger: Logger) -> bool:
     """Whether the application already enabled or disabled ``streamengine`` in loguru itself.
 
     Loguru's documented way for an application to hear a library is
@@ -203,7 +212,7 @@ def _host_decided(logger: Any) -> bool:
     return any(str(name).startswith("streamengine") for name, _ in activations)
 
 
-def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
+def enable_logging(level: str = "WARNING", sink: Optional[Sink] = None) -> int:
     """Turn on streamengine's logs at ``level`` into ``sink`` (default stderr).
 
     Returns the loguru handler id.  Calling it again replaces the earlier sink
@@ -230,7 +239,7 @@ def enable_logging(level: str = "WARNING", sink: Any = None) -> int:
     return _sink_id
 
 
-def _keep_default_handler_out(logger: Any) -> None:
+def _keep_default_handler_out(logger: Logger) -> None:
     """Stop loguru's built-in stderr handler (id 0) from printing our records a second time.
 
     It is replaced by the same handler minus streamengine's records, so the
@@ -245,14 +254,14 @@ def _keep_default_handler_out(logger: Any) -> None:
                filter=lambda record: not record["name"].startswith("streamengine"))
 
 
-def _format(record: Any) -> str:
+def _format(record: Record) -> str:
     # A callable format, so that records without a bound component still render
     # and the host's global loguru config is left untouched.
     record["extra"].setdefault("component", record["name"])
     return "{time:HH:mm:ss.SSS} {level: <7} {extra[component]} | {message}\n{exception}"
 
 
-def component_logger(component: str, base: Any = None) -> Any:
+def component_logger(component: str, base: Optional[Logger] = None) -> Logger:
     """A logger bound to a component name such as ``streamengine.calls.StreamingCallStrategy``.
 
     ``base`` (a logger the application passed in) is bound at once; without
@@ -261,7 +270,8 @@ def component_logger(component: str, base: Any = None) -> Any:
     if base is not None:
         loguru_logger()  # streamengine stays disabled in loguru until enable_logging()
         return base.bind(component=component)
-    return _LazyLogger(component)
+    # The stand-in answers every attribute with the bound logger's own: a Logger to its callers.
+    return cast("Logger", _LazyLogger(component))
 
 
 class _LazyLogger:

@@ -23,9 +23,11 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from ._errors import ConfigError, ToolError
+
+_T = TypeVar("_T")
 
 MAX_ARGUMENT_CHARS = 1_000_000
 #: Deeper arguments are refused before ``json.loads`` sees them.  Parsing them
@@ -273,9 +275,9 @@ class Chunk:
         d["is_meaningful"] = bool(content or rest)
         d["text_only"] = bool(content) and not (rest or usage is not None or finish_reason or response_id)
 
-    if TYPE_CHECKING:  # read-only attributes set by __init__ (frozen like the fields)
-        is_meaningful: bool
-        text_only: bool
+    if TYPE_CHECKING:  # read-only attributes set by __init__ (frozen like the fields), not __init__'s parameters
+        is_meaningful: bool = field(init=False)
+        text_only: bool = field(init=False)
 
 
 _new_object = object.__new__
@@ -393,10 +395,9 @@ class CompletionOptions:
         if override is None:
             return self
         extra = {**(self.extra or {}), **(override.extra or {})}
-        pick = lambda mine, theirs: mine if theirs is None else theirs  # noqa: E731
-        return CompletionOptions(pick(self.model, override.model), pick(self.temperature, override.temperature),
-                                 pick(self.max_tokens, override.max_tokens), pick(self.stop, override.stop),
-                                 extra or None, pick(self.top_p, override.top_p))
+        return CompletionOptions(_pick(self.model, override.model), _pick(self.temperature, override.temperature),
+                                 _pick(self.max_tokens, override.max_tokens), _pick(self.stop, override.stop),
+                                 extra or None, _pick(self.top_p, override.top_p))
 
     def to_body(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {}
@@ -413,6 +414,11 @@ class CompletionOptions:
         if self.extra:
             body.update(self.extra)
         return body
+
+
+def _pick(mine: Optional[_T], theirs: Optional[_T]) -> Optional[_T]:
+    """The override's value when it set one, else ours."""
+    return mine if theirs is None else theirs
 
 
 @dataclass(frozen=True)

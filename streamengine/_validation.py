@@ -21,20 +21,20 @@ same way wherever it is refused: ``one_line``, ``short_repr``, ``json_type``.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, overload
+from typing import Literal, Optional, overload
 
 from ._errors import ConfigError
 
 
 @overload
-def seconds(value: Any, what: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+def seconds(value: object, what: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
 
 
 @overload
-def seconds(value: Any, what: str, *, allow_none: bool, allow_zero: bool = ...) -> Optional[float]: ...
+def seconds(value: object, what: str, *, allow_none: bool, allow_zero: bool = ...) -> Optional[float]: ...
 
 
-def seconds(value: Any, what: str, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
+def seconds(value: object, what: str, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
     """``value`` as a finite number of seconds (> 0, or >= 0 with ``allow_zero``).
 
     ``what`` names the setting in the message (e.g. ``"EngineConfig.tool_timeout"``).
@@ -55,7 +55,7 @@ def seconds(value: Any, what: str, *, allow_none: bool = False, allow_zero: bool
     return float(value)
 
 
-def count(value: Any, what: str, *, minimum: int = 0) -> int:
+def count(value: object, what: str, *, minimum: int = 0) -> int:
     """``value`` as an integer ``>= minimum`` (``bool`` and floats such as ``2.0`` refused)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
@@ -64,7 +64,7 @@ def count(value: Any, what: str, *, minimum: int = 0) -> int:
     return value
 
 
-def name(value: Any, what: str) -> str:
+def name(value: object, what: str) -> str:
     """``value`` as a non-empty string with something besides whitespace in it."""
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
@@ -73,18 +73,18 @@ def name(value: Any, what: str) -> str:
 
 # --------------------------------------------------------------- describing values
 
-def one_line(text: Any) -> str:
+def one_line(text: object) -> str:
     """Whitespace (newlines included) folded to single spaces: error lines stay one line."""
     return " ".join(str(text).split())
 
 
-def short_repr(value: Any, limit: int = 60) -> str:
+def short_repr(value: object, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters with ``...``."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     """The JSON name of a parsed JSON value's type: what the model or a browser sent."""
     if value is None:
         return "null"

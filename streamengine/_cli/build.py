@@ -12,11 +12,19 @@ import importlib
 import inspect
 import json
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._clients.base import LlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S, TOOL_MODES
 from .._errors import ConfigError, StreamEngineError
+
+if TYPE_CHECKING:
+    from .._engine.run import StreamingEngine
+    from .._messages import CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
+    from ..mcp import McpServer, McpTool
+    from ..tools import Tool
 
 #: ``--timeout 0`` (no cap) becomes this many seconds: the engine wants a finite number, and
 #: thirty days stays under every platform's thread-wait limit (Windows: ~49 days).
@@ -154,7 +162,7 @@ def add_mcp_flags(p: argparse.ArgumentParser) -> None:
                         "side effects")
 
 
-def open_mcp_servers(args: argparse.Namespace) -> List[Any]:
+def open_mcp_servers(args: argparse.Namespace) -> List[McpServer]:
     """The started ``--mcp``/``--mcp-url`` servers (none without those flags); close with ``close_mcp_servers``."""
     if not (getattr(args, "mcp", None) or getattr(args, "mcp_url", None) or getattr(args, "mcp_header", None)):
         return []
@@ -165,7 +173,7 @@ def open_mcp_servers(args: argparse.Namespace) -> List[Any]:
     return open_servers(args.mcp, args.mcp_url, dict(args.mcp_header), trust=getattr(args, "mcp_trust", False))
 
 
-def mcp_tools(servers: Sequence[Any], args: argparse.Namespace) -> List[Any]:
+def mcp_tools(servers: Sequence[McpServer], args: argparse.Namespace) -> List[McpTool]:
     """The started servers' tools, their annotations trusted only with ``--mcp-trust``."""
     if not servers:
         return []
@@ -174,7 +182,7 @@ def mcp_tools(servers: Sequence[Any], args: argparse.Namespace) -> List[Any]:
     return server_tools(servers, trust=getattr(args, "mcp_trust", False))
 
 
-def close_mcp_servers(servers: Sequence[Any]) -> None:
+def close_mcp_servers(servers: Sequence[McpServer]) -> None:
     for server in servers:
         server.close()
 
@@ -218,7 +226,7 @@ _FLAG_OWNED = {"model": "-m/--model", "stream": "--no-stream", "stream_options":
 _FLAG_FIELDS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
 
 
-def _completion_options(args: argparse.Namespace) -> Any:
+def _completion_options(args: argparse.Namespace) -> Optional[CompletionOptions]:
     from .._config import completion_options
 
     extra = {key: _option_value(value) for key, value in args.option}
@@ -234,29 +242,30 @@ def _completion_options(args: argparse.Namespace) -> Any:
     return completion_options({**extra, **fields}, "-o/--option")
 
 
-def _tools(specs: Sequence[str]) -> List[Any]:
+def _tools(specs: Sequence[str]) -> List[Tool]:
     from ..tools._tool import load_tools
 
-    tools: List[Any] = []
+    tools: List[Tool] = []
     for spec in specs:
         tools.extend(load_tools(spec))
     return tools
 
 
-def refuse(call: Any) -> bool:
+def refuse(call: ToolCall) -> bool:
     """The command line's answer when nobody was asked: no."""
     return False
 
 
 def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None, *,
-                 approve: Callable[[Any], bool] = refuse) -> Any:
+                 approve: Callable[[ToolCall], bool] = refuse) -> StreamingEngine:
     """The engine the flags describe; its client is closed again if anything after it fails.
 
     ``approve`` answers for side-effect tool calls (chat's question, serve's
     ``--approve all``); without one they are refused, whatever the library's
     own default.
     """
-    from .._engine.run import EngineConfig, StreamingEngine
+    from .._config import EngineConfig
+    from .._engine.run import StreamingEngine
 
     env = os.environ if environ is None else environ
     seconds = _seconds(args, env)
@@ -285,18 +294,19 @@ def build_engine(args: argparse.Namespace, environ: Optional[Mapping[str, str]] 
                 from .._clients.responses import responses_body
 
                 responses_body([], None, options, stream=True)  # options it has no equivalent for: refused now
-            engine = StreamingEngine(client, tools + mcp_tools(servers, args), engine_config, approve=approve)
+            engine = StreamingEngine(client, [*tools, *mcp_tools(servers, args)], engine_config, approve=approve)
         except BaseException:
             client.close()
             raise
     except BaseException:
         close_mcp_servers(servers)
         raise
-    engine.mcp_servers = servers  # close_engine closes them after the engine
+    _ENGINE_SERVERS[engine] = servers  # close_engine closes them after the engine
     return engine
 
 
-def build_client(args: argparse.Namespace, environ: Mapping[str, str], connect_timeout: Optional[float]) -> Any:
+def build_client(args: argparse.Namespace, environ: Mapping[str, str],
+                 connect_timeout: Optional[float]) -> LlmClient:
     provider = args.provider or "openai"
     headers = dict(args.header)
     if provider == "anthropic":
@@ -313,16 +323,19 @@ def build_client(args: argparse.Namespace, environ: Mapping[str, str], connect_t
             raise ConfigError("--no-stream-options only applies to --provider openai "
                               "(the Responses API reports usage without being asked)")
         kwargs["stream_options"] = False
+    client_class: Callable[..., LlmClient]
     if provider == "openai-responses":
-        from .._clients.responses import OpenAIResponsesClient as client_class
+        from .._clients.responses import OpenAIResponsesClient
+        client_class = OpenAIResponsesClient
     else:
-        from .._clients.openai import OpenAICompatibleClient as client_class
+        from .._clients.openai import OpenAICompatibleClient
+        client_class = OpenAICompatibleClient
 
     return client_class(args.base_url or env_base_url(environ), args.api_key or env_api_key(environ), **kwargs)
 
 
 def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], headers: Dict[str, str],
-                      connect_timeout: Optional[float]) -> Any:
+                      connect_timeout: Optional[float]) -> LlmClient:
     """``streamengine._clients.anthropic.AnthropicClient``, imported only when asked for."""
     openai_only = [flag for flag, used in (("--no-stream-options", args.stream_options is False),
                                            ("--query", bool(args.query)),
@@ -337,7 +350,7 @@ def _anthropic_client(args: argparse.Namespace, environ: Mapping[str, str], head
         raise ConfigError("--provider anthropic needs streamengine._clients.anthropic, which this installation "
                           "does not include; upgrade streamengine, or reach the model through an "
                           "OpenAI-compatible endpoint with --provider openai") from exc
-    client_class = module.AnthropicClient
+    client_class: Callable[..., LlmClient] = module.AnthropicClient
     accepted = inspect.signature(client_class).parameters
     kwargs: Dict[str, Any] = {}
     if headers:
@@ -358,22 +371,27 @@ class WholeAnswers(LlmClient):
     wrapping is the one switch that needs no flag in every layer below.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: LlmClient) -> None:
         self.inner = client
         self.base_url = getattr(client, "base_url", None)
 
-    def complete(self, messages: Any, tools: Any = None, options: Any = None, cancel: Any = None) -> Any:
+    def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                 options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None) -> Response:
         return self.inner.complete(messages, tools=tools, options=options, cancel=cancel)
 
     def close(self) -> None:
         self.inner.close()
 
 
-def close_engine(engine: Any) -> None:
+#: The MCP servers ``build_engine`` opened for each engine it made, closed by ``close_engine``.
+_ENGINE_SERVERS: weakref.WeakKeyDictionary[StreamingEngine, List[McpServer]] = weakref.WeakKeyDictionary()
+
+
+def close_engine(engine: StreamingEngine) -> None:
     try:
         engine.close()
     finally:
         try:
             engine.client.close()
         finally:
-            close_mcp_servers(getattr(engine, "mcp_servers", ()))
+            close_mcp_servers(_ENGINE_SERVERS.pop(engine, []))

@@ -41,14 +41,20 @@ import os
 import select
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO
 
-from .._logs import for_terminal
+from .._logs import for_terminal, is_terminal
 from .._messages import LLM_WARNING, PROG, StopReason
 from .._validation import one_line
 from .build import UsageError, build_engine, close_engine
 from .log import RunLog, RunLogError, default_log, logging_enabled
-from .output import EventPrinter, JsonEventPrinter, is_terminal, strip_markup, use_color, write, write_error
+from .output import EventPrinter, JsonEventPrinter, strip_markup, use_color, write, write_error
+
+if TYPE_CHECKING:
+    from .._engine.result import EngineResult
+    from .._engine.run import StreamingEngine
+    from .._messages import ToolCall
+    from .main import _Hooks
 
 APPROVE_MODES = ("ask", "all", "never")
 #: What a refusal note says about the way to let such calls run.
@@ -66,9 +72,9 @@ def add_approval_flags(chat: argparse.ArgumentParser) -> None:
                                                             "(= --approve all)")
 
 
-def approval_mode(args: argparse.Namespace, stdin: Any, err: Any) -> str:
+def approval_mode(args: argparse.Namespace, stdin: TextIO, err: TextIO) -> str:
     """``ask``, ``all`` or ``never``, from the flags and whether a person can be asked."""
-    chosen = getattr(args, "approve", None)
+    chosen: Optional[str] = getattr(args, "approve", None)
     if getattr(args, "yes", False):
         if chosen not in (None, "all"):
             raise UsageError(f"-y/--yes and --approve {chosen} contradict each other; pass one of them")
@@ -82,7 +88,7 @@ def approval_mode(args: argparse.Namespace, stdin: Any, err: Any) -> str:
     return "ask" if at_terminal else "never"
 
 
-def shown_call(call: Any) -> str:
+def shown_call(call: ToolCall) -> str:
     """``NAME {arguments}`` in full, one line, every control character visible (never obeyed)."""
     try:
         arguments = json.dumps(json.loads(call.arguments or "{}"), ensure_ascii=False)
@@ -103,7 +109,7 @@ class Approval:
         self.explicit = explicit  # --approve never was asked for (else: no terminal to ask on)
         self.before_asking: Optional[Callable[[], None]] = None
 
-    def __call__(self, call: Any) -> bool:
+    def __call__(self, call: ToolCall) -> bool:
         if self.mode == "all":
             return True
         if self.before_asking is not None:
@@ -116,7 +122,7 @@ class Approval:
         write(self.err, f"{PROG}: refused {shown}: it has side effects ({why}); {_HOW_TO_ALLOW}\n")
         return False
 
-    def _ask(self, call: Any) -> bool:
+    def _ask(self, call: ToolCall) -> bool:
         """One question; a yes only from ``y``/``yes``.  Ctrl-C or Ctrl-D here is a no, not the end of the run."""
         try:
             write(self.err, f"run {shown_call(call)}? [y/N] ")
@@ -179,7 +185,7 @@ def _readable_soon(stream: TextIO) -> bool:
     return bool(ready)
 
 
-def cmd_chat(args: argparse.Namespace, hooks: Any) -> int:
+def cmd_chat(args: argparse.Namespace, hooks: _Hooks) -> int:
     stdin, out, err = sys.stdin, sys.stdout, sys.stderr
     approval = approval_for(args, stdin, err)
     prompt = _prompt(args, stdin)
@@ -241,7 +247,7 @@ def _read_line(out: TextIO, err: TextIO) -> str:
 class _Chat:
     """One ``chat`` command's engine, streams, run log and approval: what every answer needs."""
 
-    def __init__(self, engine: Any, args: argparse.Namespace, out: TextIO, err: TextIO, log: Conversation,
+    def __init__(self, engine: StreamingEngine, args: argparse.Namespace, out: TextIO, err: TextIO, log: Conversation,
                  approval: Approval) -> None:
         self.engine, self.args, self.out, self.err, self.log, self.approval = engine, args, out, err, log, approval
 
@@ -297,7 +303,7 @@ class _Chat:
 EXIT_NOT_WHOLE = 3
 
 
-def _not_whole(result: Any, err: TextIO, quiet: bool) -> bool:
+def _not_whole(result: EngineResult, err: TextIO, quiet: bool) -> bool:
     """Say (on stderr) why the answer is not whole; True when it is not."""
     cut = result.cut_off
     if not quiet and cut is not None:
@@ -312,7 +318,7 @@ def _not_whole(result: Any, err: TextIO, quiet: bool) -> bool:
     return cut is not None or bool(result.refusal) or unfinished
 
 
-def _warn_failover(result: Any, models: List[str], err: TextIO) -> None:
+def _warn_failover(result: EngineResult, models: Sequence[str], err: TextIO) -> None:
     """Say on stderr that the answer came from another model than the first: a mistyped name must not pass unseen.
 
     Each failed attempt is one line of ``telemetry.failed_attempts``
@@ -331,13 +337,13 @@ def _warn_failover(result: Any, models: List[str], err: TextIO) -> None:
 
 
 #: What to tell a person whose answer was cut off, by finish reason.
-CUT_OFF_ADVICE = {
+CUT_OFF_ADVICE: Dict[str, str] = {
     StopReason.LENGTH: "the answer was cut off at the token limit; raise --max-tokens",
     StopReason.CONTENT_FILTER: "the provider's content filter cut the answer off",
 }
 
 
-def final_answer(result: Any) -> str:
+def final_answer(result: Optional[EngineResult]) -> str:
     """What stdout promises: the last round's answer, without tool markup or the engine's warning.
 
     A run that stopped at ``max_continuations_reached`` carries every draft
@@ -376,7 +382,7 @@ class Conversation:
         system, history = log.messages(conversation)
         return cls(log, conversation, system, history, model, err)
 
-    def record(self, prompt: str, answer: str, result: Any) -> None:
+    def record(self, prompt: str, answer: str, result: EngineResult) -> None:
         if self.log is None:
             return
         reasons = result.finish_reasons

@@ -23,14 +23,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .._clients.openai import OpenAICompatibleClient
+from .._config import EngineConfig
 from .._engine.events import DoneEvent, Event, RoundEvent, ToolStartEvent
 from .._engine.result import EngineResult
-from .._engine.run import EngineConfig, StreamingEngine
+from .._engine.run import StreamingEngine
 from .._errors import ToolError
-from .._messages import StopReason
+from .._messages import MessageLike, StopReason
 from ..testing import FakeProvider, Stamp, Step
 from ..testing import steps as s
 from ..tools import Tool, ToolContext, tool
@@ -75,14 +76,14 @@ def demo_tools(scale: float = 1.0) -> List[Tool]:
     seconds = TOOL_SECONDS * scale
 
     @tool
-    def get_weather(city: str, ctx: ToolContext) -> dict:
+    def get_weather(city: str, ctx: ToolContext) -> Dict[str, Any]:
         """Current weather and the weekend forecast for a city."""
         if not ctx.sleep(seconds):
             raise ToolError("cancelled")
         return {"city": city, "saturday": "24 C, sunny", "sunday": "22 C, light wind"}
 
     @tool
-    def search_flights(origin: str, destination: str, ctx: ToolContext) -> dict:
+    def search_flights(origin: str, destination: str, ctx: ToolContext) -> Dict[str, Any]:
         """Direct flights between two airports (IATA codes) on Friday."""
         if not ctx.sleep(seconds):
             raise ToolError("cancelled")
@@ -233,8 +234,9 @@ def format_summary(report: DemoReport) -> str:
         lines.append("No tool ran, so there is nothing to compare.")
         return "\n".join(lines)
     lines += ["", "The same work if the tools had waited for the stream's end (arithmetic on the numbers above):"]
-    for label, sequential, amount, what in (("in parallel after the stream", False, report.longest_tool, "longest tool"),
-                                            ("one by one after the stream", True, report.tools_sum, "sum of tools")):
+    ways = (("in parallel after the stream", False, report.longest_tool, "longest tool"),
+            ("one by one after the stream", True, report.tools_sum, "sum of tools"))
+    for label, sequential, amount, what in ways:
         saved = report.saved(sequential)
         lines.append(f"  {label:<30} {report.stream_end:.2f} + {amount:.2f} ({what}) -> total "
                      f"{report.total + saved:.2f}s, overlap saved {saved:.2f}s")
@@ -266,11 +268,11 @@ class DemoEngine:
     def __init__(self, fast: bool = False) -> None:
         self.scale = FAST_SCALE if fast else 1.0
 
-    def run(self, messages: Sequence[Any], cancel: Optional[threading.Event] = None, *,
+    def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None) -> Iterator[Event]:
         return self._events(list(messages), cancel, heartbeat_s)
 
-    def _events(self, messages: List[Any], cancel: Optional[threading.Event],
+    def _events(self, messages: List[MessageLike], cancel: Optional[threading.Event],
                 heartbeat_s: Optional[float]) -> Iterator[Event]:
         with FakeProvider() as fp:
             for turn in demo_turns(self.scale):

@@ -44,7 +44,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Sequence, TextIO
 
 from .. import __version__
 from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
@@ -75,6 +75,12 @@ from .output import (
     write_error,
     write_error_lines,
 )
+
+if TYPE_CHECKING:
+    from .._engine.events import Event
+    from .._engine.run import StreamingEngine
+    from .._messages import ToolCall
+    from ..testing._scenario import ScenarioResult
 
 COMMANDS = ("chat", "serve", "demo", "harness", "logs", "mcp")
 _TOP_LEVEL = ("-h", "--help", "--version")
@@ -116,12 +122,12 @@ def _is_number(word: str) -> bool:
     return True
 
 
-def approve_all(call: Any) -> bool:
+def approve_all(call: ToolCall) -> bool:
     """``serve --approve all``: every side-effect call runs."""
     return True
 
 
-def cmd_serve(args: argparse.Namespace, hooks: Any) -> int:
+def cmd_serve(args: argparse.Namespace, hooks: _Hooks) -> int:
     if args.threads < 1:
         raise UsageError("--threads must be at least 1 (each open stream holds one thread)")
     if args.max_connections_per_client < 0:
@@ -148,11 +154,11 @@ def cmd_serve(args: argparse.Namespace, hooks: Any) -> int:
     return 0
 
 
-def side_effect_tools(engine: Any) -> List[str]:
+def side_effect_tools(engine: StreamingEngine) -> List[str]:
     return [name for name in engine.registry.names if getattr(engine.registry.get(name), "side_effects", False)]
 
 
-def _say_what_happens_to_side_effects(engine: Any, everything: bool) -> None:
+def _say_what_happens_to_side_effects(engine: StreamingEngine, everything: bool) -> None:
     """On stderr at start: which tools are refused, or a WARNING that every call of them runs unasked."""
     names = side_effect_tools(engine)
     if everything:
@@ -175,7 +181,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
@@ -199,9 +205,9 @@ def _cmd_demo(args: argparse.Namespace, hooks: _Hooks) -> int:
     write(out, bold(f"{PROG} demo: a scripted model on a loopback FakeProvider (no key, no network)") + "\n")
     write(out, f"Q: {demo.DEMO_QUESTION}\n\n")
     printer = EventPrinter(out, out, color=color, spans=True, hide_llm_warning=False)
-    clock_set = []
+    clock_set: List[bool] = []
 
-    def show(event: Any, t: float) -> None:
+    def show(event: Event, t: float) -> None:
         if not clock_set:  # the tools' "ran +a .. +b" on the demo's clock: from the request, not from here
             printer.t0 = time.monotonic() - t
             clock_set.append(True)
@@ -224,7 +230,7 @@ def _cmd_harness(args: argparse.Namespace, hooks: _Hooks) -> int:
         raise UsageError("no scenario files found in " + ", ".join(args.scenarios))
     started = time.monotonic()
 
-    def report(result: Any) -> None:
+    def report(result: ScenarioResult) -> None:
         if result.passed:
             write(out, f"PASS {result.name} ({result.duration_s:.2f}s)\n")
         else:
@@ -267,9 +273,9 @@ def _port(text: str) -> int:
     return value
 
 
-def _common_flags() -> argparse.ArgumentParser:
+def _common_flags() -> _Parser:
     """Flags every command accepts, before or after its name."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                         help="log to stderr and show an error's causes (-v info, -vv debug)")
     return common
@@ -281,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log to stderr and show an error's causes (-v info, -vv debug)")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     common = _common_flags()
-    provider = argparse.ArgumentParser(add_help=False)
+    provider = _Parser(add_help=False)
     add_provider_flags(provider)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -400,9 +406,10 @@ def main(argv: Optional[Sequence[str]] = None, *, stop: Optional[threading.Event
             _stop_logging(log_handler)
 
 
-def _run(args: argparse.Namespace, hooks: _Hooks, err: Any) -> int:
+def _run(args: argparse.Namespace, hooks: _Hooks, err: TextIO) -> int:
     try:
-        return args.handler(args, hooks)
+        handler: Callable[[argparse.Namespace, _Hooks], int] = args.handler
+        return handler(args, hooks)
     except (UsageError, ConfigError) as exc:
         write_error(err, str(exc))
         return 2
@@ -437,7 +444,7 @@ def _stop_logging(handler: int) -> None:
     logger.disable("streamengine")
 
 
-def _report(err: Any, exc: BaseException, args: argparse.Namespace) -> None:
+def _report(err: TextIO, exc: BaseException, args: argparse.Namespace) -> None:
     """The error's cause first; with ``-v`` the chain of exceptions underneath it."""
     if isinstance(exc, AllModelsFailedError) and exc.attempts:
         lines = attempt_lines([(model, str(cause)) for model, cause in exc.attempts])

@@ -74,7 +74,7 @@ def error_lines(message: str, models: Sequence[str] = ()) -> List[str]:
     """
     prefix = _ALL_FAILED.search(message)
     attempts = _split_attempts(message[prefix.start():], models) if prefix else []
-    if not attempts:
+    if prefix is None or not attempts:
         return [_one_line(message)]
     lines = attempt_lines(attempts)
     lines[0] = _one_line(message[:prefix.start()]) + (" " if prefix.start() else "") + lines[0]

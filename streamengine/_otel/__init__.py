@@ -9,7 +9,13 @@ the hooks skip building attributes.  ``pip install 'streamengine[otel]'``.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from .tracing import Instrumentation
 
 
 def available() -> bool:
@@ -20,8 +26,9 @@ def available() -> bool:
         return False
 
 
-def instrumentation(*, agent_name: str, capture_content: Optional[bool], tracer_provider: Any = None,
-                    meter_provider: Any = None, client: Any = None) -> Any:
+def instrumentation(*, agent_name: str, capture_content: Optional[bool],
+                    tracer_provider: Optional[TracerProvider] = None, meter_provider: Optional[MeterProvider] = None,
+                    client: object = None) -> Optional[Instrumentation]:
     """The engine's :class:`~streamengine._otel.tracing.Instrumentation`, or ``None`` without the API."""
     if tracer_provider is None and meter_provider is None and not available():
         return None

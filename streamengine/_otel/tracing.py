@@ -58,15 +58,23 @@ import os
 import threading
 import time
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from .._logs import component_logger
 from .._messages import StopReason
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Histogram, Meter, MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from .._engine.result import EngineResult
+    from .._messages import CompletionOptions, Message, Response, ToolCall, ToolResult, Usage
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
@@ -140,7 +148,7 @@ class Capture:
                 "SPAN_AND_EVENT": cls(True, True)}.get(value, cls(False, False))
 
 
-def provider_of(client: Any) -> str:
+def provider_of(client: object) -> str:
     """``gen_ai.provider.name``: the client's own ``provider_name`` if it has one, else by its wire."""
     named = getattr(client, "provider_name", None)
     if isinstance(named, str) and named:
@@ -172,7 +180,7 @@ def error_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def request_attributes(options: Any) -> Dict[str, Any]:
+def request_attributes(options: Optional[CompletionOptions]) -> Dict[str, Any]:
     """The request settings the conventions name, when they are set."""
     out: Dict[str, Any] = {}
     for field, key in (("max_tokens", REQUEST_MAX_TOKENS), ("temperature", REQUEST_TEMPERATURE),
@@ -183,7 +191,7 @@ def request_attributes(options: Any) -> Dict[str, Any]:
     return out
 
 
-def usage_attributes(usage: Any) -> Dict[str, int]:
+def usage_attributes(usage: Optional[Usage]) -> Dict[str, int]:
     """Token counts the provider sent; optional ones only when it sent them."""
     if usage is None:
         return {}
@@ -196,7 +204,7 @@ def usage_attributes(usage: Any) -> Dict[str, int]:
     return out
 
 
-def input_messages(messages: Iterable[Any]) -> str:
+def input_messages(messages: Iterable[Message]) -> str:
     """The conventions' JSON form of a conversation: ``[{"role": ..., "parts": [...]}]``."""
     out: List[Dict[str, Any]] = []
     for message in messages:
@@ -213,14 +221,14 @@ def input_messages(messages: Iterable[Any]) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-def output_messages(text: str, calls: Iterable[Any], finish_reason: Optional[str]) -> str:
+def output_messages(text: str, calls: Iterable[ToolCall], finish_reason: Optional[str]) -> str:
     parts: List[Dict[str, Any]] = [{"type": "text", "content": text}] if text else []
     parts += [_tool_call_part(call) for call in calls]
     return json.dumps([{"role": "assistant", "parts": parts, "finish_reason": finish_reason or StopReason.STOP}],
                       ensure_ascii=False)
 
 
-def _tool_call_part(call: Any) -> Dict[str, Any]:
+def _tool_call_part(call: Union[ToolCall, _Named]) -> Dict[str, Any]:
     try:
         arguments: Any = json.loads(call.arguments or "{}")
     except ValueError:
@@ -283,11 +291,11 @@ class GuardedHistogram:
 
     __slots__ = ("_guard", "_histogram")
 
-    def __init__(self, histogram: Any, guard: Guard) -> None:
+    def __init__(self, histogram: Histogram, guard: Guard) -> None:
         self._histogram = histogram
         self._guard = guard
 
-    def record(self, amount: float, attributes: Any = None) -> None:
+    def record(self, amount: float, attributes: Optional[Dict[str, Any]] = None) -> None:
         try:
             self._histogram.record(amount, attributes)
         except Exception as exc:  # one place for every histogram: what breaks one breaks them all
@@ -301,10 +309,10 @@ _TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304
 class Instruments:
     """Made once per engine from the meter provider given (or the global one)."""
 
-    def __init__(self, meter_provider: Any, version: str, guard: Guard) -> None:
+    def __init__(self, meter_provider: Optional[MeterProvider], version: str, guard: Guard) -> None:
         meter = metrics.get_meter("streamengine", version, meter_provider=meter_provider)
 
-        def histogram(name: str, unit: str, description: str, boundaries: list) -> GuardedHistogram:
+        def histogram(name: str, unit: str, description: str, boundaries: Sequence[float]) -> GuardedHistogram:
             return GuardedHistogram(_made(meter, name, unit, description, boundaries), guard)
 
         self.operation_duration = histogram(METRIC_OPERATION_DURATION, "s", "GenAI operation duration", _SECONDS)
@@ -321,7 +329,7 @@ class Instruments:
                                          _SECONDS)
 
 
-def _made(meter: Any, name: str, unit: str, description: str, boundaries: list) -> Any:
+def _made(meter: Meter, name: str, unit: str, description: str, boundaries: Sequence[float]) -> Histogram:
     try:
         return meter.create_histogram(name, unit=unit, description=description,
                                       explicit_bucket_boundaries_advisory=boundaries)
@@ -334,7 +342,7 @@ def unfinished_text(reason: str) -> str:
     return "the run was cancelled" if reason == StopReason.CANCELLED else f"the run stopped: {reason}"
 
 
-def mark_unfinished(span: Any, reason: str) -> None:
+def mark_unfinished(span: Span, reason: str) -> None:
     """A span whose operation the run's end cut short: ERROR, ``error.type`` the run's stop reason."""
     if span.is_recording():
         span.set_attribute(ERROR_TYPE, reason)
@@ -344,8 +352,8 @@ def mark_unfinished(span: Any, reason: str) -> None:
 class ChatTrace:
     """The ``chat {model}`` span of one model call (one failover attempt)."""
 
-    def __init__(self, run: Any, model: str, provider: str, base_url: Optional[str], options: Any,
-                 stream: bool, messages: Sequence[Any]) -> None:
+    def __init__(self, run: RunTrace, model: str, provider: str, base_url: Optional[str],
+                 options: Optional[CompletionOptions], stream: bool, messages: Sequence[Message]) -> None:
         # The run's instrumentation, not the run: the run holds its chats, and a chat that held the run
         # back would make the two a cycle, left to the garbage collector after every run.
         self.owner = run.owner
@@ -374,7 +382,7 @@ class ChatTrace:
             self.span.add_event(FIRST_CHUNK_EVENT, {RESPONSE_TIME_TO_FIRST_CHUNK: ttfc})
         self.owner.instruments.time_to_first_chunk.record(ttfc, self.attributes)
 
-    def succeeded(self, response: Any) -> None:
+    def succeeded(self, response: Response) -> None:
         self.answered = True
         metric = dict(self.attributes)
         if response.model:
@@ -405,7 +413,7 @@ class ChatTrace:
         mark_unfinished(self.span, why)
         self._end({**self.attributes, ERROR_TYPE: why})
 
-    def _capture_output(self, response: Any) -> None:
+    def _capture_output(self, response: Response) -> None:
         capture = self.owner.capture
         if not capture.any:
             return
@@ -415,7 +423,7 @@ class ChatTrace:
         if capture.as_event:
             self.span.add_event(CONTENT_EVENT, {OUTPUT_MESSAGES: output})
 
-    def _record_usage(self, usage: Any, attributes: Dict[str, Any]) -> None:
+    def _record_usage(self, usage: Optional[Usage], attributes: Dict[str, Any]) -> None:
         if usage is None:
             return
         histogram = self.owner.instruments.token_usage
@@ -437,19 +445,24 @@ SCOPE = "streamengine"
 #: set by the start hook, taken by the tool as it starts, so its own client span nests under it.
 _handing_over = threading.local()
 
+#: A tool span handed over to the tool that starts itself: its context and the run's instrumentation.
+HandOver = Tuple[Context, "Instrumentation"]
+#: An MCP client span (None when its start failed) and the instrumentation that ends it.
+McpSpan = Tuple[Optional[Span], "Instrumentation"]
 
-def take_hand_over() -> Optional[tuple]:
+
+def take_hand_over() -> Optional[HandOver]:
     """``(context, instrumentation)`` of the tool span being handed over on this thread, once; else None."""
-    pending = getattr(_handing_over, "pending", None)
+    pending: Optional[HandOver] = getattr(_handing_over, "pending", None)
     _handing_over.pending = None
     return pending
 
 
-def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
+def mcp_client_span(pending: HandOver, tool_name: str, transport: str) -> Tuple[McpSpan, Dict[str, str]]:
     """The MCP client span (``tools/call {tool}``) under the call's tool span, and its ``_meta`` carrier."""
     from opentelemetry import propagate
     parent, owner = pending
-    span: Any = None
+    span: Optional[Span] = None
     carrier: Dict[str, str] = {}
     with owner.guard("starting an MCP client span"):
         span = owner.tracer.start_span(f"tools/call {tool_name}", context=parent, kind=SpanKind.CLIENT)
@@ -460,7 +473,7 @@ def mcp_client_span(pending: tuple, tool_name: str, transport: str) -> Any:
     return (span, owner), carrier
 
 
-def end_mcp_client_span(handle: tuple, error: Optional[BaseException]) -> None:
+def end_mcp_client_span(handle: McpSpan, error: Optional[BaseException]) -> None:
     """End the span :func:`mcp_client_span` made (none when its start failed), with the call's error."""
     span, owner = handle
     if span is None:
@@ -473,7 +486,7 @@ def end_mcp_client_span(handle: tuple, error: Optional[BaseException]) -> None:
         span.end()
 
 
-def _api_own(provider: Any, api_module: str) -> bool:
+def _api_own(provider: object, api_module: str) -> bool:
     """Whether ``provider`` is one of the API's own, which record nothing: its no-op one, or the proxy a
     ``get_*_provider()`` returns until an SDK's is set (``ProxyTracerProvider``, ``_ProxyMeterProvider``:
     names that have changed before), told by the module they are defined in."""
@@ -488,8 +501,8 @@ def _wall_ns(monotonic_s: float) -> int:
 class Instrumentation:
     """One per engine: the tracer, the instruments, and what to capture."""
 
-    def __init__(self, *, agent_name: str, capture: Capture, tracer_provider: Any = None,
-                 meter_provider: Any = None, version: str = "", client: Any = None) -> None:
+    def __init__(self, *, agent_name: str, capture: Capture, tracer_provider: Optional[TracerProvider] = None,
+                 meter_provider: Optional[MeterProvider] = None, version: str = "", client: object = None) -> None:
         self.agent_name = agent_name
         self.capture = capture
         self.client = client
@@ -499,7 +512,7 @@ class Instrumentation:
         self._meter_given = meter_provider is not None
         self._tracer_given = tracer_provider is not None
 
-    def live(self, parent: Any) -> bool:
+    def live(self, parent: Optional[Context]) -> bool:
         """Whether a run's trace would reach anything; a run without one builds no spans (220k instructions).
 
         Yes for a tracer provider given or an SDK's set globally (by now: the
@@ -523,17 +536,18 @@ class Instrumentation:
         only with content capture on the span, else the error type alone."""
         return Status(StatusCode.ERROR, detail if detail and self.capture.on_span else kind)
 
-    def end_span(self, span: Any, where: str, end_time: Optional[int] = None) -> None:
+    def end_span(self, span: Span, where: str, end_time: Optional[int] = None) -> None:
         """``span.end()``, where the SDK runs the span processors' ``on_end``: guarded."""
         with self.guard(where):
             span.end(end_time=end_time)
 
     @staticmethod
-    def current_context() -> Any:
+    def current_context() -> Context:
         """The context current in the calling thread: a run's span is parented to it."""
         return otel_context.get_current()
 
-    def start_run(self, *, parent: Any, conversation_id: Optional[str], messages: Sequence[Any]) -> RunTrace:
+    def start_run(self, *, parent: Optional[Context], conversation_id: Optional[str],
+                  messages: Sequence[Message]) -> RunTrace:
         return RunTrace(self, parent, conversation_id, messages)
 
     def describe(self, model: str) -> Dict[str, Any]:
@@ -552,11 +566,11 @@ class Instrumentation:
 class RunTrace:
     """The ``invoke_agent`` span of one run and everything under it."""
 
-    def __init__(self, owner: Instrumentation, parent: Any, conversation_id: Optional[str],
-                 messages: Sequence[Any]) -> None:
+    def __init__(self, owner: Instrumentation, parent: Optional[Context], conversation_id: Optional[str],
+                 messages: Sequence[Message]) -> None:
         self.owner = owner
         self.started = time.monotonic()
-        span: Any = INVALID_SPAN  # a span that failed to start: its children go under the caller's
+        span: Span = INVALID_SPAN  # a span that failed to start: its children go under the caller's
         with owner.guard("starting the run's span"):
             span = owner.tracer.start_span(f"invoke_agent {owner.agent_name}", context=parent, kind=SpanKind.INTERNAL)
         self.span = span
@@ -564,8 +578,8 @@ class RunTrace:
         self.recording = span.is_recording()
         #: Whether per-chunk work (the first meaningful chunk) is worth doing: nothing records it otherwise.
         self.watches_chunks = self.recording or owner.metrics_live()
-        self._tools: Dict[str, Any] = {}
-        self._chats: list = []
+        self._tools: Dict[str, Span] = {}
+        self._chats: List[ChatTrace] = []
         self._lock = threading.Lock()  # tool spans are opened and closed from tool workers
         self._ended = False
         self._stream_open: Optional[float] = None  # when the current chat's stream started (for time behind)
@@ -577,7 +591,8 @@ class RunTrace:
                 self.span.set_attribute(INPUT_MESSAGES, input_messages(messages))
 
     # --- model calls -------------------------------------------------------------------------
-    def chat_started(self, *, model: str, options: Any, messages: Sequence[Any] = ()) -> ChatTrace:
+    def chat_started(self, *, model: str, options: Optional[CompletionOptions],
+                     messages: Sequence[Message] = ()) -> ChatTrace:
         about = self.owner.describe(model)
         chat = ChatTrace(self, about["model"], about["provider"], about["base_url"], options, about["stream"],
                          messages)
@@ -586,8 +601,8 @@ class RunTrace:
         return chat
 
     # --- tools -----------------------------------------------------------------------------------
-    def tool_started(self, call: Any, *, kind: str = "function", started_at: Optional[float] = None,
-                     hand_over: bool = False) -> Any:
+    def tool_started(self, call: Union[ToolCall, _Named], *, kind: str = "function",
+                     started_at: Optional[float] = None, hand_over: bool = False) -> Context:
         """Open the call's ``execute_tool`` span (on the thread entering the function); returns its context.
 
         ``hand_over``: the tool starts itself right after this on this thread (MCP), and takes the
@@ -608,7 +623,7 @@ class RunTrace:
             _handing_over.pending = (context, self.owner)
         return context
 
-    def tool_ended(self, result: Any, *, remote: bool = False) -> None:
+    def tool_ended(self, result: ToolResult, *, remote: bool = False) -> None:
         """Close the call's span with its outcome; a remote tool's span is made here, from the remote duration."""
         with self._lock:
             span = self._tools.pop(result.call_id, None)
@@ -638,17 +653,19 @@ class RunTrace:
         if behind is not None:
             self.owner.instruments.tool_behind_answer.record(behind, {TOOL_NAME: result.name})
 
-    def _time_behind_answer(self, result: Any) -> Optional[float]:
+    def _time_behind_answer(self, result: ToolResult) -> Optional[float]:
         """How long the tool ran while the model's stream was still open: the time this engine saves."""
         if not result.started_at or not result.ended_at:
             return None
         with self._lock:
             windows = [(chat.started, chat.ended_at or time.monotonic()) for chat in self._chats]
-        overlap = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at)) for start, end in windows)
+        overlap: float = sum(max(0.0, min(end, result.ended_at) - max(start, result.started_at))
+                             for start, end in windows)
         return overlap
 
     # --- the end ---------------------------------------------------------------------------------
-    def ended(self, result: Any = None, *, error: Optional[BaseException] = None, cancelled: bool = False) -> None:
+    def ended(self, result: Optional[EngineResult] = None, *, error: Optional[BaseException] = None,
+              cancelled: bool = False) -> None:
         """Close every span still open (a cancelled run's tools and call included), then the run's; once."""
         with self._lock:
             if self._ended:
@@ -695,7 +712,8 @@ FAILED_STOP_REASONS = frozenset({StopReason.CANCELLED, StopReason.LLM_ERROR, Sto
                                  StopReason.INTERNAL_ERROR, StopReason.OUTPUT_LIMIT})
 
 
-def _run_failure(result: Any, error: Optional[BaseException], stop_reason: Optional[str]) -> Optional[tuple]:
+def _run_failure(result: Optional[EngineResult], error: Optional[BaseException],
+                 stop_reason: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
     """The run failed or was cancelled (not: recovered by failover): its error type and message."""
     if error is not None:
         return error_type(error), str(error)
@@ -707,5 +725,5 @@ def _run_failure(result: Any, error: Optional[BaseException], stop_reason: Optio
 class _Named:
     """A stand-in call for a remote result whose call was never seen starting."""
 
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: ToolResult) -> None:
         self.id, self.name, self.arguments = result.call_id, result.name, ""

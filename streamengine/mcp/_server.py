@@ -17,7 +17,9 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Any, Collection, Dict, Iterable, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Set
+
+import mcp_types as types
 
 from .._errors import ConfigError
 from .._logs import component_logger, redact_url
@@ -37,6 +39,12 @@ from ._transports import (
     shown_host,
 )
 
+if TYPE_CHECKING:
+    from loguru import Logger
+    from mcp.shared.dispatcher import ProgressFnT
+
+    from .._otel.tracing import HandOver
+
 #: Default seconds a server gets to answer ``initialize`` (a first ``uvx`` download may take a while).
 DEFAULT_STARTUP_TIMEOUT = 30.0
 
@@ -52,14 +60,15 @@ class McpServer:
     ``StreamingEngine(tools=...)``, beside Python tools and other servers'.
     """
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Any = None, protocol: str = "auto") -> None:
-        self.name = endpoint.name  # type: ignore[attr-defined]
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, logger: Optional[Logger] = None,
+                 protocol: str = "auto") -> None:
+        self.name = endpoint.name
         self.startup_timeout = check_seconds(startup_timeout, "startup_timeout")
         endpoint.protocol = _check_protocol(protocol)
         self._endpoint = endpoint
         self._log = component_logger("streamengine.mcp", logger)
         self._warn = Warnings(lambda text: self._log.warning("{}", endpoint.redact(text)))
-        self._listed: List[Any] = []
+        self._listed: List[types.Tool] = []
         self._connection = Connection(endpoint, self.startup_timeout, self._note_tools, self._warn)
         self._lock = threading.Lock()
         self._state = "new"  # new -> open -> closed
@@ -69,7 +78,7 @@ class McpServer:
     @classmethod
     def stdio(cls, command: str, *args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
               name: Optional[str] = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-              logger: Any = None, protocol: str = "auto", limits: Optional[McpLimits] = None) -> McpServer:
+              logger: Optional[Logger] = None, protocol: str = "auto", limits: Optional[McpLimits] = None) -> McpServer:
         """A server started as ``command args...``, speaking MCP on its stdin/stdout.
 
         ``env`` is added to a minimal inherited environment (PATH, HOME, ...),
@@ -89,7 +98,7 @@ class McpServer:
 
     @classmethod
     def http(cls, url: str, headers: Optional[Dict[str, str]] = None, name: Optional[str] = None,
-             startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, logger: Any = None,
+             startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, logger: Optional[Logger] = None,
              protocol: str = "auto", limits: Optional[McpLimits] = None) -> McpServer:
         """A server at a streamable-HTTP endpoint (``http://host:port/mcp``); ``headers`` go with every request.
 
@@ -175,7 +184,7 @@ class McpServer:
     def __enter__(self) -> McpServer:
         return self.start()
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -210,7 +219,7 @@ class McpServer:
         self.start()
         return [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in self._listed]
 
-    def _note_tools(self, listed: List[Any]) -> None:
+    def _note_tools(self, listed: List[types.Tool]) -> None:
         # Replaced whole: readers on other threads see one list or the other.
         self._listed = bounded_listing(listed, self._endpoint.limits, self.name, self._warn)
 
@@ -224,11 +233,12 @@ class McpServer:
             return future
         return _session.submit(self._call(tool, arguments, traced))
 
-    async def _call(self, tool: McpTool, arguments: Dict[str, Any], traced: Optional[tuple] = None) -> str:
+    async def _call(self, tool: McpTool, arguments: Dict[str, Any], traced: Optional[HandOver] = None) -> str:
         if traced is None:
             return await self._answer(tool, arguments, None)
         from .._otel.tracing import end_mcp_client_span, mcp_client_span
-        span, meta = mcp_client_span(traced, tool.remote_name, "pipe" if isinstance(self._endpoint, StdioEndpoint) else "tcp")
+        transport = "pipe" if isinstance(self._endpoint, StdioEndpoint) else "tcp"
+        span, meta = mcp_client_span(traced, tool.remote_name, transport)
         error: Optional[BaseException] = None
         try:
             return await self._answer(tool, arguments, meta)
@@ -238,7 +248,7 @@ class McpServer:
         finally:
             end_mcp_client_span(span, error)
 
-    async def _answer(self, tool: McpTool, arguments: Dict[str, Any], meta: Optional[Dict[str, Any]]) -> str:
+    async def _answer(self, tool: McpTool, arguments: Dict[str, Any], meta: Optional[Mapping[str, str]]) -> str:
         """The call's text; every failure an :class:`McpToolError` whose text hides the server's credentials."""
         def progress(done: float, total: Optional[float], message: Optional[str]) -> None:
             self._log.debug("tool {!r}: progress {}/{} {}", tool.name, done, total,
@@ -254,13 +264,16 @@ class McpServer:
                                                      f"failed: {type(exc).__name__}: {exc}")) from exc
 
 
-def _tool_span() -> Optional[tuple]:
+def _tool_span() -> Optional[HandOver]:
     """The engine's tool span for this call, when the run is traced (OpenTelemetry loaded and on)."""
     tracing = sys.modules.get("streamengine._otel.tracing")
-    return tracing.take_hand_over() if tracing is not None else None
+    if tracing is None:
+        return None
+    hand_over: Optional[HandOver] = tracing.take_hand_over()
+    return hand_over
 
 
-def _check_protocol(protocol: Any) -> str:
+def _check_protocol(protocol: object) -> str:
     from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
     allowed = ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS)
@@ -277,9 +290,10 @@ def _find_command(command: str) -> str:
     return shutil.which(command) or shutil.which(command, path=os.path.dirname(sys.executable)) or command
 
 
-def _async(fn: Any) -> Any:
-    async def call(*args: Any) -> None:
-        fn(*args)
+def _async(fn: Callable[[float, Optional[float], Optional[str]], None]) -> ProgressFnT:
+    """``fn`` as the SDK's progress callback (a coroutine function; ``fn`` itself only logs)."""
+    async def call(progress: float, total: Optional[float], message: Optional[str]) -> None:
+        fn(progress, total, message)
 
     return call
 

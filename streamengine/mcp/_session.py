@@ -46,7 +46,20 @@ import contextlib
 import dataclasses
 import re
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Set, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Set,
+    TypeVar,
+    cast,
+)
 
 import anyio
 import mcp_types as types
@@ -55,7 +68,10 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from ._tools import McpToolError
-from ._transports import Endpoint
+from ._transports import Endpoint, Incoming
+
+if TYPE_CHECKING:
+    from mcp.shared.dispatcher import ProgressFnT
 
 T = TypeVar("T")
 
@@ -116,7 +132,7 @@ def release() -> None:
     ending.stop()
 
 
-def submit(coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     """Run ``coro`` on the loop; cancelling the returned future cancels the coroutine's task."""
     loop = _current.loop if _current is not None else None
     if loop is None:
@@ -124,10 +140,10 @@ def submit(coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         if close is not None:
             close()  # never awaited: say nothing about it at garbage collection
         raise RuntimeError("the MCP event loop is not running: the server was closed")
-    return asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+    return asyncio.run_coroutine_threadsafe(coro, loop)
 
 
-def run(coro: Awaitable[T], timeout: Optional[float] = None) -> T:
+def run(coro: Coroutine[Any, Any, T], timeout: Optional[float] = None) -> T:
     """Run ``coro`` on the loop and wait for its value (cancelled if ``timeout`` passes first)."""
     future = submit(coro)
     try:
@@ -143,7 +159,7 @@ def in_loop_thread() -> bool:
     return current is not None and threading.current_thread() is current.thread
 
 
-def alive() -> Any:
+def alive() -> Optional[threading.Thread]:
     """The loop's thread while it runs (for tests: none remains after the last close)."""
     current = _current
     return current.thread if current is not None else None
@@ -161,12 +177,11 @@ class RequestGate:
         self.open: Set[str] = set()
         self._told: Set[str] = set()
 
-    def admit(self, item: Any) -> Optional[Any]:
+    def admit(self, item: Incoming) -> Optional[Incoming]:
         """``item`` as it goes on to the session, or None: a request dropped (reused id, or past the limit)."""
-        message = getattr(item, "message", None)
-        if not isinstance(message, types.JSONRPCRequest):
+        if isinstance(item, Exception) or not isinstance(item.message, types.JSONRPCRequest):
             return item
-        key = str(message.id)
+        key = str(item.message.id)
         if key in self.open:
             self._warn_once("reused", f"it reuses request id {key!r} while a request with it is still open; "
                                       "such requests are dropped unanswered")
@@ -178,7 +193,7 @@ class RequestGate:
         self.open.add(key)
         return self._told_when_unanswered(item, key)
 
-    def answered(self, item: Any) -> None:
+    def answered(self, item: SessionMessage) -> None:
         message = getattr(item, "message", None)
         if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
             self.open.discard(str(message.id))
@@ -278,7 +293,7 @@ class McpUnavailable(McpToolError):
 class Connection:
     """The live session to one server; every ``tools/list`` it reads goes to ``on_tools``, warnings to ``warn``."""
 
-    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[Any]], None],
+    def __init__(self, endpoint: Endpoint, startup_timeout: float, on_tools: Callable[[List[types.Tool]], None],
                  warn: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.startup_timeout = startup_timeout
@@ -404,12 +419,12 @@ class Connection:
 
     # -- tools
 
-    async def list_tools(self) -> List[Any]:
+    async def list_tools(self) -> List[types.Tool]:
         client = await self.ensure()
         return await self._refresh_tools(client)
 
-    async def _refresh_tools(self, client: Client) -> List[Any]:
-        tools: List[Any] = []
+    async def _refresh_tools(self, client: Client) -> List[types.Tool]:
+        tools: List[types.Tool] = []
         cursor: Optional[str] = None
         for _ in range(100):  # a paginator that never ends cannot hang the start
             page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
@@ -420,8 +435,8 @@ class Connection:
         self._on_tools(tools)
         return tools
 
-    async def call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]] = None,
-                   meta: Optional[Dict[str, Any]] = None) -> Any:
+    async def call(self, name: str, arguments: Dict[str, Any], on_progress: Optional[ProgressFnT] = None,
+                   meta: Optional[Mapping[str, str]] = None) -> types.CallToolResult:
         """``tools/call``; a crash or lost connection becomes :class:`McpUnavailable` naming what happened."""
         if self._closing:
             raise self._unavailable(f"{self.endpoint.label} is closed; the call to {name!r} was not sent")
@@ -437,12 +452,14 @@ class Connection:
         finally:
             self._calls.discard(task)
 
-    async def _call(self, name: str, arguments: Any, on_progress: Optional[Callable[..., Any]],
-                    meta: Optional[Dict[str, Any]] = None) -> Any:
+    async def _call(self, name: str, arguments: Dict[str, Any], on_progress: Optional[ProgressFnT],
+                    meta: Optional[Mapping[str, str]] = None) -> types.CallToolResult:
         client = await self.ensure()
         try:
             if meta:  # W3C trace context for the server (params._meta.traceparent)
-                return await client.call_tool(name, arguments, progress_callback=on_progress, meta=meta)
+                # An open TypedDict: the W3C keys (traceparent, tracestate) are its extra items.
+                return await client.call_tool(name, arguments, progress_callback=on_progress,
+                                              meta=cast("types.RequestParamsMeta", meta))
             return await client.call_tool(name, arguments, progress_callback=on_progress)
         except MCPError as exc:
             if _too_large(exc.error.message):

@@ -94,6 +94,7 @@ class McpTool(Tool):
                          parameters=schema, timeout=timeout)
         # Declared here, not in the class body, for the reason Tool.__init__ gives.
         self.server: Any
+        self.remote_name: str
         self.annotations: Dict[str, Any]
         self.annotations_trusted: bool
         self.side_effects_reason: str

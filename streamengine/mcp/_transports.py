@@ -55,7 +55,21 @@ import signal
 import subprocess
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterable, List, Optional, Set
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import anyio
 import httpx2
@@ -67,6 +81,16 @@ from .._clients.http.options import credentials_in
 from .._logs import CREDENTIAL_PARAM, Redactor, redact_credentials
 from .._validation import count, short_repr
 from ..tools._schema import _NAME_RE
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+    #: What the stdio transport yields to the session: the stream it reads and the one it writes.
+    StdioStreams = Tuple[MemoryObjectReceiveStream["Incoming"], MemoryObjectSendStream[SessionMessage]]
+
+#: What the session reads from a transport: a message, or the error a line that could not be parsed gave.
+Incoming = Union[SessionMessage, Exception]
 
 #: The default cap on one message from a server (a ``tools/call`` result, a ``tools/list`` page...).
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
@@ -134,9 +158,9 @@ class Warnings:
         self._warn(text)
 
 
-def bounded_listing(listed: List[Any], limits: McpLimits, server: str, warn: Warnings) -> List[Any]:
+def bounded_listing(listed: Sequence[types.Tool], limits: McpLimits, server: str, warn: Warnings) -> List[types.Tool]:
     """The first ``max_tools`` tools, descriptions cut to size, tools with an oversized schema left out."""
-    kept: List[Any] = []
+    kept: List[types.Tool] = []
     for listed_tool in listed:
         if len(kept) >= limits.max_tools:
             warn(f"MCP server {server!r} lists {len(listed)} tools; only the first {limits.max_tools} are used "
@@ -154,8 +178,8 @@ def bounded_listing(listed: List[Any], limits: McpLimits, server: str, warn: War
     return kept
 
 
-def _cut_texts(listed_tool: Any, chars: int, server: str, warn: Warnings) -> Any:
-    update = {}
+def _cut_texts(listed_tool: types.Tool, chars: int, server: str, warn: Warnings) -> types.Tool:
+    update: Dict[str, str] = {}
     for field in ("description", "title"):
         text = getattr(listed_tool, field, None)
         if isinstance(text, str) and len(text) > chars:
@@ -210,9 +234,9 @@ async def http_transport(url: str, headers: Dict[str, str], limit: int) -> Async
     headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
     async with httpx2.AsyncClient(headers={**headers, "Accept-Encoding": "identity"},
                                   timeout=httpx2.Timeout(30.0, read=300.0),
-                                  event_hooks={"response": [_capping(limit)]}) as http:
-        async with streamable_http_client(url, http_client=http, max_sse_event_size=limit) as streams:
-            yield streams
+                                  event_hooks={"response": [_capping(limit)]}) as http, \
+            streamable_http_client(url, http_client=http, max_sse_event_size=limit) as streams:
+        yield streams
 
 
 #: Lines of stderr kept for error messages, and the characters kept of each.
@@ -234,7 +258,7 @@ class ProcessState:
         self.pid: Optional[int] = None
         self.returncode: Optional[int] = None
         self.stderr: Deque[str] = collections.deque(maxlen=STDERR_LINES)
-        self.process: Any = None
+        self.process: Optional[Process] = None
         self.fault = ""  # why this side closed the connection, if it did
 
     def exit_text(self) -> str:
@@ -255,19 +279,20 @@ class ProcessState:
 
 @contextlib.asynccontextmanager
 async def stdio_transport(command: str, args: List[str], env: Optional[Dict[str, str]], cwd: Optional[str],
-                          state: ProcessState, limit: int) -> AsyncIterator[Any]:
+                          state: ProcessState, limit: int) -> AsyncIterator[StdioStreams]:
     """Start ``command args`` and yield the (read, write) streams the MCP session drives."""
     process = await anyio.open_process([command, *args], env={**get_default_environment(), **(env or {})},
                                        cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, start_new_session=True)
     state.process, state.pid = process, process.pid
-    read_in, read_out = anyio.create_memory_object_stream(0)
-    write_in, write_out = anyio.create_memory_object_stream(0)
+    read_in, read_out = anyio.create_memory_object_stream[Incoming](0)
+    write_in, write_out = anyio.create_memory_object_stream[SessionMessage](0)
     try:
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_read_stdout, process, read_in, limit, state)
-            tasks.start_soon(_write_stdin, process, write_out, read_in)
-            tasks.start_soon(_keep_stderr, process, state)
+            stdin, stdout, stderr = _pipes(process)
+            tasks.start_soon(_read_stdout, stdout, read_in, limit, state)
+            tasks.start_soon(_write_stdin, stdin, write_out, read_in)
+            tasks.start_soon(_keep_stderr, stderr, state)
             try:
                 yield read_out, write_in
             finally:
@@ -280,7 +305,15 @@ async def stdio_transport(command: str, args: List[str], env: Optional[Dict[str,
             await process.aclose()
 
 
-async def _read_stdout(process: Any, sink: Any, limit: int, state: ProcessState) -> None:
+def _pipes(process: Process) -> Tuple[ByteSendStream, ByteReceiveStream, ByteReceiveStream]:
+    """The child's stdin, stdout and stderr (it was started with a pipe for each)."""
+    if process.stdin is None or process.stdout is None or process.stderr is None:  # pragma: no cover - a bug here
+        raise RuntimeError("the MCP server's process was started without its three pipes")
+    return process.stdin, process.stdout, process.stderr
+
+
+async def _read_stdout(stdout: ByteReceiveStream, sink: MemoryObjectSendStream[Incoming], limit: int,
+                       state: ProcessState) -> None:
     """Each line to the session, parsed; a line over ``limit`` is never held (see the module's docstring)."""
     parts: List[bytes] = []
     size = 0
@@ -288,7 +321,7 @@ async def _read_stdout(process: Any, sink: Any, limit: int, state: ProcessState)
     async with sink:
         with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError,
                                  OSError):
-            async for chunk in process.stdout:
+            async for chunk in stdout:
                 start = 0
                 while True:
                     end = chunk.find(b"\n", start)
@@ -314,7 +347,8 @@ async def _read_stdout(process: Any, sink: Any, limit: int, state: ProcessState)
                     start = end + 1
 
 
-async def _answer_oversized(head: bytes, sink: Any, limit: int, state: ProcessState) -> bool:
+async def _answer_oversized(head: bytes, sink: MemoryObjectSendStream[Incoming], limit: int,
+                            state: ProcessState) -> bool:
     """Fail the request an oversized line answers; False (close the connection) when its id is not at its start."""
     match = _LEADING_ID.match(head)
     if match is None:
@@ -327,27 +361,28 @@ async def _answer_oversized(head: bytes, sink: Any, limit: int, state: ProcessSt
     return True
 
 
-def _parse(line: bytes) -> Any:
+def _parse(line: bytes) -> Incoming:
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
         return exc
 
 
-async def _write_stdin(process: Any, source: Any, reader_sink: Any) -> None:
+async def _write_stdin(stdin: ByteSendStream, source: MemoryObjectReceiveStream[SessionMessage],
+                       reader_sink: MemoryObjectSendStream[Incoming]) -> None:
     try:
         async with source:
             async for message in source:
                 data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                await process.stdin.send(data.encode("utf-8"))
+                await stdin.send(data.encode("utf-8"))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         await reader_sink.aclose()  # the server is gone: pending requests end instead of hanging
 
 
-async def _keep_stderr(process: Any, state: ProcessState) -> None:
+async def _keep_stderr(stderr: ByteReceiveStream, state: ProcessState) -> None:
     buffer = b""
     with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-        async for chunk in process.stderr:
+        async for chunk in stderr:
             buffer = (buffer + chunk)[-64 * 1024:]
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
@@ -356,11 +391,13 @@ async def _keep_stderr(process: Any, state: ProcessState) -> None:
                     state.stderr.append(text[:_STDERR_LINE_CHARS])
 
 
-async def _stop(process: Any, write_in: Any, read_out: Any) -> None:
+async def _stop(process: Process, write_in: MemoryObjectSendStream[SessionMessage],
+                read_out: MemoryObjectReceiveStream[Incoming]) -> None:
     await write_in.aclose()
     read_out.close()
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await process.stdin.aclose()
+        if process.stdin is not None:
+            await process.stdin.aclose()
     if await _exited_within(process, _EXIT_GRACE_S):
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -370,7 +407,7 @@ async def _stop(process: Any, write_in: Any, read_out: Any) -> None:
             return
 
 
-async def _exited_within(process: Any, seconds: float) -> bool:
+async def _exited_within(process: Process, seconds: float) -> bool:
     with anyio.move_on_after(seconds):
         while process.returncode is None:
             await anyio.sleep(0.01)

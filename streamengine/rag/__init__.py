@@ -21,6 +21,7 @@ from ._base import Embedder as Embedder
 from ._base import Filing as Filing
 from ._base import Hit as Hit
 from ._base import RagStore as RagStore
+from ._chunking import EmbeddingClient as EmbeddingClient
 from ._chunking import HashingEmbedder as HashingEmbedder
 from ._chunking import OpenAIEmbedder as OpenAIEmbedder
 from ._chunking import chunks_for_ingest as chunks_for_ingest
@@ -28,6 +29,6 @@ from ._postgres import PostgresRagStore as PostgresRagStore
 from ._sqlite import SqliteRagStore as SqliteRagStore
 
 __all__ = [
-    "Embedder", "Filing", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore", "SqliteRagStore",
-    "chunks_for_ingest",
+    "Embedder", "EmbeddingClient", "Filing", "HashingEmbedder", "Hit", "OpenAIEmbedder", "PostgresRagStore", "RagStore",
+    "SqliteRagStore", "chunks_for_ingest",
 ]

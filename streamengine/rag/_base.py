@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 from typing import (
-    Any,
+    TYPE_CHECKING,
     Callable,
     Dict,
     Iterable,
@@ -29,13 +29,18 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
+    SupportsFloat,
     Tuple,
+    TypeVar,
     runtime_checkable,
 )
 
 from .. import _validation as validation
 from .._errors import ConfigError, ToolError
 from ..tools import Tool, tool
+
+if TYPE_CHECKING:
+    from loguru import Logger
 
 RRF_K = 60
 """The constant of reciprocal rank fusion (Cormack et al. 2009): 1 / (60 + rank)."""
@@ -114,7 +119,7 @@ class Embedder(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def _check_search_args(query: Any, k: Any, source: Any, scope: Any) -> None:
+def _check_search_args(query: object, k: object, source: object, scope: object) -> None:
     if not isinstance(query, str):
         raise ConfigError(f"search query must be a str, got {type(query).__name__}")
     validation.count(k, "k (how many hits)", minimum=1)
@@ -122,7 +127,7 @@ def _check_search_args(query: Any, k: Any, source: Any, scope: Any) -> None:
     _check_scope(scope)
 
 
-def _check_scope(scope: Any) -> None:
+def _check_scope(scope: object) -> None:
     if not isinstance(scope, str) or "\x00" in scope:
         raise ConfigError(f"scope must be a str without NUL, such as 'conversation:42' or 'tenant:acme', "
                           f"got {scope!r}")
@@ -140,7 +145,7 @@ class _StoreEmbedding:
     that cannot be embedded is answered by keywords alone.
     """
 
-    def __init__(self, embedder: Optional[Embedder], embed_model: Optional[str], log: Any) -> None:
+    def __init__(self, embedder: Optional[Embedder], embed_model: Optional[str], log: Logger) -> None:
         if embedder is not None and not callable(getattr(embedder, "embed", None)):
             raise ConfigError(
                 f"embedder must have embed(texts, model), got {type(embedder).__name__}; "
@@ -197,6 +202,9 @@ def _fuse_or_keywords(keyword: Sequence[Tuple[int, float]], semantic: Optional[S
     return _reciprocal_rank_fusion([[i for i, _ in keyword], [i for i, _ in semantic]])[:k]
 
 
+_Store = TypeVar("_Store", bound="_StoreBase")
+
+
 class _StoreBase:
     """The steps every store takes the same way around its own SQL.
 
@@ -206,16 +214,16 @@ class _StoreBase:
 
     _embedding: _StoreEmbedding
 
-    def _require_open(self) -> Any:  # pragma: no cover - every store defines its own
+    def _require_open(self) -> object:  # pragma: no cover - every store defines its own
         raise NotImplementedError
 
     def close(self) -> None:  # pragma: no cover - every store defines its own
         raise NotImplementedError
 
-    def __enter__(self) -> Any:
+    def __enter__(self: _Store) -> _Store:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def add_chunks(self, source: str, chunks: Sequence[str], embed_model: Optional[str] = None, *,
@@ -266,7 +274,8 @@ class _StoreBase:
         vectors, label = self._embedding.for_storage(about, [text for _, text, _ in rows], embed_model)
         return rows, vectors, label, counts
 
-    def _checked_query(self, query: Any, k: Any, source: Any, scope: Any) -> Tuple[bool, Optional[List[float]]]:
+    def _checked_query(self, query: str, k: int, source: Optional[str],
+                       scope: str) -> Tuple[bool, Optional[List[float]]]:
         """Whether there is anything to search for, and the query's unit vector (None: keywords only)."""
         _check_search_args(query, k, source, scope)
         if not query.strip():
@@ -281,20 +290,21 @@ def _hits_in_order(ranked: Sequence[Tuple[int, float]], rows: Iterable[Tuple[int
     return [Hit(by_id[i][0], by_id[i][1], score) for i, score in ranked if i in by_id]
 
 
-def _check_source(source: Any, allow_none: bool) -> None:
+def _check_source(source: object, allow_none: bool) -> None:
     if source is None and allow_none:
         return
     if not isinstance(source, str) or not source:
         raise ConfigError(f"source must be a non-empty str such as 'tool:fetch:call_1', got {source!r}")
 
 
-def _clean_chunks(chunks: Any) -> List[str]:
+def _clean_chunks(chunks: Iterable[object]) -> List[str]:
     if isinstance(chunks, str):
         raise ConfigError("chunks must be a list of str, not one str; pass [text] or chunks_for_ingest(text)")
-    texts = list(chunks)
-    for item in texts:
+    texts: List[str] = []
+    for item in chunks:
         if not isinstance(item, str):
             raise ConfigError(f"every chunk must be a str, got {type(item).__name__}")
+        texts.append(item)
     # NUL cannot be stored in PostgreSQL text and cuts SQLite's LIKE short:
     # every store keeps U+FFFD in its place, so all find the words around it.
     return [text.replace("\x00", "\ufffd") for text in texts if text.strip()]
@@ -311,7 +321,7 @@ def _query_tokens(query: str) -> List[str]:
     return tokens
 
 
-def _unit_vector(values: Iterable[Any]) -> Optional[List[float]]:
+def _unit_vector(values: Iterable[SupportsFloat]) -> Optional[List[float]]:
     """The vector scaled to length 1; None when empty, zero or not finite."""
     vector = [float(x) for x in values]
     norm = math.sqrt(sum(x * x for x in vector))
@@ -320,12 +330,12 @@ def _unit_vector(values: Iterable[Any]) -> Optional[List[float]]:
     return [x / norm for x in vector]
 
 
-def _unit_vectors(vectors: Any, expected: int) -> List[Optional[List[float]]]:
+def _unit_vectors(vectors: Iterable[Iterable[SupportsFloat]], expected: int) -> List[Optional[List[float]]]:
     """Each vector scaled to unit length (None when unusable); ValueError on a malformed answer."""
-    vectors = list(vectors)
-    if len(vectors) != expected:
-        raise ValueError(f"embedder returned {len(vectors)} vectors for {expected} texts")
-    return [_unit_vector(vector) for vector in vectors]
+    listed = list(vectors)
+    if len(listed) != expected:
+        raise ValueError(f"embedder returned {len(listed)} vectors for {expected} texts")
+    return [_unit_vector(vector) for vector in listed]
 
 
 def _reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> List[Tuple[int, float]]:
@@ -337,7 +347,7 @@ def _reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
-def _searcher(store: Any, scope: Optional[str]) -> Callable[..., str]:
+def _searcher(store: RagStore, scope: Optional[str]) -> Callable[[str, int], str]:
     def rag_search(query: str, k: int = 5) -> str:
         """Search the text that earlier tool calls in this conversation returned (only this conversation's).
 
@@ -353,17 +363,18 @@ def _searcher(store: Any, scope: Optional[str]) -> Callable[..., str]:
     return rag_search
 
 
-def make_rag_search_tool(store: Any, scope: Optional[str]) -> Tool:
+def make_rag_search_tool(store: RagStore, scope: Optional[str]) -> Tool:
     """A tool bound to ``store`` and ``scope``.
 
     ``scope=None`` gives the engine's registered template (its spec is what
     the model sees); called outside a run it refuses, since it would not
     know whose text to search.
     """
-    return tool(name="rag_search")(_searcher(store, scope))
+    made: Tool = tool(name="rag_search")(_searcher(store, scope))
+    return made
 
 
-def bound_to_scope(template: Tool, store: Any, scope: str) -> Tool:
+def bound_to_scope(template: Tool, store: RagStore, scope: str) -> Tool:
     """``template`` (from :func:`make_rag_search_tool`) searching ``scope``: same schema, no rebuild.
 
     The function has the template's signature, so the checked arguments the

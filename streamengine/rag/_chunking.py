@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import List, Optional, Protocol, Sequence, SupportsFloat, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError, LlmProtocolError
@@ -60,11 +60,11 @@ def chunks_for_ingest(text: str, chunk_size: int = 800, overlap: int = 100) -> L
     return [text[start:end] for start, end in _chunk_spans(text, chunk_size, overlap)]
 
 
-def _check_chunk_args(text: Any, chunk_size: Any, overlap: Any) -> None:
+def _check_chunk_args(text: object, chunk_size: object, overlap: object) -> None:
     if not isinstance(text, str):
         raise ConfigError(f"chunks_for_ingest needs text as str, got {type(text).__name__}")
-    validation.count(chunk_size, "chunk_size (characters)", minimum=1)
-    if validation.count(overlap, "overlap") >= chunk_size:
+    size = validation.count(chunk_size, "chunk_size (characters)", minimum=1)
+    if validation.count(overlap, "overlap") >= size:
         raise ConfigError(
             f"overlap must be an int with 0 <= overlap < chunk_size ({chunk_size}), got {overlap!r}"
         )
@@ -166,6 +166,12 @@ def _overlap_start(words: Sequence[_Span], previous: Optional[_Span], a: int, b:
 # ---------------------------------------------------------------------------
 
 
+class EmbeddingClient(Protocol):
+    """What :class:`OpenAIEmbedder` needs of a client: ``OpenAICompatibleClient.embed``."""
+
+    def embed(self, texts: Sequence[str], model: str, /) -> Sequence[Sequence[SupportsFloat]]: ...
+
+
 class OpenAIEmbedder:
     """Embeds through a provider's ``/v1/embeddings`` via ``client.embed(texts, model)``.
 
@@ -174,7 +180,7 @@ class OpenAIEmbedder:
     decides what a failure means (it logs and keeps the text).
     """
 
-    def __init__(self, client: Any, model: str, batch_size: int = 64) -> None:
+    def __init__(self, client: EmbeddingClient, model: str, batch_size: int = 64) -> None:
         if not callable(getattr(client, "embed", None)):
             raise ConfigError(
                 f"OpenAIEmbedder needs a client with embed(texts, model), got {type(client).__name__}; "

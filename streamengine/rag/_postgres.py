@@ -10,7 +10,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import unquote
 
 from .. import _validation as validation
@@ -27,6 +27,9 @@ from ._base import (
     _StoreBase,
     _StoreEmbedding,
 )
+
+if TYPE_CHECKING:
+    from loguru import Logger
 
 DSN_ENV = "STREAMENGINE_RAG_DSN"
 _TABLE_RE = re.compile(r"[a-z_][a-z0-9_]{0,46}\Z")  # leaves room for the index name suffixes
@@ -152,7 +155,7 @@ class PostgresRagStore(_StoreBase):
         pool_size: int = 4,
         connect_timeout: float = 5.0,
         statement_timeout: float = 5.0,
-        logger: Any = None,
+        logger: Optional[Logger] = None,
         _force_no_pgvector: bool = False,
     ) -> None:
         self._log = component_logger("streamengine.rag.PostgresRagStore", logger)
@@ -217,7 +220,7 @@ class PostgresRagStore(_StoreBase):
             return False
 
     def _open_pool(self, psycopg_pool: Any, pool_size: int, connect_timeout: float) -> Any:
-        options: dict = {}
+        options: Dict[str, Any] = {}
         if hasattr(psycopg_pool.ConnectionPool, "check_connection"):  # psycopg_pool >= 3.2
             options["check"] = psycopg_pool.ConnectionPool.check_connection  # survives a server restart
         # Every wait is bounded: for a pooled connection (server down) by connect_timeout, for
@@ -304,9 +307,9 @@ class PostgresRagStore(_StoreBase):
         _check_source(source, allow_none=True)
         with self._connection("count chunks") as conn:
             if source is None:
-                return conn.execute(self._sql("SELECT count(*) FROM {table}")).fetchone()[0]
-            return conn.execute(self._sql("SELECT count(*) FROM {table} WHERE source = %s"),
-                                [_storable(source)]).fetchone()[0]
+                return int(conn.execute(self._sql("SELECT count(*) FROM {table}")).fetchone()[0])
+            return int(conn.execute(self._sql("SELECT count(*) FROM {table} WHERE source = %s"),
+                                    [_storable(source)]).fetchone()[0])
 
     def __repr__(self) -> str:
         mode = "pgvector" if self.uses_pgvector else "float8[]"
@@ -355,7 +358,7 @@ def _resolve_dsn(dsn: Optional[str]) -> str:
     return dsn
 
 
-def _check_table(table: Any) -> str:
+def _check_table(table: object) -> str:
     if not isinstance(table, str) or not _TABLE_RE.match(table):
         raise ConfigError(
             f"table must be a lower-case SQL name of at most 47 letters, digits or '_' "

@@ -14,7 +14,7 @@ import sys
 import threading
 from array import array
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
@@ -31,6 +31,9 @@ from ._base import (
     _StoreBase,
     _StoreEmbedding,
 )
+
+if TYPE_CHECKING:
+    from loguru import Logger
 
 # ---------------------------------------------------------------------------
 # SQLite store
@@ -97,11 +100,11 @@ class SqliteRagStore(_StoreBase):
 
     def __init__(
         self,
-        path: Any = ":memory:",
+        path: Union[str, os.PathLike[str]] = ":memory:",
         embedder: Optional[Embedder] = None,
         embed_model: Optional[str] = None,
         *,
-        logger: Any = None,
+        logger: Optional[Logger] = None,
         busy_timeout: float = 2.0,
         _force_no_fts: bool = False,
     ) -> None:
@@ -238,8 +241,8 @@ class SqliteRagStore(_StoreBase):
         with self._lock:
             conn = self._require_open()
             if source is None:
-                return conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
-            return conn.execute("SELECT count(*) FROM chunks WHERE source = ?", (source,)).fetchone()[0]
+                return int(conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
+            return int(conn.execute("SELECT count(*) FROM chunks WHERE source = ?", (source,)).fetchone()[0])
 
     def __repr__(self) -> str:
         mode = "fts5" if self.uses_fts else "like"
@@ -332,7 +335,7 @@ def _like_ranking(conn: sqlite3.Connection, tokens: Sequence[str], depth: int,
     rows = conn.execute(sql, params).fetchall()
     total = conn.execute(total_sql, total_params).fetchone()[0]
     matches: List[Tuple[int, Dict[str, int], int]] = []
-    document_frequency: Counter = Counter()
+    document_frequency: Counter[str] = Counter()
     for row_id, text in rows:
         counts = Counter(_TOKEN_RE.findall(text.lower()))
         found = {token: counts[token] for token in tokens if counts[token]}
@@ -350,7 +353,7 @@ def _like_ranking(conn: sqlite3.Connection, tokens: Sequence[str], depth: int,
     return scored[:depth]
 
 
-def _bm25(found: Dict[str, int], length: int, average_length: float, document_frequency: Counter,
+def _bm25(found: Dict[str, int], length: int, average_length: float, document_frequency: Counter[str],
           total: int, k1: float = 1.2, b: float = 0.75) -> float:
     score = 0.0
     for token, tf in found.items():
@@ -372,7 +375,7 @@ def _to_blob(vector: Sequence[float]) -> bytes:
     return packed.tobytes()
 
 
-def _from_blob(blob: bytes) -> array:
+def _from_blob(blob: bytes) -> array[float]:
     packed = array("f")
     packed.frombytes(blob)
     if sys.byteorder == "big":

@@ -20,5 +20,6 @@ from ._provider import Turn as Turn
 from ._provider import fake_embedding as fake_embedding
 from ._steps import Stamp as Stamp
 from ._steps import Step as Step
+from ._steps import StepLike as StepLike
 
-__all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "Turn", "fake_embedding", "steps"]
+__all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "StepLike", "Turn", "fake_embedding", "steps"]

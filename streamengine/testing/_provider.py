@@ -52,13 +52,13 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, get_args
 
 from requests.structures import CaseInsensitiveDict
 
 from .._messages import StopReason
 from . import _steps as wire_steps
-from ._steps import Step, delay, done, finish, raw, usage
+from ._steps import Step, StepLike, delay, done, finish, raw, usage
 from ._wires import AnthropicEncoder, ResponsesEncoder, error_body, failed_body, message_body, response_body
 
 
@@ -75,8 +75,7 @@ class Turn:
         return any(step.kind == "delta" and "tool_calls" in step.value for step in self.steps)
 
 
-
-def _build_turn(items: Sequence[Any], auto_finish: bool) -> Turn:
+def _build_turn(items: Sequence[StepLike], auto_finish: bool) -> Turn:
     body = wire_steps._flatten(items)
     first = next((i for i, st in enumerate(body) if st.kind not in wire_steps._TIMING), None)
     for i, st in enumerate(body):
@@ -129,8 +128,13 @@ def fake_embedding(text: str, dim: int = 16) -> List[float]:
 
 # -- the server ------------------------------------------------------------------------
 
-
-WIRES = ("openai", "anthropic", "responses")
+#: The wire format a FakeProvider speaks: OpenAI Chat Completions, Anthropic Messages or OpenAI Responses.
+Wire = Literal["openai", "anthropic", "responses"]
+#: How a FakeProvider delimits a streamed body.
+Framing = Literal["chunked", "close", "length"]
+#: A function answering a request (its JSON body) with the steps of its turn.
+Responder = Callable[[Dict[str, Any]], Sequence[StepLike]]
+WIRES: Tuple[Wire, ...] = get_args(Wire)
 _CHAT_PATHS = {"openai": "/chat/completions", "anthropic": "/messages", "responses": "/responses"}
 _ID_PREFIXES = {"openai": "chatcmpl-fake-", "anthropic": "msg_fake_", "responses": "resp_fake_"}
 
@@ -147,9 +151,9 @@ class FakeProvider:
     connection, stalled ones included, and joins all server threads.
     """
 
-    def __init__(self, framing: str = "chunked", embedding_dim: int = 16, *,
+    def __init__(self, framing: Framing = "chunked", embedding_dim: int = 16, *,
                  reverse_embeddings: bool = False, max_recorded: Optional[int] = None,
-                 wire: str = "openai") -> None:
+                 wire: Wire = "openai") -> None:
         if framing not in ("chunked", "close", "length"):
             raise ValueError(f"framing must be 'chunked', 'close' or 'length', got {framing!r}")
         if wire not in WIRES:
@@ -161,14 +165,14 @@ class FakeProvider:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._turns: Deque[Turn] = collections.deque()
-        self._responder: Optional[Callable[[Dict[str, Any]], Sequence[Any]]] = None
+        self._responder: Optional[Responder] = None
         self._responder_auto_finish = True
         # ``max_recorded`` keeps only the latest requests: a soak test sending
         # thousands must not see the recorder's memory as a leak.
         self._requests: Deque[RecordedRequest] = collections.deque(maxlen=max_recorded)
         self._request_total = 0
         self._embedding_failures: Deque[int] = collections.deque()
-        self._sockets: set = set()
+        self._sockets: Set[socket.socket] = set()
         self._threads: List[threading.Thread] = []
         self._closing = threading.Event()
         self._closed = False
@@ -192,14 +196,14 @@ class FakeProvider:
         root = f"http://127.0.0.1:{self.port}"
         return root if self.wire == "anthropic" else root + "/v1"
 
-    def add_turn(self, *items: Any, auto_finish: bool = True) -> FakeProvider:
+    def add_turn(self, *items: StepLike, auto_finish: bool = True) -> FakeProvider:
         """Queue the answer to one chat-completions request; returns self for chaining."""
         turn = _build_turn(items, auto_finish)
         with self._lock:
             self._turns.append(turn)
         return self
 
-    def respond_with(self, responder: Optional[Callable[[Dict[str, Any]], Sequence[Any]]],
+    def respond_with(self, responder: Optional[Responder],
                      *, auto_finish: bool = True) -> FakeProvider:
         """Answer every request for which no turn is queued with ``responder(request_json)``.
 
@@ -289,7 +293,7 @@ class FakeProvider:
     def __enter__(self) -> FakeProvider:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -494,7 +498,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def client_gone(self) -> bool:
         """True once the client closed its end (a readable socket that peeks empty)."""
-        sock = self.connection
+        sock: socket.socket = self.connection
         try:
             if hasattr(select, "poll"):  # select() fails on descriptors above 1023
                 poller = select.poll()
@@ -590,7 +594,8 @@ class _Exchange:
         if self.responses is not None:
             return self.responses.frame(step)
         if step.kind in ("raw", "sse"):
-            return step.value
+            data: bytes = step.value
+            return data
         if step.kind == "done":
             return b"data: [DONE]\n\n"
         if step.kind == "error_frame":

@@ -60,9 +60,8 @@ integer, number, boolean, array, object, any; all required), ``timeout``,
 ``side_effects``, ``description``, ``result``, ``message``, ``seconds``.  Or
 ``{"import": "module:attr"}``: a Tool, a function, or a list/tuple/registry of them.
 
-**Config**: any :class:`~streamengine._engine.run.EngineConfig` field (``options``
-as an object of ``CompletionOptions`` fields).  Harness defaults:
-``models ["fake-model"]``, ``idle_timeout 10``, ``completion_timeout 30``.
+**Config**: any :class:`~streamengine.EngineConfig` field (``options`` as an object of ``CompletionOptions``
+fields).  Harness defaults: ``models ["fake-model"]``, ``idle_timeout 10``, ``completion_timeout 30``.
 
 **Expectations** (all optional): ``events`` must appear in this order as a
 subsequence of the run's event names (round, token, tool_start, tool_result,
@@ -93,9 +92,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._clients.openai import OpenAICompatibleClient
+from .._config import EngineConfig
 from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from .._engine.result import EngineResult, Telemetry
-from .._engine.run import EngineConfig, StreamingEngine
+from .._engine.run import StreamingEngine
 from .._errors import ConfigError, StreamEngineError, ToolError
 from .._messages import CompletionOptions, StopReason
 from .._validation import one_line as _one_line
@@ -103,7 +103,7 @@ from .._validation import short_repr as _short
 from ..tools import Tool, ToolContext
 from ..tools._tool import load_tools
 from . import _steps as s
-from ._provider import FakeProvider
+from ._provider import FakeProvider, Framing
 from ._steps import Stamp, Step
 
 EVENT_NAMES = ("round", "token", "tool_start", "tool_result", "error", "done")
@@ -208,7 +208,7 @@ class FakeTool:
         def fake(**kwargs: Any) -> str:
             return body(kwargs.pop("ctx"), kwargs)
 
-        fake.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        fake.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]  # read by inspect.signature
         fake.__annotations__ = annotations
         fake.__name__ = self.name
         description = self.description if self.description is not None else f"Scenario fake tool ({self.kind})."
@@ -253,7 +253,7 @@ class Scenario:
     approvals: Tuple[Mapping[str, bool], ...] = ()
     prompt: str = "hello"
     system: Optional[str] = None
-    framing: str = "chunked"
+    framing: Framing = "chunked"
     expect: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -341,7 +341,9 @@ def _parse_step(where: _Where, step: Any) -> Step:
         raise at.error(f"unknown step; steps: {', '.join(_STEP_KEYS)}")
     if key in ("text", "reasoning", "comment", "raw"):
         _need(at, value, (str,), "a string")
-        return {"text": s.text, "reasoning": s.reasoning, "comment": s.comment, "raw": s.raw}[key](value)
+        makers: Dict[str, Callable[[str], Step]] = {"text": s.text, "reasoning": s.reasoning,
+                                                    "comment": s.comment, "raw": s.raw}
+        return makers[key](value)
     if key == "delay":
         return s.delay(_need_seconds(at, value))
     if key == "finish":
@@ -729,7 +731,7 @@ def _excerpt(text: str, limit: int = 120) -> str:
 
 
 def _compact(names: Sequence[str]) -> str:
-    """``round token×12 tool_start ...``: consecutive repeats folded."""
+    """``round token×12 tool_start ...``: consecutive repeats folded."""  # noqa: RUF002 - the sign the transcript prints
     out: List[Tuple[str, int]] = []
     for name in names:
         if out and out[-1][0] == name:
@@ -756,7 +758,7 @@ def _transcript(events: Sequence[Event]) -> str:
         elif isinstance(event, DoneEvent):
             lines.append("done " + json.dumps(dataclasses.asdict(event.result.telemetry)))
         else:
-            lines.append(f"{event.name} {json.dumps({k: v for k, v in vars(event).items()}, default=str)}")
+            lines.append(f"{event.name} {json.dumps(dict(vars(event)), default=str)}")
     if text:
         lines.append("token " + json.dumps("".join(text), ensure_ascii=False))
     return "\n".join(lines)

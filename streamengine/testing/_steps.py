@@ -12,7 +12,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from .._messages import StopReason
 
-__all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish', 'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall', 'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
+__all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish',
+           'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall',
+           'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
 
 _POLL_S = 0.02
 _TIMING = frozenset({"delay", "wait", "signal"})
@@ -207,7 +209,11 @@ def continues_call(open_call: Optional[Sequence[Any]], kind: str, call: Mapping[
             and call.get("id") in (None, open_call[2]))
 
 
-def _flatten(items: Sequence[Any]) -> List[Step]:
+#: What a turn is made of: steps, and lists or tuples of them (such as :func:`reply`'s), nested as you like.
+StepLike = Union[Step, Sequence["StepLike"]]
+
+
+def _flatten(items: Sequence[StepLike]) -> List[Step]:
     out: List[Step] = []
     for item in items:
         if isinstance(item, Step):

@@ -75,8 +75,8 @@ from .._messages import StopReason
 from ._steps import Step, continues_call
 
 #: OpenAI finish reasons (what ``s.finish`` takes) -> Anthropic ``stop_reason``.
-STOP_REASONS = {StopReason.STOP: "end_turn", StopReason.TOOL_CALLS: "tool_use", StopReason.LENGTH: "max_tokens",
-                StopReason.CONTENT_FILTER: "refusal"}
+STOP_REASONS: Dict[str, str] = {StopReason.STOP: "end_turn", StopReason.TOOL_CALLS: "tool_use",
+                                 StopReason.LENGTH: "max_tokens", StopReason.CONTENT_FILTER: "refusal"}
 _SIGNATURE = "ZmFrZS1zaWduYXR1cmU="  # what a thinking block's signature_delta carries here
 
 
@@ -94,7 +94,8 @@ def error_body(message: str, kind: Optional[str] = None) -> Dict[str, Any]:
 def _usage_of(steps: Sequence[Step]) -> Tuple[int, int]:
     for step in steps:
         if step.kind == "usage":
-            return step.value
+            counts: Tuple[int, int] = step.value
+            return counts
     return (1, 1)
 
 
@@ -108,7 +109,7 @@ class AnthropicEncoder:
         self.prompt_tokens, self.completion_tokens = _usage_of(self.steps)
         self.started = False
         self.blocks = 0  # content blocks opened so far
-        self.open: Optional[Tuple[str, Any]] = None  # ("text"|"thinking"|"tool_use", openai index, id)
+        self.open: Optional[Tuple[str, Any, Any]] = None  # ("text"|"thinking"|"tool_use", openai index, id)
         self.stopped = False
 
     def fresh(self) -> AnthropicEncoder:
@@ -117,14 +118,15 @@ class AnthropicEncoder:
 
     def frame(self, step: Step) -> bytes:
         if step.kind == "raw":
-            return step.value
+            data: bytes = step.value
+            return data
         out = [] if self.started else [self._message_start()]
         self.started = True
         out.extend(self._events(step))
         return b"".join(out)
 
     def _message_start(self) -> bytes:
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
+        message: Dict[str, Any] = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 1}}
         return event("message_start", {"message": message})
@@ -222,13 +224,15 @@ def message_body(message_id: str, model: str, content: str, reasoning: str,
 
 
 #: OpenAI finish reasons (what ``s.finish`` takes) -> ``incomplete_details.reason``.
-INCOMPLETE_REASONS = {StopReason.LENGTH: "max_output_tokens", StopReason.CONTENT_FILTER: "content_filter"}
+INCOMPLETE_REASONS: Dict[str, str] = {StopReason.LENGTH: "max_output_tokens",
+                                       StopReason.CONTENT_FILTER: "content_filter"}
 
 
 def _responses_usage_of(steps: Sequence[Step]) -> Tuple[int, int]:
     for step in steps:
         if step.kind == "usage":
-            return step.value
+            counts: Tuple[int, int] = step.value
+            return counts
     return (1, 1)
 
 
@@ -278,7 +282,8 @@ class ResponsesEncoder:
 
     def frame(self, step: Step) -> bytes:
         if step.kind == "raw":
-            return step.value
+            data: bytes = step.value
+            return data
         out = [] if self.started else self._start()
         self.started = True
         out.extend(self._events(step))
@@ -337,16 +342,16 @@ class ResponsesEncoder:
             out += self._into(("reasoning", None, None))
             out.append(self._item_event("response.reasoning_summary_text.delta", summary_index=0,
                                         delta=delta["reasoning_content"]))
-            self.open["summary"][0]["text"] += delta["reasoning_content"]
+            self._open_item()["summary"][0]["text"] += delta["reasoning_content"]
         if delta.get("refusal"):
             out += self._into(("refusal", None, None))
             out.append(self._item_event("response.refusal.delta", content_index=0, delta=delta["refusal"]))
-            self.open["content"][0]["refusal"] += delta["refusal"]
+            self._open_item()["content"][0]["refusal"] += delta["refusal"]
         if delta.get("content"):
             out += self._into(("message", None, None))
             out.append(self._item_event("response.output_text.delta", content_index=0, delta=delta["content"],
                                         logprobs=[]))
-            self.open["content"][0]["text"] += delta["content"]
+            self._open_item()["content"][0]["text"] += delta["content"]
         for call in delta.get("tool_calls", ()):
             out += self._tool_call(call)
         if not out and not delta.get("tool_calls"):  # an empty delta: nothing meaningful happens
@@ -362,7 +367,7 @@ class ResponsesEncoder:
             out += self._into(("function_call", call["index"], call_id), name=function.get("name") or "")
         if function.get("arguments"):
             out.append(self._item_event("response.function_call_arguments.delta", delta=function["arguments"]))
-            self.open["arguments"] += function["arguments"]
+            self._open_item()["arguments"] += function["arguments"]
         return out
 
     # -- items -------------------------------------------------------------------------
@@ -397,9 +402,13 @@ class ResponsesEncoder:
             item["summary"].append(part)
         return out
 
+    def _open_item(self) -> Dict[str, Any]:
+        """The item being streamed (:meth:`_into` opened it before any of its deltas)."""
+        assert self.open is not None, "a Responses item's delta came before its item was opened"
+        return self.open
+
     def _item_event(self, kind: str, **payload: Any) -> bytes:
-        assert self.open is not None
-        return self.event(kind, item_id=self.open["id"], output_index=len(self.output), **payload)
+        return self.event(kind, item_id=self._open_item()["id"], output_index=len(self.output), **payload)
 
     def _close(self) -> List[bytes]:
         item, key = self.open, self.open_key

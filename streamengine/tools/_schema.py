@@ -113,7 +113,7 @@ def tidy(schema: Mapping[str, Any]) -> Dict[str, Any]:
     defs = dict(schema.get("$defs", {}))
     kept: Set[str] = set()
     body = {k: v for k, v in schema.items() if k != "$defs"}
-    out = _clean(_inline(body, defs, (), kept))
+    out: Dict[str, Any] = _clean(_inline(body, defs, (), kept))
     pending, done = set(kept), set()
     while pending:  # a kept definition may itself keep others
         name = pending.pop()
@@ -300,7 +300,8 @@ def _without_null(node: Mapping[str, Any], value: Any) -> Mapping[str, Any]:
     """``Optional[X]`` -> ``X`` when the value is there (pydantic adds no union tag for it)."""
     options = node.get("anyOf")
     if value is not None and isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        return options[0] if options[1] == {"type": "null"} else options[1]
+        kept: Mapping[str, Any] = options[0] if options[1] == {"type": "null"} else options[1]
+        return kept
     return node
 
 
@@ -455,7 +456,9 @@ class _Signature:
 
         config = ConfigDict(extra="forbid", allow_inf_nan=False)
         try:
-            model = create_model(f"{name}_arguments", __config__=config, **self._fields)  # type: ignore[call-overload]
+            # Any values: mypy reads a **dict as possibly holding create_model's own keywords (__base__ ...).
+            fields: Dict[str, Any] = self._fields
+            model = create_model(f"{name}_arguments", __config__=config, **fields)
             with warnings.catch_warnings():  # a default that is not JSON is left out of the schema, on purpose
                 warnings.simplefilter("ignore")
                 return model, model.model_json_schema(by_alias=True)

@@ -17,18 +17,21 @@ readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 from __future__ import annotations
 
 from ._app import STREAM_PATH as STREAM_PATH
+from ._app import AppOptions as AppOptions
 from ._app import StreamApp as StreamApp
+from ._app import WsgiApp as WsgiApp
 from ._app import make_wsgi_app as make_wsgi_app
 from ._app import mount as mount
 from ._guard import RequestRejected as RequestRejected
 from ._guard import client_address as client_address
 from ._guard import messages_from_request as messages_from_request
 from ._serve import serve as serve
+from ._sse import EngineLike as EngineLike
 from ._sse import PublicErrors as PublicErrors
 from ._sse import SseResponse as SseResponse
 from ._sse import encode_stream as encode_stream
 
 __all__ = [
-    "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp", "client_address",
-    "encode_stream", "make_wsgi_app", "messages_from_request", "mount", "serve",
+    "AppOptions", "EngineLike", "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp",
+    "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount", "serve",
 ]

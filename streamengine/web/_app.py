@@ -33,13 +33,13 @@ import json
 import pkgutil
 import re
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple, TypedDict, Union
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
-from .._messages import LLM_WARNING, Message
+from .._messages import LLM_WARNING, Message, ToolCall
 from ._guard import (
     SEND,
     ClientKey,
@@ -48,7 +48,6 @@ from ._guard import (
     HostCheck,
     HttpError,
     RequestRejected,
-    StartResponse,
     StreamLimiter,
     client_address,
     json_response,
@@ -57,7 +56,10 @@ from ._guard import (
     status_line,
     with_system_prompt,
 )
-from ._sse import PublicErrors, SseResponse, StuckReaders, connection_dropper
+from ._sse import EngineLike, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
+
+if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
+    from _typeshed.wsgi import InputStream, StartResponse, WSGIApplication, WSGIEnvironment
 
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.S)
 
@@ -79,7 +81,7 @@ def load_page() -> Tuple[str, str]:
     return page, csp
 
 
-def fill_page(page: str, stream_url: str, environ: dict) -> bytes:
+def fill_page(page: str, stream_url: str, environ: WSGIEnvironment) -> bytes:
     """The page for one request: its stream URL, whether ``?autorun=`` may start a run, the warning prefix."""
     # ?autorun=PROMPT asks on load only for a same-origin request no click made (_guard); any other only fills
     # the box.
@@ -89,8 +91,17 @@ def fill_page(page: str, stream_url: str, environ: dict) -> bytes:
             .replace("__LLM_WARNING__", html.escape(LLM_WARNING, quote=True)).encode("utf-8"))
 
 
-def mount(host_app: Callable[..., Iterable[bytes]], prefix: str,
-          app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+class WsgiApp(Protocol):
+    """A PEP 3333 app as :func:`mount` returns it: callable by position or by name.
+
+    By name too, so it can replace a method such as Flask's ``app.wsgi_app``
+    (a type checker refuses a positional-only callable there).
+    """
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]: ...
+
+
+def mount(host_app: WSGIApplication, prefix: str, app: WSGIApplication) -> WsgiApp:
     """A WSGI app sending ``prefix`` and everything below it to ``app``, the rest to ``host_app``.
 
     The way to put the stream next to an existing Flask or Django app without
@@ -107,7 +118,7 @@ def mount(host_app: Callable[..., Iterable[bytes]], prefix: str,
         if not callable(value):
             raise ConfigError(f"mount {name} must be a WSGI callable, got {type(value).__name__}")
 
-    def dispatch(environ: dict, start_response: StartResponse) -> Iterable[bytes]:
+    def dispatch(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or ""
         if path == prefix or path.startswith(prefix + "/"):
             environ = dict(environ, SCRIPT_NAME=(environ.get("SCRIPT_NAME") or "") + prefix,
@@ -122,9 +133,33 @@ STREAM_PATH = "/v1/chat/stream"
 HEALTH_PATH = "/healthz"
 PAGE_PATH = "/"
 
-Authorize = Callable[[dict], Any]
-Approve = Callable[[Any, dict], object]
-Route = Callable[[dict], Tuple[str, Headers, Iterable[bytes]]]
+#: ``authorize(environ)``: truthy lets the request in, falsy is a 401, ``PermissionError`` a 403.
+Authorize = Callable[["WSGIEnvironment"], object]
+#: ``approve(call, environ)``: whether this request's run may call a tool with side effects.
+Approve = Callable[[ToolCall, "WSGIEnvironment"], object]
+#: ``scope(environ)``: the run's RAG scope (``conversation_id``), or None for a scope of its own.
+Scope = Callable[["WSGIEnvironment"], Optional[str]]
+Route = Callable[["WSGIEnvironment"], Tuple[str, Headers, Iterable[bytes]]]
+
+
+class AppOptions(TypedDict, total=False):
+    """:class:`StreamApp`'s options but ``approve``: what ``serve(engine, **options)`` passes on, checked by name."""
+
+    system_prompt: Optional[str]
+    trusted_messages: bool
+    authorize: Optional[Authorize]
+    allowed_hosts: Optional[Iterable[str]]
+    allow_origin: Union[str, Iterable[str], None]
+    get_runs: bool
+    max_streams: int
+    max_streams_per_client: int
+    client_key: Optional[ClientKey]
+    retry_after_s: int
+    expose_errors: bool
+    stuck_reader_timeout_s: Optional[float]
+    heartbeat_s: Optional[float]
+    max_body_bytes: int
+    scope: Optional[Scope]
 
 
 class StreamApp:
@@ -158,13 +193,13 @@ class StreamApp:
     decides, and an engine without one refuses every such call.
     """
 
-    def __init__(self, engine: Any, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
+    def __init__(self, engine: EngineLike, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
                  authorize: Optional[Authorize] = None, allowed_hosts: Optional[Iterable[str]] = None,
                  allow_origin: Union[str, Iterable[str], None] = None, get_runs: bool = True,
                  max_streams: int = 32, max_streams_per_client: int = 4, client_key: Optional[ClientKey] = None,
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
-                 max_body_bytes: int = 1_000_000, scope: Optional[Callable[[dict], Optional[str]]] = None,
+                 max_body_bytes: int = 1_000_000, scope: Optional[Scope] = None,
                  approve: Optional[Approve] = None) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
@@ -207,7 +242,7 @@ class StreamApp:
         return self._limiter.active
 
     # --- WSGI -------------------------------------------------------------------------
-    def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         method = environ.get("REQUEST_METHOD", "GET").upper()
         cors = self._sites.cors_headers(environ)
@@ -220,7 +255,7 @@ class StreamApp:
         start_response(status, headers + cors)
         return body
 
-    def _dispatch(self, path: str, method: str, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _dispatch(self, path: str, method: str, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         methods = self._routes.get(path)
         if methods is None:
             raise HttpError(f"no such path {path!r}; this app serves GET {PAGE_PATH} (page), "
@@ -237,7 +272,7 @@ class StreamApp:
         return handler(environ)
 
     # --- routes -------------------------------------------------------------------------
-    def _page_response(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _page_response(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         stream_url = (environ.get("SCRIPT_NAME") or "").rstrip("/") + STREAM_PATH
         body = fill_page(self._page, stream_url, environ)
         return status_line(200), [
@@ -249,10 +284,10 @@ class StreamApp:
             ("Referrer-Policy", "no-referrer"),
         ], [body]
 
-    def _health(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _health(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         return json_response(200, {"status": "ok"})
 
-    def _stream_get(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _stream_get(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         self._sites.refuse_get(environ)
         self._check_authorized(environ)
         query = parse_qs(_wsgi_text(environ.get("QUERY_STRING", "")), keep_blank_values=True)
@@ -265,7 +300,7 @@ class StreamApp:
         return self._stream(with_system_prompt([Message(role="user", content=values[0])], self.system_prompt),
                             environ)
 
-    def _stream_post(self, environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _stream_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         self._sites.refuse_post(environ)
         self._check_authorized(environ)
         payload = _decode_json(self._read_body(environ))
@@ -276,7 +311,7 @@ class StreamApp:
             raise HttpError(str(exc), field=exc.field) from exc
         return self._stream(messages, environ)
 
-    def _stream(self, messages: List[Message], environ: dict) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _stream(self, messages: List[Message], environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         release = self._limiter.acquire(environ)
         request_id = uuid.uuid4().hex[:12]
         probe = environ.get("waitress.client_disconnected")
@@ -310,7 +345,7 @@ class StreamApp:
         ], response
 
     # --- request checks ---------------------------------------------------------------------
-    def _check_authorized(self, environ: dict) -> None:
+    def _check_authorized(self, environ: WSGIEnvironment) -> None:
         if self._authorize is None:
             return
         try:
@@ -325,9 +360,9 @@ class StreamApp:
         if not allowed:
             raise HttpError("not authorized: sign in (or send your credentials) and retry", 401)
 
-    def _run_options(self, environ: dict) -> Dict[str, Any]:
+    def _run_options(self, environ: WSGIEnvironment) -> RunOptions:
         """The run's ``approve`` (the app's, asked with this request's environ) and ``conversation_id``."""
-        options: Dict[str, Any] = {}
+        options: RunOptions = {}
         approve = self._approve
         if approve is not None:
             options["approve"] = lambda call: approve(call, environ)
@@ -337,14 +372,15 @@ class StreamApp:
             scope = self._scope(environ)
             if scope is not None and (not isinstance(scope, str) or not scope.strip()):
                 raise TypeError(f"the scope hook must return a non-empty str or None, got {scope!r}")
-            return dict(options, conversation_id=scope)
+            options["conversation_id"] = scope
+            return options
         except Exception as exc:
             request_id = uuid.uuid4().hex[:12]
             self._log.opt(exception=exc).error("request {}: the scope hook failed: {}", request_id, exc)
             raise HttpError(f"the request's scope could not be determined (request id {request_id}); try again "
                             "later or ask the operator to look at the server log", 500) from exc
 
-    def _read_body(self, environ: dict) -> bytes:
+    def _read_body(self, environ: WSGIEnvironment) -> bytes:
         media_type = (environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":
             raise HttpError(f"Content-Type must be application/json, got {media_type or 'none'!r}; {SEND}",
@@ -359,7 +395,8 @@ class StreamApp:
                             "send fewer or shorter messages", field="body")
         if length <= 0:
             raise HttpError(f"empty body; {SEND}", field="body")
-        body = environ["wsgi.input"].read(length)
+        stream: InputStream = environ["wsgi.input"]
+        body = stream.read(length)
         if len(body) < length:
             raise HttpError(f"body ended after {len(body)} of {length} bytes; resend the request", field="body")
         return body
@@ -386,7 +423,7 @@ def _wsgi_text(native: str) -> str:
         return native
 
 
-def _check_approve(engine: Any, approve: Optional[Approve]) -> None:
+def _check_approve(engine: EngineLike, approve: Optional[Approve]) -> None:
     """``approve`` is a function, and the engine's runs take it (one that would not must not serve unasked)."""
     if approve is None:
         return

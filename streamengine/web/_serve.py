@@ -17,11 +17,18 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, TextIO, Tuple
 
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._messages import PROG
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
+    from typing_extensions import Unpack
+
+    from ._app import AppOptions, Approve
+    from ._sse import EngineLike
 
 #: Open connections at most (each a file descriptor and a little memory, no thread):
 #: far above any stream cap, so connections that sit half-sent never starve
@@ -56,7 +63,7 @@ def _write(out: TextIO, text: str) -> None:
     out.flush()
 
 
-def server_limits(app: Any, threads: int, connection_limit: Optional[int] = None) -> Dict[str, Any]:
+def server_limits(app: object, threads: int, connection_limit: Optional[int] = None) -> Dict[str, Any]:
     """Waitress's options for an internet-facing stream server (its defaults suit neither).
 
     The body limit is the app's ``max_body_bytes``, so an oversized body is
@@ -139,7 +146,7 @@ class _ConnectionGate:
 def _counted(channel_class: Any) -> Any:
     """Waitress's channel class, calling ``on_closed`` once when the channel leaves the server's map."""
 
-    class CountedChannel(channel_class):  # type: ignore[misc, valid-type]
+    class CountedChannel(channel_class):  # type: ignore[misc]  # a base class known only at run time (waitress's)
         def __init__(self, server: Any, sock: socket.socket, addr: Any, adj: Any, map: Any = None,
                      on_closed: Optional[Callable[[], None]] = None) -> None:
             self._on_closed = on_closed  # before the base class: it may close the channel while it starts
@@ -179,10 +186,11 @@ def _refuse(conn: socket.socket, answer: bytes) -> None:
         conn.close()
 
 
-def serve(engine: Any, *, host: str = "127.0.0.1", port: int = 8000, threads: int = 32,
-          approve: Optional[Callable[[Any, dict], object]] = None, out: Optional[TextIO] = None,
+def serve(engine: EngineLike, *, host: str = "127.0.0.1", port: int = 8000, threads: int = 32,
+          approve: Optional[Approve] = None, out: Optional[TextIO] = None,
           stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None,
-          max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT, **app_options: Any) -> None:
+          max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT,
+          **app_options: Unpack[AppOptions]) -> None:
     """Serve ``make_wsgi_app(engine, approve=approve, **app_options)`` under waitress until stopped.
 
     It stops on Ctrl-C, on SIGTERM (when run in the main thread) or when
@@ -206,7 +214,7 @@ def serve(engine: Any, *, host: str = "127.0.0.1", port: int = 8000, threads: in
               stop=stop, ready=ready, max_connections_per_client=max_connections_per_client)
 
 
-def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, banner: Sequence[str] = (),
+def serve_app(app: WSGIApplication, *, host: str, port: int, threads: int, out: TextIO, banner: Sequence[str] = (),
               stop: Optional[threading.Event] = None, ready: Optional[Callable[[str], None]] = None,
               connection_limit: Optional[int] = None,
               max_connections_per_client: Optional[int] = CONNECTIONS_PER_CLIENT) -> None:
@@ -229,7 +237,9 @@ def serve_app(app: Any, *, host: str, port: int, threads: int, out: TextIO, bann
     sock = _listen_socket(host, port)
     try:
         # Bound here, not by waitress: a busy port then fails before waitress starts its threads.
-        server = create_server(app, sockets=[sock], **server_limits(app, threads, connection_limit))
+        # Any: waitress's stubs say MultiSocketServer | BaseWSGIServer with a channel_class that is a type; with
+        # one socket it is a BaseWSGIServer, and its channel_class becomes the gate (a callable, not a type).
+        server: Any = create_server(app, sockets=[sock], **server_limits(app, threads, connection_limit))
         server.channel_class = _ConnectionGate(server, server.adj.connection_limit - 8, max_connections_per_client)
     except BaseException:
         sock.close()
@@ -283,7 +293,11 @@ def _stop_on_sigterm(stop: threading.Event) -> Callable[[], None]:
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return lambda: None
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
 
 
 def _listen_socket(host: str, port: int) -> socket.socket:
@@ -339,9 +353,8 @@ def finish_closing(trigger: Any, socket_map: Dict[Any, Any], wasyncore: Any) -> 
 
 def _close_all(socket_map: Dict[Any, Any], wasyncore: Any, keep_trigger: bool = False) -> None:
     for dispatcher in list(socket_map.values()):
-        if hasattr(dispatcher, "pull_trigger"):
-            if keep_trigger:
-                continue
+        if hasattr(dispatcher, "pull_trigger") and keep_trigger:
+            continue
         try:
             if hasattr(dispatcher, "write_soon"):
                 dispatcher.handle_close()  # a channel: wakes task threads blocked writing to it

@@ -86,13 +86,34 @@ import time
 from collections import abc
 from itertools import repeat
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    FrozenSet,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypedDict,
+    cast,
+)
 
 from .._cancel import CancelToken
-from .._engine.events import DoneEvent, HeartbeatEvent, TokenEvent
+from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
-from .._messages import LLM_WARNING, Message
+from .._messages import LLM_WARNING, Message, ToolCall
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+    from loguru import Logger
 
 #: A batch is written when it reaches this size, whatever is still to come in it.
 MAX_BATCH_BYTES = 64 * 1024
@@ -105,6 +126,26 @@ OK_FRAME = b": ok\n\n"
 PING_FRAME = b": ping\n\n"
 
 _log = component_logger("streamengine.web._sse")
+
+
+class RunOptions(TypedDict, total=False):
+    """What the app adds to a request's run: its ``approve`` hook and its RAG scope."""
+
+    approve: Callable[[ToolCall], object]
+    conversation_id: Optional[str]
+
+
+class EngineLike(Protocol):
+    """What the web layer needs of an engine: a :class:`~streamengine.StreamingEngine`, or one of your own.
+
+    Only ``run()`` is needed; an engine with ``run_batches()`` (a ``StreamingEngine``)
+    is driven by that instead, so each burst of events is one socket write.  The
+    app's :class:`RunOptions` are passed only when it has them: ``run()`` takes
+    ``conversation_id=`` for an app with ``scope=``, ``approve=`` for one with ``approve=``.
+    """
+
+    def run(self, messages: Sequence[Message], cancel: threading.Event, /, *,
+            heartbeat_s: Optional[float] = ...) -> Iterator[Event]: ...
 
 # ensure_ascii: every control, line-separator and non-ASCII character leaves as a
 # \uXXXX escape, so a payload is one ASCII line whatever the model wrote.
@@ -186,11 +227,12 @@ def _named_frame(prefix: bytes, payload: Dict[str, Any]) -> bytes:
     return prefix + _dumps(_jsonable(payload)).encode("ascii") + b"\n\n"
 
 
-def _token(event: Any) -> bytes:
-    return encode_token(getattr(event, "text", None))
+def _token(event: object) -> bytes:
+    # A non-str text is refused by encode_token with a TypeError naming the mistake.
+    return encode_token(cast(str, getattr(event, "text", None)))
 
 
-def _tool_start(event: Any) -> bytes:
+def _tool_start(event: object) -> bytes:
     call = getattr(event, "call", None)
     return _named_frame(b"event: tool_start\ndata: ", {
         "id": getattr(call, "id", None),
@@ -199,12 +241,12 @@ def _tool_start(event: Any) -> bytes:
     })
 
 
-def _tool_result(event: Any) -> bytes:
+def _tool_result(event: object) -> bytes:
     result = getattr(event, "result", None)
     return tool_result_frame(result, getattr(result, "error", None), getattr(event, "skipped", None))
 
 
-def tool_result_frame(result: Any, error: Any, skipped: Any = None) -> bytes:
+def tool_result_frame(result: object, error: object, skipped: object = None) -> bytes:
     """The ``tool_result`` frame of ``result`` with ``error`` as the text its error is shown as.
 
     ``skipped`` (the event's) is sent as it is, whatever ``error`` became: a page tells a
@@ -221,33 +263,33 @@ def tool_result_frame(result: Any, error: Any, skipped: Any = None) -> bytes:
     })
 
 
-def _round(event: Any) -> bytes:
+def _round(event: object) -> bytes:
     return _named_frame(b"event: round\ndata: ", {"round": getattr(event, "round", None)})
 
 
-def _refusal(event: Any) -> bytes:
+def _refusal(event: object) -> bytes:
     """The model refused: its words, apart from the answer's tokens."""
     return _named_frame(b"event: refusal\ndata: ", {"text": getattr(event, "text", None),
                                                      "round": getattr(event, "round", None)})
 
 
-def _reset(event: Any) -> bytes:
+def _reset(event: object) -> bytes:
     """The engine takes back a round's visible text (it will be written again); clients clear it."""
     return _named_frame(b"event: reset\ndata: ", {"round": getattr(event, "round", None),
                                                    "reason": getattr(event, "reason", None)})
 
 
-def _error(event: Any) -> bytes:
+def _error(event: object) -> bytes:
     return _named_frame(b"event: error\ndata: ", {"message": getattr(event, "message", None),
                                                    "fatal": getattr(event, "fatal", True)})
 
 
-def _done(event: Any) -> bytes:
+def _done(event: object) -> bytes:
     result = getattr(event, "result", None)
     return done_frame(result, getattr(result, "answer", None))
 
 
-def done_frame(result: Any, answer: Any, telemetry: Any = None) -> bytes:
+def done_frame(result: object, answer: object, telemetry: object = None) -> bytes:
     """The ``done`` frame of ``result`` with ``answer`` as the answer shown (and ``telemetry``, when given)."""
     return _named_frame(b"event: done\ndata: ", {
         "answer": answer,
@@ -257,13 +299,13 @@ def done_frame(result: Any, answer: Any, telemetry: Any = None) -> bytes:
     })
 
 
-def _heartbeat(event: Any) -> bytes:
+def _heartbeat(event: object) -> bytes:
     return PING_FRAME
 
 
 # The allowlist: the only event names that can ever appear on an ``event:`` line
 # are the literal prefixes above, chosen by this table's keys.
-_ENCODERS: Dict[str, Callable[[Any], bytes]] = {
+_ENCODERS: Dict[str, Callable[[object], bytes]] = {
     "token": _token,
     "tool_start": _tool_start,
     "tool_result": _tool_result,
@@ -279,7 +321,7 @@ _ENCODERS: Dict[str, Callable[[Any], bytes]] = {
 EVENT_NAMES: FrozenSet[str] = frozenset(_ENCODERS)
 
 
-def encode_event(event: Any) -> bytes:
+def encode_event(event: Event) -> bytes:
     """One SSE frame (ending in a blank line) for one engine event.
 
     Raises ``ValueError`` for an event whose ``name`` is not in
@@ -288,7 +330,7 @@ def encode_event(event: Any) -> bytes:
     """
     name = getattr(event, "name", None)
     if name == "token":  # skip the table lookup on the hot path
-        return encode_token(getattr(event, "text", None))
+        return _token(event)
     encoder = _ENCODERS.get(name) if isinstance(name, str) else None
     if encoder is None:
         raise ValueError(
@@ -298,7 +340,7 @@ def encode_event(event: Any) -> bytes:
     return encoder(event)
 
 
-def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
+def encode_stream(events: Iterable[Event], *, ok_first: bool = True,
                   errors: Optional[PublicErrors] = None) -> Iterator[bytes]:
     """``OK_FRAME``, one frame per event in order, and ``DONE_FRAME`` last — always.
 
@@ -322,8 +364,8 @@ def encode_stream(events: Iterable[Any], *, ok_first: bool = True,
     return frames(one_by_one(iter(events)), 0.0, None, errors, ok_first)
 
 
-def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnected: Optional[Callable[[], bool]],
-           errors: Optional[PublicErrors], ok_first: bool = True) -> Iterator[bytes]:
+def frames(batches: Iterator[List[Event]], heartbeat_s: Optional[float], disconnected: Optional[Callable[[], bool]],
+           errors: Optional[PublicErrors], ok_first: bool = True) -> Generator[bytes, None, None]:
     """``: ok``, then the frames of each list of events joined, ``data: [DONE]`` in the last one.
 
     The one framer of both paths: the app's streams (one list per burst the
@@ -355,10 +397,9 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
                 size = 0
                 beat = False
                 for event in batch:
-                    kind = event.__class__
-                    if kind is TokenEvent and (special is None or not event.text.startswith(special)):
+                    if event.__class__ is TokenEvent and (special is None or not event.text.startswith(special)):
                         frame = encode_token(event.text)  # tokens of a burst: no dispatch by name either
-                    elif kind is HeartbeatEvent:
+                    elif event.__class__ is HeartbeatEvent:
                         beat = True
                         continue
                     else:
@@ -392,7 +433,7 @@ def frames(batches: Iterator[List[Any]], heartbeat_s: Optional[float], disconnec
             close()
 
 
-def one_by_one(events: Iterator[Any]) -> Iterator[List[Any]]:
+def one_by_one(events: Iterator[Event]) -> Iterator[List[Event]]:
     try:
         for event in events:
             yield [event]
@@ -436,26 +477,26 @@ class PublicErrors:
     #: sends any other token as it is, without asking.
     token_prefix = LLM_WARNING
 
-    def __init__(self, request_id: str, *, expose: bool = False, logger: Any = None) -> None:
+    def __init__(self, request_id: str, *, expose: bool = False, logger: Optional[Logger] = None) -> None:
         self.request_id = request_id
         self.expose = expose
         self._log = logger if logger is not None else _public_log
         self._warnings: List[Tuple[str, str]] = []  # (warning token as sent by the engine, what the client got)
 
-    def public(self, what: str, detail: Any) -> str:
+    def public(self, what: str, detail: object) -> str:
         """Log ``detail`` under the request id; the text the client gets instead."""
         self._log.warning("request {}: {}: {}", self.request_id, what, detail)
         if self.expose:
             return f"{detail} (request id {self.request_id})"
         return f"{what} (request id {self.request_id}; details are in the server log)"
 
-    def encode(self, event: Any) -> bytes:
+    def encode(self, event: Event) -> bytes:
         name = getattr(event, "name", None)
         if name == "token":
             text = getattr(event, "text", None)
             if isinstance(text, str) and text.startswith(self.token_prefix):
                 return encode_token(self._warning(text))
-            return encode_token(text)
+            return encode_token(cast(str, text))  # a non-str: encode_token's TypeError names it
         special = self._SPECIAL.get(name) if isinstance(name, str) else None
         return special(self, event) if special is not None else encode_event(event)
 
@@ -464,14 +505,14 @@ class PublicErrors:
         self._warnings.append((text, shown))
         return shown
 
-    def _error(self, event: Any) -> bytes:
+    def _error(self, event: object) -> bytes:
         fatal = getattr(event, "fatal", True)
         what = "the answer failed" if fatal else "a problem the answer went on past"
         message = self.public(what, getattr(event, "message", None))
         return _named_frame(b"event: error\ndata: ", {"message": message, "fatal": fatal,
                                                        "request_id": self.request_id})
 
-    def _tool_result(self, event: Any) -> bytes:
+    def _tool_result(self, event: object) -> bytes:
         result = getattr(event, "result", None)
         error = getattr(result, "error", None)
         skipped = getattr(event, "skipped", None)
@@ -481,7 +522,7 @@ class PublicErrors:
             error = self.public(f"{what}: {getattr(result, 'name', '?')}", error)
         return tool_result_frame(result, error, skipped)
 
-    def _done(self, event: Any) -> bytes:
+    def _done(self, event: object) -> bytes:
         result = getattr(event, "result", None)
         answer = getattr(result, "answer", None)
         if isinstance(answer, str):
@@ -489,7 +530,7 @@ class PublicErrors:
                 answer = answer.replace(warning, shown)
         telemetry = getattr(result, "telemetry", None)
         failures = getattr(telemetry, "failed_attempts", None)
-        if failures and not self.expose:  # which model failed and how, not what its provider said
+        if failures and telemetry is not None and not self.expose:  # which model failed and how, not what it said
             telemetry = dataclasses.replace(telemetry, failed_attempts=[
                 ": ".join(line.split(": ", 2)[:2]) for line in failures])
         return done_frame(result, answer, telemetry)
@@ -500,7 +541,7 @@ class PublicErrors:
             f"the answer failed (request id {self.request_id}; details are in the server log)"
         return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
 
-    _SPECIAL: Dict[str, Callable[[PublicErrors, Any], bytes]] = {
+    _SPECIAL: ClassVar[Dict[str, Callable[[PublicErrors, object], bytes]]] = {
         "error": _error, "tool_result": _tool_result, "done": _done,
     }
 
@@ -522,10 +563,11 @@ class SseResponse:
     the run is stopped through its cancel token, which works from any thread.
     """
 
-    def __init__(self, engine: Any, messages: Sequence[Message], *, heartbeat_s: Optional[float],
+    def __init__(self, engine: EngineLike, messages: Sequence[Message], *, heartbeat_s: Optional[float],
                  disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
-                 errors: Optional[PublicErrors] = None, logger: Any = None,
-                 run_options: Optional[dict] = None, drop_connection: Optional[Callable[[], None]] = None) -> None:
+                 errors: Optional[PublicErrors] = None, logger: Optional[Logger] = None,
+                 run_options: Optional[RunOptions] = None,
+                 drop_connection: Optional[Callable[[], None]] = None) -> None:
         self.cancel = CancelToken()
         self._drop = drop_connection
         tick = heartbeat_s
@@ -533,11 +575,12 @@ class SseResponse:
             tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
         # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
         run_batches = getattr(engine, "run_batches", None)
-        extra = run_options or {}  # conversation_id
+        extra: RunOptions = run_options or {}
         if run_batches is not None:
             batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
         else:  # an engine of your own with run() only: one event a batch
-            batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
+            run: Callable[..., Iterator[Event]] = engine.run  # it takes the options the app has (see EngineLike)
+            batches = one_by_one(run(messages, self.cancel, heartbeat_s=tick, **extra))
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
         self._progress = _Progress()
         # A generator over the frames and the progress only, never the response: no reference cycle,
@@ -607,7 +650,7 @@ class _Progress:
         self.closed = False
 
 
-def _write_each(batches: Iterator[bytes], progress: _Progress) -> Iterator[bytes]:
+def _write_each(batches: Generator[bytes, None, None], progress: _Progress) -> Generator[bytes, None, None]:
     """The batches, one per server write, with ``progress`` kept up to date."""
     if not progress.closed:
         for batch in batches:
@@ -624,7 +667,7 @@ def _write_each(batches: Iterator[bytes], progress: _Progress) -> Iterator[bytes
             return
     # Closed, maybe from another thread while a batch was made: finish the generators here,
     # in the iterating thread, where closing them is allowed.
-    batches.close()  # type: ignore[attr-defined]
+    batches.close()
 
 
 class StuckReaders:
@@ -634,7 +677,7 @@ class StuckReaders:
     and ends when the last stream closes, so an idle app holds no thread.
     """
 
-    def __init__(self, timeout_s: Optional[float], logger: Any) -> None:
+    def __init__(self, timeout_s: Optional[float], logger: Logger) -> None:
         self.timeout_s = timeout_s
         self._log = logger
         self._streams: set[SseResponse] = set()
@@ -676,7 +719,7 @@ class StuckReaders:
                     response.give_up()
 
 
-def connection_dropper(environ: dict) -> Optional[Callable[[], None]]:
+def connection_dropper(environ: WSGIEnvironment) -> Optional[Callable[[], None]]:
     """A function resetting this request's connection from any thread, or None where the server hides it.
 
     gunicorn puts the client's socket in ``gunicorn.socket``; waitress's
