@@ -26,7 +26,7 @@
     ├── RequestRejected (ValueError)        web: a request's messages break the policy
     ├── HttpError                           web: a request refused before streaming
     ├── UsageError                          CLI: a command line that cannot run as written
-    └── RunLogError                         CLI: the run log cannot be read or written
+    └── ConversationLogError            CLI: the run log cannot be read or written
 
 Classes outside this module are defined beside the code that raises them;
 ``tests/core/test_exception_tree.py`` checks every module's exceptions

@@ -324,8 +324,8 @@ def _tool_listing(spec: ToolSpec) -> str:
         return head + "\n  arguments: none"
     required = set(params.get("required") or ())
     parts = []
-    for key, schema in properties.items():
-        schema = schema if isinstance(schema, dict) else {}
+    for key, declared in properties.items():
+        schema = declared if isinstance(declared, dict) else {}
         kind = schema.get("type", "any")
         kind = "|".join(kind) if isinstance(kind, list) else str(kind)
         flag = "required" if key in required else "optional"

@@ -47,7 +47,7 @@ from .._logs import for_terminal, is_terminal
 from .._messages import LLM_WARNING, PROG, StopReason
 from .._validation import one_line
 from .build import UsageError, build_engine, close_engine
-from .log import RunLog, RunLogError, default_log, logging_enabled
+from .log import ConversationLogError, RunLog, default_log, logging_enabled
 from .output import EventPrinter, JsonEventPrinter, strip_markup, use_color, write, write_error
 
 if TYPE_CHECKING:
@@ -391,5 +391,5 @@ class Conversation:
                 self.conversation, model=result.telemetry.model_used or self.model, system=self.system,
                 prompt=prompt, answer=answer, stop_reason=result.telemetry.stop_reason,
                 finish_reason=reasons[-1] if reasons else None)
-        except RunLogError as exc:  # the answer was given; a log that fails is only a warning
+        except ConversationLogError as exc:  # the answer was given; a log that fails is only a warning
             write(self.err, f"{PROG}: warning: the answer was not recorded: {exc}\n")

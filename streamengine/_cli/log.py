@@ -60,7 +60,7 @@ LOCK_WAIT_S = 5.0
 _TURN_OFF = "--no-log or STREAMENGINE_LOG=0 turns the log off"
 
 
-class RunLogError(StreamEngineError):
+class ConversationLogError(StreamEngineError):
     """The run log cannot be read or written: what is wrong with it, and what to do."""
 
 
@@ -78,7 +78,7 @@ def logging_enabled(environ: Mapping[str, str], no_log_flag: bool) -> bool:
 class RunLog:
     """The log file; every method opens and closes its own connection (one CLI run, few writes).
 
-    Every method raises :class:`RunLogError` (never a bare ``sqlite3`` or
+    Every method raises :class:`ConversationLogError` (never a bare ``sqlite3`` or
     ``OSError``) when the log cannot be used.
     """
 
@@ -103,23 +103,24 @@ class RunLog:
 
     @contextlib.contextmanager
     def _problems(self) -> Iterator[None]:
-        """SQLite's and the OS's errors as one :class:`RunLogError` that says what to do."""
+        """SQLite's and the OS's errors as one :class:`ConversationLogError` that says what to do."""
         try:
             yield
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
-                raise RunLogError(f"the run log {self.path} is locked by another program (another streamengine "
-                                  f"still writing?); try again when it is done ({_TURN_OFF})") from exc
+                raise ConversationLogError(f"the run log {self.path} is locked by another program "
+                                           f"(another streamengine still writing?); try again when it is done "
+                                           f"({_TURN_OFF})") from exc
             raise self._cannot_open(exc) from exc
         except sqlite3.DatabaseError as exc:
-            raise RunLogError(f"the run log {self.path} is damaged ({exc}); move it aside "
+            raise ConversationLogError(f"the run log {self.path} is damaged ({exc}); move it aside "
                               f"(mv {self.path} {self.path}.broken) and the next run starts a new one") from exc
         except OSError as exc:
             raise self._cannot_open(exc) from exc
 
-    def _cannot_open(self, exc: BaseException) -> RunLogError:
+    def _cannot_open(self, exc: BaseException) -> ConversationLogError:
         detail = getattr(exc, "strerror", None) or exc
-        return RunLogError(f"cannot open the run log {self.path} ({detail}): it must be a file in a directory "
+        return ConversationLogError(f"cannot open the run log {self.path} ({detail}): it must be a file in a directory "
                            f"you can write; set XDG_DATA_HOME to move it ({_TURN_OFF})")
 
     def _present(self) -> bool:

@@ -63,7 +63,7 @@ from .build import (
     refuse,
 )
 from .chat import add_approval_flags, cmd_chat
-from .log import RunLogError, cmd_logs
+from .log import ConversationLogError, cmd_logs
 from .output import (
     BOLD,
     RESET,
@@ -416,7 +416,7 @@ def _run(args: argparse.Namespace, hooks: _Hooks, err: TextIO) -> int:
     except BrokenPipeError:  # `streamengine chat ... | head`: the reader left; nothing to say
         _silence_stdout()
         return 1
-    except (StreamEngineError, OSError, RunLogError) as exc:
+    except (StreamEngineError, OSError, ConversationLogError) as exc:
         _report(err, exc, args)
         return 1
     except KeyboardInterrupt:

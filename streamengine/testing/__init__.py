@@ -6,20 +6,31 @@ Public, for streamengine's own tests, its demo and CLI harness, and your tests.
   127.0.0.1 that answers from scripted turns, on the Chat Completions,
   Anthropic (``wire="anthropic"``) or Responses (``wire="responses"``) wire;
 - ``steps``: what a turn does (``s.text``, ``s.delay``, ``s.drop``...);
-- ``scenario``: JSON scenario files run against the engine (``streamengine harness``);
-- ``junit``: JUnit XML for CI servers.
+- scenarios: JSON scenario files run against the engine (:func:`load_scenario`,
+  :func:`run_scenario`; ``streamengine harness`` runs them; the format is
+  ``streamengine.testing._scenario``'s docstring);
+- :func:`write_junit`: their results as JUnit XML for CI servers.
 
 ::
 
     from streamengine.testing import FakeProvider, steps as s
 """
 from . import _steps as steps
+from ._junit import write_junit as write_junit
 from ._provider import FakeProvider as FakeProvider
 from ._provider import RecordedRequest as RecordedRequest
 from ._provider import Turn as Turn
 from ._provider import fake_embedding as fake_embedding
+from ._scenario import Scenario as Scenario
+from ._scenario import ScenarioError as ScenarioError
+from ._scenario import ScenarioResult as ScenarioResult
+from ._scenario import load_scenario as load_scenario
+from ._scenario import parse_scenario as parse_scenario
+from ._scenario import run_scenario as run_scenario
 from ._steps import Stamp as Stamp
 from ._steps import Step as Step
 from ._steps import StepLike as StepLike
 
-__all__ = ["FakeProvider", "RecordedRequest", "Stamp", "Step", "StepLike", "Turn", "fake_embedding", "steps"]
+__all__ = ["FakeProvider", "RecordedRequest", "Scenario", "ScenarioError", "ScenarioResult", "Stamp", "Step",
+           "StepLike", "Turn", "fake_embedding", "load_scenario", "parse_scenario", "run_scenario", "steps",
+           "write_junit"]

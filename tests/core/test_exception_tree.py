@@ -78,7 +78,7 @@ def test_the_allowlist_names_only_classes_that_exist_outside_the_tree_and_say_in
     ("streamengine.tools._tool.RemoteToolError", ToolError),
     ("streamengine._inline.BlockError", ToolError),
     ("streamengine._cli.build.UsageError", StreamEngineError),
-    ("streamengine._cli.log.RunLogError", StreamEngineError),
+    ("streamengine._cli.log.ConversationLogError", StreamEngineError),
     ("streamengine.web._guard.HttpError", StreamEngineError),
 ])
 def test_the_errors_that_lived_outside_the_tree_keep_the_bases_users_catch(dotted: str, extra_base: type) -> None:
