@@ -5,6 +5,7 @@ import os
 import tempfile
 import threading
 import time
+from typing import List
 
 import pytest
 
@@ -32,7 +33,10 @@ def no_thread_leak():
     """Fails the test if threads it started are still alive shortly after it ends."""
     before = _alive_threads()
     yield
-    leaked = lambda: [t for t in _alive_threads() - before if not t.name.startswith("pytest")]
+
+    def leaked() -> List[threading.Thread]:
+        return [t for t in _alive_threads() - before if not t.name.startswith("pytest")]
+
     wait_for(lambda: not leaked(), timeout=5.0)
     assert leaked() == [], f"threads left behind: {[t.name for t in leaked()]}"
 

@@ -121,7 +121,8 @@ def _close_all(namespace: Dict[str, Any]) -> None:
         if isinstance(value, StreamingEngine):
             value.close()
             value.client.close()
-        elif isinstance(value, (OpenAICompatibleClient, SqliteRagStore)) or (isinstance(value, io.IOBase) and not value.closed and value not in (sys.stdout, sys.stderr)):
+        elif isinstance(value, (OpenAICompatibleClient, SqliteRagStore)) or (
+                isinstance(value, io.IOBase) and not value.closed and value not in (sys.stdout, sys.stderr)):
             value.close()
 
 
@@ -167,8 +168,9 @@ def test_every_python_example_runs_against_a_loopback_provider(loopback, capsys)
     configure_django()
     results = run_blocks(fp, opened)
     out = capsys.readouterr().out
-    assert out.splitlines() == ['Let me check. <tool name="weather">{"city": "Oslo"}</tool>', "[weather started]", "[weather: sunny in Oslo]", "",
-                                "[revised answer]", "It is sunny in Oslo.", "[done: 2 rounds]"]
+    assert out.splitlines() == ['Let me check. <tool name="weather">{"city": "Oslo"}</tool>', "[weather started]",
+                                "[weather: sunny in Oslo]", "", "[revised answer]", "It is sunny in Oslo.",
+                                "[done: 2 rounds]"]
     check_wsgi_app(block_defining(results, "waitress.serve(app")["app"])
     check_flask(block_defining(results, "from flask import")["app"], fp)
     check_django_view(block_defining(results, "def ask(request)")["ask"])
@@ -188,8 +190,8 @@ def check_wsgi_app(app: Any) -> None:
     from streamengine.web._serve import serve_app
 
     stop, ready = threading.Event(), []
-    thread = threading.Thread(target=serve_app, args=(app,), name="readme-waitress", kwargs=dict(
-        host="127.0.0.1", port=0, threads=2, out=io.StringIO(), stop=stop, ready=ready.append))
+    thread = threading.Thread(target=serve_app, args=(app,), name="readme-waitress", kwargs={
+        "host": "127.0.0.1", "port": 0, "threads": 2, "out": io.StringIO(), "stop": stop, "ready": ready.append})
     thread.start()
     try:
         assert _wait(lambda: ready), "the README's WSGI app did not start under waitress"

@@ -207,7 +207,7 @@ def test_bad_tools_flag_is_one_line_and_exit_2(capsys, tools_module, spec, needl
     (["nope"], "no model"),  # a bare word is a prompt for chat, as with llm
 ])
 def test_usage_errors_are_one_line_and_exit_2(capsys, argv, needle):
-    rc, out, err = run(capsys, *argv)
+    rc, _out, err = run(capsys, *argv)
     assert rc == 2
     assert_one_error_line(err)
     assert needle in err
@@ -246,7 +246,8 @@ def test_demo_fast_shows_tools_starting_before_the_stream_ended(capsys):
     total = float(re.search(r"^  total\s+(\d+\.\d+)s", out, re.M).group(1))
     durations = [end - start for start, end in tools.values()]
     phase_end = max([stream_end] + [end for _, end in tools.values()])
-    for label, work in (("in parallel after the stream", max(durations)), ("one by one after the stream", sum(durations))):
+    for label, work in (("in parallel after the stream", max(durations)),
+                        ("one by one after the stream", sum(durations))):
         line = re.search(re.escape(label) + r".*-> total (\d+\.\d+)s, overlap saved (\d+\.\d+)s", out)
         assert line, out
         waited_total, saved = float(line.group(1)), float(line.group(2))
@@ -312,10 +313,10 @@ class Server:
         self.thread.start()
         try:
             self.url = self.urls.get(timeout=10)
-        except queue.Empty:
+        except queue.Empty as empty:
             self.stop.set()
             self.thread.join(10)
-            raise AssertionError(f"the server did not start (exit status {self.rc})")
+            raise AssertionError(f"the server did not start (exit status {self.rc})") from empty
         return self
 
     def __exit__(self, *exc):

@@ -190,7 +190,7 @@ def test_yes_at_a_terminal_runs_without_asking(workdir):
     with FakeProvider() as fp:
         branch_turns(fp)
         with chat_at_a_terminal(workdir, fp, "-y") as term:
-            rc, out = term.finish()
+            rc, _out = term.finish()
     assert rc == 0, term.screen
     assert b"[y/N]" not in term.screen and ran(workdir) == ["x"]
 
@@ -225,8 +225,8 @@ def test_a_refusal_is_on_stderr_with_json_output_too(capsys, workdir):
 def test_yes_runs_side_effect_tools_without_a_terminal(capsys, workdir, flag):
     with FakeProvider() as fp:
         branch_turns(fp)
-        rc, out, err = run(capsys, "chat", "make branch x", "-m", "m", "--base-url", fp.base_url,
-                           "--tools", "se_approval_tools:create_branch", "--no-log", *flag)
+        rc, _out, err = run(capsys, "chat", "make branch x", "-m", "m", "--base-url", fp.base_url,
+                            "--tools", "se_approval_tools:create_branch", "--no-log", *flag)
     assert rc == 0, err
     assert ran(workdir) == ["x"]
     assert "created x" in told_the_model(fp)
@@ -287,8 +287,8 @@ def serve_one_stream(capsys, fp, *extra):
         threads.append(threading.Thread(target=ask, args=(url,)))
         threads[-1].start()
 
-    rc = main(["serve", "--port", "0", "--base-url", fp.base_url, "-m", "m", "--tools", "se_approval_tools:create_branch",
-               *extra], stop=stop, ready=ready)
+    rc = main(["serve", "--port", "0", "--base-url", fp.base_url, "-m", "m",
+               "--tools", "se_approval_tools:create_branch", *extra], stop=stop, ready=ready)
     for thread in threads:
         thread.join(timeout=30)
     out, err = capsys.readouterr()
@@ -298,7 +298,7 @@ def serve_one_stream(capsys, fp, *extra):
 def test_serve_refuses_side_effect_calls_by_default_and_says_so_at_start(capsys, workdir):
     with FakeProvider() as fp:
         branch_turns(fp)
-        rc, out, err, replies = serve_one_stream(capsys, fp)
+        rc, _out, err, replies = serve_one_stream(capsys, fp)
     assert rc == 0, err
     assert ran(workdir) == []
     assert "create_branch" in err and "refused" in err and "--approve all" in err
@@ -309,7 +309,7 @@ def test_serve_refuses_side_effect_calls_by_default_and_says_so_at_start(capsys,
 def test_serve_approve_all_runs_them_with_a_warning_at_start(capsys, workdir):
     with FakeProvider() as fp:
         branch_turns(fp)
-        rc, out, err, replies = serve_one_stream(capsys, fp, "--approve", "all")
+        rc, _out, err, _replies = serve_one_stream(capsys, fp, "--approve", "all")
     assert rc == 0, err
     assert ran(workdir) == ["x"]
     assert "WARNING" in err and "--approve all" in err and "create_branch" in err
@@ -360,5 +360,5 @@ def test_a_harness_scenario_approves_per_call_and_refuses_unnamed_calls(capsys, 
     ({"send_email": "yes"}, "$.turns[0][2].approve.send_email: must be true or false"),
 ])
 def test_a_bad_approve_step_names_the_json_path(capsys, tmp_path, approve, needle):
-    rc, out, err = run(capsys, "harness", str(scenario(tmp_path, approve, {})))
+    rc, out, _err = run(capsys, "harness", str(scenario(tmp_path, approve, {})))
     assert rc == 1 and needle in out

@@ -61,8 +61,8 @@ def test_stdin_is_the_prompt_or_comes_before_it(capsys, monkeypatch, prompt, pip
 def test_options_after_the_command_and_short_flags(capsys):
     with FakeProvider() as fp:
         fp.add_turn(s.text("ok"))
-        rc, out, err = run(capsys, "chat", "hi", "-vv", "-m", "primary", "-m", "backup", "-s", "Be brief.",
-                           "--base-url", fp.base_url)
+        rc, _out, err = run(capsys, "chat", "hi", "-vv", "-m", "primary", "-m", "backup", "-s", "Be brief.",
+                            "--base-url", fp.base_url)
     assert rc == 0, err
     body = fp.requests[0].json
     assert body["model"] == "primary"

@@ -102,8 +102,8 @@ def test_a_server_without_jinja_gets_a_hint_naming_jinja_and_inline_mode(capsys,
 def test_no_continuations_still_keeps_tool_markup_off_stdout(capsys, tools_module):
     with FakeProvider() as fp:
         fp.add_turn(s.text("Checking. "), s.text(BLOCK), s.text(" done."))
-        rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
-                           "--tools", f"{tools_module}:lookup", "--max-continuations", "0")
+        _rc, out, _err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
+                             "--tools", f"{tools_module}:lookup", "--max-continuations", "0")
     assert "<tool" not in out and out.strip() == "Checking. done."
 
 
@@ -111,8 +111,8 @@ def test_a_run_stopped_at_max_continuations_prints_only_its_last_round(capsys, t
     with FakeProvider() as fp:
         fp.add_turn(s.text("Draft one. "), s.text(BLOCK))
         fp.add_turn(s.text("Draft two. "), s.text(BLOCK.replace("Oslo", "Rome")))
-        rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
-                           "--tools", f"{tools_module}:lookup", "--max-continuations", "1")
+        _rc, out, err = run(capsys, "chat", "weather?", "-m", "m", "--base-url", fp.base_url,
+                            "--tools", f"{tools_module}:lookup", "--max-continuations", "1")
     assert out == "Draft two.\n", err
     assert "Draft one." in err  # the draft was shown, on stderr
 

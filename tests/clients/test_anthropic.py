@@ -200,7 +200,7 @@ def test_a_body_ending_before_the_stop_reason_is_a_broken_stream(framing):
 def test_a_connection_dropped_mid_stream_is_a_broken_stream(framing):
     with FakeProvider(framing=framing, wire="anthropic") as fp, AnthropicClient(fp.base_url) as client:
         fp.add_turn(s.text("half"), s.drop())
-        with pytest.raises(LlmStreamError, match="broke|without message_stop") as info:
+        with pytest.raises(LlmStreamError, match=r"broke|without message_stop") as info:
             collect(client)
     assert classify(info.value) is ErrorClass.TRANSIENT_ADVANCE
 
@@ -275,7 +275,7 @@ def test_frames_that_are_not_json_objects_are_protocol_errors(fp, client, wire, 
 
 def test_a_200_that_is_not_an_event_stream_is_a_protocol_error(fp, client):
     fp.add_turn(s.http_error(200, "<html>proxy login</html>", content_type="text/html"))
-    with pytest.raises(LlmProtocolError, match="not 'text/event-stream'.*proxy login"):
+    with pytest.raises(LlmProtocolError, match=r"not 'text/event-stream'.*proxy login"):
         collect(client)
 
 

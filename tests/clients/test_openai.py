@@ -312,7 +312,7 @@ def test_cancel_mid_stream_unblocks_at_once(token, framing):
 @pytest.mark.parametrize("token", [threading.Event, CancelToken])
 def test_a_cancel_stops_the_events_of_a_read_already_made(token):
     """Three tokens in one read: a cancel set at the first is seen before the second (the loop's flag)."""
-    frames = "".join('data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % t for t in "abc")
+    frames = "".join('data: {"choices":[{"index":0,"delta":{"content":"' + t + '"}}]}\n\n' for t in "abc")
     with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(s.raw(frames), s.stall())
         cancel, seen = token(), []

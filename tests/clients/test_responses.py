@@ -261,7 +261,7 @@ def test_a_server_that_streams_nothing_gives_the_answer_in_response_completed(fp
 def test_a_body_ending_before_response_completed_is_a_broken_stream(framing):
     with FakeProvider(framing=framing, wire="responses") as fp, OpenAIResponsesClient(fp.base_url) as client:
         fp.add_turn(s.text("partial"), s.end())
-        with pytest.raises(LlmStreamError, match="without response.completed or response.incomplete"):
+        with pytest.raises(LlmStreamError, match=r"without response\.completed or response\.incomplete"):
             collect(client)
 
 
@@ -396,7 +396,7 @@ def test_chat_options_are_translated_and_those_without_an_equivalent_refused(fp,
         "max_output_tokens": 9, "reasoning": {"effort": "low"}, "tool_choice": {"type": "function", "name": "lookup"},
         "store": False, "top_p": 0.5}
     assert "stream_options" not in sent and "max_tokens" not in sent
-    with pytest.raises(ConfigError, match="CompletionOptions.stop cannot be sent to the Responses API: .*no stop"):
+    with pytest.raises(ConfigError, match=r"CompletionOptions\.stop cannot be sent to the Responses API: .*no stop"):
         client.stream(MESSAGES, options=CompletionOptions(model="m", stop=["\n"]))
     for name in ("stop", "n", "response_format"):
         with pytest.raises(ConfigError, match=f"the option '{name}' cannot be sent to the Responses API"):

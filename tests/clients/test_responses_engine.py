@@ -263,10 +263,10 @@ def test_the_web_app_streams_a_responses_run_over_waitress():
         fp.add_turn(s.text("Checking. "), s.tool_call(0, id="call_w", name="lookup", arguments='{"city": "Oslo"}'))
         fp.add_turn(s.text("It is sunny."))
         with make_engine(OpenAIResponsesClient(fp.base_url), [lookup], tool_mode="native") as engine, \
-                serving(make_wsgi_app(engine)) as url:
-            with requests.get(url + "/v1/chat/stream", params={"q": "weather?"},
-                              headers={"Accept": "text/event-stream"}, stream=True, timeout=10) as resp:
-                events = sse(resp)
+                serving(make_wsgi_app(engine)) as url, \
+                requests.get(url + "/v1/chat/stream", params={"q": "weather?"},
+                             headers={"Accept": "text/event-stream"}, stream=True, timeout=10) as resp:
+            events = sse(resp)
     kinds = [kind for kind, _ in events]
     assert kinds.index("tool_start") < kinds.index("tool_result") < kinds.index("done")
     assert "".join(tokens_of(events)) == "Checking. It is sunny."

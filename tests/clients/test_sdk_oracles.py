@@ -119,9 +119,9 @@ def test_the_anthropic_sdk_sees_the_fake_errors_as_anthropic_errors(anthropic_pa
         sdk.messages.create(model=MODEL, max_tokens=10, messages=MESSAGES)
     assert info.value.status_code == 529 and info.value.body["error"]["type"] == "overloaded_error"
     fp.add_turn(s.text("partial"), s.error_frame("Overloaded", type="overloaded_error"))
-    with pytest.raises(anthropic.APIStatusError) as info:
-        with sdk.messages.stream(model=MODEL, max_tokens=10, messages=MESSAGES) as stream:
-            stream.get_final_message()
+    with pytest.raises(anthropic.APIStatusError) as info, \
+            sdk.messages.stream(model=MODEL, max_tokens=10, messages=MESSAGES) as stream:
+        stream.get_final_message()
     assert info.value.body["error"] == {"type": "overloaded_error", "message": "Overloaded"}
 
 

@@ -97,7 +97,8 @@ def test_many_line_event_over_the_work_budget_is_refused_and_the_framer_goes_on(
 
 @pytest.mark.parametrize("raw", [
     b"event: ping\ndata: {}", b"event:ping\ndata:{}", b"event:  two spaces\ndata:  x", b"event: \ndata: x",
-    b"event:\ndata:", b"event: a\ndata", b"event: a\nid: 1", b"event: a\n: comment", b"event: e\xc3\xa9\ndata: \xe2\x82\xac",
+    b"event:\ndata:", b"event: a\ndata", b"event: a\nid: 1", b"event: a\n: comment",
+    b"event: e\xc3\xa9\ndata: \xe2\x82\xac",
     b"event:  x\ndata: y", b"event: a\ndata:  {}", b"event: a\ndata:",
 ])
 def test_the_named_event_fast_path_reads_what_sseclient_reads(raw):

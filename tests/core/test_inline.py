@@ -186,7 +186,7 @@ def test_a_mention_before_a_real_block_does_not_hide_it():
 # ------------------------------------------------------------ attributes
 
 def test_attributes_are_string_arguments_merged_with_json_and_json_wins():
-    visible, calls, _, _ = run(
+    _visible, calls, _, _ = run(
         ['<tool name="search" lang=\'en\' query="attr" n="3">{"query": "json", "k": 1}</tool>'])
     assert calls[0].args() == {"lang": "en", "query": "json", "n": "3", "k": 1}
 
@@ -210,7 +210,7 @@ def test_whitespace_around_equals_is_allowed_at_any_split():
 
 
 def test_self_closing_block_is_a_call_without_body():
-    visible, calls, parser, _ = run(list('a <tool name="now" tz="UTC"/> b'))
+    visible, calls, _parser, _ = run(list('a <tool name="now" tz="UTC"/> b'))
     assert visible == 'a <tool name="now" tz="UTC"/> b'
     assert [(c.name, c.args()) for c in calls] == [("now", {"tz": "UTC"})]
 
@@ -390,7 +390,7 @@ def test_an_unclosed_block_is_flushed_as_text_and_is_not_a_parse_error():
 
 def test_an_unclosed_start_tag_and_a_held_tail_are_flushed():
     for text in ['<tool name="a"', "<tool", "<", "x <to"]:
-        visible, calls, parser, steps = run([text])
+        visible, calls, parser, _steps = run([text])
         assert visible == text and calls == [] and parser.parse_errors == 0
 
 

@@ -95,9 +95,9 @@ def test_engine_config_counts(field, value):
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), True, False, -1, 0])
 def test_heartbeat_is_refused_with_a_config_error_not_an_overflow(value):
-    with StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(models=["m"])) as engine:
-        with pytest.raises(ConfigError, match="heartbeat_s must be a"):
-            engine.run([{"role": "user", "content": "q"}], heartbeat_s=value)
+    with StreamingEngine(ScriptedClient(["hi"]), config=EngineConfig(models=["m"])) as engine, \
+            pytest.raises(ConfigError, match="heartbeat_s must be a"):
+        engine.run([{"role": "user", "content": "q"}], heartbeat_s=value)
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), True, -1, 0])

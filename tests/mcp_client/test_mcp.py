@@ -1,4 +1,4 @@
-"""streamengine.mcp against real MCP servers: the reference time and git servers over stdio, the lab server over HTTP."""
+"""streamengine.mcp against real MCP servers: the reference time and git servers over stdio, the lab one over HTTP."""
 from __future__ import annotations
 
 import json
@@ -115,7 +115,8 @@ def test_trusted_annotations_decide_what_runs_eagerly_and_eager_overrides(lab_ht
         assert all(not t.side_effects for t in lab.tools(eager=True))
         chosen = by_name(lab.tools(prefix="lab_", eager={"lab_plain"}, include={"lab_plain", "lab_slow", "lab_grow"}))
         assert sorted(chosen) == ["lab_grow", "lab_plain", "lab_slow"]
-        assert chosen["lab_plain"].side_effects is False and chosen["lab_plain"].side_effects_reason == "named in eager="
+        assert chosen["lab_plain"].side_effects is False
+        assert chosen["lab_plain"].side_effects_reason == "named in eager="
         # Naming one tool makes that one eager, not the server: an unannotated tool outside the set still waits,
         # and so does a read-only one while annotations are not trusted.
         assert chosen["lab_grow"].side_effects is True and chosen["lab_slow"].side_effects is True
@@ -295,5 +296,5 @@ def test_closing_the_server_ends_calls_in_flight_with_an_error(lab_http, record)
         result = handle.result()
     assert not result.ok and "closed during the call to 'slow'" in result.error
     assert record.wait("cancelled", "open")
-    with pytest.raises(ToolError, match="McpServer.tools"):
+    with pytest.raises(ToolError, match=r"McpServer\.tools"):
         Tool.from_function(slow, timeout=5)  # an MCP tool's options are set where it is made

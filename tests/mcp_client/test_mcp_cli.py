@@ -143,8 +143,8 @@ def test_mcp_trust_lets_a_read_only_tool_run_unasked_and_without_it_it_is_refuse
         with FakeProvider() as fp:
             fp.add_turn(s.text(block("get_current_time", {"timezone": "UTC"})))
             fp.add_turn(s.text("Done."))
-            rc, out, err = run(capsys, "chat", "time?", "--base-url", fp.base_url, "-m", "m", "--no-log",
-                               "--mcp", server_command("mcp-server-time"), *trust)
+            rc, _out, err = run(capsys, "chat", "time?", "--base-url", fp.base_url, "-m", "m", "--no-log",
+                                "--mcp", server_command("mcp-server-time"), *trust)
         assert rc == 0, err
         outcomes.append(fp.requests[1].json["messages"][-1]["content"])
     untrusted, trusted = outcomes

@@ -51,10 +51,8 @@ def _random_text(rng: random.Random, unique: bool) -> str:
             for _ in range(rng.randint(1, 25)):
                 counter += 1
                 roll = rng.random()
-                if roll < 0.02:
-                    word = "H" * rng.randint(60, 200)  # longer than the chunk sizes used
-                else:
-                    word = rng.choice(vocabulary) * rng.randint(1, 3)
+                # a word of 60-200 letters is longer than the chunk sizes used
+                word = "H" * rng.randint(60, 200) if roll < 0.02 else rng.choice(vocabulary) * rng.randint(1, 3)
                 words.append(f"{word}{counter}" if unique else word)
             sentences.append(" ".join(words) + rng.choice([".", "!", "?", ",", ""]))
         paragraphs.append(rng.choice([" ", "  ", "\n", " \t"]).join(sentences))
@@ -125,7 +123,7 @@ def test_a_word_longer_than_chunk_size_is_its_own_uncut_chunk():
 
 
 def test_paragraphs_are_preferred_to_sentences():
-    paragraphs = [" ".join(["para%d sentence%d." % (p, s) for s in range(4)]) for p in range(6)]
+    paragraphs = [" ".join([f"para{p} sentence{s}." for s in range(4)]) for p in range(6)]
     text = "\n\n".join(paragraphs)
     size = len(paragraphs[0]) * 2 + 10  # two paragraphs fit, three do not
     chunks = chunks_for_ingest(text, chunk_size=size, overlap=0)
@@ -135,7 +133,7 @@ def test_paragraphs_are_preferred_to_sentences():
 
 
 def test_a_big_paragraph_is_split_at_sentences_and_kept_apart_from_neighbours():
-    sentences = ["Sentence number %d is here." % i for i in range(12)]
+    sentences = [f"Sentence number {i} is here." for i in range(12)]
     big = " ".join(sentences)
     text = "Small intro.\n\n" + big + "\n\nSmall outro."
     chunks = chunks_for_ingest(text, chunk_size=90, overlap=0)

@@ -91,9 +91,9 @@ def test_runs_without_a_conversation_id_are_each_their_own_scope(stores):
 
 
 def test_a_conversation_id_must_be_a_name():
-    with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine:
-        with pytest.raises(ConfigError, match="conversation_id"):
-            engine.run([{"role": "user", "content": "q"}], conversation_id="  ")
+    with FakeProvider() as fp, SqliteRagStore() as store, engine_for(fp, store) as engine, \
+            pytest.raises(ConfigError, match="conversation_id"):
+        engine.run([{"role": "user", "content": "q"}], conversation_id="  ")
 
 
 def test_the_store_filters_by_scope_in_the_query_itself():

@@ -143,7 +143,7 @@ def spec_json(store: Any) -> str:
 HOSTILE_QUERIES = [
     '"', '""', '"unterminated', "AND", "alpha AND", "OR OR", "NOT", "*", "alpha*", "text:alpha",
     "col:", ":", "(", "((alpha", "alpha)", "NEAR(alpha beta)", "-alpha", "^alpha", "+", "{text}: x",
-    "alpha' OR '1'='1", "%", "_", "\\", "\x00", "🙂 émoji", "a" * 5000, " ".join(["w%d" % i for i in range(500)]),
+    "alpha' OR '1'='1", "%", "_", "\\", "\x00", "🙂 émoji", "a" * 5000, " ".join([f"w{i}" for i in range(500)]),
     "alpha & beta | !gamma <-> delta:*", "'); DROP TABLE x; --", "$1 %s %(x)s {}", "½ ² ٣ 三",
 ]
 

@@ -136,9 +136,8 @@ class SpecParser:
         elif field == "id":
             if "\x00" not in value:
                 self._last_event_id_buffer = value
-        elif field == "retry":
-            if value and all("0" <= ch <= "9" for ch in value):
-                self.reconnection_time = int(value)
+        elif field == "retry" and value and all("0" <= ch <= "9" for ch in value):
+            self.reconnection_time = int(value)
 
     def _dispatch(self) -> None:
         # 1. The last event ID string is set even if nothing is dispatched.

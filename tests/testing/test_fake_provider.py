@@ -291,7 +291,10 @@ def test_stalled_handler_ends_when_the_client_goes_away():
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         assert fp.wait_for_requests(1)
         sock.close()
-        handlers = lambda: [t for t in threading.enumerate() if t.name == f"FakeProvider-{fp.port}-conn"]
+
+        def handlers() -> List[threading.Thread]:
+            return [t for t in threading.enumerate() if t.name == f"FakeProvider-{fp.port}-conn"]
+
         assert wait_for(lambda: not handlers(), timeout=5)
 
 

@@ -216,7 +216,7 @@ def test_junit_escapes_markup_and_drops_what_xml_cannot_hold(tmp_path):
     assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases][0] == "ok" and cases[0].find("failure") is None
+    assert cases[0].get("name") == "ok" and cases[0].find("failure") is None
     shown = 'a <b> & "c" \'d\' \ufffd\ufffd\ufffd ]]> \ufffd \U0001f600'
     assert cases[1].get("name") == shown
     assert cases[1].find("failure").get("message") == shown

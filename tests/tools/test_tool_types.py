@@ -98,7 +98,8 @@ def plot(calls):
             point: where to plot.
             color: the pen.
         """
-        calls.append(dict(point=point, color=color, size=size, when=when, day=day, rows=rows, span=span, zoom=zoom))
+        calls.append({"point": point, "color": color, "size": size, "when": when, "day": day, "rows": rows,
+                      "span": span, "zoom": zoom})
         return "plotted"
 
     return plot

@@ -7,19 +7,13 @@ import enum
 import json
 import threading
 import time
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
+from typing import Annotated, Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 import pytest
 from pydantic import BaseModel
 
 from streamengine import ToolCall, ToolError, ToolSpec
 from streamengine.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolReturnError, result_to_text, tool
-
-try:  # Annotated is in typing from 3.9
-    from typing import Annotated
-except ImportError:  # pragma: no cover
-    Annotated = None  # type: ignore
-
 
 # --------------------------------------------------------------------------- schema
 
@@ -100,12 +94,12 @@ def test_sphinx_param_docs_and_annotated_descriptions():
 
     assert f.spec.parameters["properties"]["a"]["description"] == "the a"
     assert f.spec.parameters["properties"]["b"]["description"] == "the b"
-    if Annotated is not None:
-        @tool
-        def g(n: Annotated[int, "how many"]) -> str:
-            return ""
 
-        assert g.spec.parameters["properties"]["n"] == {"type": "integer", "description": "how many"}
+    @tool
+    def g(n: Annotated[int, "how many"]) -> str:
+        return ""
+
+    assert g.spec.parameters["properties"]["n"] == {"type": "integer", "description": "how many"}
 
 
 def test_decorator_forms_and_options():
@@ -179,7 +173,7 @@ def test_unresolvable_hint_is_a_clear_error():
     def f(x: NoSuchType) -> str:  # noqa: F821
         return ""
 
-    with pytest.raises(ToolError, match="cannot read the type hints.*NoSuchType"):
+    with pytest.raises(ToolError, match=r"cannot read the type hints.*NoSuchType"):
         tool(f)
 
 
@@ -221,7 +215,7 @@ class _Recorder:
         def lookup(key: str, limit: int = 3, ratio: float = 0.5, flags: Optional[List[bool]] = None,
                    mode: Literal["a", "b"] = "a") -> str:
             """Look a key up."""
-            recorder.calls.append(dict(key=key, limit=limit, ratio=ratio, flags=flags, mode=mode))
+            recorder.calls.append({"key": key, "limit": limit, "ratio": ratio, "flags": flags, "mode": mode})
             return "ran"
 
         return lookup
@@ -347,7 +341,7 @@ def test_tool_context_flags_deadline_and_check():
     ctx.check()
     event.set()
     assert ctx.cancelled
-    with pytest.raises(ToolError, match="^cancelled$"):
+    with pytest.raises(ToolError, match=r"^cancelled$"):
         ctx.check()
     assert ctx.sleep(10) is False  # returns at once when cancelled
     past = ToolContext(threading.Event(), time.monotonic() - 1)

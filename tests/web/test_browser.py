@@ -105,7 +105,8 @@ class Browser:
     def __init__(self, path: str) -> None:
         self._profile = tempfile.TemporaryDirectory(prefix="se-chromium-")
         # stderr goes to a file: a pipe nobody reads would fill over a module's tests and stall Chromium.
-        self._stderr = open(os.path.join(self._profile.name, "stderr.log"), "w+b")
+        # It lives as long as the browser: close() closes it.
+        self._stderr = open(os.path.join(self._profile.name, "stderr.log"), "w+b")  # noqa: SIM115
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
 
@@ -120,7 +121,10 @@ class Browser:
              "--disable-extensions", f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe",
              "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
-            preexec_fn=child_fds, close_fds=False)  # close_fds would also close fds 3 and 4
+            # subprocess cannot put a pipe at a chosen fd number; child_fds only calls fcntl and dup2, which
+            # take no locks, so the fork-with-threads hazard PLW1509 warns of does not apply.
+            preexec_fn=child_fds,  # noqa: PLW1509
+            close_fds=False)  # close_fds would also close fds 3 and 4
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buffer = b""

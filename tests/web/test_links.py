@@ -66,7 +66,7 @@ def test_a_link_opened_from_a_mail_app_does_not_run_the_tool(spend):
 
 
 def test_a_same_origin_script_still_starts_a_get_run(spend):
-    url, fp, calls = spend
+    url, _fp, calls = spend
     with requests.get(f"{url}/v1/chat/stream", params={"q": "spend it"}, headers=PAGE_SCRIPT, stream=True,
                       timeout=10) as resp:
         assert resp.status_code == 200

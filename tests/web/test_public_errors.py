@@ -37,10 +37,10 @@ def failing_run(expose: bool):
     with FakeProvider() as fp:
         fp.add_turn(s.http_error(400, {"error": {"message": SECRET}}))
         with make_engine(fp, max_retries=0) as engine, \
-                serving(make_wsgi_app(engine, expose_errors=expose)) as url:
-            with requests.post(f"{url}/v1/chat/stream", json={"messages": [{"role": "user", "content": "hi"}]},
-                               stream=True, timeout=10) as resp:
-                return resp.headers["X-Request-Id"], sse(resp)
+                serving(make_wsgi_app(engine, expose_errors=expose)) as url, \
+                requests.post(f"{url}/v1/chat/stream", json={"messages": [{"role": "user", "content": "hi"}]},
+                              stream=True, timeout=10) as resp:
+            return resp.headers["X-Request-Id"], sse(resp)
 
 
 def test_a_provider_error_reaches_the_browser_as_a_public_message_and_the_log_in_full(log_lines):
@@ -77,11 +77,11 @@ def test_a_tool_error_shows_which_tool_failed_but_not_why(log_lines):
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("lookup", {"city": "Oslo"})))
         fp.add_turn(s.text("sorry"))
-        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url:
-            with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
-                              stream=True, timeout=10) as resp:
-                request_id = resp.headers["X-Request-Id"]
-                events = sse(resp)
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url, \
+                requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                             stream=True, timeout=10) as resp:
+            request_id = resp.headers["X-Request-Id"]
+            events = sse(resp)
     result = json.loads(next(d for k, d in events if k == "tool_result"))
     assert result["ok"] is False and "hunter2" not in result["error"]
     assert result["error"].startswith("the tool failed: lookup") and request_id in result["error"]

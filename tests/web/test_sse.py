@@ -166,7 +166,7 @@ def assert_well_formed(stream: bytes) -> None:
     stream.decode("ascii")
     assert b"\r" not in stream
     for line in stream.split(b"\n"):
-        if line == b"" or line.startswith(b":") or line.startswith(b"data: "):
+        if line == b"" or line.startswith((b":", b"data: ")):
             continue
         assert line.startswith(b"event: "), line[:80]
         assert line[len(b"event: "):].decode() in WIRE_EVENT_TYPES

@@ -234,11 +234,11 @@ def test_messages_from_request_is_the_same_policy_for_framework_code():
 
     built = messages_from_request({"messages": [{"role": "user", "content": "hi"}]}, system_prompt="be kind")
     assert [(m.role, m.content) for m in built] == [("system", "be kind"), ("user", "hi")]
-    with pytest.raises(RequestRejected, match="messages\\[0\\].role 'system'") as info:
+    with pytest.raises(RequestRejected, match=r"messages\[0\]\.role 'system'") as info:
         messages_from_request({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]})
     assert info.value.field == "messages[0].role" and isinstance(info.value, ValueError)
-    trusted = messages_from_request({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]},
-                                    trusted=True)
+    system_then_user = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]}
+    trusted = messages_from_request(system_then_user, trusted=True)
     assert [m.role for m in trusted] == ["system", "user"]
 
 
@@ -441,14 +441,14 @@ def test_close_from_another_thread_while_a_frame_is_awaited_ends_the_run(fp):
 def test_heartbeats_are_written_while_the_model_is_silent(fp):
     release = threading.Event()
     fp.add_turn(s.text("a"), s.wait(release, timeout=5), s.text("b"))
-    with make_engine(fp) as engine, serving(validator(make_wsgi_app(engine, heartbeat_s=0.05))) as url:
-        with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
-                          stream=True, timeout=10) as resp:
-            parser_pieces: List[bytes] = []
-            for piece in read1_pieces(resp):
-                parser_pieces.append(piece)
-                if b"".join(parser_pieces).count(b": ping\n\n") >= 2:
-                    release.set()
+    with make_engine(fp) as engine, serving(validator(make_wsgi_app(engine, heartbeat_s=0.05))) as url, \
+            requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                         stream=True, timeout=10) as resp:
+        parser_pieces: List[bytes] = []
+        for piece in read1_pieces(resp):
+            parser_pieces.append(piece)
+            if b"".join(parser_pieces).count(b": ping\n\n") >= 2:
+                release.set()
     parsed = parse_pieces(parser_pieces)
     assert parsed.comments[0] == " ok" and parsed.comments.count(" ping") >= 2
     assert [json.loads(e.data) for e in parsed.events if e.type == "message" and e.data != "[DONE]"] == ["a", "b"]
@@ -493,18 +493,19 @@ def test_waitress_end_to_end_tool_calling_run(fp):
     fp.add_turn(s.wait(model_may_start, timeout=5), s.text("Let me check. "),
                 s.text(block("lookup", {"city": "Oslo"})), s.wait(tool_started, timeout=5), s.text(" One moment."))
     fp.add_turn(s.text("It is "), s.text("sunny in Oslo."))
-    with make_engine(fp, [lookup]) as engine, serving(validator(make_wsgi_app(engine, heartbeat_s=HEARTBEAT))) as url:
-        with requests.post(f"{url}/v1/chat/stream", json={"messages": [{"role": "user", "content": "Oslo?"}]},
-                           stream=True, timeout=10) as resp:
-            assert resp.status_code == 200
-            assert resp.headers["Content-Type"] == "text/event-stream; charset=utf-8"
-            assert resp.headers["Cache-Control"] == "no-cache" and resp.headers["X-Accel-Buffering"] == "no"
-            assert "Content-Length" not in resp.headers
-            pieces = read1_pieces(resp)
-            first = next(pieces)
-            assert first == b": ok\n\n"  # at once: the model has not been allowed to speak yet
-            model_may_start.set()
-            events = sse(resp, pieces)
+    with make_engine(fp, [lookup]) as engine, \
+            serving(validator(make_wsgi_app(engine, heartbeat_s=HEARTBEAT))) as url, \
+            requests.post(f"{url}/v1/chat/stream", json={"messages": [{"role": "user", "content": "Oslo?"}]},
+                          stream=True, timeout=10) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+        assert resp.headers["Cache-Control"] == "no-cache" and resp.headers["X-Accel-Buffering"] == "no"
+        assert "Content-Length" not in resp.headers
+        pieces = read1_pieces(resp)
+        first = next(pieces)
+        assert first == b": ok\n\n"  # at once: the model has not been allowed to speak yet
+        model_may_start.set()
+        events = sse(resp, pieces)
     order = kinds(events)
     assert order[0] == "round" and order[-2:] == ["done", "[DONE]"]
     assert order.index("tool_start") < order.index("tool_result") < order.index("done")
@@ -524,10 +525,10 @@ def test_waitress_end_to_end_tool_calling_run(fp):
 def test_waitress_get_stream_carries_the_question_verbatim(fp):
     question = "naïve q&a = 100% / ok? \u2028 <b>"
     fp.add_turn(s.text("ok"))
-    with make_engine(fp) as engine, serving(validator(make_wsgi_app(engine))) as url:
-        with requests.get(f"{url}/v1/chat/stream", params={"q": question}, headers=STREAM_ACCEPT,
-                          stream=True, timeout=10) as resp:
-            events = sse(resp)
+    with make_engine(fp) as engine, serving(validator(make_wsgi_app(engine))) as url, \
+            requests.get(f"{url}/v1/chat/stream", params={"q": question}, headers=STREAM_ACCEPT,
+                         stream=True, timeout=10) as resp:
+        events = sse(resp)
     assert tokens_of(events) == ["ok"] and kinds(events)[-1] == "[DONE]"
     assert fp.requests[0].json["messages"][-1] == {"role": "user", "content": question}
 
@@ -541,10 +542,10 @@ def test_hostile_model_text_arrives_as_exactly_one_token_event_each(fp):
 
     fp.add_turn(*[s.text(t) for t in HOSTILE], LONE_SURROGATE_FRAME)
     expected = HOSTILE + [LONE_SURROGATE]
-    with make_engine(fp, [noop]) as engine, serving(validator(make_wsgi_app(engine))) as url:
-        with requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
-                          stream=True, timeout=10) as resp:
-            body = b"".join(read1_pieces(resp))
+    with make_engine(fp, [noop]) as engine, serving(validator(make_wsgi_app(engine))) as url, \
+            requests.get(f"{url}/v1/chat/stream", params={"q": "x"}, headers=STREAM_ACCEPT,
+                         stream=True, timeout=10) as resp:
+        body = b"".join(read1_pieces(resp))
     assert body.isascii()
     for piece in (None, 1, 7):
         events = parse(body, piece=piece).events

@@ -102,7 +102,8 @@ def measure(text: str) -> Counts:
 @server.tool(annotations=READ_ONLY)
 def picture() -> Image:
     """An image result (a 1x1 PNG)."""
-    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=")
+    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8"
+                           "AAAAASUVORK5CYII=")
     return Image(data=png, format="png")
 
 
