@@ -411,7 +411,7 @@ def _run(args: argparse.Namespace, hooks: _Hooks, err: TextIO) -> int:
         handler: Callable[[argparse.Namespace, _Hooks], int] = args.handler
         return handler(args, hooks)
     except (UsageError, ConfigError) as exc:
-        write_error(err, str(exc))
+        _report(err, exc, args)  # with -v its cause too: a --tools file that fails to import says why
         return 2
     except BrokenPipeError:  # `streamengine chat ... | head`: the reader left; nothing to say
         _silence_stdout()

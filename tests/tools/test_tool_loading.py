@@ -107,3 +107,15 @@ def test_a_file_that_fails_to_import_is_named(capsys, tmp_path, monkeypatch):
         assert "has no attribute 'NOPE'" in refusal(capsys, f"{good}:NOPE")
     finally:
         sys.modules.pop(good.stem, None)
+
+
+def test_with_v_a_file_that_fails_to_import_shows_the_chain_underneath(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    bad = tmp_path / f"broken_{uuid.uuid4().hex[:8]}.py"
+    bad.write_text("import json\njson.loads('{oops')\n")
+    rc, out, err = run(capsys, "chat", "hi", "-v", "-m", "m", "--base-url", NOWHERE, "--no-log", "--tools",
+                       f"{bad}:TOOLS")
+    assert rc == 2 and out == "", err
+    first, *rest = err.splitlines()
+    assert first.startswith("streamengine: error: --tools") and "cannot import" in first and "JSONDecodeError" in first
+    assert any(line.strip().startswith("caused by JSONDecodeError: Expecting property name") for line in rest), err
