@@ -15,10 +15,11 @@ from ._handle import ToolHandle as ToolHandle
 from ._tool import Tool as Tool
 from ._tool import ToolRegistry as ToolRegistry
 from ._tool import ToolReturnError as ToolReturnError
+from ._tool import load_tools as load_tools
 from ._tool import result_to_text as result_to_text
 from ._tool import tool as tool
 
 __all__ = [
     "Tool", "ToolContext", "ToolExecutor", "ToolHandle", "ToolRegistry", "ToolResult", "ToolReturnError",
-    "result_to_text", "tool",
+    "load_tools", "result_to_text", "tool",
 ]

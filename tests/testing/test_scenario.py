@@ -1,8 +1,8 @@
 """Scenario files: validation errors name file and JSON path; runs check what they claim.
 
-Private for now: ``streamengine.testing`` calls the scenario runner and its JUnit writer part of the
-public test kit (``streamengine harness`` runs them), but exports neither; this file checks them
-directly until it does.  The harness command itself is tested in tests/cli/test_cli.py.
+Through ``streamengine.testing``'s scenario runner and JUnit writer, and ``streamengine.tools.load_tools``
+(what ``--tools`` and a scenario's tool specs use).  The harness command itself is tested in
+tests/cli/test_cli.py.
 """
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from streamengine import ConfigError
-from streamengine.testing._junit import write_junit
-from streamengine.testing._scenario import ScenarioError, ScenarioResult, load_scenario, parse_scenario, run_scenario
-from streamengine.tools import Tool
-from streamengine.tools._tool import load_tools
+from streamengine.testing import ScenarioError, ScenarioResult, load_scenario, parse_scenario, run_scenario, write_junit
+from streamengine.tools import Tool, load_tools
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
