@@ -426,7 +426,7 @@ def test_native_arguments_refuse_duplicate_keys_as_inline_blocks_do():
 # --- amplification ----------------------------------------------------------------------------------
 
 def test_thousands_of_blocks_are_summed_up_not_told_one_by_one():
-    from streamengine._engine.dispatch import MAX_TOLD_STOPPED
+    from streamengine._engine.tool_calls import MAX_TOLD_STOPPED
 
     @tool
     def look(q: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 from conftest import wait_for
 
 from streamengine._clients.openai.client import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent
+from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import ConfigError
 from streamengine.testing import FakeProvider
@@ -274,9 +274,12 @@ def test_side_effect_tool_never_runs_after_a_cut_off_or_broken_stream(ending):
         fp.add_turn(s.text(block("pay", {"amount": 5})), *tail)
         fp.add_turn(s.text("after"))
         with make_engine(fp, [pay], approve=approve_all) as engine:
-            result = engine.complete([{"role": "user", "content": "q"}])
+            events = list(engine.run([{"role": "user", "content": "q"}]))
     assert ran == []
+    result = events[-1].result
     assert not result.tool_results[0].ok
+    [told] = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert told.skipped == "stream_not_finished" and told.result.error == result.tool_results[0].error
 
 
 # --- native tool calls ------------------------------------------------------------------------------

@@ -354,7 +354,7 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
     The driving thread makes its "cancelled" result and, before telling it, lets the tool return; the worker
     claims the telling first and pauses before sending it.  The run must wait for that, not end without it.
     """
-    from streamengine._engine import rounds
+    from streamengine._engine import tool_calls
     from streamengine._messages import ToolResult
 
     driver, returned, claimed = threading.get_ident(), threading.Event(), threading.Event()
@@ -365,7 +365,7 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
         returned.wait(10)
         return "real"
 
-    make_result, make_event = ToolResult.error_result.__func__, rounds.ToolResultEvent
+    make_result, make_event = ToolResult.error_result.__func__, tool_calls.ToolResultEvent
 
     def error_result(cls, call, reason, **fields):
         if reason.startswith("cancelled: the run") and threading.get_ident() == driver:
@@ -380,7 +380,7 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
         return make_event(result, skipped)
 
     monkeypatch.setattr(ToolResult, "error_result", classmethod(error_result))
-    monkeypatch.setattr(rounds, "ToolResultEvent", event)
+    monkeypatch.setattr(tool_calls, "ToolResultEvent", event)
     cancel = threading.Event()
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("slow")))

@@ -167,7 +167,7 @@ def test_a_served_side_effect_call_runs_only_when_the_apps_approve_says_yes_for_
         engine.client.close()
     assert ran == ["notes.txt"]  # alice's run only
     assert [(name, user) for name, user, _ in asked] == [("delete", "mallory"), ("delete", "alice")]
-    assert all(thread.startswith("waitress") for _, _, thread in asked)  # the server's thread drives the run
+    assert all(thread == "streamengine-approve" for _, _, thread in asked)  # asked off the run's thread
     assert refused[0]["ok"] is False and "not approved" in json.dumps(refused[0])
     assert approved[0]["ok"] is True
 

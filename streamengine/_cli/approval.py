@@ -18,8 +18,12 @@ A refused call is not run; the model is told so and answers without it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from typing import Any, Callable, Optional, TextIO
+import select
+import signal
+import threading
+from typing import Any, Callable, Iterator, Optional, TextIO
 
 from .._messages import PROG
 from .._terminal import for_terminal
@@ -78,6 +82,30 @@ class Approval:
         self.mode, self.stdin, self.err = mode, stdin, err
         self.explicit = explicit  # --approve never was asked for (else: no terminal to ask on)
         self.before_asking: Optional[Callable[[], None]] = None
+        self._asking, self._interrupted = threading.Event(), threading.Event()
+
+    @contextlib.contextmanager
+    def ctrl_c_answers(self) -> Iterator[None]:
+        """While a run goes: Ctrl-C at a question is a no to it, elsewhere it stops the run as before.
+
+        The engine asks on a thread of its own, and only the main thread gets
+        the signal: so the main thread's handler ends the question instead.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self._asking.is_set():
+                self._interrupted.set()
+            else:
+                signal.default_int_handler(signum, frame)
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def __call__(self, call: Any) -> bool:
         if self.mode == "all":
@@ -96,14 +124,28 @@ class Approval:
         """One question; a yes only from ``y``/``yes``.  Ctrl-C or Ctrl-D here is a no, not the end of the run."""
         try:
             write(self.err, f"run {shown_call(call)}? [y/N] ")
-            answer = self.stdin.readline()
-        except KeyboardInterrupt:  # the terminal echoed ^C; the run goes on without the call
+            answer = self._typed_line()
+        except KeyboardInterrupt:
+            answer = None
+        if answer is None:  # Ctrl-C: the terminal echoed ^C; the run goes on without the call
             write(self.err, "\n")
             return False
         if not answer:  # end of input
             write(self.err, "\n")
             return False
         return answer.strip().lower() in ("y", "yes")
+
+    def _typed_line(self) -> Optional[str]:
+        """The line typed; None once Ctrl-C came (:meth:`ctrl_c_answers`), looked at every 50 ms."""
+        self._interrupted.clear()
+        self._asking.set()
+        try:
+            while not self._interrupted.is_set():
+                if select.select([self.stdin], [], [], 0.05)[0]:
+                    return self.stdin.readline()
+            return None
+        finally:
+            self._asking.clear()
 
 
 def approval_for(args: argparse.Namespace, stdin: TextIO, err: TextIO) -> Approval:

@@ -162,8 +162,9 @@ class _Chat:
             self.approval.before_asking = printer.end_line
         events = engine.run(messages)
         try:
-            for event in events:
-                printer.handle(event, time.monotonic() - t0)
+            with self.approval.ctrl_c_answers():
+                for event in events:
+                    printer.handle(event, time.monotonic() - t0)
         finally:
             events.close()  # on Ctrl-C: cancels the provider stream and the tools
         return self._finish(printer, live, messages)

@@ -165,6 +165,13 @@ class RunLoop:
                     wait = send(None)
         except StopIteration:
             pass
+        except GeneratorExit:
+            raise
+        except BaseException:  # a KeyboardInterrupt the run passed on: what it told goes out first
+            if out:
+                self.handed = self._take()
+                yield self.handed
+            raise
         if out:
             self.handed = self._take()
             yield self.handed

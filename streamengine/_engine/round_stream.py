@@ -92,19 +92,19 @@ class RoundStream:
         if fed.errors:
             self.runner.report_parse_problems(fed)
         for call in fed.calls:
-            self.runner.dispatcher.dispatch(call)
+            self.runner.calls.dispatch(call)
 
     def on_tool_calls(self, calls: List[ToolCall]) -> None:
         """Native calls the strategy's accumulator found complete: dispatched at once.
 
-        Each is dispatched under the id the run gives it (:meth:`ToolDispatcher.own_id`)
+        Each is dispatched under the id the run gives it (:meth:`ToolCalls.own_id`)
         and answered under the provider's own, unless this answer has two calls with
         that id: the second is answered under its run id (``dup_2``).  A call only
         summed up (None) is not answered one by one.
         """
         for call in calls:
             self._taken.add(id(call))
-            dispatched = self.runner.dispatcher.dispatch(call)
+            dispatched = self.runner.calls.dispatch(call)
             if dispatched is None:
                 continue
             self.native_calls.append(dispatched)
@@ -122,7 +122,7 @@ class RoundStream:
     @property
     def committed(self) -> bool:
         """Something reached the caller or a tool started: no failover from here on."""
-        return bool(self.text_parts) or self.runner.dispatcher.started_any
+        return bool(self.text_parts) or self.runner.calls.started_any
 
     @property
     def text(self) -> str:

@@ -88,10 +88,12 @@ class StreamingEngine:
     tool arguments and results (off by default; the environment's
     ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` otherwise).
 
-    ``approve(call) -> bool`` is asked, on the thread that drives the run, before
-    each tool marked ``side_effects=True`` (an MCP tool not marked read-only)
-    runs; only ``True`` lets it run.  Without it (here or per run) such calls are
-    refused.  A refusal, or a hook that raised, becomes an error result the model reads.
+    ``approve(call) -> bool`` is asked, on a thread of its own once the round's
+    stream ended, before each tool marked ``side_effects=True`` (an MCP tool
+    not marked read-only) runs; only ``True`` lets it run.  Without it (here or
+    per run) such calls are refused.  A refusal, a hook that raised, or no
+    answer within ``EngineConfig.approval_timeout`` becomes an error result the
+    model reads; a cancel of the run skips the calls still waiting.
     """
 
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
@@ -282,9 +284,9 @@ class StreamingEngine:
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
                          emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
-        loop.tools_due = runner.dispatcher.next_deadline
-        loop.on_tools_due = runner.dispatcher.poll_deadlines
-        loop.tools_pending = runner.dispatcher.pending
+        loop.tools_due = runner.calls.next_deadline
+        loop.on_tools_due = runner.calls.poll_deadlines
+        loop.tools_pending = runner.calls.pending
         steps = runner.run()  # ends with done, whatever happens in it
         finished = False
         try:
@@ -296,7 +298,6 @@ class StreamingEngine:
                 _finish_cancelled(steps, self.config.completion_timeout)
             stop_watch()
             loop.close()
-            runner.release()
             if state.trace is not None:
                 last = loop.handed
                 done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 
 from .._errors import ConfigError
 from ..tools import Tool, ToolRegistry
-from .dispatch import Approve
+from .tool_calls import Approve
 
 
 def checked_approve(approve: Any, where: str) -> Optional[Approve]:

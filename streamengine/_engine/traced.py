@@ -1,18 +1,18 @@
-"""The run's side of OpenTelemetry: chat spans per model attempt, tool spans per call.
+"""The run's side of OpenTelemetry: chat spans per model attempt (tool spans: ``tool_calls``).
 
 Only used when the engine has an instrumentation (``opentelemetry-api``
-installed); the round and the dispatcher then get these wrappers instead of
-their plain callbacks, so an engine without it pays nothing per chunk.  Each
+installed); the round then gets these wrappers instead of its plain
+callbacks, so an engine without it pays nothing per chunk.  Each
 hook runs under the instrumentation's guard (``_otel.guard.Guard``): a span
 processor or exemplar filter that raises costs the run its telemetry, never
 an event (a ``tool_start``, a ``tool_result``, the round itself).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from .._errors import LlmCancelledError
-from .._messages import Chunk, Response, ToolCall, ToolResult
+from .._messages import Chunk, Response
 
 
 class RoundTrace:
@@ -63,33 +63,3 @@ class RoundTrace:
                     self.chat.first_chunk()
             on_chunk(chunk)
         return hooked
-
-
-def traced_tool_callbacks(run_trace: Any, registry: Any, on_start: Callable[[ToolCall], None],
-                          on_result: Callable[[ToolResult, Optional[str]], None]) -> tuple:
-    """The dispatcher's start and result callbacks, each also opening or closing the call's span.
-
-    A local tool's span opens on the worker as its function is entered;
-    a remote one's (process pool, Dask) is made when its result arrives,
-    from the duration the remote worker reported.
-    """
-    guard = run_trace.owner.guard
-
-    def tool_of(name: str) -> Any:
-        return registry.get(name) if hasattr(registry, "get") else None
-
-    def remote(name: str) -> bool:
-        return getattr(tool_of(name), "executor", "local") == "remote"
-
-    def started(call: ToolCall) -> None:
-        if not remote(call.name):
-            with guard("starting a tool span"):
-                run_trace.tool_started(call, hand_over=bool(getattr(tool_of(call.name), "starts_itself", False)))
-        on_start(call)
-
-    def ended(result: ToolResult, skipped: Optional[str]) -> None:
-        with guard("ending a tool span"):
-            run_trace.tool_ended(result, remote=remote(result.name))
-        on_result(result, skipped)
-
-    return started, ended
