@@ -20,6 +20,7 @@ from streamengine._calls.strategies import StreamingCallStrategy
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import LlmHttpError, LlmStreamError
 from streamengine._messages import CompletionOptions
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -121,7 +122,7 @@ def test_magistral_thinking_parts_are_reasoning_and_keep_the_idle_timer_from_fir
     # 0.6 s between frames, idle timeout 2 s: the first text comes 2.4 s in, after thinking only.
     fp.add_turn(*paced(magistral_stream(), 0.6))
     strategy = StreamingCallStrategy(client, idle_timeout=2.0, completion_timeout=30.0)
-    response = strategy.call(MESSAGES)
+    response = drive(strategy.stream_call(MESSAGES))
     assert response.reasoning == "".join(MAGISTRAL_THOUGHT)
     assert response.content == "Hello!"
 
@@ -135,7 +136,7 @@ def test_a_thinking_only_frame_is_meaningful(fp, client):
 
 def test_magistral_thinking_parts_are_reasoning_on_the_buffered_path(fp, client):
     fp.add_turn(s.raw(json.dumps(magistral_answer())))
-    response = BufferedCallStrategy(client, completion_timeout=30.0).call(MESSAGES)
+    response = drive(BufferedCallStrategy(client, completion_timeout=30.0).stream_call(MESSAGES))
     assert response.reasoning == "".join(MAGISTRAL_THOUGHT) and response.content == "Hello!"
 
 
@@ -156,8 +157,8 @@ def test_a_refusal_content_part_and_a_buffered_refusal_are_read(fp, client):
     fp.add_turn(*paced([_mistral_frame({"content": [{"type": "refusal", "refusal": REFUSAL}]}),
                         _mistral_frame({}, "stop")], 0.0))
     fp.add_turn(s.raw(json.dumps(openai_refusal_answer())))
-    streamed = StreamingCallStrategy(client, idle_timeout=5.0, completion_timeout=30.0).call(MESSAGES)
-    whole = BufferedCallStrategy(client, completion_timeout=30.0).call(MESSAGES)
+    streamed = drive(StreamingCallStrategy(client, idle_timeout=5.0, completion_timeout=30.0).stream_call(MESSAGES))
+    whole = drive(BufferedCallStrategy(client, completion_timeout=30.0).stream_call(MESSAGES))
     assert streamed.refusal == REFUSAL and streamed.content == ""
     assert whole.refusal == REFUSAL and whole.content == ""
 

@@ -8,12 +8,12 @@ import pytest
 from loguru import logger
 
 from streamengine._cancel import CancelToken
-from streamengine._clients.base import run_blocking
 from streamengine._config import EngineConfig
 from streamengine._engine.events import ToolResultEvent, ToolStartEvent
 from streamengine._engine.run_state import RunDeps, RunState
 from streamengine._engine.tool_calls import HELD, ToolCalls, canonical_key
 from streamengine._messages import ToolCall
+from streamengine._wait import drive
 from streamengine.tools import ToolContext, ToolExecutor, ToolRegistry, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -70,10 +70,10 @@ class Harness:
         return [e.skipped for e in self.events if isinstance(e, ToolResultEvent)]
 
     def approve_held(self):
-        run_blocking(self.dispatcher.approve_held())
+        drive(self.dispatcher.approve_held())
 
     def results(self):
-        return run_blocking(self.dispatcher.results())
+        return drive(self.dispatcher.results())
 
 
 def call(n, name="echo", arguments='{"text": "x"}'):

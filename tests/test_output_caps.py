@@ -27,6 +27,7 @@ from streamengine._errors import ConfigError
 from streamengine._json_shape import JsonShape
 from streamengine._messages import LLM_WARNING, ToolCallDelta
 from streamengine._output_limits import OutputLimits
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider, Step
 from streamengine.testing import steps as s
 from streamengine.tools import tool
@@ -161,7 +162,7 @@ def test_a_buffered_answer_over_the_cap_is_refused():
         strategy = BufferedCallStrategy(OpenAICompatibleClient(fp.base_url), completion_timeout=10.0,
                                         output_limits=OutputLimits(answer_chars=4_000))
         with pytest.raises(LlmOutputLimitError, match="answer passed the 4000 character cap") as caught:
-            strategy.call([{"role": "user", "content": "q"}])
+            drive(strategy.stream_call([{"role": "user", "content": "q"}]))
     assert (caught.value.what, caught.value.limit) == ("answer", 4_000)
 
 

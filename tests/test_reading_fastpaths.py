@@ -25,12 +25,12 @@ from faults.faultkit_rawserver import STREAM_HEADERS_CHUNKED, RawConn, RawServer
 from http_support import MESSAGES
 from sse_spec_parser import parse_pieces
 
-from streamengine._clients.base import Wait
 from streamengine._clients.http.body import SocketBody
 from streamengine._clients.http.sse_read import SseFramer, iter_event_batches
 from streamengine._clients.openai import parse as openai_parse
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._messages import Chunk, text_chunk
+from streamengine._wait import Wait
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

@@ -13,9 +13,9 @@ import time
 from typing import Optional, Sequence
 
 from .._cancel import CancelToken, on_cancel
-from .._clients.base import Flag, Wait
 from .._errors import LlmCancelledError, LlmTimeoutError
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCallDelta, ToolSpec
+from .._wait import Flag, Wait
 from .strategies import (
     VERB_UNAVAILABLE,
     CallStrategy,

@@ -11,21 +11,21 @@ resets it:
     The driving thread iterates the client's stream itself: a token crosses
     no thread boundary here.  :meth:`CallStrategy.stream_call` is a
     generator: where the client would block it yields a
-    :class:`~streamengine._clients.base.Wait`, which this strategy tightens
+    :class:`~streamengine._wait.Wait`, which this strategy tightens
     to its two deadlines (idle, which the consumer's time does not use up,
     and the cap) before passing it up to the run's one selector; when the
     wait comes back past a deadline, the call's :class:`CancelToken` is set
     (the client shuts its socket down) and the timeout below is raised.  A
-    client that blocks in its reads instead (``yields_waits`` False) has its
-    deadlines kept by the process's watcher thread (``deadlines.py``), which
-    sets the same token.  A caller's cancel or an error in ``on_chunk`` sets
-    it too.
+    client that blocks in its reads is read on a worker by its default
+    ``open_stream`` (``_wait.on_worker``): its waits are the same.  A
+    caller's cancel or an error in ``on_chunk`` sets the token too.
 ``BufferedCallStrategy``
     For clients that cannot stream: ``client.complete()`` runs in a worker
     thread and the call waits (a ``Wait`` without a socket, woken by the
     worker) up to ``completion_timeout``.
 
-``call()`` drives ``stream_call()`` in the calling thread (``run_blocking``).
+``stream_call()`` is the one way to call: a generator of waits that returns
+the response (``_wait.drive`` runs it in the calling thread).
 
 A call is all or nothing: a stream that breaks before its completing chunk
 raises and returns no partial content (``on_chunk`` may already have seen
@@ -47,7 +47,6 @@ chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
 from __future__ import annotations
 
 import abc
-import contextlib
 import threading
 import time
 from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence, Union
@@ -55,13 +54,13 @@ from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional,
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
 from .._cancel import CancelToken, cancel_flag, on_cancel
-from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
+from .._clients.base import LlmClient, StreamingLlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
 from .._output_limits import OutputLimits
-from . import deadlines
+from .._wait import Wait
 from .hooks import ModelChunkEvent, check_observers, notify_observers
 
 OnChunk = Callable[[Chunk], None]
@@ -74,7 +73,7 @@ VERB_TIMED_OUT = "timed out"
 
 
 class CallStrategy(abc.ABC):
-    """One model call with timeouts: ``call(...) -> Response`` or an :class:`LlmError`.
+    """One model call with timeouts: ``stream_call(...)`` returns a Response or raises an :class:`LlmError`.
 
     ``observers`` hear ``on_llm_responded(response)`` once per successful call
     and ``emitter`` gets a :class:`ModelChunkEvent` per chunk; both run inline
@@ -105,23 +104,17 @@ class CallStrategy(abc.ABC):
         self.output_limits = output_limits if output_limits is not None else OutputLimits()
         self._log = component_logger(f"streamengine._calls.strategies.{type(self).__name__}", logger)
 
-    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
-             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
-             on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Response:
-        """Call the model once; return the whole response or raise an :class:`LlmError`.
-
-        ``on_chunk(chunk)`` runs in the calling thread for every chunk as it is
-        read; ``on_tool_calls(calls)`` for the native tool calls a chunk
-        completed (the rest are in the response).  ``cancel`` (a plain Event
-        or a :class:`CancelToken`) aborts the call with :class:`LlmCancelledError`.
-        """
-        return run_blocking(self.stream_call(messages, tools, options, cancel, on_chunk, on_tool_calls))
-
     @abc.abstractmethod
     def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                     options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
                     on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Steps:
-        """:meth:`call` as a generator: yields a :class:`Wait` wherever it would block, returns the response."""
+        """Call the model once: yield a :class:`Wait` wherever it would block, return the whole response.
+
+        ``on_chunk(chunk)`` runs in the driving thread for every chunk as it is
+        read; ``on_tool_calls(calls)`` for the native tool calls a chunk
+        completed (the rest are in the response).  ``cancel`` (a plain Event
+        or a :class:`CancelToken`) aborts the call with :class:`LlmCancelledError`.
+        """
 
     def _succeeded(self, response: Response, final_chunk: Chunk) -> None:
         if self.emitter is not None and self.emitter.subscribers:
@@ -197,18 +190,11 @@ class StreamingCallStrategy(CallStrategy):
         token = CancelToken()
         stop_following = on_cancel(cancel, token.set)
         started = time.monotonic()
-        client = self.client
-        waits = bool(getattr(client, "yields_waits", False))
+        client: StreamingLlmClient = self.client  # type: ignore[assignment]
+        watched = _Deadlines(token, self.idle_timeout, started, self.completion_timeout)
         try:
-            # A client that blocks in its reads needs the watcher thread to cut them short.
-            with (_unwatched(token, self.idle_timeout, self.completion_timeout, started) if waits else
-                  deadlines.watch(token, self.idle_timeout, self.completion_timeout, started)) as watched:
-                try:
-                    opener = client.open_stream if waits else client.stream  # type: ignore[attr-defined]
-                    response = yield from self._read(watched, cancel, lambda: opener(
-                        messages, tools, options, cancel=token), options, on_chunk, on_tool_calls, started)
-                finally:
-                    self._warn_if_deaf(watched)
+            response = yield from self._read(watched, cancel, lambda: client.open_stream(
+                messages, tools, options, cancel=token), options, on_chunk, on_tool_calls, started)
         except _Stopped as stopped:
             inner = stopped.__cause__
             raise self._stop_error(stopped, options, started, inner) from inner
@@ -218,14 +204,7 @@ class StreamingCallStrategy(CallStrategy):
             notify_observers(self.observers, response, self._log)
         return response
 
-    def _warn_if_deaf(self, watched: deadlines.Watch) -> None:
-        """A timeout the client took long to honour held the driving thread that long: say so."""
-        late = time.monotonic() - watched.fired_at if watched.fired else 0.0
-        if late > self.join_timeout:
-            self._log.warning("the client ignores cancel: its stream returned {:.3f}s after the {} timeout fired "
-                              "(a client must unblock its read when cancel is set)", late, watched.fired)
-
-    def _read(self, watched: deadlines.Watch, cancel: Optional[threading.Event],
+    def _read(self, watched: _Deadlines, cancel: Optional[threading.Event],
               open_stream: Callable[[], Iterator[Union[Chunk, Wait]]], options: Optional[CompletionOptions],
               on_chunk: Optional[OnChunk], on_tool_calls: Optional[OnToolCalls], started: float) -> Steps:
         """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened.
@@ -270,7 +249,7 @@ class StreamingCallStrategy(CallStrategy):
                     raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                 if chunk.is_meaningful:  # type: ignore[union-attr]
                     meaningful += 1
-                    watched.idle_deadline = monotonic() + idle  # the watcher (if any) reads it when it wakes
+                    watched.idle_deadline = monotonic() + idle
                 calls = add(chunk)  # type: ignore[arg-type]
                 if on_chunk is not None:
                     on_chunk(chunk)  # type: ignore[arg-type]
@@ -337,7 +316,7 @@ class StreamingCallStrategy(CallStrategy):
 class _Stopped(Exception):
     """Internal: the reader stopped the call (never escapes ``call()``)."""
 
-    CANCELLED, IDLE, CAP = "cancelled", deadlines.IDLE, deadlines.CAP
+    CANCELLED, IDLE, CAP = "cancelled", "idle", "cap"
 
     def __init__(self, kind: str, meaningful: int, total: int) -> None:
         super().__init__(kind)
@@ -346,25 +325,27 @@ class _Stopped(Exception):
         self.total = total
 
 
-def _unwatched(token: CancelToken, idle_s: float, cap_s: float,
-               started: float) -> contextlib.nullcontext[deadlines.Watch]:
-    """The call's deadlines, kept by the call itself: its client passes every wait up (no watcher thread).
+class _Deadlines:
+    """One call's two deadlines (monotonic), its token, and which deadline fired (None: neither yet)."""
 
-    A ``nullcontext``, not a generator-based context manager: it is made once per call.
-    """
-    return contextlib.nullcontext(deadlines.Watch(token, idle_s, started, cap_s))
+    __slots__ = ("cap_deadline", "fired", "idle_deadline", "token")
+
+    def __init__(self, token: CancelToken, idle_s: float, started: float, cap_s: float) -> None:
+        self.token = token
+        self.idle_deadline = started + idle_s
+        self.cap_deadline = started + cap_s
+        self.fired: Optional[str] = None
 
 
-def _lapsed(watched: deadlines.Watch, now: float) -> bool:
-    """Whether the cap or the idle deadline passed; records which (the cap wins) as a watcher would."""
+def _lapsed(watched: _Deadlines, now: float) -> bool:
+    """Whether the cap or the idle deadline passed; records which (the cap wins)."""
     if watched.fired is None:
         if now >= watched.cap_deadline:
-            watched.fired = deadlines.CAP
+            watched.fired = _Stopped.CAP
         elif now >= watched.idle_deadline:
-            watched.fired = deadlines.IDLE
+            watched.fired = _Stopped.IDLE
         else:
             return False
-        watched.fired_at = now
     return True
 
 

@@ -18,8 +18,8 @@ producer (the reader thread), the run stops reading the provider's socket, and
 TCP pushes back on the provider.  The producer is woken by the consumer's
 next drain (one ``Event.set`` per drain, not per item) or by ``cancel``;
 once cancelled, ``put`` never blocks, so a cancelled run can always finish.
-While it waits, the idle timer of the model call it streams stands still
-(``deadlines.held``): the silence is the consumer's, not the model's.
+The time it waits is the consumer's, and the run's loop counts it as such
+(``Wait.held``): the model's idle timer never spends it.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ import threading
 from typing import Any, List, Optional
 
 from .. import _validation as validation
-from .._calls.deadlines import held
 
 #: Events a channel holds before the producer waits: a few hundred kB of tokens
 #: at most, and enough that a consumer draining in batches never starves it.
@@ -55,11 +54,6 @@ class EventChannel:
         q = self._queue
         q.put(item)
         if q.qsize() >= self._max:
-            self._wait_for_room()
-
-    def _wait_for_room(self) -> None:
-        # Held by the consumer, not by the model: a call the producer streams stops its idle clock.
-        with held():
             self._wait_while_full()
 
     def _wait_while_full(self) -> None:

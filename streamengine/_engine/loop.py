@@ -36,10 +36,8 @@ import threading
 import time
 from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Sized
 
-from .._calls import deadlines
-from .._calls.deadlines import held, watched_here
 from .._cancel import CancelToken, no_callback
-from .._clients.base import Wait
+from .._wait import Wait
 from .events import Event, HeartbeatEvent
 
 _NEVER = float("inf")
@@ -134,13 +132,11 @@ class RunLoop:
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
         """Drive ``steps`` to its end; yield the events that are ready each time it would wait.
 
-        Runs once per token: names are bound to locals, and the watcher's
-        clock (:func:`held`) is only looked up while some call is watched.
+        Runs once per token: names are bound to locals.
         """
         self._driving[0] = threading.get_ident()
         out, take, waited, send = self.outbox, self._take, self._waited, steps.send
         popleft = out.popleft
-        watcher = deadlines.watcher()
         self._last_out = _monotonic()
         try:
             wait = next(steps)
@@ -151,11 +147,7 @@ class RunLoop:
                         batch += take()
                     self.handed = batch
                     handed = _monotonic()
-                    if watcher.active and watched_here():  # a client that blocks in its reads: stop its clock too
-                        with held():
-                            yield batch
-                    else:
-                        yield batch
+                    yield batch
                     now = _monotonic()
                     wait.held += now - handed
                     self._last_out = now

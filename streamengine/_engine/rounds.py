@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any, Generator, Iterable, List
 
-from .._clients.base import Wait
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .._inline.prompt import tool_instructions
 from .._messages import LLM_WARNING, Message, ToolResult
+from .._wait import Wait
 from .continuation import continuation_messages
 from .events import DoneEvent, ErrorEvent, RefusalEvent, ResetEvent, RoundEvent
 from .result import CUT_OFF_FINISH_REASONS, EngineResult, attempt_failure

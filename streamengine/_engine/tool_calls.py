@@ -38,9 +38,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Set, Tuple
 
-from .._clients.base import Flag, Wait
 from .._errors import ToolError
 from .._messages import ToolCall, ToolResult
+from .._wait import Flag, Wait
 from ..tools import Tool, ToolHandle
 from .events import ErrorEvent, ToolResultEvent, ToolStartEvent
 from .filing import wait_filed

@@ -38,7 +38,8 @@ from ..._logs import component_logger
 from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
 from ..._redact import Redactor, redact_urls
 from ..._validation import seconds
-from ..base import StreamingLlmClient, Wait, chunks_only
+from ..._wait import Wait, chunks_only
+from ..base import StreamingLlmClient
 from .body import (
     ALWAYS,
     STREAM_ERRORS,
@@ -216,8 +217,6 @@ class HttpProviderClient(StreamingLlmClient):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    yields_waits = True
 
     def stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                options: Optional[CompletionOptions] = None,
