@@ -1,7 +1,7 @@
 """The approval contract, over real HTTP: nothing with a side effect runs without a yes.
 
 No ``approve`` anywhere refuses a side-effect call (and the engine says so at
-construction); ``run``/``run_batches``/``complete`` take a hook for one run;
+construction); ``run`` (events or ``batches()``) and ``complete`` take a hook for one run;
 a hook that raises refuses.  Every call a gate or the pool stopped is told
 exactly once, with a machine-readable ``skipped`` reason that survives error
 redaction (the SSE payload carries it).
@@ -125,7 +125,7 @@ def test_an_engine_with_side_effect_tools_and_no_approve_warns_once_at_construct
 
 # --- 2. a hook for one run ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("how", ["run", "run_batches", "complete"])
+@pytest.mark.parametrize("how", ["run", "batches", "complete"])
 def test_a_run_s_own_approve_replaces_the_engine_s(how):
     send, sent = sender()
     asked = []
@@ -142,8 +142,8 @@ def test_a_run_s_own_approve_replaces_the_engine_s(how):
         with make(fp, [send], approve=lambda call: False) as engine:
             if how == "run":
                 first = done(list(engine.run(ASK, approve=yes)))
-            elif how == "run_batches":
-                first = done([e for batch in engine.run_batches(ASK, approve=yes) for e in batch])
+            elif how == "batches":
+                first = done([e for batch in engine.run(ASK, approve=yes).batches() for e in batch])
             else:
                 first = engine.complete(ASK, approve=yes)
             second = engine.complete(ASK)  # the engine's own hook again: no
@@ -166,7 +166,7 @@ def test_a_run_s_approve_lets_a_call_run_on_an_engine_without_one():
 def test_an_approve_that_is_not_callable_is_a_config_error(bad):
     send, _ = sender()
     with FakeProvider() as fp, make(fp, [send], approve=lambda call: True) as engine:
-        for start in (lambda: engine.run(ASK, approve=bad), lambda: engine.run_batches(ASK, approve=bad),
+        for start in (lambda: engine.run(ASK, approve=bad), lambda: engine.run(ASK, approve=bad).batches(),
                       lambda: engine.complete(ASK, approve=bad)):
             with pytest.raises(ConfigError, match="approve must be a callable"):
                 start()

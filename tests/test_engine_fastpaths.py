@@ -223,17 +223,20 @@ def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_g
     """No reference cycle through the response: a server that forgets close() still frees the run now."""
     from gc_support import collector_off
 
+    from streamengine._engine.run import Run
     from streamengine.web import SseResponse
 
     ended = []
 
     class Engine:
-        def run_batches(self, messages, cancel, heartbeat_s=None):
-            try:
-                while True:
-                    yield [TokenEvent("tok")]
-            finally:
-                ended.append(True)
+        def run(self, messages, cancel, heartbeat_s=None):
+            def batches():
+                try:
+                    while True:
+                        yield [TokenEvent("tok")]
+                finally:
+                    ended.append(True)
+            return Run(batches())
 
     with collector_off():
         response = SseResponse(Engine(), [], heartbeat_s=None)

@@ -122,11 +122,15 @@ class Approval:
 
     def _ask(self, call: Any) -> bool:
         """One question; a yes only from ``y``/``yes``.  Ctrl-C or Ctrl-D here is a no, not the end of the run."""
+        self._interrupted.clear()
+        self._asking.set()  # before the question shows: a Ctrl-C typed at it is its answer
         try:
             write(self.err, f"run {shown_call(call)}? [y/N] ")
             answer = self._typed_line()
         except KeyboardInterrupt:
             answer = None
+        finally:
+            self._asking.clear()
         if answer is None:  # Ctrl-C: the terminal echoed ^C; the run goes on without the call
             write(self.err, "\n")
             return False
@@ -137,15 +141,10 @@ class Approval:
 
     def _typed_line(self) -> Optional[str]:
         """The line typed; None once Ctrl-C came (:meth:`ctrl_c_answers`), looked at every 50 ms."""
-        self._interrupted.clear()
-        self._asking.set()
-        try:
-            while not self._interrupted.is_set():
-                if select.select([self.stdin], [], [], 0.05)[0]:
-                    return self.stdin.readline()
-            return None
-        finally:
-            self._asking.clear()
+        while not self._interrupted.is_set():
+            if select.select([self.stdin], [], [], 0.05)[0]:
+                return self.stdin.readline()
+        return None
 
 
 def approval_for(args: argparse.Namespace, stdin: TextIO, err: TextIO) -> Approval:

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence
 
 from .. import _validation as validation
 from .._calls.failover import ErrorClassifier, ModelFailover
@@ -61,6 +61,53 @@ class RunFailedError(LlmError):
     def __init__(self, result: EngineResult) -> None:
         self.result = result
         super().__init__(result.error or "the run failed")
+
+
+class Run:
+    """One run: iterate it for its events, or read them in lists with :meth:`batches`, not both.
+
+    The run happens in the thread that iterates it.  :meth:`close` (or
+    leaving a loop early, or dropping the last reference) cancels it: the
+    provider's stream is shut, the tools are cancelled, ``done`` is not sent.
+    """
+
+    __slots__ = ("_batches", "_events")
+
+    def __init__(self, batches: Generator[List[Event], None, None]) -> None:
+        self._batches = batches
+        self._events: Optional[Generator[Event, None, None]] = None
+
+    def __iter__(self) -> Iterator[Event]:
+        if self._events is None:
+            self._events = _flattened(self._batches)
+        return self._events
+
+    def __next__(self) -> Event:
+        return next(iter(self))
+
+    def batches(self) -> Iterator[List[Event]]:
+        """The events in lists, each what was ready before the run would wait: send each one at once.
+
+        For a consumer that batches its output (the WSGI stream writes a list's
+        frames in one socket write): no event ever waits for the model's next token.
+        """
+        if self._events is not None:
+            raise ConfigError("this run is being read event by event already; call batches() before iterating")
+        return self._batches
+
+    def close(self) -> None:
+        """Stop the run now (from the thread that iterates it); the same as leaving its loop early."""
+        if self._events is not None:
+            self._events.close()
+        self._batches.close()
+
+
+def _flattened(batches: Generator[List[Event], None, None]) -> Generator[Event, None, None]:
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        batches.close()
 
 
 class StreamingEngine:
@@ -153,8 +200,8 @@ class StreamingEngine:
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None, model: Optional[str] = None,
             options: Any = None, conversation_id: Optional[str] = None, read_ahead: bool = False,
-            approve: Optional[Callable[[ToolCall], object]] = None) -> Iterator[Event]:
-        """Yield events as they happen; ``DoneEvent`` is always last.
+            approve: Optional[Callable[[ToolCall], object]] = None) -> Run:
+        """Start a run: iterate the :class:`Run` for its events as they happen; ``DoneEvent`` is always last.
 
         The run happens in the thread that iterates it.  Stopping iteration
         early (``break``, ``close()``, garbage collection) or setting
@@ -179,20 +226,9 @@ class StreamingEngine:
         ``approve(call) -> bool`` replaces the engine's ``approve`` for this run
         (e.g. asking the person of this request): only ``True`` lets a
         side-effect call run.
-        """
-        return self._flattened(self.run_batches(messages, cancel, heartbeat_s=heartbeat_s, model=model,
-                                                options=options, conversation_id=conversation_id,
-                                                read_ahead=read_ahead, approve=approve))
 
-    def run_batches(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
-                    heartbeat_s: Optional[float] = None, model: Optional[str] = None, options: Any = None,
-                    conversation_id: Optional[str] = None, read_ahead: bool = False,
-                    approve: Optional[Callable[[ToolCall], object]] = None) -> Iterator[List[Event]]:
-        """:meth:`run` in lists: each list is what was ready before the run would wait (write it now).
-
-        A consumer that batches its output (the WSGI stream joins a list's
-        frames into one socket write) sends each list as it comes: no event
-        ever waits for the model's next token.
+        The arguments are checked here, before the first event: a
+        :class:`ConfigError` is raised by this call, not by the iteration.
         """
         if self._closed:
             raise ConfigError("this StreamingEngine is closed; create a new one")
@@ -212,16 +248,8 @@ class StreamingEngine:
         trace = functools.partial(otel.start_run, parent=parent, conversation_id=conversation_id,
                                   messages=conversation) if otel is not None and otel.live(parent) else None
         if read_ahead:
-            return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace)
-        return self._batches(conversation, cancel, heartbeat_s, deps, scope, trace)
-
-    @staticmethod
-    def _flattened(batches: Iterator[List[Event]]) -> Iterator[Event]:
-        try:
-            for batch in batches:
-                yield from batch
-        finally:
-            batches.close()  # type: ignore[attr-defined]
+            return Run(self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace))
+        return Run(self._batches(conversation, cancel, heartbeat_s, deps, scope, trace))
 
     def _deps_for(self, model: Optional[str], options: Any, approve: Optional[Callable[[ToolCall], object]]) -> RunDeps:
         """The engine's run dependencies, or a copy with this run's model, options and approve hook."""

@@ -4,7 +4,7 @@ Why it is built this way:
 
 * **One socket write per batch.**  The engine is driven by the server's
   thread iterating this response, and hands events over in lists
-  (``StreamingEngine.run_batches``): each list is what was ready before the
+  (``Run.batches`` of ``StreamingEngine.run``): each list is what was ready before the
   run would wait (everything one read of the provider produced, a tool's
   result).  Writing a frame per token costs a server write call and a send
   syscall per token; joining a list's frames costs one of each, and since a
@@ -73,12 +73,9 @@ class SseResponse:
         if disconnected is not None:
             tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
         # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
-        run_batches = getattr(engine, "run_batches", None)
-        extra = run_options or {}  # conversation_id
-        if run_batches is not None:
-            batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
-        else:  # an engine of your own with run() only: one event a batch
-            batches = one_by_one(engine.run(messages, self.cancel, heartbeat_s=tick, **extra))
+        run = engine.run(messages, self.cancel, heartbeat_s=tick, **(run_options or {}))  # conversation_id
+        # An engine of your own whose run() gives events only: one event a batch.
+        batches = run.batches() if callable(getattr(run, "batches", None)) else one_by_one(run)
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
         self._progress = _Progress()
         # A generator over the frames and the progress only, never the response: no reference cycle,
