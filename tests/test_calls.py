@@ -8,9 +8,8 @@ import pytest
 from conftest import wait_for
 from loguru import logger
 
-from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.hooks import EventEmitter
-from streamengine._calls.strategies import StreamingCallStrategy, _Stopped, make_call_strategy
+from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy, _Stopped, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
 from streamengine._clients.scripted import ScriptedClient

@@ -15,10 +15,9 @@ from backoff_support import RecordedBackoffs
 from http_support import MESSAGES, provider_fixtures
 from loguru import logger
 
-from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.failover import ModelFailover
 from streamengine._calls.hooks import EventEmitter
-from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
+from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy, make_call_strategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.base import LlmClient
 from streamengine._clients.openai.client import OpenAICompatibleClient

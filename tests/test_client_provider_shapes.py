@@ -14,9 +14,8 @@ import pytest
 from http_support import CLIENTS, MESSAGES
 
 from streamengine import EngineConfig, RefusalEvent, StreamingEngine
-from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
-from streamengine._calls.strategies import StreamingCallStrategy
+from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import LlmHttpError, LlmStreamError
 from streamengine._messages import CompletionOptions

@@ -1,7 +1,7 @@
 """The continuation message and native tool messages (pure, deterministic)."""
 from __future__ import annotations
 
-from streamengine._engine.continuation import (
+from streamengine._engine.tool_calls import (
     MAX_RESULT_CHARS,
     build_continuation_message,
     result_content,

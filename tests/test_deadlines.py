@@ -11,8 +11,8 @@ from streamengine import EngineConfig, StreamingEngine
 from streamengine._calls.strategies import StreamingCallStrategy
 from streamengine._cancel import CancelToken
 from streamengine._clients.scripted import ScriptedClient
-from streamengine._engine.channel import EventChannel
 from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent
+from streamengine._engine.run import EventChannel
 from streamengine._errors import LlmCancelledError, LlmTimeoutError
 from streamengine._messages import Chunk
 from streamengine._wait import drive

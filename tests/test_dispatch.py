@@ -10,7 +10,7 @@ from loguru import logger
 from streamengine._cancel import CancelToken
 from streamengine._config import EngineConfig
 from streamengine._engine.events import ToolResultEvent, ToolStartEvent
-from streamengine._engine.run_state import RunDeps, RunState
+from streamengine._engine.rounds import RunDeps, RunState
 from streamengine._engine.tool_calls import HELD, ToolCalls, canonical_key
 from streamengine._messages import ToolCall
 from streamengine._wait import drive

@@ -33,7 +33,7 @@ MESSAGES = [{"role": "user", "content": "question"}]
 
 def run_thread_names():
     return [t.name for t in threading.enumerate()
-            if t.name.startswith("streamengine-run") or t.name.startswith("streamengine-deadlines")
+            if t.name.startswith("streamengine-run") or t.name.startswith("streamengine-stream")
             or t.name == "streamengine-read-ahead"]
 
 

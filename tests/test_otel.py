@@ -297,7 +297,7 @@ def test_a_run_builds_a_trace_only_when_something_would_record_or_pass_it_on():
         "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
         "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
         "from streamengine import EngineConfig, StreamingEngine, ScriptedClient\n"
-        "from streamengine._engine import traced\n"
+        "from streamengine._engine import rounds as traced\n"
         "from streamengine._otel import tracing\n"
         "seen, runs = [], []\n"
         "watching, start_run = traced.RoundTrace.watching, tracing.Instrumentation.start_run\n"

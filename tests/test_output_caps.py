@@ -18,7 +18,7 @@ import pytest
 
 from streamengine import LlmOutputLimitError
 from streamengine._accumulate import ToolCallAccumulator, _PartialCall
-from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine._calls.strategies import BufferedCallStrategy
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._config import EngineConfig
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent

@@ -13,8 +13,7 @@ from streamengine._clients.scripted import ScriptedClient
 from streamengine._config import EngineConfig
 from streamengine._engine.events import DoneEvent, ErrorEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.filing import FilingTicket
-from streamengine._engine.rounds import RoundRunner
-from streamengine._engine.run_state import RunDeps, RunState
+from streamengine._engine.rounds import RoundRunner, RunDeps, RunState
 from streamengine._errors import LlmHttpError
 from streamengine._messages import Chunk, Message, ToolCallDelta, Usage
 from streamengine._wait import drive

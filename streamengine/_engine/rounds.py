@@ -14,19 +14,23 @@ tool's report, a round's filing (bounded by ``filing_timeout``), the model.
 from __future__ import annotations
 
 import time
-from typing import Any, Generator, Iterable, List
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Generator, Iterable, List, Optional, Sequence, Set
 
+from .._accumulate import BLOCK, TextBuffer
+from .._calls.failover import ModelFailover
+from .._cancel import CancelToken
+from .._config import EngineConfig
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .._inline.prompt import tool_instructions
-from .._messages import LLM_WARNING, Message, ToolResult
+from .._inline.scanner import InlineToolScanner
+from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, Usage
+from .._output_limits import output_chars, output_limit_error
 from .._wait import Wait
-from .continuation import continuation_messages
-from .events import DoneEvent, ErrorEvent, RefusalEvent, ResetEvent, RoundEvent
-from .result import CUT_OFF_FINISH_REASONS, EngineResult, attempt_failure
-from .round_stream import RoundStream
-from .run_state import RunDeps, RunState
-from .tool_calls import ToolCalls
-from .traced import RoundTrace
+from ..tools import ToolExecutor, ToolRegistry
+from .events import DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent
+from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry, attempt_failure
+from .tool_calls import ToolCalls, continuation_messages
 
 Steps = Generator[Wait, None, Any]
 
@@ -253,3 +257,226 @@ class RoundRunner:
         self.state.emit(ErrorEvent(self.state.error))
         self._stop("internal_error")
         self._finish()
+
+
+# --- What a run needs from its engine (:class:`RunDeps`) and what it gathers (:class:`RunState`). ------------------
+# Their own module so that :class:`~streamengine._engine.rounds.RoundRunner`
+# takes plain data, never the engine: a run can be built and tested without a
+# :class:`~streamengine._engine.run.StreamingEngine`.
+
+@dataclass(frozen=True)
+class RunDeps:
+    """What a run needs from the engine that started it, and nothing more.
+
+    Shared by every run of one engine; each field is safe to use from many
+    runs at once.  ``filing`` (a :class:`~.filing.FilingQueue`; None without a
+    store: no filing, no filing wait) files successful results off the tool
+    workers; ``run_tools(scope)`` gives the tools bound to one run's RAG scope
+    (``rag_search``).  ``approve`` is asked before a side-effect tool runs.
+    """
+
+    config: EngineConfig
+    registry: ToolRegistry
+    executor: ToolExecutor
+    failover: ModelFailover
+    log: Any
+    filing: Any = None
+    run_tools: Optional[Callable[[str], Dict[str, Any]]] = None
+    approve: Optional[Callable[[ToolCall], object]] = None
+
+
+@dataclass
+class RunState:
+    """What one run has gathered so far; owned by the thread that drives the run.
+
+    ``emit`` puts an event from any thread; ``emit_here`` (when given) only
+    from the thread that drives the run, which needs no wake-up: a token
+    costs a deque append.
+    """
+
+    conversation: List[Message]
+    cancel: CancelToken
+    emit: Callable[[Event], None]
+    started: float
+    scope: str = ""  # the RAG scope this run files into and searches: its conversation, or itself
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    rounds: List[str] = field(default_factory=list)
+    results: List[ToolResult] = field(default_factory=list)
+    usage: Optional[Usage] = None  # None until the provider reports usage
+    answer: Optional[str] = None
+    error: Optional[str] = None
+    refusal: Optional[str] = None
+    done: bool = False
+    emit_here: Optional[Callable[[Event], None]] = None  # None: ``emit`` serves the driving thread too
+    trace: Any = None  # the run's OpenTelemetry trace (``_otel.tracing.RunTrace``), None when not traced
+
+# --- What one round keeps while its stream flows: the inline scanner, the text shown, the native calls. ------------
+# Native tool calls are assembled once, by the call strategy's accumulator
+# (which also builds the response): the round dispatches the calls it reports
+# complete during the stream and, at the end, the response's others.  Reset
+# (a new instance) when failover streams the round again.
+#
+# The run's total output cap (``EngineConfig.max_run_output_chars``) is spent
+# here, chunk by chunk, from the runner's ``output_left``: the per-call caps
+# live in the call strategy's aggregator, but only the run sees every round.
+
+class RoundStream:
+    """Everything one round keeps while its stream flows (see the module doc).
+
+    One per round, :meth:`reset` in place when failover streams the round
+    again, so its bound :meth:`on_chunk` is handed to the call strategy as it
+    is: a chunk costs no forwarding call.
+    """
+
+    def __init__(self, runner: RoundRunner, round_no: int) -> None:
+        self.runner = runner
+        self.round_no = round_no
+        state = runner.state
+        self._emit = state.emit_here if state.emit_here is not None else state.emit
+        self._telemetry = state.telemetry
+        self._started = state.started
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the round's stream afresh: a new scanner, nothing shown, no native call taken."""
+        runner = self.runner
+        # Ids must stay unique across the rounds of a request: the round is in the prefix.
+        self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
+                                        id_prefix=f"call_inline_r{self.round_no}_") if runner.use_inline else None
+        # What the person saw (tool blocks left out), joined every BLOCK pieces: memory follows the text.
+        self.text_parts = TextBuffer()
+        self._parts = self.text_parts.parts  # show() appends here directly
+        self._untimed = self._telemetry.time_to_first_token_s is None
+        self.native_calls: List[ToolCall] = []  # as dispatched: under the id the run gave each
+        #: A native call's run id -> the id its provider gave it, where the run renamed it (the id was taken
+        #: by an inline call, or by a failed attempt) but the provider's is still free in this answer.
+        self.wire_ids: Dict[str, str] = {}
+        self._wire_taken: Set[str] = set()  # the ids this answer's native calls are answered under
+        self._taken: Set[int] = set()  # the accumulator's calls handed to the dispatcher (by identity)
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
+        content = chunk.content
+        runner = self.runner
+        runner.output_left -= len(content) if chunk.text_only else output_chars(chunk)
+        if runner.output_left < 0:
+            cap = runner.config.max_run_output_chars
+            raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
+        if content:
+            parser = self.parser
+            if parser is None or (parser.plain and "<" not in content):  # prose: almost every token
+                self.show(content)
+            else:
+                self._take(parser.feed(content))
+
+    def show(self, text: str) -> None:
+        """Text the person sees: kept for the answer, timed if it is the run's first, sent as a token."""
+        parts = self._parts
+        parts.append(text)
+        if len(parts) >= BLOCK:
+            self.text_parts.compact()
+        if self._untimed:
+            self._untimed = False
+            if self._telemetry.time_to_first_token_s is None:
+                self._telemetry.time_to_first_token_s = time.monotonic() - self._started
+        self._emit(TokenEvent(text))
+
+    def _take(self, fed: Any) -> None:
+        """What the scanner made of some text: show the visible part, report bad blocks, dispatch calls."""
+        if fed.visible:
+            self.show(fed.visible)
+        if fed.errors:
+            self.runner.report_parse_problems(fed)
+        for call in fed.calls:
+            self.runner.calls.dispatch(call)
+
+    def on_tool_calls(self, calls: List[ToolCall]) -> None:
+        """Native calls the strategy's accumulator found complete: dispatched at once.
+
+        Each is dispatched under the id the run gives it (:meth:`ToolCalls.own_id`)
+        and answered under the provider's own, unless this answer has two calls with
+        that id: the second is answered under its run id (``dup_2``).  A call only
+        summed up (None) is not answered one by one.
+        """
+        for call in calls:
+            self._taken.add(id(call))
+            dispatched = self.runner.calls.dispatch(call)
+            if dispatched is None:
+                continue
+            self.native_calls.append(dispatched)
+            if dispatched.id != call.id and call.id not in self._wire_taken:
+                self.wire_ids[dispatched.id] = call.id
+            self._wire_taken.add(self.wire_ids.get(dispatched.id, dispatched.id))
+
+    def finish(self, response: Response) -> None:
+        """The stream completed: release held-back text, dispatch the native calls not dispatched yet."""
+        if self.parser is not None:
+            self._take(self.parser.flush())
+        if self.runner.use_native:
+            self.on_tool_calls([call for call in response.tool_calls if id(call) not in self._taken])
+
+    @property
+    def committed(self) -> bool:
+        """Something reached the caller or a tool started: no failover from here on."""
+        return bool(self.text_parts) or self.runner.calls.started_any
+
+    @property
+    def text(self) -> str:
+        return self.text_parts.text()
+
+# --- The run's side of OpenTelemetry: chat spans per model attempt (tool spans: ``tool_calls``). -------------------
+# Only used when the engine has an instrumentation (``opentelemetry-api``
+# installed); the round then gets these wrappers instead of its plain
+# callbacks, so an engine without it pays nothing per chunk.  Each
+# hook runs under the instrumentation's guard (``_otel.guard.Guard``): a span
+# processor or exemplar filter that raises costs the run its telemetry, never
+# an event (a ``tool_start``, a ``tool_result``, the round itself).
+
+class RoundTrace:
+    """One round's model attempts as ``chat`` spans: started, first chunk, failed or succeeded."""
+
+    def __init__(self, run_trace: Any, messages: Sequence[Any], options: Any) -> None:
+        self.run_trace = run_trace
+        self.guard = run_trace.owner.guard
+        self.messages = messages
+        self.options = options
+        self.chat: Any = None
+        self.seen_output = False
+
+    def started(self, model: str) -> None:
+        self.chat = None
+        self.seen_output = False
+        with self.guard("starting a chat span"):
+            self.chat = self.run_trace.chat_started(model=model, options=self.options, messages=self.messages)
+
+    def failed(self, _model: str, exc: BaseException) -> None:
+        chat, self.chat = self.chat, None
+        if chat is None:
+            return
+        with self.guard("ending a chat span"):
+            if isinstance(exc, LlmCancelledError):
+                chat.abandoned("cancelled")
+            else:
+                chat.failed(exc)
+
+    def succeeded(self, response: Response) -> None:
+        chat, self.chat = self.chat, None
+        if chat is not None:
+            with self.guard("ending a chat span"):
+                chat.succeeded(response)
+
+    def watching(self, on_chunk: Callable[[Chunk], None]) -> Callable[[Chunk], None]:
+        """``on_chunk`` that also marks the attempt's first *meaningful* chunk (the engine's own rule).
+
+        Unwrapped when nothing would record it (no SDK): a chunk then costs what it costs untraced.
+        """
+        if not self.run_trace.watches_chunks:
+            return on_chunk
+
+        def hooked(chunk: Chunk) -> None:
+            if not self.seen_output and chunk.is_meaningful and self.chat is not None:
+                self.seen_output = True
+                with self.guard("marking the first chunk"):
+                    self.chat.first_chunk()
+            on_chunk(chunk)
+        return hooked

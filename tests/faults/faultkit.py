@@ -51,7 +51,7 @@ def stream_threads() -> List[threading.Thread]:
 
     def left() -> List[threading.Thread]:
         return [t for t in threading.enumerate() if t.is_alive()
-                and (t.name.startswith("streamengine-stream") or t.name == "streamengine-deadlines")]
+                and t.name.startswith("streamengine-stream")]
 
     wait_for(lambda: not left(), timeout=5.0)
     return left()

@@ -15,6 +15,7 @@ from faultkit import MESSAGES, streaming
 from faultkit_rawserver import STREAM_HEADERS_CLOSE, RawConn, RawServer
 
 from streamengine._errors import LlmError
+from streamengine._wait import drive
 
 
 def random_bodies(seed: int, alphabet: Sequence[bytes], count: int) -> List[bytes]:
@@ -35,7 +36,7 @@ def outcomes_of(client_class: Any, bodies: Sequence[bytes], **call: Any) -> List
         strategy = streaming(client, 2.0, 5.0)
         for _ in bodies:
             try:
-                strategy.call(MESSAGES, **call)
+                drive(strategy.stream_call(MESSAGES, **call))
                 outcomes.append("answer")
             except LlmError as exc:
                 outcomes.append(type(exc).__name__)

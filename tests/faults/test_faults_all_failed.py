@@ -16,6 +16,7 @@ from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent
 from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine._errors import AllModelsFailedError, LlmHttpError, LlmStreamError, LlmTimeoutError
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -31,7 +32,7 @@ def test_three_stalling_models_give_one_error_naming_each_within_the_caps():
         fp.add_turn(s.forever(s.comment()))
         fp.add_turn(s.text("half an answer"), s.forever(s.text(" more")))  # never ends: the cap fires
         with pytest.raises(AllModelsFailedError) as info:  # each model ends at its idle timer or cap
-            ModelFailover(streaming(client, idle, cap), MODELS).call(MESSAGES)
+            drive(ModelFailover(streaming(client, idle, cap), MODELS).stream_call(MESSAGES))
         assert stream_threads() == []
         assert fp.wait_for_client_disconnects(3)
     error = info.value

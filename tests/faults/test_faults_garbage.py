@@ -21,6 +21,7 @@ from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._clients.http.sse_read import MAX_EVENT_BYTES
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import LlmHttpError, LlmProtocolError
+from streamengine._wait import drive
 from streamengine.testing import steps as s
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -57,7 +58,7 @@ def test_invalid_utf8_is_replaced_even_when_written_one_byte_at_a_time(raw_text,
                 return
 
     with RawServer(script) as server, OpenAICompatibleClient(server.base_url) as client:
-        response = streaming(client, 5.0, 10.0).call(MESSAGES)
+        response = drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES))
     assert response.content == expected
 
 
@@ -79,7 +80,7 @@ def test_a_frame_that_is_not_a_json_object_is_a_protocol_error(client, fp, wire,
     seen = []
     fp.add_turn(s.text("before"), s.raw(wire), s.text("after"))
     with pytest.raises(LlmProtocolError, match=says) as info:
-        streaming(client, 5.0, 10.0).call(MESSAGES, on_chunk=seen.append)
+        drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES, on_chunk=seen.append))
     assert ErrorClassifier().classify(info.value) is ErrorClass.TRANSIENT_ADVANCE
     assert [c.content for c in seen if c.content] == ["before"]
 
@@ -104,7 +105,7 @@ def test_frames_of_the_wrong_shape_are_ignored_never_a_crash(client, fp):
     wire += 'data: {"usage": {"prompt_tokens": 1e400, "completion_tokens": 1}}\n\n'
     wire += 'data: {"usage": {"prompt_tokens": NaN}}\n\n'
     fp.add_turn(s.text("a"), s.raw(wire), s.text("b"))
-    response = streaming(client, 5.0, 10.0).call(MESSAGES)
+    response = drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES))
     assert response.content == "ab"
     assert response.tool_calls == ()
     assert response.usage is not None and response.usage.prompt_tokens == 1  # FakeProvider's own usage frame
@@ -118,7 +119,7 @@ def test_sloppy_but_meaningful_shapes_are_kept(client, fp):
                 s.raw(frame({"choices": [{"index": 0, "delta": {"content": [
                     {"type": "text", "text": "three"}, {"type": "image_url", "image_url": {}}]}}]})),
                 s.raw(frame({"choices": [{"index": 1, "delta": {"content": "other choice"}}]})))
-    assert streaming(client, 5.0, 10.0).call(MESSAGES).content == "one two three"
+    assert drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES)).content == "one two three"
 
 
 def test_garbage_through_the_whole_complete_path(client, fp):
@@ -148,7 +149,8 @@ def _endless_line(total: int, sent: list):
 def test_a_50mb_line_without_newline_is_refused_with_bounded_memory():
     sent = [0]
     with RawServer(_endless_line(50 * MB, sent)) as server, OpenAICompatibleClient(server.base_url) as client:
-        info, peak = peak_while_refused(lambda: streaming(client, GUARD_S, GUARD_S).call(MESSAGES), LlmProtocolError)
+        info, peak = peak_while_refused(lambda: drive(streaming(client, GUARD_S, GUARD_S).stream_call(MESSAGES)),
+                                        LlmProtocolError)
         assert stream_threads() == []
         assert server.peer_closed.wait(GUARD_S)  # the client hung up instead of reading on
     assert f"an SSE event grew past {MAX_EVENT_BYTES} bytes" in str(info.value)
@@ -171,7 +173,8 @@ def test_a_huge_error_body_is_cut_and_memory_stays_bounded():
             sent[0] += len(piece)
 
     with RawServer(script) as server, OpenAICompatibleClient(server.base_url) as client:
-        info, peak = peak_while_refused(lambda: streaming(client, GUARD_S, GUARD_S).call(MESSAGES), LlmHttpError)
+        info, peak = peak_while_refused(lambda: drive(streaming(client, GUARD_S, GUARD_S).stream_call(MESSAGES)),
+                                        LlmHttpError)
         assert server.peer_closed.wait(GUARD_S)
     assert info.value.status_code == 503 and len(info.value.body) <= 1024
     assert info.value.body.startswith("overloaded overloaded")
@@ -191,7 +194,7 @@ def test_only_llm_errors_leave_the_client_for_random_bytes():
 def test_a_lone_surrogate_in_the_conversation_is_sent_escaped(client, fp):
     """A model can send ``\\ud83d`` (JSON-escaped) and it comes back in the next round's messages."""
     fp.add_turn(s.text("ok"))
-    streaming(client, 5.0, 10.0).call([{"role": "user", "content": "lone \ud83d surrogate"}])
+    drive(streaming(client, 5.0, 10.0).stream_call([{"role": "user", "content": "lone \ud83d surrogate"}]))
     body = fp.requests[0].body
     assert body.isascii() and b"\\ud83d" in body
     assert json.loads(body)["messages"][0]["content"] == "lone \ud83d surrogate"

@@ -31,6 +31,7 @@ from streamengine._errors import (
     LlmStreamError,
 )
 from streamengine._messages import ToolCall
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolExecutor, tool
@@ -156,7 +157,7 @@ def test_server_errors_advance_and_keep_the_provider_message(client, fp, status)
 def test_advancing_statuses_fail_over_to_the_next_model(client, fp, status):
     fp.add_turn(s.http_error(status, {"error": {"message": "nope"}}))
     fp.add_turn(s.text("from b"))
-    result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+    result = drive(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).stream_call(MESSAGES))
     assert (result.model, result.response.content) == ("b", "from b")
 
 
@@ -166,7 +167,7 @@ def test_request_errors_are_fatal_and_stop_at_once(client, fp, status, hint):
     fp.add_turn(s.http_error(status, {"error": {"message": f"provider says {status}"}}))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+        drive(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).stream_call(MESSAGES))
     assert classify(info.value) is ErrorClass.FATAL
     assert f"provider says {status}" in str(info.value) and hint in str(info.value)
     assert fp.request_count == 1
@@ -213,7 +214,7 @@ def test_in_band_error_frames_mid_stream(client, fp, message, kind, code, expect
     seen = []
     fp.add_turn(s.text("some "), s.text("text "), s.error_frame(message, type=kind, code=code), s.text("more"))
     with pytest.raises(Exception) as info:
-        streaming(client, 5.0, 10.0).call(MESSAGES, on_chunk=seen.append)
+        drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES, on_chunk=seen.append))
     error = info.value
     assert type(error) is expected
     assert message in str(error) and "in the stream after 2 events" in str(error)
@@ -279,21 +280,21 @@ def test_the_api_key_is_never_logged_nor_shown(key_as_given):
             for step in ECHOES:
                 fp.add_turn(step)
                 with pytest.raises(LlmError) as info:
-                    strategy.call(MESSAGES)
+                    drive(strategy.stream_call(MESSAGES))
                 errors.append(info.value)
             for turn in ECHOES_MID_STREAM:
                 fp.add_turn(*turn)
                 with pytest.raises(LlmError) as info:
-                    strategy.call(MESSAGES)
+                    drive(strategy.stream_call(MESSAGES))
                 errors.append(info.value)
             # Through failover and the engine too: their warnings quote each cause.
             for turn in [ECHOES[0]] + [ECHOES[1], ECHOES[3]]:
                 fp.add_turn(turn)
             with pytest.raises(LlmHttpError) as info:
-                ModelFailover(strategy, ["a", "b"]).call(MESSAGES)
+                drive(ModelFailover(strategy, ["a", "b"]).stream_call(MESSAGES))
             errors.append(info.value)
             with pytest.raises(AllModelsFailedError) as info:
-                ModelFailover(strategy, ["a", "b"]).call(MESSAGES)
+                drive(ModelFailover(strategy, ["a", "b"]).stream_call(MESSAGES))
             errors.append(info.value)
             fp.add_turn(*ECHOES_MID_STREAM[0])
             fp.add_turn(ECHOES[1])

@@ -18,11 +18,12 @@ from backoff_support import RecordedBackoffs
 from faultkit import GUARD_S, MESSAGES, stream_threads, streaming
 from rawwire import outcomes_of, random_bodies
 
-from streamengine._calls.buffered import BufferedCallStrategy
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
+from streamengine._calls.strategies import BufferedCallStrategy
 from streamengine._clients.responses.client import OpenAIResponsesClient
 from streamengine._errors import AllModelsFailedError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
 from streamengine._messages import CompletionOptions
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -90,7 +91,7 @@ def test_a_stall_fires_the_idle_timer_and_closes_the_connection(framing, turn, m
     with FakeProvider(framing=framing, wire="responses") as fp, OpenAIResponsesClient(fp.base_url) as client:
         fp.add_turn(*turn)
         with pytest.raises(LlmTimeoutError) as info:
-            streaming(client, IDLE, CAP).call(MESSAGES, options=OPTIONS)
+            drive(streaming(client, IDLE, CAP).stream_call(MESSAGES, options=OPTIONS))
         assert stream_threads() == []
         assert fp.wait_for_client_disconnects(1, GUARD_S), "the provider never saw the client go away"
     assert str(info.value) == message
@@ -100,7 +101,7 @@ def test_a_stall_fires_the_idle_timer_and_closes_the_connection(framing, turn, m
 def test_hosted_tool_progress_is_the_model_working_until_the_cap(fp, client):
     fp.add_turn(s.empty_delta(), s.forever(SEARCHING, every=0.02))
     with pytest.raises(LlmTimeoutError) as info:
-        streaming(client, IDLE, CAP).call(MESSAGES, options=OPTIONS)
+        drive(streaming(client, IDLE, CAP).stream_call(MESSAGES, options=OPTIONS))
     assert stream_threads() == [] and fp.wait_for_client_disconnects(1, GUARD_S)
     error = info.value
     assert error.chunks_received > 0 and str(error) == CAP_MSG.format(CAP, error.chunks_received)
@@ -109,7 +110,7 @@ def test_hosted_tool_progress_is_the_model_working_until_the_cap(fp, client):
 def test_text_that_never_stops_hits_the_cap(fp, client):
     fp.add_turn(s.forever(s.text("x"), every=0.02))
     with pytest.raises(LlmTimeoutError) as info:
-        streaming(client, IDLE, CAP).call(MESSAGES, options=OPTIONS)
+        drive(streaming(client, IDLE, CAP).stream_call(MESSAGES, options=OPTIONS))
     assert stream_threads() == [] and fp.wait_for_client_disconnects(1, GUARD_S)
     assert str(info.value) == CAP_MSG.format(CAP, info.value.chunks_received)
 
@@ -117,7 +118,7 @@ def test_text_that_never_stops_hits_the_cap(fp, client):
 def test_a_stalled_model_fails_over_to_the_next(fp, client):
     fp.add_turn(s.forever(IN_PROGRESS))
     fp.add_turn(s.text("from b"))
-    result = ModelFailover(streaming(client, IDLE, 10.0), ["a", "b"]).call(MESSAGES)
+    result = drive(ModelFailover(streaming(client, IDLE, 10.0), ["a", "b"]).stream_call(MESSAGES))
     assert (result.model, result.response.content) == ("b", "from b")
     assert [(m, type(e)) for m, e in result.attempts] == [("a", LlmTimeoutError)]
 
@@ -128,7 +129,7 @@ def test_a_caller_cancel_during_a_stall_ends_the_call_and_the_connection(fp, cli
     timer = threading.Timer(0.1, cancel.set)
     timer.start()
     with pytest.raises(LlmCancelledError):
-        streaming(client, 30.0, 60.0).call(MESSAGES, options=OPTIONS, cancel=cancel)
+        drive(streaming(client, 30.0, 60.0).stream_call(MESSAGES, options=OPTIONS, cancel=cancel))
     timer.join()
     assert stream_threads() == [] and fp.wait_for_client_disconnects(1, GUARD_S)
 
@@ -140,7 +141,7 @@ def test_a_dropped_stream_fails_over_and_only_the_next_answer_is_returned(framin
     with FakeProvider(framing=framing, wire="responses") as fp, OpenAIResponsesClient(fp.base_url) as client:
         fp.add_turn(s.text("partial from a "), s.drop())
         fp.add_turn(s.text("whole answer from b"))
-        result = failover(client).call(MESSAGES)
+        result = drive(failover(client).stream_call(MESSAGES))
     assert result.model == "b" and result.response.content == "whole answer from b"
     assert [(model, type(exc)) for model, exc in result.attempts] == [("a", LlmStreamError)]
 
@@ -164,7 +165,7 @@ def test_a_cut_stream_is_a_broken_stream_never_an_answer(turn, says):
     with FakeProvider(framing="close", wire="responses") as fp, OpenAIResponsesClient(fp.base_url) as client:
         fp.add_turn(*turn)
         with pytest.raises(LlmStreamError, match=says) as info:
-            streaming(client, 5.0, 10.0).call(MESSAGES, options=OPTIONS)
+            drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES, options=OPTIONS))
     assert classify(info.value) is ErrorClass.TRANSIENT_ADVANCE
 
 
@@ -172,7 +173,7 @@ def test_every_model_cut_off_is_all_models_failed(fp, client):
     fp.add_turn(s.text("a1"), s.end())
     fp.add_turn(s.text("b1"), s.drop())
     with pytest.raises(AllModelsFailedError) as info:
-        failover(client).call(MESSAGES)
+        drive(failover(client).stream_call(MESSAGES))
     assert [m for m, _ in info.value.attempts] == ["a", "b"]
     assert all(isinstance(exc, LlmStreamError) for _, exc in info.value.attempts)
 
@@ -194,7 +195,7 @@ def test_429_waits_the_retry_after_then_retries_the_same_model(fp, client):
 def test_server_side_statuses_fail_over_to_the_next_model(fp, client, status):
     fp.add_turn(s.http_error(status, {"error": {"message": "nope", "type": "server_error"}}))
     fp.add_turn(s.text("from b"))
-    result = failover(client).call(MESSAGES)
+    result = drive(failover(client).stream_call(MESSAGES))
     assert (result.model, result.response.content) == ("b", "from b")
     assert "nope" in str(result.attempts[0][1])
 
@@ -206,7 +207,7 @@ def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, hint):
     fp.add_turn(s.http_error(status, body))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        failover(client).call(MESSAGES)
+        drive(failover(client).stream_call(MESSAGES))
     assert classify(info.value) is ErrorClass.FATAL
     assert f"provider says {status}" in str(info.value) and hint in str(info.value)
     assert fp.request_count == 1
@@ -217,7 +218,7 @@ def test_request_errors_are_fatal_and_stop_at_once(fp, client, status, hint):
 def test_a_server_error_event_mid_answer_fails_over_with_only_the_next_answer(fp, client):
     fp.add_turn(s.text("half of a"), s.error_frame("The server had an error", type="server_error"))
     fp.add_turn(s.text("all of b"))
-    result = failover(client).call(MESSAGES)
+    result = drive(failover(client).stream_call(MESSAGES))
     assert (result.model, result.response.content) == ("b", "all of b")
     assert isinstance(result.attempts[0][1], LlmStreamError)
 
@@ -234,7 +235,7 @@ def test_an_in_band_insufficient_quota_is_fatal_not_a_rate_limit(fp, client):
     fp.add_turn(s.error_frame("You exceeded your current quota", type="insufficient_quota"))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError, match="exceeded your current quota") as info:
-        failover(client).call(MESSAGES)
+        drive(failover(client).stream_call(MESSAGES))
     assert info.value.status_code == 402 and fp.request_count == 1
 
 
@@ -243,7 +244,7 @@ def test_a_context_length_error_event_is_fatal(fp, client):
                               code="context_length_exceeded"))
     fp.add_turn(s.text("must never be asked"))
     with pytest.raises(LlmHttpError) as info:
-        failover(client).call(MESSAGES)
+        drive(failover(client).stream_call(MESSAGES))
     assert info.value.status_code == 400 and fp.request_count == 1
 
 
@@ -274,9 +275,9 @@ def test_a_buffered_call_answers_and_a_stalled_one_times_out_and_closes_the_conn
     fp.add_turn(s.text("whole"), s.tool_call(0, id="call_1", name="f", arguments='{"a": 1}'))
     fp.add_turn(s.stall_before_headers())
     strategy = BufferedCallStrategy(client, completion_timeout=5.0)
-    response = strategy.call(MESSAGES, options=OPTIONS)
+    response = drive(strategy.stream_call(MESSAGES, options=OPTIONS))
     assert (response.content, [c.args() for c in response.tool_calls]) == ("whole", [{"a": 1}])
     with pytest.raises(LlmTimeoutError, match="buffered completion timeout"):
-        BufferedCallStrategy(client, completion_timeout=IDLE).call(MESSAGES, options=OPTIONS)
+        drive(BufferedCallStrategy(client, completion_timeout=IDLE).stream_call(MESSAGES, options=OPTIONS))
     assert fp.wait_for_client_disconnects(1, GUARD_S)
     assert [t for t in threading.enumerate() if t.name.startswith("streamengine-complete")] == []

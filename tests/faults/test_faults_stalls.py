@@ -32,6 +32,7 @@ from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, Raw
 from streamengine._calls.failover import ErrorClass, ErrorClassifier
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import LlmTimeoutError
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -103,7 +104,7 @@ CASES = [
 def test_a_stall_fires_the_right_timeout_and_closes_the_socket(script, idle, cap, message, verb, meaningful):
     with RawServer(script) as server, OpenAICompatibleClient(server.base_url) as client:
         with pytest.raises(LlmTimeoutError) as info:
-            streaming(client, idle, cap).call(MESSAGES)
+            drive(streaming(client, idle, cap).stream_call(MESSAGES))
         # The producer thread was joined before the error was raised.
         assert stream_threads() == []
         # The server sees the connection go away (shut down, not left open until the guard).
@@ -118,7 +119,7 @@ def test_a_stall_fires_the_right_timeout_and_closes_the_socket(script, idle, cap
 def test_meaningful_chunks_that_never_stop_hit_the_cap():
     with RawServer(forever(content_frame("x"))) as server, OpenAICompatibleClient(server.base_url) as client:
         with pytest.raises(LlmTimeoutError) as info:
-            streaming(client, IDLE, CAP).call(MESSAGES)
+            drive(streaming(client, IDLE, CAP).stream_call(MESSAGES))
         assert stream_threads() == []
         assert server.peer_closed.wait(GUARD_S)
     error = info.value
@@ -154,7 +155,7 @@ def test_stalls_through_fake_provider(framing, turn, message):
     with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(*turn)
         with pytest.raises(LlmTimeoutError) as info:
-            streaming(client, FAKE_IDLE, CAP).call(MESSAGES)
+            drive(streaming(client, FAKE_IDLE, CAP).stream_call(MESSAGES))
         assert stream_threads() == []
         assert fp.wait_for_client_disconnects(1, GUARD_S), "the provider never saw the client go away"
     assert str(info.value) == message
@@ -168,7 +169,7 @@ def test_a_caller_cancel_during_a_stall_closes_the_socket_and_ends_the_producer(
         timer = threading.Timer(0.1, cancel.set)
         timer.start()
         with pytest.raises(LlmCancelledError):
-            streaming(client, 30.0, 60.0).call(MESSAGES, cancel=cancel)
+            drive(streaming(client, 30.0, 60.0).stream_call(MESSAGES, cancel=cancel))
         timer.join()
         assert stream_threads() == []
         assert server.peer_closed.wait(GUARD_S)
@@ -195,7 +196,7 @@ def test_a_connect_that_hangs_fires_the_idle_timer_on_time_and_ends_the_producer
     """
     with OpenAICompatibleClient(full_queue.base_url, connect_timeout=GUARD_S) as client:
         with pytest.raises(LlmTimeoutError) as info:
-            streaming(client, IDLE, CAP).call(MESSAGES)
+            drive(streaming(client, IDLE, CAP).stream_call(MESSAGES))
         assert stream_threads() == []  # joined, not abandoned mid-connect
     assert str(info.value) == NO_RESPONSE.format(IDLE)
 

@@ -16,6 +16,7 @@ from faultkit_rawserver import STREAM_HEADERS_CHUNKED, STREAM_HEADERS_CLOSE, Raw
 from streamengine._calls.failover import ErrorClass, ErrorClassifier, ModelFailover
 from streamengine._clients.openai.client import OpenAICompatibleClient
 from streamengine._errors import AllModelsFailedError, LlmStreamError
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -64,7 +65,7 @@ def test_a_cut_stream_is_a_broken_stream_never_an_answer(headers, body, says):
     seen = []
     with RawServer(answer(headers, body)) as server, OpenAICompatibleClient(server.base_url) as client:
         with pytest.raises(LlmStreamError) as info:
-            streaming(client, 5.0, 10.0).call(MESSAGES, on_chunk=seen.append)
+            drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES, on_chunk=seen.append))
         assert stream_threads() == []
     assert says in str(info.value)
     assert "retry or fail over" in str(info.value)
@@ -83,7 +84,7 @@ COMPLETE = [
 @pytest.mark.parametrize("headers, body", [c[1:] for c in COMPLETE], ids=[c[0] for c in COMPLETE])
 def test_a_finish_reason_or_done_completes(headers, body):
     with RawServer(answer(headers, body)) as server, OpenAICompatibleClient(server.base_url) as client:
-        response = streaming(client, 5.0, 10.0).call(MESSAGES)
+        response = drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES))
     assert response.content == "a"
 
 
@@ -92,7 +93,7 @@ def test_a_broken_stream_fails_over_and_only_the_next_answer_is_returned(framing
     with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(s.text("partial from a "), s.drop())
         fp.add_turn(s.text("whole answer from b"))
-        result = ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+        result = drive(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).stream_call(MESSAGES))
     assert result.model == "b" and result.response.content == "whole answer from b"
     assert [(model, type(exc)) for model, exc in result.attempts] == [("a", LlmStreamError)]
 
@@ -102,7 +103,7 @@ def test_every_model_cut_off_is_all_models_failed_not_an_answer():
         fp.add_turn(s.text("a1"), s.end())
         fp.add_turn(s.text("b1"), s.raw(finish_frame()[:-1]), s.end())
         with pytest.raises(AllModelsFailedError) as info:
-            ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).call(MESSAGES)
+            drive(ModelFailover(streaming(client, 5.0, 10.0), ["a", "b"]).stream_call(MESSAGES))
     assert [m for m, _ in info.value.attempts] == ["a", "b"]
     assert all(isinstance(exc, LlmStreamError) for _, exc in info.value.attempts)
 
@@ -116,7 +117,7 @@ def test_streams_reuse_one_connection(framing):
     with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.respond_with(lambda payload: [s.text("x")])
         for _ in range(5):
-            assert streaming(client, 5.0, 10.0).call(MESSAGES).content == "x"
+            assert drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES)).content == "x"
         assert fp.request_count == 5 and fp.connection_count == 1
 
 
@@ -124,7 +125,7 @@ def test_a_provider_that_holds_the_body_open_after_done_does_not_hold_the_answer
     with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(s.text("complete"), s.done(), s.stall())
         fp.add_turn(s.text("next"))
-        assert streaming(client, 5.0, 10.0).call(MESSAGES).content == "complete"
+        assert drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES)).content == "complete"
         assert fp.wait_for_client_disconnects(1)  # that connection was closed, not pooled half-read
-        assert streaming(client, 5.0, 10.0).call(MESSAGES).content == "next"
+        assert drive(streaming(client, 5.0, 10.0).stream_call(MESSAGES)).content == "next"
         assert fp.connection_count == 2
