@@ -20,8 +20,8 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 #: Layers from the bottom up; a module may import its own layer and those below, never above.
 LAYERS = [
-    ("data", ["_errors", "_messages", "_tool_context", "_validation", "_logs", "_cancel", "_wait", "_output_limits", "_config",
-              "_redact", "_terminal"]),
+    ("data", ["_errors", "_messages", "_tool_context", "_validation", "_logs", "_cancel", "_wait", "_output_limits",
+              "_config", "_redact", "_terminal"]),
     ("parsing", ["_accumulate", "_json_shape", "_inline"]),
     ("clients", ["_clients"]),
     ("tools", ["tools"]),
