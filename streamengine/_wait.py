@@ -36,12 +36,9 @@ class Wait:
 
     ``waker`` is set by the driver: a callable that ends its wait at once,
     for whoever changes what ``ready`` reads from another thread.
-    ``readable`` is set by a driver that resumes the generator because
-    ``fileobj`` became readable before any deadline (the strategy then skips
-    its own deadline check); a driver that does not say leaves it False.
     """
 
-    __slots__ = ("fileobj", "held", "idle_until", "readable", "ready", "until", "waker")
+    __slots__ = ("fileobj", "held", "idle_until", "ready", "until", "waker")
 
     def __init__(self, fileobj: Any = None, until: float = _NEVER,
                  ready: Optional[Callable[[], bool]] = None) -> None:
@@ -51,7 +48,6 @@ class Wait:
         self.held = 0.0
         self.ready = ready
         self.waker: Optional[Callable[[], None]] = None
-        self.readable = False
 
     def due(self) -> float:
         """The monotonic time this wait ends by, if nothing wakes it first."""

@@ -147,8 +147,7 @@ class ModelFailover:
         loop form, so each attempt's waits pass up, and so does each back-off:
         tenacity's sleep only notes it, and the wait is yielded here before the
         next attempt (the driving thread keeps its heartbeats, tool deadlines
-        and cancel while it waits).  Both loops are in this one generator: every
-        wait of a call passes one level less.
+        and cancel while it waits).
         """
         base = options if options is not None else CompletionOptions()
         attempts: List[Attempt] = []

@@ -8,7 +8,7 @@ meaningful chunk (content, reasoning, a tool-call delta, the completion)
 resets it:
 
 ``StreamingCallStrategy``
-    The driving thread iterates the client's stream itself: a token crosses
+    The driving thread iterates the client's stream itself: a chunk crosses
     no thread boundary here.  :meth:`CallStrategy.stream_call` is a
     generator: where the client would block it yields a
     :class:`~streamengine._wait.Wait`, which this strategy tightens
@@ -53,7 +53,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional,
 
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
-from .._cancel import CancelToken, cancel_flag, on_cancel
+from .._cancel import CancelToken, on_cancel
 from .._clients.base import LlmClient, StreamingLlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
@@ -207,20 +207,15 @@ class StreamingCallStrategy(CallStrategy):
     def _read(self, watched: _Deadlines, cancel: Optional[threading.Event],
               open_stream: Callable[[], Iterator[Union[Chunk, Wait]]], options: Optional[CompletionOptions],
               on_chunk: Optional[OnChunk], on_tool_calls: Optional[OnToolCalls], started: float) -> Steps:
-        """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened.
-
-        Once per token: the flags are plain attribute reads (``CancelToken.cancelled``),
-        the deadlines are compared here and only a passed one goes to :func:`_lapsed`.
-        """
+        """Read a chunk, feed it on, move the idle deadline; pass each wait up, tightened to the deadlines."""
         monotonic = time.monotonic
         aggregator = ResponseAggregator(self.output_limits)
-        add = aggregator.add
         emitter = self.emitter
-        idle = self.idle_timeout
         token = watched.token
-        stopped = token.is_set
-        caller = cancel_flag(cancel)
-        caller_stopped = cancel.is_set if cancel is not None else bool
+
+        def stopped() -> bool:
+            return token.is_set() or (cancel is not None and cancel.is_set())
+
         cap = watched.cap_deadline
         meaningful = 0
         completed = False
@@ -234,23 +229,18 @@ class StreamingCallStrategy(CallStrategy):
                         wait.until = cap
                     wait.idle_until = watched.idle_deadline
                     wait.held = 0.0
-                    wait.readable = False
                     yield wait
                     if wait.held:  # the consumer held the thread: not the model's silence
                         watched.idle_deadline += wait.held
-                    if wait.readable:  # the driver saw the socket readable before any deadline
-                        continue
-                    now = monotonic()
-                    if now >= watched.idle_deadline or now >= cap or token.cancelled or caller.cancelled:
-                        if _lapsed(watched, now) or stopped() or caller_stopped():
-                            raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+                    if _lapsed(watched, monotonic()) or stopped():
+                        raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                     continue
-                if token.cancelled:  # timed out or cancelled while this chunk was read: feed no more on
+                if token.is_set():  # timed out or cancelled while this chunk was read: feed no more on
                     raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                 if chunk.is_meaningful:  # type: ignore[union-attr]
                     meaningful += 1
-                    watched.idle_deadline = monotonic() + idle
-                calls = add(chunk)  # type: ignore[arg-type]
+                    watched.idle_deadline = monotonic() + self.idle_timeout
+                calls = aggregator.add(chunk)  # type: ignore[arg-type]
                 if on_chunk is not None:
                     on_chunk(chunk)  # type: ignore[arg-type]
                 if calls and on_tool_calls is not None:
@@ -266,7 +256,7 @@ class StreamingCallStrategy(CallStrategy):
                     return response
                 if emitter is not None and emitter.subscribers:
                     emitter.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
-            if stopped() or caller_stopped():  # a client that ends quietly when cancelled
+            if stopped():  # a client that ends quietly when cancelled
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
             raise LlmStreamError(
                 f"LLM stream ended without a completed chunk after {meaningful} meaningful chunks "
@@ -275,7 +265,7 @@ class StreamingCallStrategy(CallStrategy):
             raise
         except BaseException as exc:
             # The read failed because the token was set, or ran into a deadline (its socket timeout): say why.
-            if stopped() or _lapsed(watched, monotonic()) or caller_stopped():
+            if stopped() or _lapsed(watched, monotonic()):
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks) from exc
             raise
         finally:

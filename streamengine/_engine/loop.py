@@ -53,10 +53,6 @@ def _never() -> float:
     return _NEVER
 
 
-def _discard(_event: Event) -> None:
-    pass
-
-
 class RunLoop:
     """The outbox, the wake-up pipe and the selector of one run; see the module doc.
 
@@ -75,7 +71,7 @@ class RunLoop:
         self.on_tools_due: Callable[[], None] = no_callback
         self.tools_pending: Sized = ()  # tool deadlines are asked for only while this is non-empty
         self.handed: List[Event] = []  # the last batch handed to the consumer
-        self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
+        self._driver: Optional[int] = None  # the ident of the thread that drives the run
         self._lock = threading.Lock()
         self._closed = False
         self._read_end, self._write_end = os.pipe()
@@ -83,21 +79,13 @@ class RunLoop:
         os.set_blocking(self._write_end, False)
         self._selector = _Selector(self._read_end)
         self._unwatch = cancel.add_callback(self.wake)
-        self.emit = self._emitter()
 
     # --- any thread ------------------------------------------------------------------
-    def _emitter(self) -> Callable[[Event], None]:
-        """``emit(event)``: queue it for the consumer; from another thread, also end the driver's wait.
-
-        A closure over locals: it runs once per token.
-        """
-        append, get_ident, wake, driver = self.outbox.append, threading.get_ident, self.wake, self._driving
-
-        def emit(event: Event) -> None:
-            append(event)
-            if get_ident() != driver[0]:
-                wake()
-        return emit
+    def emit(self, event: Event) -> None:
+        """Queue ``event`` for the consumer; from a thread other than the driver's, also end the driver's wait."""
+        self.outbox.append(event)
+        if threading.get_ident() != self._driver:
+            self.wake()
 
     def wake(self) -> None:
         """End the driving thread's wait now (a tool finished, a cancel, a worker's flag)."""
@@ -112,13 +100,12 @@ class RunLoop:
     def close(self) -> None:
         """The run is over: stop following the cancel, free the pipe and the selector.
 
-        The references back into the run (its tools, this loop's own emitter) are
-        dropped too: the run's objects then die with their last reference, not
-        in a garbage collection's cycle search (a served session's largest cycles).
+        The references back into the run (its tool calls) are dropped too: the
+        run's objects then die with their last reference, not in a garbage
+        collection's cycle search (tests/test_engine_onethread.py checks).
         """
         self._unwatch()
         self._unwatch = no_callback
-        self.emit = _discard
         self.tools_due, self.on_tools_due, self.tools_pending = _never, no_callback, ()
         with self._lock:
             if self._closed:
@@ -132,54 +119,41 @@ class RunLoop:
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
         """Drive ``steps`` to its end; yield the events that are ready each time it would wait.
 
-        Runs once per token: names are bound to locals.
+        The time the consumer keeps each batch is added to the wait's ``held``.
         """
-        self._driving[0] = threading.get_ident()
-        out, take, waited, send = self.outbox, self._take, self._waited, steps.send
-        popleft = out.popleft
+        self._driver = threading.get_ident()
         self._last_out = _monotonic()
         try:
             wait = next(steps)
             while True:
-                if out:
-                    batch = [popleft()]
-                    if out:
-                        batch += take()
-                    self.handed = batch
+                if self.outbox:
+                    self.handed = self._take()
                     handed = _monotonic()
-                    yield batch
-                    now = _monotonic()
-                    wait.held += now - handed
-                    self._last_out = now
-                else:
-                    now = _monotonic()
-                if waited(wait, now):
-                    wait = send(None)
+                    yield self.handed
+                    self._last_out = _monotonic()
+                    wait.held += self._last_out - handed
+                if self._waited(wait):
+                    wait = steps.send(None)
         except StopIteration:
             pass
         except GeneratorExit:
             raise
         except BaseException:  # a KeyboardInterrupt the run passed on: what it told goes out first
-            if out:
+            if self.outbox:
                 self.handed = self._take()
                 yield self.handed
             raise
-        if out:
+        if self.outbox:
             self.handed = self._take()
             yield self.handed
 
     def _take(self) -> List[Event]:
+        """Every event queued now (workers may append meanwhile: those wait for the next batch)."""
         popleft = self.outbox.popleft
         return [popleft() for _ in range(len(self.outbox))]
 
-    def _waited(self, wait: Wait, now: float) -> bool:
-        """Wait once for ``wait``; True when its generator should look again.
-
-        ``now`` is the clock as the caller just read it (one read less a token).
-
-        The hot path (a socket wait, no tool pending) calls nothing but the
-        poll and the clock once, after it.
-        """
+    def _waited(self, wait: Wait) -> bool:
+        """Wait once for ``wait``; True when its generator should look again."""
         ready = wait.ready
         if ready is not None:
             wait.waker = self.wake
@@ -188,11 +162,8 @@ class RunLoop:
         cancel = self.cancel
         if cancel.cancelled:
             return True
-        if ready is not None:
-            now = _monotonic()  # ready() may have taken its time
-        due = wait.idle_until + wait.held
-        if wait.until < due:
-            due = wait.until
+        now = _monotonic()
+        due = wait.due()
         tools = _NEVER
         if self.tools_pending:
             tools = self.tools_due()
@@ -234,11 +205,7 @@ class RunLoop:
             self.on_tools_due()
         if beat <= now and not self.outbox:
             self.outbox.append(HEARTBEAT)
-        if readable:
-            if now < due and not cancel.cancelled:
-                wait.readable = True  # the strategy need not look at its deadlines again
-            return True
-        if now >= due or cancel.cancelled:
+        if readable or now >= due or cancel.cancelled:
             return True
         return fileobj is None and (woken or (ready is not None and ready()))
 
@@ -254,7 +221,7 @@ class _Selector:
     """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change).
 
     ``poll`` is the bound ``poll()`` of a ``select.poll`` object, which
-    :meth:`RunLoop._waited` calls itself (once per token: no call in between);
+    :meth:`RunLoop._waited` calls itself;
     None where there is no poll() (Windows), and :meth:`select` waits instead.
     """
 

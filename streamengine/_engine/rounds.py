@@ -85,11 +85,7 @@ class RoundRunner:
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> Steps:
-        """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``.
-
-        The catch is here, not in a generator around this one: every wait of
-        the run passes through one generator level less.
-        """
+        """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``."""
         try:
             last_round = self.config.max_continuations + 1
             for round_no in range(1, last_round + 1):
@@ -289,9 +285,7 @@ class RunDeps:
 class RunState:
     """What one run has gathered so far; owned by the thread that drives the run.
 
-    ``emit`` puts an event from any thread; ``emit_here`` (when given) only
-    from the thread that drives the run, which needs no wake-up: a token
-    costs a deque append.
+    ``emit`` puts an event, from any thread.
     """
 
     conversation: List[Message]
@@ -307,7 +301,6 @@ class RunState:
     error: Optional[str] = None
     refusal: Optional[str] = None
     done: bool = False
-    emit_here: Optional[Callable[[Event], None]] = None  # None: ``emit`` serves the driving thread too
     trace: Any = None  # the run's OpenTelemetry trace (``_otel.tracing.RunTrace``), None when not traced
 
 # --- What one round keeps while its stream flows: the inline scanner, the text shown, the native calls. ------------
@@ -324,15 +317,14 @@ class RoundStream:
     """Everything one round keeps while its stream flows (see the module doc).
 
     One per round, :meth:`reset` in place when failover streams the round
-    again, so its bound :meth:`on_chunk` is handed to the call strategy as it
-    is: a chunk costs no forwarding call.
+    again: the call strategy holds its bound :meth:`on_chunk` from the start.
     """
 
     def __init__(self, runner: RoundRunner, round_no: int) -> None:
         self.runner = runner
         self.round_no = round_no
         state = runner.state
-        self._emit = state.emit_here if state.emit_here is not None else state.emit
+        self._emit = state.emit
         self._telemetry = state.telemetry
         self._started = state.started
         self.reset()

@@ -277,8 +277,7 @@ class StreamingEngine:
         ``answer`` the visible ``⚠️ LLM error: ...`` and ``error`` set.
         ``model``, ``options``, ``conversation_id`` and ``approve`` are as for :meth:`run`.
         """
-        # run() always ends with DoneEvent; a deque of length 1 keeps it and
-        # consumes the rest in C, not one Python loop step per token.
+        # run() always ends with DoneEvent: a deque of length 1 keeps the last event.
         events = self.run(messages, cancel, model=model, options=options, conversation_id=conversation_id,
                           approve=approve)
         last = collections.deque(events, maxlen=1)
@@ -311,7 +310,7 @@ class StreamingEngine:
         stop_watch = on_cancel(cancel, token.set)
         loop = RunLoop(token, heartbeat_s)
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
-                         emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
+                         scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
         loop.tools_due = runner.calls.next_deadline
         loop.on_tools_due = runner.calls.poll_deadlines
@@ -319,7 +318,7 @@ class StreamingEngine:
         steps = runner.run()  # ends with done, whatever happens in it
         finished = False
         try:
-            yield from loop.batches(steps)  # not a loop of our own: one generator level less a batch
+            yield from loop.batches(steps)
             finished = True
         finally:
             if not finished:  # left early: cancel, and let the run end itself (tools, socket, telemetry)
