@@ -120,10 +120,10 @@ def chunks_only(items: Iterator[Union[T, Wait]]) -> Iterator[T]:
     """The items of ``items``, each :class:`Wait` blocked on here (a client's plain ``stream()``)."""
     try:
         for item in items:
-            if item.__class__ is Wait:
-                block_on(item)  # type: ignore[arg-type]
+            if isinstance(item, Wait):
+                block_on(item)
             else:
-                yield item  # type: ignore[misc]
+                yield item
     finally:
         close = getattr(items, "close", None)
         if close is not None:

@@ -42,14 +42,15 @@ chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
 * the cap reached while chunks flow:
   ``LLM streaming completion timeout: stream exceeded the Ns cap (after M chunks)`` — ``timed out``
 * buffered:
-  ``LLM buffered completion timeout: no response received within Ns (model may be unavailable or overloaded)`` — ``unavailable``
+  ``LLM buffered completion timeout: no response received within Ns (model may be unavailable or overloaded)``
+  — ``unavailable``
 """
 from __future__ import annotations
 
 import abc
 import threading
 import time
-from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
@@ -88,7 +89,8 @@ class CallStrategy(abc.ABC):
     #: later than this after its timeout fired is warned about.
     join_timeout: float = 2.0
 
-    def __init__(self, client: LlmClient, *, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S, observers: Iterable[Any] = (),
+    def __init__(self, client: LlmClient, *, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
+                 observers: Iterable[Any] = (),
                  emitter: Any = None, logger: Any = None, output_limits: Optional[OutputLimits] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(
@@ -155,7 +157,7 @@ def _describe_exception(exc: Optional[BaseException]) -> str:
     return text
 
 
-def _close(stream: Iterator[Chunk]) -> None:
+def _close(stream: Iterator[Any]) -> None:
     """End a client's generator now, so its ``finally`` releases the connection in this thread."""
     close = getattr(stream, "close", None)
     if close is not None:
@@ -172,7 +174,8 @@ class StreamingCallStrategy(CallStrategy):
     stream, whatever arrives.  See the module docstring for the messages.
     """
 
-    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
+    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0,
+                 completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
                  observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None,
                  output_limits: Optional[OutputLimits] = None) -> None:
         super().__init__(client, completion_timeout=completion_timeout, observers=observers,
@@ -224,7 +227,7 @@ class StreamingCallStrategy(CallStrategy):
             stream = open_stream()  # a client may connect here already: inside, so a timeout is told as one
             for chunk in stream:
                 if chunk.__class__ is Wait:
-                    wait: Wait = chunk  # type: ignore[assignment]
+                    wait: Wait = chunk
                     if wait.until > cap:
                         wait.until = cap
                     wait.idle_until = watched.idle_deadline
@@ -341,7 +344,8 @@ def _lapsed(watched: _Deadlines, now: float) -> bool:
 
 # ----------------------------------------------------------------------------- factory
 
-def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
+def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0,
+                       completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
                        observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None,
                        output_limits: Optional[OutputLimits] = None) -> CallStrategy:
     """Pick the strategy by capability, once: streaming if the client can stream."""
@@ -379,7 +383,7 @@ class BufferedCallStrategy(CallStrategy):
         wait = Wait(None, ready=done.is_set)
         done.wake = wait.wake
         token.add_callback(done.set)
-        box: dict = {}
+        box: Dict[str, Any] = {}
 
         def work() -> None:
             try:
@@ -415,14 +419,15 @@ class BufferedCallStrategy(CallStrategy):
         self._succeeded(response, chunk)
         return response
 
-    def _outcome(self, box: dict, cancelled: bool, finished: bool, options: Optional[CompletionOptions],
+    def _outcome(self, box: Dict[str, Any], cancelled: bool, finished: bool, options: Optional[CompletionOptions],
                  started: float) -> Response:
         waited = time.monotonic() - started
         error = box.get("error")
         if cancelled:
             raise LlmCancelledError(f"LLM call cancelled by the caller after {waited:.3f}s") from error
         if "response" in box:
-            return box["response"]
+            response: Response = box["response"]
+            return response
         if finished and error is not None:
             raise error
         # Timed out: the worker was cancelled above, so its error (if any) is the cancel it saw.

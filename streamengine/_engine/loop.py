@@ -34,7 +34,7 @@ import select
 import selectors
 import threading
 import time
-from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Sized
+from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Sized, Tuple
 
 from .._cancel import CancelToken, no_callback
 from .._wait import Wait
@@ -232,7 +232,7 @@ class _Selector:
         if hasattr(select, "poll"):
             self._poll: Any = select.poll()
             self._poll.register(pipe, select.POLLIN)
-            self.poll: Optional[Callable[[float], list]] = self._poll.poll
+            self.poll: Optional[Callable[[float], List[Tuple[int, int]]]] = self._poll.poll
             self._selectors: Optional[selectors.BaseSelector] = None
         else:  # pragma: no cover - Windows: no poll(); selectors picks what there is
             self._poll = self.poll = None
@@ -253,7 +253,7 @@ class _Selector:
         self._fd = None
         if old is not None:
             try:
-                (self._poll or self._selectors).unregister(old)
+                (self._poll if self._poll is not None else self._selectors).unregister(old)  # type: ignore[union-attr]
             except (KeyError, ValueError, OSError):
                 pass
         if fileobj is None:

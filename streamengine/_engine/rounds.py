@@ -24,7 +24,7 @@ from .._config import EngineConfig
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .._inline.prompt import tool_instructions
 from .._inline.scanner import InlineToolScanner
-from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, Usage
+from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, ToolSpec, Usage
 from .._output_limits import output_chars, output_limit_error
 from .._wait import Wait
 from ..tools import ToolExecutor, ToolRegistry
@@ -56,7 +56,7 @@ class RoundRunner:
         self.output_left = self.config.max_run_output_chars  # spent chunk by chunk by each RoundStream
 
     # --- set-up -------------------------------------------------------------------
-    def _tool_specs(self) -> list:
+    def _tool_specs(self) -> List[ToolSpec]:
         names = set(self.calls.available_names())
         return [spec for spec in self.deps.registry.specs() if spec.name in names]
 
@@ -139,7 +139,7 @@ class RoundRunner:
         try:
             outcome = yield from self.deps.failover.stream_call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
-                options=self.config.options, cancel=self.state.cancel,
+                options=self.config.options, cancel=self.state.cancel,  # type: ignore[arg-type]
                 on_chunk=traced.watching(on_chunk) if traced else on_chunk, may_advance=may_advance,
                 on_attempt=on_attempt,
                 on_attempt_failed=on_attempt_failed,
@@ -350,7 +350,7 @@ class RoundStream:
         """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
         content = chunk.content
         runner = self.runner
-        runner.output_left -= len(content) if chunk.text_only else output_chars(chunk)
+        runner.output_left -= len(content or "") if chunk.text_only else output_chars(chunk)
         if runner.output_left < 0:
             cap = runner.config.max_run_output_chars
             raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")

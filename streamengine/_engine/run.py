@@ -172,9 +172,12 @@ class StreamingEngine:
                                       output_limits=self.config.output_limits)
         # A client built with the SDK's max_retries= keeps its say over the retries of a rate limit.
         retries = getattr(client, "max_retries", None)
-        self._failover_for = lambda models: ModelFailover(
-            strategy, list(models), classifier=classifier, logger=logger,
-            max_retries=self.config.max_retries if retries is None else retries)
+        max_retries = self.config.max_retries if retries is None else retries
+
+        def failover_for(models: Sequence[str]) -> ModelFailover:
+            return ModelFailover(strategy, list(models), classifier=classifier, logger=logger,
+                                 max_retries=max_retries)
+        self._failover_for = failover_for
         failover = self._failover_for(self.config.models)
         # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
         # One pool for every run of this engine, shared fairly: a run never holds more
@@ -182,7 +185,8 @@ class StreamingEngine:
         self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger,
                                      queue_timeout=self.config.tool_queue_timeout,
                                      max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
-        self.filing = FilingQueue(rag, self.config, self._log, self.config.max_filing_bytes) if rag is not None else None
+        self.filing = (FilingQueue(rag, self.config, self._log, self.config.max_filing_bytes) if rag is not None
+                       else None)
         if capture_content is not None and not isinstance(capture_content, bool):
             raise ConfigError(f"capture_content must be True, False or None (the environment decides), "
                               f"got {capture_content!r}")
@@ -194,7 +198,7 @@ class StreamingEngine:
                              run_tools=self._scoped_tools if rag is not None else None, approve=approve)
         self._closed = False
 
-    def _scoped_tools(self, scope: str) -> dict:
+    def _scoped_tools(self, scope: str) -> Dict[str, Tool]:
         return scoped_tools(self.registry, self._registered_search, self.rag, scope)
 
     # --- public API --------------------------------------------------------------
@@ -303,7 +307,7 @@ class StreamingEngine:
     # --- one run -------------------------------------------------------------------
     def _batches(self, conversation: List[Message], cancel: Optional[threading.Event],
                  heartbeat_s: Optional[float], deps: RunDeps, scope: str,
-                 trace: Optional[Callable[[], Any]] = None) -> Iterator[List[Event]]:
+                 trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
         """The run, driven by the thread that iterates this generator (``loop.RunLoop``)."""
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
@@ -333,7 +337,7 @@ class StreamingEngine:
 
     def _read_ahead(self, conversation: List[Message], cancel: Optional[threading.Event],
                     heartbeat_s: Optional[float], deps: RunDeps, scope: str,
-                    trace: Optional[Callable[[], Any]] = None) -> Iterator[List[Event]]:
+                    trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
         """The same run, driven by a reader thread into a bounded channel (``run(read_ahead=True)``)."""
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
@@ -401,7 +405,8 @@ def checked_approve(approve: Any, where: str) -> Optional[Approve]:
     if approve is not None and not callable(approve):
         raise ConfigError(f"{where}: approve must be a callable taking a ToolCall and returning True to run it, "
                           f"got {type(approve).__name__}")
-    return approve
+    checked: Optional[Approve] = approve
+    return checked
 
 
 def warn_unapproved(registry: ToolRegistry, log: Any) -> None:

@@ -288,7 +288,9 @@ class ToolCalls:
         self._started[key] = self._round_started[key] = entry
         self.pending.append(handle)
         self._next_deadline = min(self._next_deadline, handle.next_limit)
-        handle.add_done_callback(lambda done: self._tell(entry, done.result(), done.skipped))
+        def tell(done: ToolHandle) -> None:
+            self._tell(entry, done.result(), done.skipped)
+        handle.add_done_callback(tell)
 
     def _reuse(self, entry: Call, attempt: Call, wanted: str) -> None:
         """A replay's call answered by its failed attempt's; an exact repeat (same id too) keeps that id."""
