@@ -288,3 +288,36 @@ def test_a_finished_run_leaves_nothing_for_the_garbage_collector(read_ahead):
             ours = left_for_the_collector(lambda: list(engine.run(MESSAGES, read_ahead=read_ahead)))
     assert ours == []
 
+
+
+# --- one run API: a Run, read as events or as batches ---------------------------------------------------------
+
+def test_a_run_is_read_as_events_or_as_batches_and_batches_end_where_the_run_waits():
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("one "), s.delay(0.2), s.text("two"))
+        fp.add_turn(s.text("one "), s.delay(0.2), s.text("two"))
+        with make_engine(fp, []) as engine:
+            events = list(engine.run(MESSAGES))
+            batches = list(engine.run(MESSAGES).batches())
+    def shown(events):
+        return [(type(e).__name__, getattr(e, "text", None)) for e in events]
+    assert shown([e for batch in batches for e in batch]) == shown(events)
+    tokens = [[e.text for e in batch if isinstance(e, TokenEvent)] for batch in batches]
+    assert ["one "] in tokens and ["two"] in tokens  # the pause split them: no token waited for the next
+    assert isinstance(batches[-1][-1], DoneEvent)
+
+
+def test_a_run_read_event_by_event_cannot_switch_to_batches_and_close_cancels_it():
+    from streamengine import ConfigError
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("first "), s.stall())
+        with make_engine(fp, []) as engine:
+            run = engine.run(MESSAGES)
+            first = next(iter(run))
+            with pytest.raises(ConfigError, match="event by event"):
+                run.batches()
+            started = time.monotonic()
+            run.close()  # ends the stalled stream now: no wait for its idle timeout
+            assert time.monotonic() - started < 2.0
+    assert type(first).__name__ in ("RoundEvent", "TokenEvent") and run_thread_names() == []
