@@ -1,15 +1,20 @@
 """One run of the engine, round by round, as a generator driven by the thread that iterates the run.
 
 Each round streams the model's answer; visible text goes to the caller as it
-arrives while completed tool calls go through the :class:`ToolDispatcher` at
+arrives while completed tool calls go through the run's :class:`ToolCalls` at
 once, and each ``tool_result`` is sent the moment its tool finishes.  After
 the stream the round collects its results in call order, and if it found any
 call the next round asks the model for a revised answer.
 
 :meth:`RoundRunner.run` does not block on the provider or on a tool: where it
-would, it yields a :class:`~streamengine._clients.base.Wait`, and the run's
+would, it yields a :class:`~streamengine._wait.Wait`, and the run's
 loop (``loop.RunLoop``) waits for it together with everything else: a
-tool's report, a round's filing (bounded by ``filing_timeout``), the model.
+tool's result being told, a round's filing (bounded by ``filing_timeout``), the model.
+
+Also here: what a run needs (:class:`RunDeps`) and gathers (:class:`RunState`),
+as plain data, so a run is built and tested without a ``StreamingEngine``;
+what one round keeps while its stream flows (:class:`RoundStream`); and the
+round's OpenTelemetry chat spans (:class:`RoundTrace`).
 """
 from __future__ import annotations
 
@@ -256,9 +261,8 @@ class RoundRunner:
 
 
 # --- What a run needs from its engine (:class:`RunDeps`) and what it gathers (:class:`RunState`). ------------------
-# Their own module so that :class:`~streamengine._engine.rounds.RoundRunner`
-# takes plain data, never the engine: a run can be built and tested without a
-# :class:`~streamengine._engine.run.StreamingEngine`.
+# Plain data, so that :class:`RoundRunner` never takes the engine: a run can be
+# built and tested without a :class:`~streamengine._engine.run.StreamingEngine`.
 
 @dataclass(frozen=True)
 class RunDeps:
@@ -307,14 +311,14 @@ class RunState:
 # Native tool calls are assembled once, by the call strategy's accumulator
 # (which also builds the response): the round dispatches the calls it reports
 # complete during the stream and, at the end, the response's others.  Reset
-# (a new instance) when failover streams the round again.
+# in place when failover streams the round again.
 #
 # The run's total output cap (``EngineConfig.max_run_output_chars``) is spent
 # here, chunk by chunk, from the runner's ``output_left``: the per-call caps
 # live in the call strategy's aggregator, but only the run sees every round.
 
 class RoundStream:
-    """Everything one round keeps while its stream flows (see the module doc).
+    """Everything one round keeps while its stream flows (see the section comment above).
 
     One per round, :meth:`reset` in place when failover streams the round
     again: the call strategy holds its bound :meth:`on_chunk` from the start.

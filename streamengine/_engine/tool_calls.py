@@ -34,12 +34,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .._errors import ToolError
-from .._messages import ToolCall, ToolResult
+from .._messages import Message, ToolCall, ToolResult
 from .._wait import Flag, Wait
 from ..tools import Tool, ToolHandle
 from .events import ErrorEvent, ToolResultEvent, ToolStartEvent
@@ -47,10 +48,6 @@ from .filing import wait_filed
 
 if TYPE_CHECKING:  # pragma: no cover - rounds.py imports this module
     from .rounds import RunDeps, RunState
-import re
-from typing import Mapping
-
-from .._messages import Message
 
 Key = Tuple[str, str]
 Steps = Generator[Wait, None, Any]
