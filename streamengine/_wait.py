@@ -150,15 +150,15 @@ class _Raised:
 _END = object()
 
 
-def on_worker(open_items: Callable[[], Iterator[T]], name: str, join_s: float,
-              log: Any = None) -> Iterator[Union[T, Wait]]:
+def on_worker(open_items: Callable[[], Iterator[T]], name: str, join_s: float, log: Any = None,
+              cancel: Optional[threading.Event] = None) -> Iterator[Union[T, Wait]]:
     """Read a blocking iterator on a worker thread; yield its items, and a :class:`Wait` where none is ready.
 
     The worker hands each item over and wakes the wait; it reads at most
     ``WORKER_AHEAD`` items ahead.  Whatever the iterator raises is raised
-    here.  Closing this generator stops the worker at its next item and
-    joins it for up to ``join_s`` (the caller's cancel must unblock a read in
-    progress; a worker still reading then is left, a daemon, and logged).
+    here.  Closing this generator before the iterator ended sets ``cancel``
+    (which must unblock a read in progress) and joins the worker for up to
+    ``join_s``; a worker still reading then is left, a daemon, and logged.
     """
     handed: Deque[Any] = deque()
     space = threading.Semaphore(WORKER_AHEAD)
@@ -185,6 +185,7 @@ def on_worker(open_items: Callable[[], Iterator[T]], name: str, join_s: float,
 
     worker = threading.Thread(target=work, name=name, daemon=True)
     worker.start()
+    ended = False
     try:
         while True:
             if not handed:
@@ -192,6 +193,7 @@ def on_worker(open_items: Callable[[], Iterator[T]], name: str, join_s: float,
                 continue
             item = handed.popleft()
             if item is _END:
+                ended = True
                 return
             if item.__class__ is _Raised:
                 raise item.exc
@@ -199,6 +201,8 @@ def on_worker(open_items: Callable[[], Iterator[T]], name: str, join_s: float,
             yield item
     finally:
         stop.set()
+        if not ended and cancel is not None:
+            cancel.set()
         worker.join(join_s)
         if worker.is_alive() and log is not None:
             log.warning("{} still reading {:g}s after its call ended: the client ignores cancel; thread left "

@@ -156,3 +156,11 @@ def test_chunks_a_timeout_cut_short_are_not_fed_on():
         drive(strategy.stream_call(MESSAGES, on_chunk=seen.append))
     assert info.value.chunks_received == 1
     assert len(seen) < 301  # the keep-alives stopped with the timeout
+
+
+def test_a_blocking_client_still_reading_after_its_answer_is_stopped_not_waited_for():
+    client = Blocking(Chunk(content="all", is_completed=True, finish_reason="stop"), GUARD)  # then blocks reading on
+    started = time.monotonic()
+    response = drive(StreamingCallStrategy(client, idle_timeout=GUARD, completion_timeout=GUARD).stream_call(MESSAGES))
+    assert response.content == "all" and time.monotonic() - started < 1.0
+    assert wait_for(lambda: not stream_workers(), GUARD)

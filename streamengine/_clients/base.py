@@ -65,4 +65,4 @@ class StreamingLlmClient(LlmClient):
         ``cancel`` must unblock its read.
         """
         return on_worker(lambda: self.stream(messages, tools, options, cancel),
-                         f"streamengine-stream-{type(self).__name__}", WORKER_JOIN_S, _log)
+                         f"streamengine-stream-{type(self).__name__}", WORKER_JOIN_S, _log, cancel)
