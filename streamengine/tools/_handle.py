@@ -231,7 +231,10 @@ def follow_cancel(handle: ToolHandle, event: Optional[threading.Event]) -> None:
     if event is None:
         return
     handle._external = event
-    stop = on_cancel(event, handle.cancel)
+
+    def cancel() -> None:
+        handle.cancel()
+    stop = on_cancel(event, cancel)
     with handle._lock:
         if handle._result is None:
             handle._unlink = stop
