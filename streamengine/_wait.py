@@ -97,10 +97,8 @@ def block_on(wait: Wait) -> None:
         if left <= 0:
             return
         if sock is None:
-            woken.wait(min(left, WAIT_SLICE_S) if ready is not None else left)
-            woken.clear()
-            if ready is None:
-                return  # a plain pause, or woken: the generator looks again
+            if woken.wait(left if ready is None else min(left, WAIT_SLICE_S)):
+                return  # woken: the generator looks again
         elif readable(sock, left if ready is None else min(left, WAIT_SLICE_S)):
             return
 
