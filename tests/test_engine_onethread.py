@@ -321,3 +321,19 @@ def test_a_run_read_event_by_event_cannot_switch_to_batches_and_close_cancels_it
             run.close()  # ends the stalled stream now: no wait for its idle timeout
             assert time.monotonic() - started < 2.0
     assert type(first).__name__ in ("RoundEvent", "TokenEvent") and run_thread_names() == []
+
+
+def test_a_run_that_asked_approve_leaves_nothing_for_the_garbage_collector():
+    @tool(side_effects=True)
+    def send(to: str) -> str:
+        """Sends."""
+        return f"sent to {to}"
+
+    with FakeProvider() as fp:
+        for _ in range(2):  # a warm run, then the one looked at
+            fp.add_turn(s.text(block("send", {"to": "a"})))
+            fp.add_turn(s.text("sent"))
+        with make_engine(fp, [send], approve=lambda call: True) as engine:
+            assert isinstance(list(engine.run(MESSAGES))[-1], DoneEvent)
+            ours = left_for_the_collector(lambda: list(engine.run(MESSAGES)))
+    assert ours == []

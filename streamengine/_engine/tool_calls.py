@@ -359,10 +359,6 @@ class ToolCalls:
         self._state.emit(ErrorEvent(problem, fatal=False))
 
     # --- held side-effect calls --------------------------------------------------------------------------
-    @property
-    def holds_calls(self) -> bool:
-        return bool(self._held)
-
     def approve_held(self) -> Steps:
         """The stream ended normally: ask ``approve`` about each held call, start those it says True to.
 
@@ -561,7 +557,9 @@ class _Asking:
         return len(self.answers) > number
 
     def stop(self) -> None:
+        """Ask nothing more; let go of the run's wait (no cycle left for the garbage collector)."""
         self._stopped.set()
+        self.wake = _nothing
 
     def _ask_each(self) -> None:
         for call in self._calls:
