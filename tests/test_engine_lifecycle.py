@@ -290,14 +290,14 @@ def test_a_lost_filing_is_told_in_telemetry_and_an_event(blocking):
 def slow_to_tell(monkeypatch):
     """Tool workers pause between fixing a result and telling it (a thread switch there, made long)."""
     driver = threading.get_ident()
-    tell = ToolHandle._run_callback
+    call_safely = ToolHandle._safely
 
-    def late(handle, callback):
-        if threading.get_ident() != driver:
+    def late(handle, callback, what):
+        if what == "done callback" and threading.get_ident() != driver:
             time.sleep(0.3)
-        tell(handle, callback)
+        call_safely(handle, callback, what)
 
-    monkeypatch.setattr(ToolHandle, "_run_callback", late)
+    monkeypatch.setattr(ToolHandle, "_safely", late)
 
 
 def answered_when_started():
