@@ -314,7 +314,7 @@ class StreamingEngine:
         stop_watch = on_cancel(cancel, token.set)
         loop = RunLoop(token, heartbeat_s)
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
-                         scope=scope, trace=trace() if trace is not None else None)
+                         emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
         loop.tools_due = runner.calls.next_deadline
         loop.on_tools_due = runner.calls.poll_deadlines
