@@ -76,10 +76,11 @@ def make_client_stream(server: Server) -> Callable[[str], str]:
 def make_strategy(server: Server) -> Callable[[str], str]:
     from streamengine import CompletionOptions, OpenAICompatibleClient
     from streamengine._calls.strategies import StreamingCallStrategy
+    from streamengine._wait import drive
     strategy = StreamingCallStrategy(OpenAICompatibleClient(server.base_url))
 
     def run(model: str) -> str:
-        return strategy.call(MESSAGES, options=CompletionOptions(model=model)).content
+        return drive(strategy.stream_call(MESSAGES, options=CompletionOptions(model=model))).content
 
     return run
 

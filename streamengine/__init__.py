@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 #: Each public name and the private module that defines it.
 _HOMES: _Dict[str, str] = {
-    **dict.fromkeys(["StreamingEngine"], "._engine.run"),
+    **dict.fromkeys(["Run", "StreamingEngine"], "._engine.run"),
     **dict.fromkeys(["EngineConfig"], "._config"),
     **dict.fromkeys(["EngineResult", "Telemetry"], "._engine.result"),
     **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent",
@@ -61,7 +61,7 @@ __all__ = [
     "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError",
     "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer", "OpenAICompatibleClient", "OpenAIEmbedder",
     "OpenAIResponsesClient", "PostgresRagStore", "RefusalEvent", "ResetEvent", "Response", "RoundEvent",
-    "RoutedClient", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError",
+    "RoutedClient", "Run", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError",
     "StreamingEngine", "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta",
     "ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent",
     "Usage", "enable_logging", "tool",
@@ -94,6 +94,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._engine.events import ToolStartEvent as ToolStartEvent
     from ._engine.result import EngineResult as EngineResult
     from ._engine.result import Telemetry as Telemetry
+    from ._engine.run import Run as Run
     from ._engine.run import StreamingEngine as StreamingEngine
     from ._errors import AllModelsFailedError as AllModelsFailedError
     from ._errors import ConfigError as ConfigError

@@ -31,11 +31,11 @@ a higher index has started **and** their arguments already parse as JSON.  The J
 early dispatch safe with interleaved streams: a call whose arguments are still
 incomplete stays open until it completes or :meth:`finish` is called.
 
-What a provider sends is bounded here, while it accumulates (``_output_limits.OutputLimits``):
+What a provider sends is bounded here, while it accumulates (``_config.OutputLimits``):
 the answer, reasoning and refusal text of one call and the arguments of each
 tool call; crossing a cap raises :class:`LlmOutputLimitError` before the
 chunk is kept.  Whether interleaved arguments are complete is followed
-fragment by fragment (``_json_shape.JsonShape``), so two interleaved calls cost
+fragment by fragment (``JsonShape``), so two interleaved calls cost
 time linear in their bytes: the whole text is parsed once, when its outer
 object has closed.
 """

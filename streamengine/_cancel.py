@@ -27,8 +27,7 @@ _WATCH_POLL_S = 0.02
 class CancelToken(threading.Event):
     """An Event whose ``set()`` runs registered callbacks once, in the setting thread.
 
-    ``cancelled`` mirrors ``is_set()`` as a plain attribute: the per-token
-    paths read it instead of calling a Python method several times a token.
+    ``cancelled`` mirrors ``is_set()`` as a plain attribute (the wire parsers read it).
     """
 
     cancelled = False
@@ -37,12 +36,7 @@ class CancelToken(threading.Event):
     set_at: Optional[float] = None
 
     def __init__(self) -> None:
-        # Event.__init__ is these two lines with Condition(Lock()), whose __init__ raises and catches an
-        # AttributeError for each of three methods a plain Lock lacks (tracebacks and all; a served session
-        # makes three tokens).  An RLock has them: the same Event, without the exceptions.  tests/test_public_api.py
-        # checks that Event.__init__ still sets only these two.
-        self._cond = threading.Condition(threading.RLock())
-        self._flag = False
+        super().__init__()
         self._callbacks: List[Callback] = []
         self._callbacks_lock = threading.Lock()
 

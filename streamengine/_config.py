@@ -117,12 +117,15 @@ class EngineConfig:
     (each native call's arguments) and ``max_run_output_chars`` (all a run
     receives) bound memory by configuration, not by what a provider sends;
     the defaults are several times the longest output any model offers
-    (see ``_output_limits``).  Crossing one ends the round with
+    (see ``OutputLimits``).  Crossing one ends the round with
     ``stop_reason="output_limit"``.
 
     ``max_filing_bytes`` bounds what tool results waiting to be filed in the
     RAG store may hold (their text plus 1 KiB each); past it a filing is
     refused with the cause (the store is stuck, or cannot keep up).
+
+    ``approval_timeout`` bounds how long one ``approve`` question may stay
+    unanswered; past it the call is refused (``skipped="not_approved"``).
     """
 
     models: Sequence[str] = ()
@@ -150,6 +153,7 @@ class EngineConfig:
     max_reasoning_chars: int = DEFAULT_MAX_ANSWER_CHARS
     max_tool_argument_chars: int = MAX_ARGUMENT_CHARS
     max_run_output_chars: int = DEFAULT_MAX_RUN_OUTPUT_CHARS
+    approval_timeout: float = 300.0
     model: InitVar[Optional[str]] = None
 
     def __post_init__(self, model: Optional[str]) -> None:
@@ -170,7 +174,7 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.failover_after_tokens must be True or False, "
                               f"got {self.failover_after_tokens!r}")
         for field_name in ("tool_timeout", "idle_timeout", "completion_timeout", "filing_timeout",
-                           "tool_queue_timeout"):
+                           "tool_queue_timeout", "approval_timeout"):
             validation.seconds(getattr(self, field_name), f"EngineConfig.{field_name}")
         if self.tool_mode not in TOOL_MODES:
             raise ConfigError(f"EngineConfig.tool_mode must be one of {', '.join(TOOL_MODES)}, "

@@ -46,7 +46,7 @@ import os
 import re
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, TextIO, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Set, TextIO, Tuple, Union, cast
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def secret_forms(secrets: Iterable[Optional[str]]) -> Tuple[str, ...]:
     """Each secret worth hiding as it may appear in a message: raw, escaped inside a ``repr()``, and
     escaped inside a JSON string (an error body is redacted before it is parsed, so ``response="…"`` of a
     Digest header arrives as ``response=\\"…\\"``)."""
-    forms = set()
+    forms: Set[str] = set()
     for secret in secrets:
         if secret and len(secret) >= MIN_SECRET_CHARS:
             forms.update((secret, repr(secret)[1:-1], json.dumps(secret)[1:-1]))

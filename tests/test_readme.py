@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -187,30 +186,14 @@ def test_the_first_example_prints_the_error_message(loopback, capsys):
 
 
 def check_wsgi_app(app: Any) -> None:
-    from streamengine.web._serve import serve_app
+    """The README's app under waitress, as a user serves a Flask or Django app: one streamed run with a tool."""
+    from wsgi_support import serving
 
-    stop, ready = threading.Event(), []
-    thread = threading.Thread(target=serve_app, args=(app,), name="readme-waitress", kwargs={
-        "host": "127.0.0.1", "port": 0, "threads": 2, "out": io.StringIO(), "stop": stop, "ready": ready.append})
-    thread.start()
-    try:
-        assert _wait(lambda: ready), "the README's WSGI app did not start under waitress"
-        answer = requests.post(ready[0] + "v1/chat/stream", timeout=10,
+    with serving(app, threads=2) as base:
+        answer = requests.post(base + "/v1/chat/stream", timeout=10,
                                json={"messages": [{"role": "user", "content": "Weather in Oslo?"}]})
         assert answer.headers["Content-Type"].startswith("text/event-stream")
         assert "event: tool_start" in answer.text and answer.text.rstrip().endswith("data: [DONE]")
-    finally:
-        stop.set()
-        thread.join(15)
-
-
-def _wait(predicate: Any, timeout: float = 10.0) -> bool:
-    event = threading.Event()
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return True
-        event.wait(0.02)
-    return bool(predicate())
 
 
 BAD_BODIES = [

@@ -37,7 +37,6 @@ from typing import Any, Callable, Generator, List, Optional, Sequence, Tuple
 import tenacity
 
 from .. import _validation as validation
-from .._clients.base import Wait, run_blocking
 from .._errors import (
     NEVER_RETRIED,
     AllModelsFailedError,
@@ -52,6 +51,7 @@ from .._errors import (
 )
 from .._logs import component_logger
 from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec
+from .._wait import Wait
 from .strategies import CallStrategy, OnToolCalls
 
 Attempt = Tuple[str, BaseException]
@@ -117,7 +117,7 @@ class ModelFailover:
 
     def __init__(self, strategy: CallStrategy, models: Sequence[str], classifier: Optional[ErrorClassifier] = None,
                  max_retries: int = 2, max_retry_wait: float = 30.0, logger: Any = None) -> None:
-        if not callable(getattr(strategy, "call", None)):
+        if not callable(getattr(strategy, "stream_call", None)):
             raise ConfigError(f"strategy must be a CallStrategy (see make_call_strategy), got {strategy!r}")
         self.strategy = strategy
         self.models = _check_models(models)
@@ -128,21 +128,6 @@ class ModelFailover:
         self.max_retry_wait = validation.seconds(max_retry_wait, "max_retry_wait", allow_zero=True)
         self._log = component_logger("streamengine._calls.failover.ModelFailover", logger)
 
-    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
-             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
-             on_chunk: Optional[Callable[[Chunk], None]] = None,
-             may_advance: Optional[Callable[[], bool]] = None,
-             on_attempt: Optional[Callable[[str, int], None]] = None,
-             on_tool_calls: Optional[OnToolCalls] = None) -> FailoverResult:
-        """Try each model in order; see the module docstring for what happens on each error.
-
-        ``options.model`` is replaced by each candidate in turn.
-        ``on_attempt(model, number)`` (optional) runs before every call,
-        retries included, numbered from 1.
-        """
-        return run_blocking(self.stream_call(messages, tools, options, cancel, on_chunk, may_advance, on_attempt,
-                                             on_tool_calls))
-
     def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                     options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
                     on_chunk: Optional[Callable[[Chunk], None]] = None,
@@ -151,17 +136,19 @@ class ModelFailover:
                     on_tool_calls: Optional[OnToolCalls] = None,
                     on_attempt_failed: Optional[Callable[[str, BaseException], None]] = None,
                     ) -> Generator[Wait, None, FailoverResult]:
-        """:meth:`call` as a generator of the calls' waits (``CallStrategy.stream_call``).
+        """Try each model in order, as a generator of the calls' waits; see the module doc for each error.
 
-        ``on_attempt_failed(model, exc)`` (optional) hears each attempt that
-        raised, retried or not, before failover decides what follows.
+        ``options.model`` is replaced by each candidate in turn.
+        ``on_attempt(model, number)`` (optional) runs before every call,
+        retries included, numbered from 1; ``on_attempt_failed(model, exc)``
+        hears each attempt that raised, retried or not, before failover
+        decides what follows.
 
         Each model is retried on rate limits as tenacity decides, in tenacity's
         loop form, so each attempt's waits pass up, and so does each back-off:
         tenacity's sleep only notes it, and the wait is yielded here before the
         next attempt (the driving thread keeps its heartbeats, tool deadlines
-        and cancel while it waits).  Both loops are in this one generator: every
-        wait of a call passes one level less.
+        and cancel while it waits).
         """
         base = options if options is not None else CompletionOptions()
         attempts: List[Attempt] = []
@@ -175,8 +162,8 @@ class ModelFailover:
                     with attempt:
                         _before_attempt(model, cancel, on_attempt, len(attempts) + 1)
                         try:
-                            response = yield from self._attempt(messages, tools, model_options, cancel, on_chunk,
-                                                                on_tool_calls)
+                            response = yield from self.strategy.stream_call(
+                                messages, tools, model_options, cancel, on_chunk, on_tool_calls)
                         except Exception as exc:
                             if on_attempt_failed is not None:
                                 on_attempt_failed(model, exc)
@@ -213,16 +200,6 @@ class ModelFailover:
         """The classifier's verdict, except that :data:`NEVER_RETRIED` errors are fatal whatever it says."""
         return ErrorClass.FATAL if isinstance(exc, NEVER_RETRIED) else self.classifier.classify(exc)
 
-    def _attempt(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-                 options: CompletionOptions, cancel: Optional[threading.Event],
-                 on_chunk: Optional[Callable[[Chunk], None]],
-                 on_tool_calls: Optional[OnToolCalls]) -> Generator[Wait, None, Response]:
-        """The strategy's own generator, not one wrapped around it: each wait passes one level less."""
-        steps = getattr(self.strategy, "stream_call", None)
-        if steps is None:  # a strategy of your own with call() only: it blocks
-            return _blocking(self.strategy, messages, tools, options, cancel, on_chunk)
-        return steps(messages, tools, options, cancel, on_chunk, on_tool_calls)
-
     def _asks_too_long(self, exc: BaseException) -> bool:
         """The provider asks for a longer wait than ``max_retry_wait``."""
         retry_after = _retry_after(exc)
@@ -236,14 +213,6 @@ def _before_attempt(model: str, cancel: Optional[threading.Event],
         raise LlmCancelledError("LLM call cancelled by the caller before calling model " + model)
     if on_attempt is not None:
         on_attempt(model, number)
-
-
-def _blocking(strategy: Any, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
-              options: CompletionOptions, cancel: Optional[threading.Event],
-              on_chunk: Optional[Callable[[Chunk], None]]) -> Generator[Wait, None, Response]:
-    """A strategy with ``call()`` only, as a generator that never waits (the call blocks)."""
-    return strategy.call(messages, tools=tools, options=options, cancel=cancel, on_chunk=on_chunk)
-    yield  # pragma: no cover - makes this a generator
 
 
 class _WaitRetryAfter(tenacity.wait.wait_base):

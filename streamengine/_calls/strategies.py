@@ -8,24 +8,24 @@ meaningful chunk (content, reasoning, a tool-call delta, the completion)
 resets it:
 
 ``StreamingCallStrategy``
-    The driving thread iterates the client's stream itself: a token crosses
+    The driving thread iterates the client's stream itself: a chunk crosses
     no thread boundary here.  :meth:`CallStrategy.stream_call` is a
     generator: where the client would block it yields a
-    :class:`~streamengine._clients.base.Wait`, which this strategy tightens
+    :class:`~streamengine._wait.Wait`, which this strategy tightens
     to its two deadlines (idle, which the consumer's time does not use up,
     and the cap) before passing it up to the run's one selector; when the
     wait comes back past a deadline, the call's :class:`CancelToken` is set
     (the client shuts its socket down) and the timeout below is raised.  A
-    client that blocks in its reads instead (``yields_waits`` False) has its
-    deadlines kept by the process's watcher thread (``deadlines.py``), which
-    sets the same token.  A caller's cancel or an error in ``on_chunk`` sets
-    it too.
+    client that blocks in its reads is read on a worker by its default
+    ``open_stream`` (``_wait.on_worker``): its waits are the same.  A
+    caller's cancel or an error in ``on_chunk`` sets the token too.
 ``BufferedCallStrategy``
     For clients that cannot stream: ``client.complete()`` runs in a worker
     thread and the call waits (a ``Wait`` without a socket, woken by the
     worker) up to ``completion_timeout``.
 
-``call()`` drives ``stream_call()`` in the calling thread (``run_blocking``).
+``stream_call()`` is the one way to call: a generator of waits that returns
+the response (``_wait.drive`` runs it in the calling thread).
 
 A call is all or nothing: a stream that breaks before its completing chunk
 raises and returns no partial content (``on_chunk`` may already have seen
@@ -42,25 +42,25 @@ chunks), raised as :class:`LlmTimeoutError` with ``timeout_s``,
 * the cap reached while chunks flow:
   ``LLM streaming completion timeout: stream exceeded the Ns cap (after M chunks)`` — ``timed out``
 * buffered:
-  ``LLM buffered completion timeout: no response received within Ns (model may be unavailable or overloaded)`` — ``unavailable``
+  ``LLM buffered completion timeout: no response received within Ns (model may be unavailable or overloaded)``
+  — ``unavailable``
 """
 from __future__ import annotations
 
 import abc
-import contextlib
 import threading
 import time
-from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .. import _validation as validation
 from .._accumulate import ResponseAggregator
 from .._cancel import CancelToken, cancel_flag, on_cancel
-from .._clients.base import LlmClient, StreamingLlmClient, Wait, run_blocking
+from .._clients.base import LlmClient, StreamingLlmClient
 from .._config import DEFAULT_COMPLETION_TIMEOUT_S, OutputLimits
 from .._errors import ConfigError, LlmCancelledError, LlmStreamError, LlmTimeoutError
 from .._logs import component_logger
-from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolSpec
-from . import deadlines
+from .._messages import Chunk, CompletionOptions, MessageLike, Response, ToolCall, ToolCallDelta, ToolSpec
+from .._wait import Flag, Wait
 from .hooks import ModelChunkEvent, check_observers, notify_observers
 
 OnChunk = Callable[[Chunk], None]
@@ -73,7 +73,7 @@ VERB_TIMED_OUT = "timed out"
 
 
 class CallStrategy(abc.ABC):
-    """One model call with timeouts: ``call(...) -> Response`` or an :class:`LlmError`.
+    """One model call with timeouts: ``stream_call(...)`` returns a Response or raises an :class:`LlmError`.
 
     ``observers`` hear ``on_llm_responded(response)`` once per successful call
     and ``emitter`` gets a :class:`ModelChunkEvent` per chunk; both run inline
@@ -88,7 +88,8 @@ class CallStrategy(abc.ABC):
     #: later than this after its timeout fired is warned about.
     join_timeout: float = 2.0
 
-    def __init__(self, client: LlmClient, *, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S, observers: Iterable[Any] = (),
+    def __init__(self, client: LlmClient, *, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
+                 observers: Iterable[Any] = (),
                  emitter: Any = None, logger: Any = None, output_limits: Optional[OutputLimits] = None) -> None:
         if not isinstance(client, LlmClient):
             raise ConfigError(
@@ -104,23 +105,17 @@ class CallStrategy(abc.ABC):
         self.output_limits = output_limits if output_limits is not None else OutputLimits()
         self._log = component_logger(f"streamengine._calls.strategies.{type(self).__name__}", logger)
 
-    def call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
-             options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
-             on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Response:
-        """Call the model once; return the whole response or raise an :class:`LlmError`.
-
-        ``on_chunk(chunk)`` runs in the calling thread for every chunk as it is
-        read; ``on_tool_calls(calls)`` for the native tool calls a chunk
-        completed (the rest are in the response).  ``cancel`` (a plain Event
-        or a :class:`CancelToken`) aborts the call with :class:`LlmCancelledError`.
-        """
-        return run_blocking(self.stream_call(messages, tools, options, cancel, on_chunk, on_tool_calls))
-
     @abc.abstractmethod
     def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                     options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
                     on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Steps:
-        """:meth:`call` as a generator: yields a :class:`Wait` wherever it would block, returns the response."""
+        """Call the model once: yield a :class:`Wait` wherever it would block, return the whole response.
+
+        ``on_chunk(chunk)`` runs in the driving thread for every chunk as it is
+        read; ``on_tool_calls(calls)`` for the native tool calls a chunk
+        completed (the rest are in the response).  ``cancel`` (a plain Event
+        or a :class:`CancelToken`) aborts the call with :class:`LlmCancelledError`.
+        """
 
     def _succeeded(self, response: Response, final_chunk: Chunk) -> None:
         if self.emitter is not None and self.emitter.subscribers:
@@ -161,7 +156,7 @@ def _describe_exception(exc: Optional[BaseException]) -> str:
     return text
 
 
-def _close(stream: Iterator[Chunk]) -> None:
+def _close(stream: Iterator[Any]) -> None:
     """End a client's generator now, so its ``finally`` releases the connection in this thread."""
     close = getattr(stream, "close", None)
     if close is not None:
@@ -178,7 +173,8 @@ class StreamingCallStrategy(CallStrategy):
     stream, whatever arrives.  See the module docstring for the messages.
     """
 
-    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
+    def __init__(self, client: StreamingLlmClient, *, idle_timeout: float = 30.0,
+                 completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
                  observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None,
                  output_limits: Optional[OutputLimits] = None) -> None:
         super().__init__(client, completion_timeout=completion_timeout, observers=observers,
@@ -196,18 +192,11 @@ class StreamingCallStrategy(CallStrategy):
         token = CancelToken()
         stop_following = on_cancel(cancel, token.set)
         started = time.monotonic()
-        client = self.client
-        waits = bool(getattr(client, "yields_waits", False))
+        client: StreamingLlmClient = self.client  # type: ignore[assignment]
+        watched = _Deadlines(token, self.idle_timeout, started, self.completion_timeout)
         try:
-            # A client that blocks in its reads needs the watcher thread to cut them short.
-            with (_unwatched(token, self.idle_timeout, self.completion_timeout, started) if waits else
-                  deadlines.watch(token, self.idle_timeout, self.completion_timeout, started)) as watched:
-                try:
-                    opener = client.open_stream if waits else client.stream  # type: ignore[attr-defined]
-                    response = yield from self._read(watched, cancel, lambda: opener(
-                        messages, tools, options, cancel=token), options, on_chunk, on_tool_calls, started)
-                finally:
-                    self._warn_if_deaf(watched)
+            response = yield from self._read(watched, cancel, lambda: client.open_stream(
+                messages, tools, options, cancel=token), options, on_chunk, on_tool_calls, started)
         except _Stopped as stopped:
             inner = stopped.__cause__
             raise self._stop_error(stopped, options, started, inner) from inner
@@ -217,30 +206,24 @@ class StreamingCallStrategy(CallStrategy):
             notify_observers(self.observers, response, self._log)
         return response
 
-    def _warn_if_deaf(self, watched: deadlines.Watch) -> None:
-        """A timeout the client took long to honour held the driving thread that long: say so."""
-        late = time.monotonic() - watched.fired_at if watched.fired else 0.0
-        if late > self.join_timeout:
-            self._log.warning("the client ignores cancel: its stream returned {:.3f}s after the {} timeout fired "
-                              "(a client must unblock its read when cancel is set)", late, watched.fired)
-
-    def _read(self, watched: deadlines.Watch, cancel: Optional[threading.Event],
+    def _read(self, watched: _Deadlines, cancel: Optional[threading.Event],
               open_stream: Callable[[], Iterator[Union[Chunk, Wait]]], options: Optional[CompletionOptions],
               on_chunk: Optional[OnChunk], on_tool_calls: Optional[OnToolCalls], started: float) -> Steps:
-        """The hot loop: read a chunk, feed it on, move the idle deadline; pass waits up, tightened.
+        """Read a chunk, feed it on, move the idle deadline; pass each wait up, tightened to the deadlines.
 
-        Once per token: the flags are plain attribute reads (``CancelToken.cancelled``),
-        the deadlines are compared here and only a passed one goes to :func:`_lapsed`.
+        Each wait comes back with plain comparisons and attribute reads
+        (``CancelToken.cancelled``); only a passed deadline or a cancel calls
+        further: bench section 14 counts the calls this saves a token.
         """
         monotonic = time.monotonic
         aggregator = ResponseAggregator(self.output_limits)
-        add = aggregator.add
         emitter = self.emitter
-        idle = self.idle_timeout
         token = watched.token
-        stopped = token.is_set
         caller = cancel_flag(cancel)
-        caller_stopped = cancel.is_set if cancel is not None else bool
+
+        def stopped() -> bool:
+            return token.is_set() or (cancel is not None and cancel.is_set())
+
         cap = watched.cap_deadline
         meaningful = 0
         completed = False
@@ -249,28 +232,25 @@ class StreamingCallStrategy(CallStrategy):
             stream = open_stream()  # a client may connect here already: inside, so a timeout is told as one
             for chunk in stream:
                 if chunk.__class__ is Wait:
-                    wait: Wait = chunk  # type: ignore[assignment]
+                    wait: Wait = chunk
                     if wait.until > cap:
                         wait.until = cap
                     wait.idle_until = watched.idle_deadline
                     wait.held = 0.0
-                    wait.readable = False
                     yield wait
                     if wait.held:  # the consumer held the thread: not the model's silence
                         watched.idle_deadline += wait.held
-                    if wait.readable:  # the driver saw the socket readable before any deadline
-                        continue
                     now = monotonic()
-                    if now >= watched.idle_deadline or now >= cap or token.cancelled or caller.cancelled:
-                        if _lapsed(watched, now) or stopped() or caller_stopped():
-                            raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
+                    if ((now >= watched.idle_deadline or now >= cap or token.cancelled or caller.cancelled)
+                            and (_lapsed(watched, now) or stopped())):
+                        raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                     continue
                 if token.cancelled:  # timed out or cancelled while this chunk was read: feed no more on
                     raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
                 if chunk.is_meaningful:  # type: ignore[union-attr]
                     meaningful += 1
-                    watched.idle_deadline = monotonic() + idle  # the watcher (if any) reads it when it wakes
-                calls = add(chunk)  # type: ignore[arg-type]
+                    watched.idle_deadline = monotonic() + self.idle_timeout
+                calls = aggregator.add(chunk)  # type: ignore[arg-type]
                 if on_chunk is not None:
                     on_chunk(chunk)  # type: ignore[arg-type]
                 if calls and on_tool_calls is not None:
@@ -286,7 +266,7 @@ class StreamingCallStrategy(CallStrategy):
                     return response
                 if emitter is not None and emitter.subscribers:
                     emitter.emit(ModelChunkEvent(chunk))  # type: ignore[arg-type]
-            if stopped() or caller_stopped():  # a client that ends quietly when cancelled
+            if stopped():  # a client that ends quietly when cancelled
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks)
             raise LlmStreamError(
                 f"LLM stream ended without a completed chunk after {meaningful} meaningful chunks "
@@ -295,7 +275,7 @@ class StreamingCallStrategy(CallStrategy):
             raise
         except BaseException as exc:
             # The read failed because the token was set, or ran into a deadline (its socket timeout): say why.
-            if stopped() or _lapsed(watched, monotonic()) or caller_stopped():
+            if stopped() or _lapsed(watched, monotonic()):
                 raise _Stopped(watched.fired or _Stopped.CANCELLED, meaningful, aggregator.chunks) from exc
             raise
         finally:
@@ -336,7 +316,7 @@ class StreamingCallStrategy(CallStrategy):
 class _Stopped(Exception):
     """Internal: the reader stopped the call (never escapes ``call()``)."""
 
-    CANCELLED, IDLE, CAP = "cancelled", deadlines.IDLE, deadlines.CAP
+    CANCELLED, IDLE, CAP = "cancelled", "idle", "cap"
 
     def __init__(self, kind: str, meaningful: int, total: int) -> None:
         super().__init__(kind)
@@ -345,31 +325,34 @@ class _Stopped(Exception):
         self.total = total
 
 
-def _unwatched(token: CancelToken, idle_s: float, cap_s: float,
-               started: float) -> contextlib.nullcontext[deadlines.Watch]:
-    """The call's deadlines, kept by the call itself: its client passes every wait up (no watcher thread).
+class _Deadlines:
+    """One call's two deadlines (monotonic), its token, and which deadline fired (None: neither yet)."""
 
-    A ``nullcontext``, not a generator-based context manager: it is made once per call.
-    """
-    return contextlib.nullcontext(deadlines.Watch(token, idle_s, started, cap_s))
+    __slots__ = ("cap_deadline", "fired", "idle_deadline", "token")
+
+    def __init__(self, token: CancelToken, idle_s: float, started: float, cap_s: float) -> None:
+        self.token = token
+        self.idle_deadline = started + idle_s
+        self.cap_deadline = started + cap_s
+        self.fired: Optional[str] = None
 
 
-def _lapsed(watched: deadlines.Watch, now: float) -> bool:
-    """Whether the cap or the idle deadline passed; records which (the cap wins) as a watcher would."""
+def _lapsed(watched: _Deadlines, now: float) -> bool:
+    """Whether the cap or the idle deadline passed; records which (the cap wins)."""
     if watched.fired is None:
         if now >= watched.cap_deadline:
-            watched.fired = deadlines.CAP
+            watched.fired = _Stopped.CAP
         elif now >= watched.idle_deadline:
-            watched.fired = deadlines.IDLE
+            watched.fired = _Stopped.IDLE
         else:
             return False
-        watched.fired_at = now
     return True
 
 
 # ----------------------------------------------------------------------------- factory
 
-def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
+def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0,
+                       completion_timeout: float = DEFAULT_COMPLETION_TIMEOUT_S,
                        observers: Iterable[Any] = (), emitter: Any = None, logger: Any = None,
                        output_limits: Optional[OutputLimits] = None) -> CallStrategy:
     """Pick the strategy by capability, once: streaming if the client can stream."""
@@ -377,7 +360,96 @@ def make_call_strategy(client: LlmClient, *, idle_timeout: float = 30.0, complet
         return StreamingCallStrategy(client, idle_timeout=idle_timeout, completion_timeout=completion_timeout,
                                      observers=observers, emitter=emitter, logger=logger, output_limits=output_limits)
     validation.seconds(idle_timeout, "idle_timeout")  # validated even if unused, so a typo never hides
-    from .buffered import BufferedCallStrategy  # here, not at the top: it builds on CallStrategy (no circle)
     return BufferedCallStrategy(client, completion_timeout=completion_timeout, observers=observers,
                                 emitter=emitter, logger=logger, output_limits=output_limits)
 
+
+# --- The call strategy for clients that cannot stream: ``complete()`` on a worker, waited for without blocking. ----
+# So that the engine handles both strategies alike, a successful call hands
+# ``on_chunk`` one synthesized completed chunk with the whole answer (see
+# :class:`BufferedCallStrategy`).  The wait is a :class:`Wait` without a
+# socket that the worker ends (``Wait.wake``), so the run's loop goes on
+# meanwhile (tool results, heartbeats, a cancel).
+
+class BufferedCallStrategy(CallStrategy):
+    """Calls ``client.complete()`` in a worker thread and waits up to ``completion_timeout``.
+
+    So that the engine handles both strategies alike, a successful call hands
+    ``on_chunk`` exactly one synthesized completed :class:`Chunk` carrying the
+    whole content, the tool calls as :class:`ToolCallDelta` (index = position),
+    usage, model and finish reason; the emitter gets the same chunk as the
+    final :class:`ModelChunkEvent`.
+    """
+
+    def stream_call(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
+                    options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None,
+                    on_chunk: Optional[OnChunk] = None, on_tool_calls: Optional[OnToolCalls] = None) -> Steps:
+        refuse_if_cancelled(cancel)
+        token = CancelToken()
+        done = Flag()
+        wait = Wait(None, ready=done.is_set)
+        done.wake = wait.wake
+        token.add_callback(done.set)
+        box: Dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["response"] = self.client.complete(messages, tools, options, cancel=token)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=work, name=f"streamengine-complete[{_model_of(options)}]", daemon=True)
+        stop_following = on_cancel(cancel, token.set)
+        started = time.monotonic()
+        finished = False
+        try:
+            worker.start()
+            deadline = started + self.completion_timeout
+            while not done.is_set() and time.monotonic() < deadline:
+                wait.until = deadline
+                yield wait
+            finished = done.is_set()
+        finally:
+            stop_following()
+            cancelled = token.is_set()  # only the caller sets it before this point
+            if cancelled or "response" not in box:
+                self._stop_worker(worker, token)
+            else:
+                worker.join(self.join_timeout)
+        response = self._outcome(box, cancelled, finished, options, started)
+        self.output_limits.check(response)  # already in memory, but never handed on past a cap
+        chunk = _chunk_of(response)
+        if on_chunk is not None:
+            on_chunk(chunk)
+        self._succeeded(response, chunk)
+        return response
+
+    def _outcome(self, box: Dict[str, Any], cancelled: bool, finished: bool, options: Optional[CompletionOptions],
+                 started: float) -> Response:
+        waited = time.monotonic() - started
+        error = box.get("error")
+        if cancelled:
+            raise LlmCancelledError(f"LLM call cancelled by the caller after {waited:.3f}s") from error
+        if "response" in box:
+            response: Response = box["response"]
+            return response
+        if finished and error is not None:
+            raise error
+        # Timed out: the worker was cancelled above, so its error (if any) is the cancel it saw.
+        limit = self.completion_timeout
+        message = (f"LLM buffered completion timeout: no response received within {limit:g}s "
+                   "(model may be unavailable or overloaded)")
+        self._log.warning("{} — model {}, after {:.3f}s; transport: {}",
+                          message, _model_of(options), waited, _describe_exception(error))
+        raise LlmTimeoutError(message, timeout_s=limit, chunks_received=0, verb=VERB_UNAVAILABLE) from error
+
+
+def _chunk_of(response: Response) -> Chunk:
+    """One completed chunk that says everything a buffered response says."""
+    deltas = tuple(ToolCallDelta(index, call.id, call.name, call.arguments)
+                   for index, call in enumerate(response.tool_calls))
+    return Chunk(content=response.content or None, tool_calls=deltas, is_completed=True,
+                 usage=response.usage, finish_reason=response.finish_reason, model=response.model,
+                 refusal=response.refusal, reasoning=response.reasoning, response_id=response.id)

@@ -34,14 +34,17 @@ the revised answer follows a ``[round 2: revised answer]`` line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import io
 import json
 import os
 import select
+import signal
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO
 
 from .._logs import for_terminal, is_terminal
 from .._messages import LLM_WARNING, PROG, StopReason
@@ -108,6 +111,30 @@ class Approval:
         self.mode, self.stdin, self.err = mode, stdin, err
         self.explicit = explicit  # --approve never was asked for (else: no terminal to ask on)
         self.before_asking: Optional[Callable[[], None]] = None
+        self._asking, self._interrupted = threading.Event(), threading.Event()
+
+    @contextlib.contextmanager
+    def ctrl_c_answers(self) -> Iterator[None]:
+        """While a run goes: Ctrl-C at a question is a no to it, elsewhere it stops the run as before.
+
+        The engine asks on a thread of its own, and only the main thread gets
+        the signal: so the main thread's handler ends the question instead.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self._asking.is_set():
+                self._interrupted.set()
+            else:
+                signal.default_int_handler(signum, frame)
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def __call__(self, call: ToolCall) -> bool:
         if self.mode == "all":
@@ -124,16 +151,33 @@ class Approval:
 
     def _ask(self, call: ToolCall) -> bool:
         """One question; a yes only from ``y``/``yes``.  Ctrl-C or Ctrl-D here is a no, not the end of the run."""
+        self._interrupted.clear()
+        self._asking.set()  # before the question shows: a Ctrl-C typed at it is its answer
         try:
             write(self.err, f"run {shown_call(call)}? [y/N] ")
-            answer = self.stdin.readline()
-        except KeyboardInterrupt:  # the terminal echoed ^C; the run goes on without the call
+            answer = self._typed_line()
+        except KeyboardInterrupt:
+            answer = None
+        finally:
+            self._asking.clear()
+        if answer is None:  # Ctrl-C: the terminal echoed ^C; the run goes on without the call
             write(self.err, "\n")
             return False
         if not answer:  # end of input
             write(self.err, "\n")
             return False
         return answer.strip().lower() in ("y", "yes")
+
+    def _typed_line(self) -> Optional[str]:
+        """The line typed; None once Ctrl-C came (:meth:`ctrl_c_answers`), looked at every 50 ms."""
+        try:
+            self.stdin.fileno()
+        except (OSError, ValueError):  # no file to wait on (an in-memory stdin): its line is there already
+            return self.stdin.readline()
+        while not self._interrupted.is_set():
+            if select.select([self.stdin], [], [], 0.05)[0]:
+                return self.stdin.readline()
+        return None
 
 
 def approval_for(args: argparse.Namespace, stdin: TextIO, err: TextIO) -> Approval:
@@ -271,8 +315,9 @@ class _Chat:
             self.approval.before_asking = printer.end_line
         events = engine.run(messages)
         try:
-            for event in events:
-                printer.handle(event, time.monotonic() - t0)
+            with self.approval.ctrl_c_answers():
+                for event in events:
+                    printer.handle(event, time.monotonic() - t0)
         finally:
             events.close()  # on Ctrl-C: cancels the provider stream and the tools
         return self._finish(printer, live, messages)

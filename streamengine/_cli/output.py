@@ -291,7 +291,7 @@ def _as_is(text: str) -> str:
 SKIP_REASONS = {
     "not_approved": "not approved", "duplicate": "a repeat of an earlier call", "not_allowed": "not allowed",
     "round_cap": "over the calls-per-round cap", "request_cap": "over the calls-per-request cap",
-    "pool_busy": "no free worker", "cancelled": "cancelled",
+    "pool_busy": "no free worker", "cancelled": "cancelled", "stream_not_finished": "the answer broke off",
 }
 
 

@@ -62,7 +62,7 @@ from .._messages import (
     as_messages,
     text_chunk,
 )
-from .base import Wait
+from .._wait import Wait
 from .http.connection import RequestTracker
 from .http.errors import in_band_error, in_band_status, short_cause, status_error
 from .http.options import check_headers, sdk_settings

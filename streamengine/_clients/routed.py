@@ -80,10 +80,6 @@ class RoutedClient(StreamingLlmClient):
         client, routed = self._routed(options)
         return client.stream(messages, tools, routed, cancel)
 
-    @property
-    def yields_waits(self) -> bool:  # type: ignore[override]
-        return all(getattr(client, "yields_waits", False) for client in self.clients.values())
-
     def open_stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                     options: Optional[CompletionOptions] = None,
                     cancel: Optional[threading.Event] = None) -> Iterator[Any]:

@@ -33,7 +33,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 from .._accumulate import ResponseAggregator
 from .._errors import ConfigError, LlmCancelledError, LlmHttpError
 from .._messages import Chunk, CompletionOptions, Message, MessageLike, Response, StopReason, ToolSpec, as_messages
-from .base import StreamingLlmClient, Wait, chunks_only
+from .._wait import Wait, chunks_only
+from .base import StreamingLlmClient
 
 TurnItem = Union[Chunk, str, float, int, BaseException, type]
 Turn = Union[Sequence[TurnItem], str, BaseException]
@@ -53,11 +54,6 @@ class ScriptedClient(StreamingLlmClient):
     """A :class:`StreamingLlmClient` that plays scripted turns; records every call in :attr:`calls`."""
 
     STALL = float("inf")
-
-    @property
-    def yields_waits(self) -> bool:  # type: ignore[override]
-        """A subclass that writes its own ``stream()`` blocks in it: its call then needs the watcher."""
-        return type(self).stream is ScriptedClient.stream
 
     def __init__(self, turns: Sequence[Turn] = (), *, auto_complete: bool = True, model: str = "scripted") -> None:
         self._turns: List[Tuple[TurnItem, ...]] = []
@@ -110,6 +106,8 @@ class ScriptedClient(StreamingLlmClient):
     def open_stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                     options: Optional[CompletionOptions] = None,
                     cancel: Optional[threading.Event] = None) -> Iterator[Union[Chunk, Wait]]:
+        if type(self).stream is not ScriptedClient.stream:  # a subclass's own stream() blocks: read it on a worker
+            return super().open_stream(messages, tools, options, cancel)
         return self._call(messages, tools, options, cancel, streamed=True)
 
     def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,

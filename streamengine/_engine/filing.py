@@ -31,9 +31,9 @@ import uuid
 from typing import Any, Callable, Deque, Generator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import _validation as validation
-from .._clients.base import Flag, Wait
 from .._config import DEFAULT_MAX_FILING_BYTES
 from .._messages import ToolResult
+from .._wait import Flag, Wait
 
 #: What the results waiting to be filed may hold, per store, in bytes (their text, plus
 #: ``FILING_OVERHEAD_BYTES`` each): past it a new filing is refused at once (a filing error)

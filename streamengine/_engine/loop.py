@@ -34,12 +34,10 @@ import select
 import selectors
 import threading
 import time
-from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Sized
+from typing import Any, Callable, Deque, Generator, Iterator, List, Optional, Sized, Tuple
 
-from .._calls import deadlines
-from .._calls.deadlines import held, watched_here
 from .._cancel import CancelToken, no_callback
-from .._clients.base import Wait
+from .._wait import Wait
 from .events import Event, HeartbeatEvent
 
 _NEVER = float("inf")
@@ -53,10 +51,6 @@ _READY_SLICE_S = 0.25
 
 def _never() -> float:
     return _NEVER
-
-
-def _discard(_event: Event) -> None:
-    pass
 
 
 class RunLoop:
@@ -77,7 +71,7 @@ class RunLoop:
         self.on_tools_due: Callable[[], None] = no_callback
         self.tools_pending: Sized = ()  # tool deadlines are asked for only while this is non-empty
         self.handed: List[Event] = []  # the last batch handed to the consumer
-        self._driving: List[Optional[int]] = [None]  # the ident of the thread that drives the run
+        self._driver: Optional[int] = None  # the ident of the thread that drives the run
         self._lock = threading.Lock()
         self._closed = False
         self._read_end, self._write_end = os.pipe()
@@ -85,21 +79,13 @@ class RunLoop:
         os.set_blocking(self._write_end, False)
         self._selector = _Selector(self._read_end)
         self._unwatch = cancel.add_callback(self.wake)
-        self.emit = self._emitter()
 
     # --- any thread ------------------------------------------------------------------
-    def _emitter(self) -> Callable[[Event], None]:
-        """``emit(event)``: queue it for the consumer; from another thread, also end the driver's wait.
-
-        A closure over locals: it runs once per token.
-        """
-        append, get_ident, wake, driver = self.outbox.append, threading.get_ident, self.wake, self._driving
-
-        def emit(event: Event) -> None:
-            append(event)
-            if get_ident() != driver[0]:
-                wake()
-        return emit
+    def emit(self, event: Event) -> None:
+        """Queue ``event`` for the consumer; from a thread other than the driver's, also end the driver's wait."""
+        self.outbox.append(event)
+        if threading.get_ident() != self._driver:
+            self.wake()
 
     def wake(self) -> None:
         """End the driving thread's wait now (a tool finished, a cancel, a worker's flag)."""
@@ -114,13 +100,12 @@ class RunLoop:
     def close(self) -> None:
         """The run is over: stop following the cancel, free the pipe and the selector.
 
-        The references back into the run (its tools, this loop's own emitter) are
-        dropped too: the run's objects then die with their last reference, not
-        in a garbage collection's cycle search (a served session's largest cycles).
+        The references back into the run (its tool calls) are dropped too: the
+        run's objects then die with their last reference, not in a garbage
+        collection's cycle search (tests/test_engine_onethread.py checks).
         """
         self._unwatch()
         self._unwatch = no_callback
-        self.emit = _discard
         self.tools_due, self.on_tools_due, self.tools_pending = _never, no_callback, ()
         with self._lock:
             if self._closed:
@@ -134,53 +119,46 @@ class RunLoop:
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
         """Drive ``steps`` to its end; yield the events that are ready each time it would wait.
 
-        Runs once per token: names are bound to locals, and the watcher's
-        clock (:func:`held`) is only looked up while some call is watched.
+        The time the consumer keeps each batch is added to the wait's ``held``.
+        Names are bound to locals, and a batch of one event (a token) is taken
+        without a call: bench section 14 counts both, once a token.
         """
-        self._driving[0] = threading.get_ident()
-        out, take, waited, send = self.outbox, self._take, self._waited, steps.send
+        self._driver = threading.get_ident()
+        out, waited, send = self.outbox, self._waited, steps.send
         popleft = out.popleft
-        watcher = deadlines.watcher()
         self._last_out = _monotonic()
         try:
             wait = next(steps)
             while True:
                 if out:
-                    batch = [popleft()]
-                    if out:
-                        batch += take()
+                    batch = [popleft()] if len(out) == 1 else self._take()
                     self.handed = batch
                     handed = _monotonic()
-                    if watcher.active and watched_here():  # a client that blocks in its reads: stop its clock too
-                        with held():
-                            yield batch
-                    else:
-                        yield batch
-                    now = _monotonic()
+                    yield batch
+                    self._last_out = now = _monotonic()
                     wait.held += now - handed
-                    self._last_out = now
-                else:
-                    now = _monotonic()
-                if waited(wait, now):
+                if waited(wait):
                     wait = send(None)
         except StopIteration:
             pass
-        if out:
+        except GeneratorExit:
+            raise
+        except BaseException:  # a KeyboardInterrupt the run passed on: what it told goes out first
+            if self.outbox:
+                self.handed = self._take()
+                yield self.handed
+            raise
+        if self.outbox:
             self.handed = self._take()
             yield self.handed
 
     def _take(self) -> List[Event]:
+        """Every event queued now (workers may append meanwhile: those wait for the next batch)."""
         popleft = self.outbox.popleft
         return [popleft() for _ in range(len(self.outbox))]
 
-    def _waited(self, wait: Wait, now: float) -> bool:
-        """Wait once for ``wait``; True when its generator should look again.
-
-        ``now`` is the clock as the caller just read it (one read less a token).
-
-        The hot path (a socket wait, no tool pending) calls nothing but the
-        poll and the clock once, after it.
-        """
+    def _waited(self, wait: Wait) -> bool:
+        """Wait once for ``wait``; True when its generator should look again."""
         ready = wait.ready
         if ready is not None:
             wait.waker = self.wake
@@ -189,9 +167,8 @@ class RunLoop:
         cancel = self.cancel
         if cancel.cancelled:
             return True
-        if ready is not None:
-            now = _monotonic()  # ready() may have taken its time
-        due = wait.idle_until + wait.held
+        now = _monotonic()
+        due = wait.idle_until + wait.held  # wait.due(), without the call: bench section 14
         if wait.until < due:
             due = wait.until
         tools = _NEVER
@@ -235,11 +212,7 @@ class RunLoop:
             self.on_tools_due()
         if beat <= now and not self.outbox:
             self.outbox.append(HEARTBEAT)
-        if readable:
-            if now < due and not cancel.cancelled:
-                wait.readable = True  # the strategy need not look at its deadlines again
-            return True
-        if now >= due or cancel.cancelled:
+        if readable or now >= due or cancel.cancelled:
             return True
         return fileobj is None and (woken or (ready is not None and ready()))
 
@@ -255,7 +228,7 @@ class _Selector:
     """The run's one selector: the wake-up pipe, plus the socket of the wait at hand (re-registered on change).
 
     ``poll`` is the bound ``poll()`` of a ``select.poll`` object, which
-    :meth:`RunLoop._waited` calls itself (once per token: no call in between);
+    :meth:`RunLoop._waited` calls itself;
     None where there is no poll() (Windows), and :meth:`select` waits instead.
     """
 
@@ -266,7 +239,7 @@ class _Selector:
         if hasattr(select, "poll"):
             self._poll: Any = select.poll()
             self._poll.register(pipe, select.POLLIN)
-            self.poll: Optional[Callable[[float], list]] = self._poll.poll
+            self.poll: Optional[Callable[[float], List[Tuple[int, int]]]] = self._poll.poll
             self._selectors: Optional[selectors.BaseSelector] = None
         else:  # pragma: no cover - Windows: no poll(); selectors picks what there is
             self._poll = self.poll = None
@@ -287,7 +260,7 @@ class _Selector:
         self._fd = None
         if old is not None:
             try:
-                (self._poll or self._selectors).unregister(old)
+                (self._poll if self._poll is not None else self._selectors).unregister(old)  # type: ignore[union-attr]
             except (KeyError, ValueError, OSError):
                 pass
         if fileobj is None:

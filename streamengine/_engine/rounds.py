@@ -1,38 +1,41 @@
 """One run of the engine, round by round, as a generator driven by the thread that iterates the run.
 
 Each round streams the model's answer; visible text goes to the caller as it
-arrives while completed tool calls go through the :class:`ToolDispatcher` at
+arrives while completed tool calls go through the run's :class:`ToolCalls` at
 once, and each ``tool_result`` is sent the moment its tool finishes.  After
 the stream the round collects its results in call order, and if it found any
 call the next round asks the model for a revised answer.
 
 :meth:`RoundRunner.run` does not block on the provider or on a tool: where it
-would, it yields a :class:`~streamengine._clients.base.Wait`, and the run's
+would, it yields a :class:`~streamengine._wait.Wait`, and the run's
 loop (``loop.RunLoop``) waits for it together with everything else: a
-tool's report, a round's filing (bounded by ``filing_timeout``), the model.
+tool's result being told, a round's filing (bounded by ``filing_timeout``), the model.
+
+Also here: what a run needs (:class:`RunDeps`) and gathers (:class:`RunState`),
+as plain data, so a run is built and tested without a ``StreamingEngine``;
+what one round keeps while its stream flows (:class:`RoundStream`); and the
+round's OpenTelemetry chat spans (:class:`RoundTrace`).
 """
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, Dict, Generator, Iterable, List, Optional, Set
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Generator, Iterable, List, Optional, Sequence, Set
 
-from .._clients.base import Wait
+from .._accumulate import BLOCK, TextBuffer
+from .._calls.failover import ModelFailover
+from .._cancel import CancelToken
+from .._config import EngineConfig, output_chars, output_limit_error
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
-from .._inline import tool_instructions
-from .._messages import LLM_WARNING, Message, ToolCall, ToolResult
-from .continuation import continuation_messages
-from .dispatch import GATE_SKIPS, DispatchLimits, ToolDispatcher
-from .entries import REPORT_GRACE_S, entry_handle, entry_result
-from .events import DoneEvent, ErrorEvent, RefusalEvent, ResetEvent, RoundEvent, ToolResultEvent, ToolStartEvent
-from .filing import wait_filed
-from .result import CUT_OFF_FINISH_REASONS, EngineResult, attempt_failure
-from .round_stream import RoundStream
-from .run_state import RunDeps, RunState
-from .traced import RoundTrace, traced_tool_callbacks
+from .._inline import InlineToolScanner, tool_instructions
+from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, ToolSpec, Usage
+from .._wait import Wait
+from ..tools import ToolExecutor, ToolRegistry
+from .events import DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent
+from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry, attempt_failure
+from .tool_calls import ToolCalls, continuation_messages
 
 Steps = Generator[Wait, None, Any]
-_NEVER = float("inf")
 
 
 def _joined(parts: Iterable[str]) -> str:
@@ -49,27 +52,15 @@ class RoundRunner:
         has_tools = bool(deps.registry.names)
         self.use_inline = has_tools and self.config.uses_inline_tools
         self.use_native = has_tools and self.config.uses_native_tools
-        self._lock = threading.Lock()  # telemetry counters and reports written from tool workers
-        self._reported: Set[str] = set()  # call ids whose tool_result went out
-        self._tickets: Dict[str, Any] = {}  # call id -> its FilingTicket
         self._round_no = 0
-        on_start, on_result = self._on_tool_start, self._on_tool_result
-        if state.trace is not None:  # OpenTelemetry: each call's span opens at entry and closes at its result
-            on_start, on_result = traced_tool_callbacks(state.trace, deps.registry, on_start, on_result)
-        self.dispatcher = ToolDispatcher(
-            deps.registry, deps.executor,
-            DispatchLimits(self.config.max_tools_per_round, self.config.max_tools_total,
-                           self.config.tool_timeout, self.config.allowed_tools),  # a frozenset or None
-            state.cancel, on_start=on_start, on_result=on_result,
-            approve=deps.approve, telemetry=state.telemetry,
-            tools=deps.run_tools(state.scope) if deps.run_tools is not None else None, log=deps.log)
+        self.calls = ToolCalls(deps, state)
         self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
         self.output_left = self.config.max_run_output_chars  # spent chunk by chunk by each RoundStream
 
     # --- set-up -------------------------------------------------------------------
-    def _tool_specs(self) -> list:
-        names = set(self.dispatcher.available_names())
+    def _tool_specs(self) -> List[ToolSpec]:
+        names = set(self.calls.available_names())
         return [spec for spec in self.deps.registry.specs() if spec.name in names]
 
     def _initial_messages(self, conversation: List[Message]) -> List[Message]:
@@ -88,74 +79,16 @@ class RoundRunner:
         for call, reason in fed.rejected:
             told.add(reason)
             what = f"tool '{call.name}'" if call.name else "a tool block"
-            self.dispatcher.reject(call, f"{what} was not run: {reason}; write the block again as "
+            self.calls.reject(call, f"{what} was not run: {reason}; write the block again as "
                                          f'<tool name="NAME">{{"argument": "value"}}</tool> with a JSON object')
         for reason in fed.errors:
             if reason not in told:
                 self.deps.log.warning("tool block shown as text, not run: {}", reason)
                 self.state.emit(ErrorEvent(f"a tool block could not be read: {reason}", fatal=False))
 
-    def _on_tool_start(self, call: ToolCall) -> None:
-        """Runs on the tool's worker as the function is entered.
-
-        A call given up on while it was being entered (its ``tool_result``, a
-        cancel, is out already; the run may be over) is not news any more.
-        """
-        if call.id not in self._reported:
-            self.state.emit(ToolStartEvent(call))
-
-    def _on_tool_result(self, result: ToolResult, skipped: Optional[str]) -> bool:
-        """Runs the moment a result is fixed (on the tool's worker, or at once for a skipped call).
-
-        False when the call's result was told already (this one is dropped).  A call a
-        gate stopped is no tool outcome (it is counted by its gate); a skip is logged.
-        """
-        if not self._report_once(result, skipped):
-            return False
-        if skipped not in GATE_SKIPS:
-            self._count_tool_outcome(result)
-        if skipped is not None:
-            self.deps.log.info("tool {!r} (call {}) not run ({}): {}", result.name, result.call_id, skipped,
-                               result.error)
-        filing = self.deps.filing
-        ticket = filing.file(result, self.state.scope, self._filing_failed) if filing is not None else None
-        if ticket is not None:
-            with self._lock:
-                self._tickets[result.call_id] = ticket
-        return True
-
-    def _report_once(self, result: ToolResult, skipped: Optional[str]) -> bool:
-        """Send ``tool_result`` for a call once: a tool given up on may still return later."""
-        with self._lock:
-            if result.call_id in self._reported:
-                return False
-            self._reported.add(result.call_id)
-        self.state.emit(ToolResultEvent(result, skipped))
-        return True
-
-    def _filing_failed(self, problem: str) -> None:
-        with self._lock:
-            self.state.telemetry.filing_errors += 1
-        self.state.emit(ErrorEvent(problem, fatal=False))
-
-    def release(self) -> None:
-        """The run is over: let go of the dispatcher, whose callbacks point back here.
-
-        Without this the runner and its dispatcher hold each other, and a finished
-        run's objects (its state, loop, events, telemetry) wait for a garbage
-        collection instead of dying with their last reference.  A tool given up on
-        that returns later still reaches ``_on_tool_result``, which tells nothing:
-        its result was fixed already.
-        """
-        del self.dispatcher
-
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> Steps:
-        """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``.
-
-        The catch is here, not in a generator around this one: every wait of
-        the run passes through one generator level less.
-        """
+        """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``."""
         try:
             last_round = self.config.max_continuations + 1
             for round_no in range(1, last_round + 1):
@@ -170,13 +103,15 @@ class RoundRunner:
         except BaseException as exc:  # never leave the caller without a DoneEvent
             self.deps.log.opt(exception=True).error("run failed unexpectedly: {}", exc)
             self.fail_unexpectedly(exc)
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the caller's to handle
+                raise
 
     def _round(self, round_no: int, *, is_last: bool) -> Steps:
         """Run one round; True when another round should follow."""
         self._round_no = round_no
         self.state.telemetry.rounds = round_no
         self.state.emit(RoundEvent(round_no))
-        self.dispatcher.begin_round()
+        self.calls.begin_round()
         stream = RoundStream(self, round_no)  # reset in place on a failover: its callbacks stay bound
         tried: List[str] = []
 
@@ -187,7 +122,7 @@ class RoundRunner:
                 failed = tried[-1] if tried else "the model"
                 self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
                                                      f"the round is streamed again on another model"))
-            self.dispatcher.reset_round()
+            self.calls.reset_round()
             stream.reset()
             return True
 
@@ -207,7 +142,7 @@ class RoundRunner:
         try:
             outcome = yield from self.deps.failover.stream_call(
                 self.messages, tools=self._tool_specs() if self.use_native else None,
-                options=self.config.options, cancel=self.state.cancel,
+                options=self.config.options, cancel=self.state.cancel,  # type: ignore[arg-type]
                 on_chunk=traced.watching(on_chunk) if traced else on_chunk, may_advance=may_advance,
                 on_attempt=on_attempt,
                 on_attempt_failed=on_attempt_failed,
@@ -224,23 +159,19 @@ class RoundRunner:
         self._count_parse_errors(stream)
         self._account(outcome)
         if (outcome.response.finish_reason or "stop") not in CUT_OFF_FINISH_REASONS:
-            if self.dispatcher.holds_calls:
-                # Hand the round's events over before ``approve`` is asked: a person sees the text
-                # a question is about before the question (the loop empties its outbox at each wait).
-                yield Wait(ready=lambda: True)
-            self.dispatcher.release_side_effects()
+            yield from self.calls.approve_held()
         else:
-            self.dispatcher.drop_held()
-        self.dispatcher.cancel_unused_replays()
-        if self.dispatcher.untold_stopped:
-            self.state.emit(ErrorEvent(self.dispatcher.untold_summary(), fatal=False))
+            self.calls.drop_held()
+        self.calls.cancel_unused_replays()
+        if self.calls.untold_stopped:
+            self.state.emit(ErrorEvent(self.calls.untold_summary(), fatal=False))
         text = stream.text
         self.state.rounds.append(text)
-        results = yield from self._join_round()
+        results = yield from self.calls.results()
         if self.state.cancel.is_set():
             self._stop("cancelled")
             return False
-        if not self.dispatcher.found_calls:
+        if not self.calls.found_calls:
             self.state.answer = text
             return False
         if is_last:
@@ -263,76 +194,9 @@ class RoundRunner:
             self.state.refusal = _joined([self.state.refusal or "", refusal])
             self.state.emit(RefusalEvent(refusal, self._round_no))
 
-    def _join_round(self) -> Steps:
-        """The round's results in call order (each was already sent as it finished).
-
-        With a store, the round's filings must be searchable when the next round
-        starts: each is waited for (one slower than ``filing_timeout`` is one
-        filing error, never waited for again), found by the id its result was
-        told under (a call reused from a failed attempt keeps its first id).
-        """
-        results, told_as = [], []
-        for entry in self.dispatcher.entries():
-            results.append((yield from self._await(entry)))
-            handle = entry_handle(entry)
-            told_as.append(handle.call.id if handle is not None else results[-1].call_id)
-        self.state.results.extend(results)
-        if self.deps.filing is not None:
-            with self._lock:  # each result was told (``_await``): its filing, if any, is queued
-                tickets = [self._tickets.pop(i) for i in told_as if i in self._tickets]
-            yield from wait_filed(tickets, self.config.filing_timeout, self.state.cancel)
-        return results
-
-    def _await(self, entry: Any) -> Steps:
-        """The entry's result once told (sent, counted, queued for filing); at once if the run is cancelled.
-
-        Its report (``dispatcher.report_of``) says so, not the handle: a handle is done before the thread
-        that fixed its result has told it.  ``handle.done()`` fixes a result whose deadline passed.
-        """
-        handle = entry_handle(entry)
-        if handle is None:
-            return entry_result(entry)
-        cancel = self.state.cancel
-        report = self.dispatcher.report_of(handle)
-        wait = Wait(None, ready=report.is_set)  # woken by the report, or the cancel
-        report.wake = wait.wake
-        while not report.is_set():
-            if cancel.is_set():
-                handle.cancel()
-                return self._given_up(entry, "cancelled: the run was cancelled before the tool finished")
-            wait.until = _NEVER if handle.done() else handle.next_limit
-            yield wait
-        return entry_result(entry)
-
-    def _given_up(self, entry: Any, reason: str) -> ToolResult:
-        """A call the run stops waiting for: its result if fixed, else an abandoned one (``reason``), told now.
-
-        A result fixed just now is told by the thread that fixed it: waited for (briefly), not sent after ``done``.
-        """
-        handle = entry_handle(entry)
-        if handle is None:
-            return entry_result(entry)
-        if not handle.done():
-            result = ToolResult.error_result(handle.call, reason)
-            if self._on_tool_result(result, "cancelled"):
-                return result  # else the worker fixed the real one meanwhile, and is telling it
-        self.dispatcher.report_of(handle).wait(REPORT_GRACE_S)
-        return entry_result(entry)
-
-    def _count_tool_outcome(self, result: ToolResult) -> None:
-        telemetry = self.state.telemetry
-        with self._lock:
-            telemetry.max_queue_wait_s = max(telemetry.max_queue_wait_s, result.queue_wait_s)
-            if result.ok:
-                telemetry.tools_ok += 1
-            elif result.timed_out:
-                telemetry.tools_timed_out += 1
-            else:
-                telemetry.tools_failed += 1
-
     def _continue_with(self, stream: RoundStream, results: List[ToolResult]) -> None:
         self.messages.extend(continuation_messages(stream.text, stream.native_calls, results,
-                                                   self.dispatcher.untold_stopped, stream.wire_ids))
+                                                   self.calls.untold_stopped, stream.wire_ids))
 
     # --- endings ----------------------------------------------------------------------------
     def _count_parse_errors(self, stream: RoundStream) -> None:
@@ -346,10 +210,7 @@ class RoundRunner:
             if held:
                 stream.show(held)
         self._count_parse_errors(stream)
-        self.dispatcher.drop_held()
-        self.dispatcher.cancel_all()
-        self.dispatcher.cancel_unused_replays()
-        self._collect_abandoned()
+        self.calls.abandon_round()
         if isinstance(exc, LlmCancelledError) or self.state.cancel.is_set():
             self.state.rounds.append(stream.text)
             self._stop("cancelled")
@@ -368,11 +229,6 @@ class RoundRunner:
         self.state.rounds.append(stream.text)
         # Everything the person has read stays in the answer: earlier drafts too.
         self.state.answer = _joined(self.state.rounds)
-
-    def _collect_abandoned(self) -> None:
-        """The tools of a broken round, without waiting for the ones still running."""
-        for entry in self.dispatcher.entries():
-            self.state.results.append(self._given_up(entry, "cancelled: the round ended before the tool finished"))
 
     def _stop(self, reason: str) -> None:
         if self.state.telemetry.stop_reason is None:
@@ -395,8 +251,229 @@ class RoundRunner:
         """A bug, not a provider fault: still end with ``error`` and ``done``."""
         if self.state.done:
             return
-        self.dispatcher.cancel_all()
+        self.calls.cancel_all()
         self.state.error = f"internal error: {type(exc).__name__}: {exc}"
         self.state.emit(ErrorEvent(self.state.error))
         self._stop("internal_error")
         self._finish()
+
+
+# --- What a run needs from its engine (:class:`RunDeps`) and what it gathers (:class:`RunState`). ------------------
+# Plain data, so that :class:`RoundRunner` never takes the engine: a run can be
+# built and tested without a :class:`~streamengine._engine.run.StreamingEngine`.
+
+@dataclass(frozen=True)
+class RunDeps:
+    """What a run needs from the engine that started it, and nothing more.
+
+    Shared by every run of one engine; each field is safe to use from many
+    runs at once.  ``filing`` (a :class:`~.filing.FilingQueue`; None without a
+    store: no filing, no filing wait) files successful results off the tool
+    workers; ``run_tools(scope)`` gives the tools bound to one run's RAG scope
+    (``rag_search``).  ``approve`` is asked before a side-effect tool runs.
+    """
+
+    config: EngineConfig
+    registry: ToolRegistry
+    executor: ToolExecutor
+    failover: ModelFailover
+    log: Any
+    filing: Any = None
+    run_tools: Optional[Callable[[str], Dict[str, Any]]] = None
+    approve: Optional[Callable[[ToolCall], object]] = None
+
+
+@dataclass
+class RunState:
+    """What one run has gathered so far; owned by the thread that drives the run.
+
+    ``emit`` puts an event, from any thread; ``emit_here`` (when given) only
+    from the thread that drives the run, which needs no wake-up: a token then
+    costs a deque append (bench section 14 counts the call it saves).
+    """
+
+    conversation: List[Message]
+    cancel: CancelToken
+    emit: Callable[[Event], None]
+    started: float
+    scope: str = ""  # the RAG scope this run files into and searches: its conversation, or itself
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    rounds: List[str] = field(default_factory=list)
+    results: List[ToolResult] = field(default_factory=list)
+    usage: Optional[Usage] = None  # None until the provider reports usage
+    answer: Optional[str] = None
+    error: Optional[str] = None
+    refusal: Optional[str] = None
+    done: bool = False
+    emit_here: Optional[Callable[[Event], None]] = None  # None: ``emit`` serves the driving thread too
+    trace: Any = None  # the run's OpenTelemetry trace (``_otel.tracing.RunTrace``), None when not traced
+
+# --- What one round keeps while its stream flows: the inline scanner, the text shown, the native calls. ------------
+# Native tool calls are assembled once, by the call strategy's accumulator
+# (which also builds the response): the round dispatches the calls it reports
+# complete during the stream and, at the end, the response's others.  Reset
+# in place when failover streams the round again.
+#
+# The run's total output cap (``EngineConfig.max_run_output_chars``) is spent
+# here, chunk by chunk, from the runner's ``output_left``: the per-call caps
+# live in the call strategy's aggregator, but only the run sees every round.
+
+class RoundStream:
+    """Everything one round keeps while its stream flows (see the section comment above).
+
+    One per round, :meth:`reset` in place when failover streams the round
+    again: the call strategy holds its bound :meth:`on_chunk` from the start.
+    """
+
+    def __init__(self, runner: RoundRunner, round_no: int) -> None:
+        self.runner = runner
+        self.round_no = round_no
+        state = runner.state
+        self._emit = state.emit_here if state.emit_here is not None else state.emit
+        self._telemetry = state.telemetry
+        self._started = state.started
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the round's stream afresh: a new scanner, nothing shown, no native call taken."""
+        runner = self.runner
+        # Ids must stay unique across the rounds of a request: the round is in the prefix.
+        self.parser = InlineToolScanner(max_block_chars=runner.config.max_block_chars,
+                                        id_prefix=f"call_inline_r{self.round_no}_") if runner.use_inline else None
+        # What the person saw (tool blocks left out), joined every BLOCK pieces: memory follows the text.
+        self.text_parts = TextBuffer()
+        self._parts = self.text_parts.parts  # show() appends here directly
+        self._untimed = self._telemetry.time_to_first_token_s is None
+        self.native_calls: List[ToolCall] = []  # as dispatched: under the id the run gave each
+        #: A native call's run id -> the id its provider gave it, where the run renamed it (the id was taken
+        #: by an inline call, or by a failed attempt) but the provider's is still free in this answer.
+        self.wire_ids: Dict[str, str] = {}
+        self._wire_taken: Set[str] = set()  # the ids this answer's native calls are answered under
+        self._taken: Set[int] = set()  # the accumulator's calls handed to the dispatcher (by identity)
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
+        content = chunk.content
+        runner = self.runner
+        runner.output_left -= len(content or "") if chunk.text_only else output_chars(chunk)
+        if runner.output_left < 0:
+            cap = runner.config.max_run_output_chars
+            raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
+        if content:
+            parser = self.parser
+            if parser is None or (parser.plain and "<" not in content):  # prose: almost every token
+                self.show(content)
+            else:
+                self._take(parser.feed(content))
+
+    def show(self, text: str) -> None:
+        """Text the person sees: kept for the answer, timed if it is the run's first, sent as a token."""
+        parts = self._parts
+        parts.append(text)
+        if len(parts) >= BLOCK:
+            self.text_parts.compact()
+        if self._untimed:
+            self._untimed = False
+            if self._telemetry.time_to_first_token_s is None:
+                self._telemetry.time_to_first_token_s = time.monotonic() - self._started
+        self._emit(TokenEvent(text))
+
+    def _take(self, fed: Any) -> None:
+        """What the scanner made of some text: show the visible part, report bad blocks, dispatch calls."""
+        if fed.visible:
+            self.show(fed.visible)
+        if fed.errors:
+            self.runner.report_parse_problems(fed)
+        for call in fed.calls:
+            self.runner.calls.dispatch(call)
+
+    def on_tool_calls(self, calls: List[ToolCall]) -> None:
+        """Native calls the strategy's accumulator found complete: dispatched at once.
+
+        Each is dispatched under the id the run gives it (:meth:`ToolCalls.own_id`)
+        and answered under the provider's own, unless this answer has two calls with
+        that id: the second is answered under its run id (``dup_2``).  A call only
+        summed up (None) is not answered one by one.
+        """
+        for call in calls:
+            self._taken.add(id(call))
+            dispatched = self.runner.calls.dispatch(call)
+            if dispatched is None:
+                continue
+            self.native_calls.append(dispatched)
+            if dispatched.id != call.id and call.id not in self._wire_taken:
+                self.wire_ids[dispatched.id] = call.id
+            self._wire_taken.add(self.wire_ids.get(dispatched.id, dispatched.id))
+
+    def finish(self, response: Response) -> None:
+        """The stream completed: release held-back text, dispatch the native calls not dispatched yet."""
+        if self.parser is not None:
+            self._take(self.parser.flush())
+        if self.runner.use_native:
+            self.on_tool_calls([call for call in response.tool_calls if id(call) not in self._taken])
+
+    @property
+    def committed(self) -> bool:
+        """Something reached the caller or a tool started: no failover from here on."""
+        return bool(self.text_parts) or self.runner.calls.started_any
+
+    @property
+    def text(self) -> str:
+        return self.text_parts.text()
+
+# --- The run's side of OpenTelemetry: chat spans per model attempt (tool spans: ``tool_calls``). -------------------
+# Only used when the engine has an instrumentation (``opentelemetry-api``
+# installed); the round then gets these wrappers instead of its plain
+# callbacks, so an engine without it pays nothing per chunk.  Each
+# hook runs under the instrumentation's guard (``_otel.guard.Guard``): a span
+# processor or exemplar filter that raises costs the run its telemetry, never
+# an event (a ``tool_start``, a ``tool_result``, the round itself).
+
+class RoundTrace:
+    """One round's model attempts as ``chat`` spans: started, first chunk, failed or succeeded."""
+
+    def __init__(self, run_trace: Any, messages: Sequence[Any], options: Any) -> None:
+        self.run_trace = run_trace
+        self.guard = run_trace.owner.guard
+        self.messages = messages
+        self.options = options
+        self.chat: Any = None
+        self.seen_output = False
+
+    def started(self, model: str) -> None:
+        self.chat = None
+        self.seen_output = False
+        with self.guard("starting a chat span"):
+            self.chat = self.run_trace.chat_started(model=model, options=self.options, messages=self.messages)
+
+    def failed(self, _model: str, exc: BaseException) -> None:
+        chat, self.chat = self.chat, None
+        if chat is None:
+            return
+        with self.guard("ending a chat span"):
+            if isinstance(exc, LlmCancelledError):
+                chat.abandoned("cancelled")
+            else:
+                chat.failed(exc)
+
+    def succeeded(self, response: Response) -> None:
+        chat, self.chat = self.chat, None
+        if chat is not None:
+            with self.guard("ending a chat span"):
+                chat.succeeded(response)
+
+    def watching(self, on_chunk: Callable[[Chunk], None]) -> Callable[[Chunk], None]:
+        """``on_chunk`` that also marks the attempt's first *meaningful* chunk (the engine's own rule).
+
+        Unwrapped when nothing would record it (no SDK): a chunk then costs what it costs untraced.
+        """
+        if not self.run_trace.watches_chunks:
+            return on_chunk
+
+        def hooked(chunk: Chunk) -> None:
+            if not self.seen_output and chunk.is_meaningful and self.chat is not None:
+                self.seen_output = True
+                with self.guard("marking the first chunk"):
+                    self.chat.first_chunk()
+            on_chunk(chunk)
+        return hooked

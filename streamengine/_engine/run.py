@@ -19,9 +19,11 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import queue
+import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence
 
 from .. import _validation as validation
 from .._calls.failover import ErrorClassifier, ModelFailover
@@ -34,14 +36,13 @@ from .._errors import ConfigError, RunFailedError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, ToolCall, as_messages
 from .._otel import instrumentation
-from ..tools import ToolExecutor, ToolRegistry
-from .channel import EventChannel
+from ..tools import Tool, ToolExecutor, ToolRegistry
 from .events import DoneEvent, Event
 from .filing import FilingQueue, run_scope
 from .loop import HEARTBEAT, RunLoop
 from .result import EngineResult
 from .rounds import RoundRunner, RunDeps, RunState
-from .run_tools import checked_approve, register_rag_search, scoped_tools, warn_unapproved
+from .tool_calls import Approve
 
 #: How long a read-ahead consumer waits for its reader thread to end after the run.
 _READER_JOIN_S = 5.0
@@ -53,6 +54,53 @@ def _produced_nothing(result: EngineResult) -> bool:
     """The run failed and no round has text but the engine's warning: there is no answer at all."""
     return (result.error is not None and result.telemetry.stop_reason in _NOTHING_PRODUCED
             and not any(text and not text.startswith(LLM_WARNING) for text in result.rounds))
+
+
+class Run:
+    """One run: iterate it for its events, or read them in lists with :meth:`batches`, not both.
+
+    The run happens in the thread that iterates it.  :meth:`close` (or
+    leaving a loop early, or dropping the last reference) cancels it: the
+    provider's stream is shut, the tools are cancelled, ``done`` is not sent.
+    """
+
+    __slots__ = ("_batches", "_events")
+
+    def __init__(self, batches: Generator[List[Event], None, None]) -> None:
+        self._batches = batches
+        self._events: Optional[Generator[Event, None, None]] = None
+
+    def __iter__(self) -> Iterator[Event]:
+        if self._events is None:
+            self._events = _flattened(self._batches)
+        return self._events
+
+    def __next__(self) -> Event:
+        return next(iter(self))
+
+    def batches(self) -> Iterator[List[Event]]:
+        """The events in lists, each what was ready before the run would wait: send each one at once.
+
+        For a consumer that batches its output (the WSGI stream writes a list's
+        frames in one socket write): no event ever waits for the model's next token.
+        """
+        if self._events is not None:
+            raise ConfigError("this run is being read event by event already; call batches() before iterating")
+        return self._batches
+
+    def close(self) -> None:
+        """Stop the run now (from the thread that iterates it); the same as leaving its loop early."""
+        if self._events is not None:
+            self._events.close()
+        self._batches.close()
+
+
+def _flattened(batches: Generator[List[Event], None, None]) -> Generator[Event, None, None]:
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        batches.close()
 
 
 class StreamingEngine:
@@ -80,10 +128,12 @@ class StreamingEngine:
     tool arguments and results (off by default; the environment's
     ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` otherwise).
 
-    ``approve(call) -> bool`` is asked, on the thread that drives the run, before
-    each tool marked ``side_effects=True`` (an MCP tool not marked read-only)
-    runs; only ``True`` lets it run.  Without it (here or per run) such calls are
-    refused.  A refusal, or a hook that raised, becomes an error result the model reads.
+    ``approve(call) -> bool`` is asked, on a thread of its own once the round's
+    stream ended, before each tool marked ``side_effects=True`` (an MCP tool
+    not marked read-only) runs; only ``True`` lets it run.  Without it (here or
+    per run) such calls are refused.  A refusal, a hook that raised, or no
+    answer within ``EngineConfig.approval_timeout`` becomes an error result the
+    model reads; a cancel of the run skips the calls still waiting.
     """
 
     def __init__(self, client: LlmClient, tools: Iterable[Any] = (), config: Optional[EngineConfig] = None,
@@ -114,9 +164,12 @@ class StreamingEngine:
                                       output_limits=self.config.output_limits)
         # A client built with the SDK's max_retries= keeps its say over the retries of a rate limit.
         retries = getattr(client, "max_retries", None)
-        self._failover_for = lambda models: ModelFailover(
-            strategy, list(models), classifier=classifier, logger=logger,
-            max_retries=self.config.max_retries if retries is None else retries)
+        max_retries = self.config.max_retries if retries is None else retries
+
+        def failover_for(models: Sequence[str]) -> ModelFailover:
+            return ModelFailover(strategy, list(models), classifier=classifier, logger=logger,
+                                 max_retries=max_retries)
+        self._failover_for = failover_for
         failover = self._failover_for(self.config.models)
         # Public for operators: ``engine.executor.stuck_workers()`` shows tools that ignore cancels.
         # One pool for every run of this engine, shared fairly: a run never holds more
@@ -124,7 +177,8 @@ class StreamingEngine:
         self.executor = ToolExecutor(max_workers=self.config.pool_size, logger=logger,
                                      queue_timeout=self.config.tool_queue_timeout,
                                      max_per_owner=max(1, self.config.max_tools_per_round), remote=executor)
-        self.filing = FilingQueue(rag, self.config, self._log, self.config.max_filing_bytes) if rag is not None else None
+        self.filing = (FilingQueue(rag, self.config, self._log, self.config.max_filing_bytes) if rag is not None
+                       else None)
         if capture_content is not None and not isinstance(capture_content, bool):
             raise ConfigError(f"capture_content must be True, False or None (the environment decides), "
                               f"got {capture_content!r}")
@@ -136,15 +190,15 @@ class StreamingEngine:
                              run_tools=self._scoped_tools if rag is not None else None, approve=approve)
         self._closed = False
 
-    def _scoped_tools(self, scope: str) -> dict:
+    def _scoped_tools(self, scope: str) -> Dict[str, Tool]:
         return scoped_tools(self.registry, self._registered_search, self.rag, scope)
 
     # --- public API --------------------------------------------------------------
     def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None, model: Optional[str] = None,
             options: Any = None, conversation_id: Optional[str] = None, read_ahead: bool = False,
-            approve: Optional[Callable[[ToolCall], object]] = None) -> Iterator[Event]:
-        """Yield events as they happen; ``DoneEvent`` is always last.
+            approve: Optional[Callable[[ToolCall], object]] = None) -> Run:
+        """Start a run: iterate the :class:`Run` for its events as they happen; ``DoneEvent`` is always last.
 
         The run happens in the thread that iterates it.  Stopping iteration
         early (``break``, ``close()``, garbage collection) or setting
@@ -169,20 +223,9 @@ class StreamingEngine:
         ``approve(call) -> bool`` replaces the engine's ``approve`` for this run
         (e.g. asking the person of this request): only ``True`` lets a
         side-effect call run.
-        """
-        return self._flattened(self.run_batches(messages, cancel, heartbeat_s=heartbeat_s, model=model,
-                                                options=options, conversation_id=conversation_id,
-                                                read_ahead=read_ahead, approve=approve))
 
-    def run_batches(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
-                    heartbeat_s: Optional[float] = None, model: Optional[str] = None, options: Any = None,
-                    conversation_id: Optional[str] = None, read_ahead: bool = False,
-                    approve: Optional[Callable[[ToolCall], object]] = None) -> Iterator[List[Event]]:
-        """:meth:`run` in lists: each list is what was ready before the run would wait (write it now).
-
-        A consumer that batches its output (the WSGI stream joins a list's
-        frames into one socket write) sends each list as it comes: no event
-        ever waits for the model's next token.
+        The arguments are checked here, before the first event: a
+        :class:`ConfigError` is raised by this call, not by the iteration.
         """
         if self._closed:
             raise ConfigError("this StreamingEngine is closed; create a new one")
@@ -202,16 +245,8 @@ class StreamingEngine:
         trace = functools.partial(otel.start_run, parent=parent, conversation_id=conversation_id,
                                   messages=conversation) if otel is not None and otel.live(parent) else None
         if read_ahead:
-            return self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace)
-        return self._batches(conversation, cancel, heartbeat_s, deps, scope, trace)
-
-    @staticmethod
-    def _flattened(batches: Iterator[List[Event]]) -> Iterator[Event]:
-        try:
-            for batch in batches:
-                yield from batch
-        finally:
-            batches.close()  # type: ignore[attr-defined]
+            return Run(self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace))
+        return Run(self._batches(conversation, cancel, heartbeat_s, deps, scope, trace))
 
     def _deps_for(self, model: Optional[str], options: Any, approve: Optional[Callable[[ToolCall], object]]) -> RunDeps:
         """The engine's run dependencies, or a copy with this run's model, options and approve hook."""
@@ -238,8 +273,7 @@ class StreamingEngine:
         ``answer`` the visible ``⚠️ LLM error: ...`` and ``error`` set.
         ``model``, ``options``, ``conversation_id`` and ``approve`` are as for :meth:`run`.
         """
-        # run() always ends with DoneEvent; a deque of length 1 keeps it and
-        # consumes the rest in C, not one Python loop step per token.
+        # run() always ends with DoneEvent: a deque of length 1 keeps the last event.
         events = self.run(messages, cancel, model=model, options=options, conversation_id=conversation_id,
                           approve=approve)
         last = collections.deque(events, maxlen=1)
@@ -265,7 +299,7 @@ class StreamingEngine:
     # --- one run -------------------------------------------------------------------
     def _batches(self, conversation: List[Message], cancel: Optional[threading.Event],
                  heartbeat_s: Optional[float], deps: RunDeps, scope: str,
-                 trace: Optional[Callable[[], Any]] = None) -> Iterator[List[Event]]:
+                 trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
         """The run, driven by the thread that iterates this generator (``loop.RunLoop``)."""
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
@@ -274,13 +308,13 @@ class StreamingEngine:
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
                          emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
-        loop.tools_due = runner.dispatcher.next_deadline
-        loop.on_tools_due = runner.dispatcher.poll_deadlines
-        loop.tools_pending = runner.dispatcher.pending
+        loop.tools_due = runner.calls.next_deadline
+        loop.on_tools_due = runner.calls.poll_deadlines
+        loop.tools_pending = runner.calls.pending
         steps = runner.run()  # ends with done, whatever happens in it
         finished = False
         try:
-            yield from loop.batches(steps)  # not a loop of our own: one generator level less a batch
+            yield from loop.batches(steps)
             finished = True
         finally:
             if not finished:  # left early: cancel, and let the run end itself (tools, socket, telemetry)
@@ -288,7 +322,6 @@ class StreamingEngine:
                 _finish_cancelled(steps, self.config.completion_timeout)
             stop_watch()
             loop.close()
-            runner.release()
             if state.trace is not None:
                 last = loop.handed
                 done = last[-1] if finished and last and isinstance(last[-1], DoneEvent) else None
@@ -296,7 +329,7 @@ class StreamingEngine:
 
     def _read_ahead(self, conversation: List[Message], cancel: Optional[threading.Event],
                     heartbeat_s: Optional[float], deps: RunDeps, scope: str,
-                    trace: Optional[Callable[[], Any]] = None) -> Iterator[List[Event]]:
+                    trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
         """The same run, driven by a reader thread into a bounded channel (``run(read_ahead=True)``)."""
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
@@ -348,3 +381,174 @@ def _finish_cancelled(steps: Any, give_up_s: float) -> None:
     except StopIteration:
         return
     steps.close()
+
+
+# --- The tools a run gets besides the registry's, and what lets a side-effect tool run. ----------------------------
+# With a store (``rag=``) the engine registers its own ``rag_search`` template
+# and hands each run a copy bound to the run's scope.  The application's own
+# Python ``rag_search`` wins, as documented; one an MCP server offers is a
+# clash refused at construction, like any other name clash: it would silently
+# replace the scoped search.  A side-effect tool runs only when an ``approve``
+# hook returns True; an engine that has such tools and no hook says so once,
+# when it is built.
+
+def checked_approve(approve: Any, where: str) -> Optional[Approve]:
+    """``approve`` if it is a callable or None; anything else is a :class:`ConfigError` naming ``where``."""
+    if approve is not None and not callable(approve):
+        raise ConfigError(f"{where}: approve must be a callable taking a ToolCall and returning True to run it, "
+                          f"got {type(approve).__name__}")
+    checked: Optional[Approve] = approve
+    return checked
+
+
+def warn_unapproved(registry: ToolRegistry, log: Any) -> None:
+    """Side-effect tools and nothing to approve them: said once, at construction, not per refused call."""
+    unapproved = [t.name for t in registry if t.side_effects]
+    if unapproved:
+        log.warning("tools with side effects will not run, nothing approves them: {}; pass approve= to "
+                    "StreamingEngine or run() to let them run", ", ".join(map(repr, unapproved)))
+
+
+def register_rag_search(registry: ToolRegistry, rag: Any) -> Optional[Tool]:
+    """Our ``rag_search`` template (its spec is what the model sees), or None if the application has its own."""
+    from ..rag._base import make_rag_search_tool
+    if "rag_search" in registry:
+        server = _mcp_server_of(registry.get("rag_search"))
+        if server is not None:
+            raise ConfigError(
+                f"MCP server {server!r} offers a tool named 'rag_search', which would replace the engine's own "
+                f"search of rag=; rename the server's tools with McpServer.tools(prefix='...') (e.g. "
+                f"prefix='mcp_') or leave it out with McpServer.tools(include=[...]) naming the others")
+        return None
+    template = make_rag_search_tool(rag, scope=None)  # each run calls a copy bound to its scope
+    registry.register(template)
+    return template
+
+
+def scoped_tools(registry: ToolRegistry, template: Optional[Tool], rag: Any, scope: str) -> Dict[str, Tool]:
+    """The run's ``rag_search``, bound to its scope; none when the application's own is registered."""
+    from ..rag._base import bound_to_scope
+    if template is None or registry.get("rag_search") is not template:
+        return {}  # the application's own rag_search (registered before or after the engine) runs as is
+    return {"rag_search": bound_to_scope(template, rag, scope)}
+
+
+def _mcp_server_of(tool: Any) -> Optional[str]:
+    """The name of the MCP server ``tool`` came from, or None for any other tool."""
+    if "streamengine.mcp" not in sys.modules:  # no MCP tool exists before that package is imported
+        return None
+    from ..mcp import McpTool
+    return tool.server.name if isinstance(tool, McpTool) else None
+
+# --- A bounded, one-consumer event channel between a run's reader thread and its caller. ---------------------------
+# Used only by ``engine.run(..., read_ahead=True)``: a reader thread drives the
+# run into it, for a consumer that is slow on purpose.  (By default the run is
+# driven by the consumer's own thread and needs no channel.)
+#
+# Built on :class:`queue.SimpleQueue`, whose ``put`` and ``get`` are C code:
+# ``put`` wakes a waiting consumer from C, and only the first ``put`` after the
+# consumer fell asleep pays for the wake-up.  A ``threading.Condition`` costs
+# a dozen Python-level calls per notify (measured: 86k notifies for 100k
+# tokens).  The consumer drains everything that arrived together in one go, so
+# a burst of tokens costs one wake-up.
+#
+# **Bounded**, because the consumer may be slower than the model: a browser
+# that reads nothing while the model writes 60 MB would otherwise make the
+# queue hold all of it.  When ``max_items`` events wait, ``put`` blocks the
+# producer (the reader thread), the run stops reading the provider's socket, and
+# TCP pushes back on the provider.  The producer is woken by the consumer's
+# next drain (one ``Event.set`` per drain, not per item) or by ``cancel``;
+# once cancelled, ``put`` never blocks, so a cancelled run can always finish.
+# The time it waits is the consumer's, and the run's loop counts it as such
+# (``Wait.held``): the model's idle timer never spends it.
+
+#: Events a channel holds before the producer waits: a few hundred kB of tokens
+#: at most, and enough that a consumer draining in batches never starves it.
+DEFAULT_MAX_ITEMS = 1024
+_WAIT_SLICE_S = 0.5  # a blocked producer rechecks the queue this often even if no wake-up came
+
+_CLOSED = object()  # put by close(): always the last item
+
+
+class EventChannel:
+    def __init__(self, max_items: int = DEFAULT_MAX_ITEMS, cancel: Optional[threading.Event] = None) -> None:
+        validation.count(max_items, "EventChannel max_items", minimum=1)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._max = max_items
+        self._room = threading.Event()  # set by the consumer after a drain, or on cancel
+        self._producer_waiting = False
+        self._cancel = cancel
+        self._stop_watch = _watch(cancel, self._room.set)
+        self._closing = False
+        self._done = False  # the close marker was taken: nothing more will come
+
+    def put(self, item: Any) -> None:
+        """Queue ``item``; waits while ``max_items`` are queued, unless the run is cancelled."""
+        q = self._queue
+        q.put(item)
+        if q.qsize() >= self._max:
+            self._wait_while_full()
+
+    def _wait_while_full(self) -> None:
+        q = self._queue
+        cancel = self._cancel
+        while q.qsize() >= self._max and not (cancel is not None and cancel.is_set()):
+            self._room.clear()
+            self._producer_waiting = True  # before the recheck: a drain after it will set _room
+            if q.qsize() < self._max:
+                break
+            self._room.wait(_WAIT_SLICE_S)
+        self._producer_waiting = False
+
+    def close(self) -> None:
+        """No more items will come; wakes the consumer.
+
+        The marker goes in before ``closed`` can say so: a consumer that looked
+        in between would otherwise count the last item (the run's ``done``) as
+        the marker, and never take it.
+        """
+        if not self._closing:
+            self._queue.put(_CLOSED)
+            self._closing = True
+            self._stop_watch()
+
+    @property
+    def closed(self) -> bool:
+        """Closed and every item taken (the marker, queued before ``_closing`` is set, is all that is left)."""
+        return self._done or (self._closing and self._queue.qsize() <= 1)
+
+    @property
+    def backlog(self) -> int:
+        """Items waiting now (for tests and monitoring)."""
+        return self._queue.qsize()
+
+    def drain(self, timeout: Optional[float]) -> List[Any]:
+        """Everything queued now; waits up to ``timeout`` for the first item.
+
+        Returns ``[]`` on timeout, or when the channel is closed and empty.
+        """
+        if self._done:
+            return []
+        q = self._queue
+        try:
+            first = q.get(True, timeout) if timeout is None or timeout > 0 else q.get(False)
+        except queue.Empty:
+            return []
+        items = [first]
+        get = q.get_nowait
+        for _ in range(q.qsize()):  # only this thread takes items: qsize() of them are there
+            items.append(get())
+        if self._producer_waiting:
+            self._room.set()
+        if items[-1] is _CLOSED:
+            items.pop()
+            self._done = True
+        return items
+
+
+def _watch(cancel: Optional[threading.Event], wake: Any) -> Any:
+    """Wake a blocked producer on cancel; returns the remover (free with a CancelToken)."""
+    add = getattr(cancel, "add_callback", None)
+    if add is None:  # a plain Event is rechecked every _WAIT_SLICE_S
+        return lambda: None
+    return add(wake)

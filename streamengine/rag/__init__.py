@@ -12,7 +12,7 @@ finds it.
 - ``_sqlite``: :class:`SqliteRagStore`, the embedded default;
 - ``_postgres``: :class:`PostgresRagStore`, one store shared by many processes
   (psycopg is imported only when one is made);
-- ``_search_tool``: the built-in ``rag_search`` tool.
+- ``_base``: also the built-in ``rag_search`` tool.
 
 Layering: this package depends only on ``_errors``/``_logs``/``tools`` and the
 standard library; ``OpenAIEmbedder`` duck-types ``client.embed``.

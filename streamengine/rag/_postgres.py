@@ -82,7 +82,7 @@ _KEY_VALUE_PASSWORD = re.compile(r"(password\s*=\s*)('(?:\\.|[^'\\])*'|[^\s&]+)"
 def redact_dsn(dsn: str) -> str:
     """The DSN without its password, for messages and logs.
 
-    The URL form is masked like every URL (``_redact``: userinfo and query
+    The URL form is masked like every URL (``_logs.Redactor``: userinfo and query
     values); the key=value form loses its ``password=`` value.
     """
     return _KEY_VALUE_PASSWORD.sub(r"\1***", redact_urls(dsn))

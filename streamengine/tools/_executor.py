@@ -30,7 +30,19 @@ from .. import _validation as validation
 from .._errors import ConfigError, ToolError
 from .._logs import component_logger
 from .._messages import ToolCall, ToolContext, ToolResult
-from ._handle import CANCELLED_FIRST, PENDING, POOL_BUSY, ToolHandle
+from ._handle import (
+    CANCELLED_FIRST,
+    PENDING,
+    POOL_BUSY,
+    ToolHandle,
+    expire,
+    finish,
+    follow_cancel,
+    is_given_up,
+    refuse,
+    refused,
+    start_running,
+)
 from ._remote_run import hand_over
 from ._tool import Tool, ToolFailure
 
@@ -127,19 +139,19 @@ class ToolExecutor:
         try:
             args = tool.validate(call.args())
         except ToolError as exc:
-            return ToolHandle.refused(tool, call, str(exc), self._log)
+            return refused(tool, call, str(exc), self._log)
         if cancel is not None and cancel.is_set():
-            return ToolHandle.refused(tool, call, f"tool '{tool.name}' cancelled before it started", self._log,
+            return refused(tool, call, f"tool '{tool.name}' cancelled before it started", self._log,
                                       CANCELLED_FIRST)
         handle = ToolHandle(tool, call, args, effective, queue_timeout=self.queue_timeout, on_start=on_start,
                             owner=owner, log=self._log)
-        handle.link_cancel(cancel)
+        follow_cancel(handle, cancel)
         if tool.starts_itself or (tool.remote_ref is not None and self.remote is not None):
             self._hand_over(handle, tool)
             return handle
         refusal, spawn = self._place(handle)
         if refusal is not None:
-            handle.refuse(*refusal)
+            refuse(handle, *refusal)
         elif spawn is not None:
             self._start(spawn, handle)
         return handle
@@ -163,7 +175,7 @@ class ToolExecutor:
             running = [w.current for w in self._workers if w.current is not None]
             workers = list(self._workers)
         for handle in queued:
-            handle.refuse(f"tool '{handle.call.name}' cancelled: the tool executor shut down before it started",
+            refuse(handle, f"tool '{handle.call.name}' cancelled: the tool executor shut down before it started",
                           CANCELLED_FIRST)
         began = time.monotonic()
         for handle in running:
@@ -224,7 +236,7 @@ class ToolExecutor:
                 return None, None
         finally:
             for stuck_handle in late:
-                stuck_handle.expire_if_late(time.monotonic())
+                expire(stuck_handle, time.monotonic())
 
     def _enqueue(self, handle: ToolHandle) -> None:
         queue = self._queues.get(handle.owner)
@@ -265,7 +277,7 @@ class ToolExecutor:
     def _stuck(self, now: float) -> List[ToolHandle]:
         grace = self.cancel_grace_s
         return [w.current for w in self._workers
-                if w.current is not None and w.current.is_given_up(now, grace)]
+                if w.current is not None and is_given_up(w.current, now, grace)]
 
     def _start(self, worker: _Worker, first: ToolHandle) -> None:
         thread = threading.Thread(target=self._work, args=(worker,), daemon=True,
@@ -277,7 +289,7 @@ class ToolExecutor:
             with self._lock:
                 self._workers.discard(worker)
                 self._release(first)
-            first.refuse(f"tool '{first.call.name}' not started: could not start a worker thread ({exc}); "
+            refuse(first, f"tool '{first.call.name}' not started: could not start a worker thread ({exc}); "
                          "try again later", POOL_BUSY)
             return
         with self._lock:
@@ -329,11 +341,11 @@ class ToolExecutor:
     def _run(self, worker: _Worker, handle: ToolHandle) -> None:
         """Run one claimed task; the worker's slot is the owner's until the function returns."""
         try:
-            if not handle.set_running_or_notify_cancel():
+            if not start_running(handle):
                 return
             with self._lock:
                 worker.current = handle
-            handle.set_result(self._call(handle))
+            finish(handle, self._call(handle))
         finally:
             with self._lock:
                 worker.current = None
@@ -382,12 +394,12 @@ class ToolExecutor:
                 continue
             while thread.is_alive():
                 now, current = time.monotonic(), worker.current
-                if now >= until or (current is not None and current.is_given_up(now, grace, began)):
+                if now >= until or (current is not None and is_given_up(current, now, grace, began)):
                     break
                 stop = until
                 if current is not None:
                     stop = min(stop, current.deadline)
-                    flagged = current.cancelled_at
+                    flagged = current.cancel_event.set_at
                     if flagged is not None and flagged < began:
                         stop = min(stop, flagged + grace)
                 thread.join(max(0.0, stop - now))

@@ -2,15 +2,16 @@
 
 ::
 
-    PENDING --set_running_or_notify_cancel()--> RUNNING --set_result()--> FINISHED
-       |                                            (the function returned or raised)
-       +--cancel() / queue limit / shutdown--> CANCELLED   (the function never ran)
+    PENDING --start_running()--> RUNNING --finish()--> FINISHED (the function returned or raised)
+       |
+       +--cancel() / queue limit / refuse() (shutdown, busy)--> CANCELLED (the function never ran)
 
 The state says what the *function* did; the *result* is fixed separately and
 once: by the function returning before its deadline, by the deadline (a later
-real result is discarded), or by a refusal before it started.  The executor
-drives the transitions only through the methods in the "executor side"
-section; it never touches the handle's fields.
+real result is discarded), or by a refusal before it started.
+:class:`ToolHandle` is what the owner of a call holds (wait, cancel, hear
+the result); the executor drives the transitions with this module's
+functions (``start_running``, ``finish``, ``refuse``, ``abandon``, ``expire``).
 
 The deadline counts from the moment the function is entered (or, for a
 remote executor, handed over), not from submit: time spent waiting for a free
@@ -74,29 +75,10 @@ class ToolHandle:
         self._external: Optional[threading.Event] = None  # the caller's cancel event
         self._callbacks: List[Callable[[ToolHandle], None]] = []
 
-    @classmethod
-    def refused(cls, tool: Optional[Tool], call: ToolCall, message: str, log: Any = None,
-                skipped: Optional[str] = None) -> ToolHandle:
-        """A handle that is already done with an error: the function never runs (``skipped``: why, if not a fault)."""
-        handle = cls(tool, call, {}, 0.0, log=log)
-        handle.refuse(message, skipped)
-        return handle
-
-    # -- public
-
     @property
     def state(self) -> str:
         """``pending``, ``running``, ``finished`` or ``cancelled`` (what the function did)."""
         return self._state
-
-    @property
-    def cancelled_at(self) -> Optional[float]:
-        """When the cancel flag went up (monotonic; None: not yet).
-
-        A running tool that has not returned a grace period later is ignoring
-        it, and its slot is stuck.
-        """
-        return self.cancel_event.set_at
 
     @property
     def deadline(self) -> float:
@@ -140,7 +122,7 @@ class ToolHandle:
     def done(self) -> bool:
         """True once the result is fixed (a passed deadline or queue limit fixes it)."""
         if not self._done.is_set():
-            self._enforce_limits(time.monotonic())
+            expire(self, time.monotonic())
         return self._done.is_set()
 
     def running(self) -> bool:
@@ -157,7 +139,7 @@ class ToolHandle:
             if self._result is None:
                 self._callbacks.append(fn)
                 return
-        self._run_callback(fn)
+        self._safely(fn, "done callback")
 
     def cancel(self) -> bool:
         """Cancel: a pending call never runs (True); a running one gets its cancel flag (False)."""
@@ -166,102 +148,13 @@ class ToolHandle:
             if self._state != PENDING or self._result is not None:
                 return False
             self._state = CANCELLED
-        self._settle(self._cancelled_result(), CANCELLED_FIRST)
+        self._settle(_cancelled_result(self.call), CANCELLED_FIRST)
         return True
 
     def __repr__(self) -> str:
         return f"ToolHandle({self.call.name!r}, id={self.call.id!r}, state={self._state})"
 
-    # -- executor side
-
-    def link_cancel(self, event: Optional[threading.Event]) -> None:
-        """Follow the caller's cancel event until the result is fixed."""
-        if event is None:
-            return
-        self._external = event
-        stop = on_cancel(event, self.cancel)
-        with self._lock:
-            if self._result is None:
-                self._unlink = stop
-                return
-        stop()
-
-    def on_abandon(self, hook: Callable[[], Any]) -> Callable[[], None]:
-        """``hook()`` runs when the call is given up (deadline, cancel): e.g. a remote ``Future.cancel``.
-
-        Returns its remover, for when there is nothing left to give up.
-        """
-        return self.cancel_event.add_callback(hook)
-
-    def set_running_or_notify_cancel(self) -> bool:
-        """PENDING -> RUNNING and fire ``on_start``; False (and a settled result) if it must not start."""
-        now = time.monotonic()
-        cancelled = self.cancel_event.is_set() or (self._external is not None and self._external.is_set())
-        with self._lock:
-            if self._state != PENDING or self._result is not None:
-                return False
-            on_start = self._on_start  # taken with the state: a result fixed from now on drops it
-            if not cancelled and now < self.queue_limit:
-                self._state = RUNNING
-                self.started_at = now
-                self.queue_wait_s = now - self.submitted_at
-                self._changed.notify_all()
-            else:
-                self._state = CANCELLED
-        if self._state == CANCELLED:  # a plain Event's watcher may not have fired yet: never start a cancelled call
-            if cancelled:
-                self._settle(self._cancelled_result(), CANCELLED_FIRST)
-            else:
-                self._settle(self._busy_result(now), POOL_BUSY)
-            return False
-        if on_start is not None:
-            self._safely(on_start, "on_start hook")
-        return True
-
-    def set_result(self, result: ToolResult) -> None:
-        """RUNNING -> FINISHED: keep the function's result only if it came before the deadline."""
-        self._state = FINISHED
-        if result.ended_at > self.deadline and not self._done.is_set():
-            self._time_out(result.ended_at)
-        result = _with_queue_wait(result, self.queue_wait_s)
-        if not self._settle(result) and self._log is not None:
-            self._log.info("tool {!r} (call {}) returned after it was given up; result discarded",
-                           self.call.name, self.call.id)
-
-    def refuse(self, message: str, skipped: Optional[str] = None) -> bool:
-        """PENDING -> CANCELLED with an error result (shutdown, exhausted pool); False if too late.
-
-        ``skipped`` (:data:`POOL_BUSY`, :data:`CANCELLED_FIRST`) says the call was not at fault:
-        None for arguments the tool refused.
-        """
-        with self._lock:
-            if self._state != PENDING or self._result is not None:
-                return False
-            self._state = CANCELLED
-        return self._settle(ToolResult.error_result(self.call, message), skipped)
-
-    def abandon(self, message: str) -> bool:
-        """Fix an error result for a running call nobody will wait for (a remote call given up)."""
-        now = time.monotonic()
-        started = self.started_at or now
-        return self._settle(ToolResult.error_result(self.call, message, duration_s=now - started, started_at=started,
-                                                    ended_at=now, queue_wait_s=self.queue_wait_s))
-
-    def is_given_up(self, now: float, grace: float, flagged_before: Optional[float] = None) -> bool:
-        """Running past its deadline, or flagged ``grace`` seconds ago (before ``flagged_before``) and still running."""
-        if self._state == RUNNING and (now >= self.deadline or self._done.is_set()):
-            return True
-        flagged = self.cancelled_at
-        return (flagged is not None and now >= flagged + grace
-                and (flagged_before is None or flagged < flagged_before))
-
-    def expire_if_late(self, now: float) -> bool:
-        """Fix the timeout result if the deadline passed while running; True if it did now."""
-        if self._state == RUNNING and now >= self.deadline and not self._done.is_set():
-            return self._time_out(now)
-        return False
-
-    # -- internal
+    # -- internal (this module's functions drive the transitions)
 
     def _wait_step(self, until: Optional[float]) -> bool:
         """Wait until the next limit (queue limit, deadline or ``until``), enforce it; True when done."""
@@ -273,18 +166,8 @@ class ToolHandle:
                 self._changed.wait(min(max(0.0, limit - time.monotonic()), threading.TIMEOUT_MAX))
             if self._result is not None:
                 return True
-        self._enforce_limits(time.monotonic())
+        expire(self, time.monotonic())
         return self._done.is_set()
-
-    def _enforce_limits(self, now: float) -> None:
-        if self._state == PENDING and now >= self.queue_limit:
-            with self._lock:
-                if self._state != PENDING or self._result is not None:
-                    return
-                self._state = CANCELLED
-            self._settle(self._busy_result(now), POOL_BUSY)
-        else:
-            self.expire_if_late(now)
 
     def _time_out(self, now: float, early: bool = False) -> bool:
         started = self.started_at or 0.0
@@ -307,17 +190,6 @@ class ToolHandle:
                               seconds(shown), where)
         return True
 
-    def _busy_result(self, now: float) -> ToolResult:
-        # The limit, not the measured wait, in the message: the model reads the rule, not scheduler jitter.
-        waited = now - self.submitted_at
-        limit = self.queue_limit - self.submitted_at
-        return ToolResult.error_result(
-            self.call, f"tool '{self.call.name}' not started: the tool pool was busy for {seconds(limit)}s "
-                       f"({self.busy_reason}); try again later", queue_wait_s=waited)
-
-    def _cancelled_result(self) -> ToolResult:
-        return ToolResult.error_result(self.call, f"tool '{self.call.name}' cancelled before it started")
-
     def _settle(self, result: ToolResult, skipped: Optional[str] = None) -> bool:
         with self._lock:
             if self._result is not None:
@@ -332,11 +204,8 @@ class ToolHandle:
             self._on_start = None
         unlink()
         for fn in callbacks:
-            self._run_callback(fn)
+            self._safely(fn, "done callback")
         return True
-
-    def _run_callback(self, fn: Callable[[ToolHandle], None]) -> None:
-        self._safely(fn, "done callback")
 
     def _safely(self, fn: Callable[[ToolHandle], None], what: str) -> None:
         try:
@@ -345,6 +214,125 @@ class ToolHandle:
             if self._log is not None:
                 self._log.opt(exception=exc).warning("{} of tool {!r} (call {}) failed: {}", what, self.call.name,
                                                      self.call.id, exc)
+
+
+# --- the executor's side: the transitions -------------------------------------------------------------------
+
+def refused(tool: Optional[Tool], call: ToolCall, message: str, log: Any = None,
+            skipped: Optional[str] = None) -> ToolHandle:
+    """A handle that is already done with an error: the function never runs (``skipped``: why, if not a fault)."""
+    handle = ToolHandle(tool, call, {}, 0.0, log=log)
+    refuse(handle, message, skipped)
+    return handle
+
+
+def follow_cancel(handle: ToolHandle, event: Optional[threading.Event]) -> None:
+    """The call follows the caller's cancel event until its result is fixed."""
+    if event is None:
+        return
+    handle._external = event
+
+    def cancel() -> None:
+        handle.cancel()
+    stop = on_cancel(event, cancel)
+    with handle._lock:
+        if handle._result is None:
+            handle._unlink = stop
+            return
+    stop()
+
+
+def start_running(handle: ToolHandle) -> bool:
+    """PENDING -> RUNNING and fire ``on_start``; False (and a settled result) if it must not start."""
+    now = time.monotonic()
+    cancelled = handle.cancel_event.is_set() or (handle._external is not None and handle._external.is_set())
+    with handle._lock:
+        if handle._state != PENDING or handle._result is not None:
+            return False
+        on_start = handle._on_start  # taken with the state: a result fixed from now on drops it
+        if not cancelled and now < handle.queue_limit:
+            handle._state = RUNNING
+            handle.started_at = now
+            handle.queue_wait_s = now - handle.submitted_at
+            handle._changed.notify_all()
+        else:
+            handle._state = CANCELLED
+    if handle._state == CANCELLED:  # a plain Event's watcher may not have fired yet: never start a cancelled call
+        if cancelled:
+            handle._settle(_cancelled_result(handle.call), CANCELLED_FIRST)
+        else:
+            handle._settle(_busy_result(handle, now), POOL_BUSY)
+        return False
+    if on_start is not None:
+        handle._safely(on_start, "on_start hook")
+    return True
+
+
+def finish(handle: ToolHandle, result: ToolResult) -> None:
+    """RUNNING -> FINISHED: keep the function's result only if it came before the deadline."""
+    handle._state = FINISHED
+    if result.ended_at > handle.deadline and not handle._done.is_set():
+        handle._time_out(result.ended_at)
+    result = _with_queue_wait(result, handle.queue_wait_s)
+    if not handle._settle(result) and handle._log is not None:
+        handle._log.info("tool {!r} (call {}) returned after it was given up; result discarded",
+                         handle.call.name, handle.call.id)
+
+
+def refuse(handle: ToolHandle, message: str, skipped: Optional[str] = None) -> bool:
+    """PENDING -> CANCELLED with an error result (shutdown, exhausted pool); False if too late.
+
+    ``skipped`` (:data:`POOL_BUSY`, :data:`CANCELLED_FIRST`) says the call was not at fault:
+    None for arguments the tool refused.
+    """
+    with handle._lock:
+        if handle._state != PENDING or handle._result is not None:
+            return False
+        handle._state = CANCELLED
+    return handle._settle(ToolResult.error_result(handle.call, message), skipped)
+
+
+def abandon(handle: ToolHandle, message: str) -> bool:
+    """Fix an error result for a running call nobody will wait for (a remote call given up)."""
+    now = time.monotonic()
+    started = handle.started_at or now
+    return handle._settle(ToolResult.error_result(handle.call, message, duration_s=now - started,
+                                                  started_at=started, ended_at=now,
+                                                  queue_wait_s=handle.queue_wait_s))
+
+
+def is_given_up(handle: ToolHandle, now: float, grace: float, flagged_before: Optional[float] = None) -> bool:
+    """Running past its deadline, or flagged ``grace`` seconds ago (before ``flagged_before``) and still running."""
+    if handle._state == RUNNING and (now >= handle.deadline or handle._done.is_set()):
+        return True
+    flagged = handle.cancel_event.set_at
+    return (flagged is not None and now >= flagged + grace
+            and (flagged_before is None or flagged < flagged_before))
+
+
+def expire(handle: ToolHandle, now: float) -> None:
+    """Fix the result a passed limit gives: busy past the queue limit, timed out past the deadline."""
+    if handle._state == PENDING and now >= handle.queue_limit:
+        with handle._lock:
+            if handle._state != PENDING or handle._result is not None:
+                return
+            handle._state = CANCELLED
+        handle._settle(_busy_result(handle, now), POOL_BUSY)
+    elif handle._state == RUNNING and now >= handle.deadline and not handle._done.is_set():
+        handle._time_out(now)
+
+
+def _busy_result(handle: ToolHandle, now: float) -> ToolResult:
+    # The limit, not the measured wait, in the message: the model reads the rule, not scheduler jitter.
+    waited = now - handle.submitted_at
+    limit = handle.queue_limit - handle.submitted_at
+    return ToolResult.error_result(
+        handle.call, f"tool '{handle.call.name}' not started: the tool pool was busy for {seconds(limit)}s "
+                     f"({handle.busy_reason}); try again later", queue_wait_s=waited)
+
+
+def _cancelled_result(call: ToolCall) -> ToolResult:
+    return ToolResult.error_result(call, f"tool '{call.name}' cancelled before it started")
 
 
 def _with_queue_wait(result: ToolResult, queue_wait_s: float) -> ToolResult:

@@ -15,7 +15,7 @@ import time
 from typing import Callable, Optional
 
 from .._messages import ToolContext, ToolResult
-from ._handle import ToolHandle
+from ._handle import ToolHandle, abandon, finish, start_running
 from ._tool import RemoteCall, Tool, share_cancel_event
 
 Failure = Callable[[ToolHandle, BaseException, float, float], ToolResult]
@@ -23,21 +23,21 @@ Failure = Callable[[ToolHandle, BaseException, float, float], ToolResult]
 
 def hand_over(handle: ToolHandle, tool: Tool, remote: Optional[concurrent.futures.Executor], failure: Failure) -> None:
     """Start the call off the worker threads; its future settles the handle (``failure`` words an exception)."""
-    if not handle.set_running_or_notify_cancel():
+    if not start_running(handle):
         return
     started = handle.started_at
     assert started is not None
     try:
         future = _launch(handle, tool, remote)
     except Exception as exc:  # shut down, cannot pickle the arguments, cluster gone
-        handle.set_result(failure(handle, exc, started, time.monotonic()))
+        finish(handle, failure(handle, exc, started, time.monotonic()))
         return
 
     def give_up() -> None:  # deadline or cancel: the remote call is abandoned, its result fixed now
         future.cancel()
-        handle.abandon(f"tool '{tool.name}' cancelled")
+        abandon(handle, f"tool '{tool.name}' cancelled")
 
-    forget_give_up = handle.on_abandon(give_up)
+    forget_give_up = handle.cancel_event.add_callback(give_up)
 
     def settle(done: concurrent.futures.Future[str]) -> None:
         # A done future keeps its callbacks (this one, which holds the handle): the handle's hold on
@@ -52,7 +52,7 @@ def hand_over(handle: ToolHandle, tool: Tool, remote: Optional[concurrent.future
         else:
             result = ToolResult(handle.call.id, tool.name, True, done.result(), None, ended - started,
                                 started, ended)
-        threading.Thread(target=handle.set_result, args=(result,), name="streamengine-remote-result",
+        threading.Thread(target=finish, args=(handle, result), name="streamengine-remote-result",
                          daemon=True).start()
 
     future.add_done_callback(settle)

@@ -28,10 +28,12 @@ from ._guard import messages_from_request as messages_from_request
 from ._serve import serve as serve
 from ._sse import EngineLike as EngineLike
 from ._sse import PublicErrors as PublicErrors
+from ._sse import RunOptions as RunOptions
 from ._sse import SseResponse as SseResponse
 from ._sse import encode_stream as encode_stream
 
 __all__ = [
-    "AppOptions", "EngineLike", "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp",
-    "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount", "serve",
+    "AppOptions", "EngineLike", "PublicErrors", "RequestRejected", "RunOptions", "STREAM_PATH", "SseResponse",
+    "StreamApp", "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
+    "serve",
 ]

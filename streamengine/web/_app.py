@@ -429,7 +429,7 @@ def _check_approve(engine: EngineLike, approve: Optional[Approve]) -> None:
         return
     if not callable(approve):
         raise ConfigError(f"approve must be a function (call, environ) -> bool, got {type(approve).__name__}")
-    run = getattr(engine, "run_batches", None) or engine.run
+    run = engine.run
     try:
         parameters = inspect.signature(run).parameters.values()
     except (TypeError, ValueError):  # a callable whose signature cannot be read: its first run will tell

@@ -45,7 +45,7 @@ Why it is built this way:
 
 * **One socket write per batch.**  The engine is driven by the server's
   thread iterating this response, and hands events over in lists
-  (``StreamingEngine.run_batches``): each list is what was ready before the
+  (``Run.batches`` of ``StreamingEngine.run``): each list is what was ready before the
   run would wait (everything one read of the provider produced, a tool's
   result).  Writing a frame per token costs a server write call and a send
   syscall per token; joining a list's frames costs one of each, and since a
@@ -138,8 +138,8 @@ class RunOptions(TypedDict, total=False):
 class EngineLike(Protocol):
     """What the web layer needs of an engine: a :class:`~streamengine.StreamingEngine`, or one of your own.
 
-    Only ``run()`` is needed; an engine with ``run_batches()`` (a ``StreamingEngine``)
-    is driven by that instead, so each burst of events is one socket write.  The
+    Only ``run()`` is needed; when what it returns has ``batches()`` (a ``StreamingEngine``'s
+    :class:`~streamengine.Run`), the response reads those, so each burst of events is one socket write.  The
     app's :class:`RunOptions` are passed only when it has them: ``run()`` takes
     ``conversation_id=`` for an app with ``scope=``, ``approve=`` for one with ``approve=``.
     """
@@ -574,13 +574,13 @@ class SseResponse:
         if disconnected is not None:
             tick = PROBE_S if heartbeat_s is None else min(heartbeat_s, PROBE_S)
         # run() checks the messages and the engine eagerly: a ConfigError here is still a 4xx/5xx.
-        run_batches = getattr(engine, "run_batches", None)
         extra: RunOptions = run_options or {}
-        if run_batches is not None:
-            batches = run_batches(messages, self.cancel, heartbeat_s=tick, **extra)
-        else:  # an engine of your own with run() only: one event a batch
-            run: Callable[..., Iterator[Event]] = engine.run  # it takes the options the app has (see EngineLike)
-            batches = one_by_one(run(messages, self.cancel, heartbeat_s=tick, **extra))
+        start: Callable[..., Iterator[Event]] = engine.run  # it takes the options the app has (see EngineLike)
+        run = start(messages, self.cancel, heartbeat_s=tick, **extra)
+        # A StreamingEngine's Run hands events over in lists; an engine of your own whose run() gives events only:
+        # one event a batch.
+        batched = getattr(run, "batches", None)
+        batches: Iterator[List[Event]] = batched() if callable(batched) else one_by_one(run)
         self._batches = frames(batches, heartbeat_s, disconnected, errors)
         self._progress = _Progress()
         # A generator over the frames and the progress only, never the response: no reference cycle,

@@ -1,4 +1,4 @@
-"""The shared deadline watcher: fires, re-arms, holds, ends when idle; a streaming call starts no thread."""
+"""A call's deadlines are kept by its waits, whatever the client: one that blocks in its reads is read on a worker."""
 from __future__ import annotations
 
 import threading
@@ -7,13 +7,22 @@ import time
 import pytest
 from conftest import wait_for
 
-from streamengine._calls import deadlines
+from streamengine import (
+    CancelToken,
+    Chunk,
+    DoneEvent,
+    EngineConfig,
+    LlmCancelledError,
+    LlmTimeoutError,
+    ScriptedClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolResultEvent,
+)
 from streamengine._calls.strategies import StreamingCallStrategy
-from streamengine._cancel import CancelToken
-from streamengine._clients.scripted import ScriptedClient
-from streamengine._engine.channel import EventChannel
-from streamengine._errors import LlmCancelledError, LlmTimeoutError
-from streamengine._messages import Chunk
+from streamengine._engine.run import EventChannel
+from streamengine._wait import drive
+from streamengine.tools import tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -21,71 +30,24 @@ GUARD = 5.0  # failure guard only
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def watcher_threads():
-    return [t for t in threading.enumerate() if t.name == "streamengine-deadlines" and t.is_alive()]
+def stream_workers():
+    return [t for t in threading.enumerate() if t.name.startswith("streamengine-stream") and t.is_alive()]
 
 
-def test_an_idle_deadline_that_passes_sets_the_token_and_says_which():
-    token = CancelToken()
-    with deadlines.watch(token, idle_s=0.1, cap_s=GUARD) as watched:
-        assert token.wait(GUARD)
-    assert watched.fired == deadlines.IDLE and watched.fired_at > 0
+class Blocking(ScriptedClient):
+    """A client of your own whose ``stream()`` blocks in its reads (it honours ``cancel``); one script a call."""
 
+    def __init__(self, *script, then=()):
+        super().__init__()
+        self.scripts = [script, *then]
 
-def test_a_moved_idle_deadline_re_arms_instead_of_firing():
-    token = CancelToken()
-    with deadlines.watch(token, idle_s=0.5, cap_s=1.0) as watched:
-        watched.idle_deadline = time.monotonic() + 60  # what the run thread does on a meaningful chunk
-        assert token.wait(GUARD)
-    assert watched.fired == deadlines.CAP  # the idle deadline was looked at again, not fired
-
-
-def test_a_token_the_caller_set_is_not_reported_as_a_timeout():
-    token = CancelToken()
-    with deadlines.watch(token, idle_s=0.05, cap_s=0.1) as watched:
-        token.set()
-        assert wait_for(lambda: time.monotonic() > watched.cap_deadline + 0.1, GUARD)  # both deadlines passed
-        assert watched.fired is None
-
-
-def test_held_stops_the_idle_clock_and_re_arms_it_with_the_time_held():
-    token = CancelToken()
-    with deadlines.watch(token, idle_s=0.1, cap_s=GUARD) as watched:
-        with deadlines.held():
-            assert not token.wait(0.4)  # four idle periods held by the consumer: no timeout
-        assert token.wait(GUARD)  # the clock runs again
-    assert watched.fired == deadlines.IDLE
-
-
-def test_held_is_free_outside_a_watched_call():
-    with deadlines.held():
-        pass
-    assert watcher_threads() == []
-
-
-def test_one_thread_for_many_calls_ended_once_none_is_watched():
-    tokens = [CancelToken() for _ in range(20)]
-    entered = threading.Barrier(len(tokens) + 1)
-    release = threading.Event()
-
-    def call(token):
-        with deadlines.watch(token, idle_s=GUARD, cap_s=GUARD):
-            entered.wait(GUARD)
-            release.wait(GUARD)
-
-    callers = [threading.Thread(target=call, args=(t,)) for t in tokens]
-    for caller in callers:
-        caller.start()
-    entered.wait(GUARD)
-    assert len(watcher_threads()) == 1 and deadlines.watcher().alive
-    release.set()
-    for caller in callers:
-        caller.join(GUARD)
-    assert wait_for(lambda: not watcher_threads(), GUARD)
-    assert not deadlines.watcher().alive and not any(t.is_set() for t in tokens)
-    token = CancelToken()  # and it starts again for the next call
-    with deadlines.watch(token, idle_s=0.05, cap_s=GUARD):
-        assert token.wait(GUARD)
+    def stream(self, messages, tools=None, options=None, cancel=None):
+        for item in self.scripts.pop(0):
+            if isinstance(item, float):
+                if cancel.wait(item):  # a blocked read that the cancel ends
+                    raise LlmCancelledError("cancelled")
+            else:
+                yield item
 
 
 def test_a_streaming_call_reads_in_the_calling_thread_and_starts_no_thread():
@@ -97,21 +59,59 @@ def test_a_streaming_call_reads_in_the_calling_thread_and_starts_no_thread():
         started = [t.name for t in threading.enumerate() if t.ident not in before]
         seen.append((threading.current_thread() is threading.main_thread(), started))
 
-    StreamingCallStrategy(ScriptedClient([["a", "b"]]), idle_timeout=GUARD, completion_timeout=GUARD).call(
-        MESSAGES, on_chunk=on_chunk)
+    drive(StreamingCallStrategy(ScriptedClient([["a", "b"]]), idle_timeout=GUARD, completion_timeout=GUARD).stream_call(
+        MESSAGES, on_chunk=on_chunk))
     assert seen and all(in_caller and started == [] for in_caller, started in seen)
 
 
-def test_a_client_that_blocks_in_its_reads_gets_the_watcher():
-    class Blocking(ScriptedClient):
-        def stream(self, messages, tools=None, options=None, cancel=None):
-            yield Chunk(content="a")
-            cancel.wait(GUARD)  # blocks: only the watcher's cancel ends it
-            raise LlmCancelledError("cancelled")
+def test_a_client_that_blocks_in_its_reads_times_out_and_its_worker_ends():
+    client = Blocking(Chunk(content="a"), GUARD)
+    started = time.monotonic()
+    with pytest.raises(LlmTimeoutError, match="idle timeout") as info:
+        drive(StreamingCallStrategy(client, idle_timeout=0.1, completion_timeout=GUARD).stream_call(MESSAGES))
+    assert info.value.chunks_received == 1 and time.monotonic() - started < 1.0
+    assert stream_workers() == []  # joined when the call ended: the cancel unblocked its read
 
-    with pytest.raises(LlmTimeoutError, match="idle timeout"):
-        StreamingCallStrategy(Blocking(), idle_timeout=0.1, completion_timeout=GUARD).call(MESSAGES)
-    assert wait_for(lambda: not watcher_threads())
+
+def test_a_blocking_client_is_read_on_a_worker_and_cancelled_by_the_caller():
+    cancel = CancelToken()
+    threading.Timer(0.1, cancel.set).start()
+    seen = []
+    with pytest.raises(LlmCancelledError):
+        drive(StreamingCallStrategy(Blocking(Chunk(content="a"), GUARD), idle_timeout=GUARD,
+                                    completion_timeout=GUARD).stream_call(MESSAGES, cancel=cancel,
+                                                                          on_chunk=seen.append))
+    assert [c.content for c in seen] == ["a"] and stream_workers() == []
+
+
+def test_a_blocking_clients_run_tells_tool_results_while_its_read_blocks():
+    """The run's loop waits on the worker's hand-over: a tool's result is not held back until the next chunk."""
+
+    @tool
+    def quick() -> str:
+        """Answers at once."""
+        return "quick answer"
+
+    client = Blocking(Chunk(content='<tool name="quick">{}</tool>'), 1.0,
+                      Chunk(content=" after", is_completed=True, finish_reason="stop"),
+                      then=[(Chunk(content="done", is_completed=True, finish_reason="stop"),)])
+    with StreamingEngine(client, [quick], EngineConfig(models=["m"], idle_timeout=GUARD)) as engine:
+        timed = [(time.monotonic(), e) for e in engine.run(MESSAGES)]
+    told = [at for at, e in timed if isinstance(e, ToolResultEvent)]
+    after = [at for at, e in timed if isinstance(e, TokenEvent) and e.text == " after"]
+    assert told and after and after[0] - told[0] > 0.5  # told during the second-long blocked read
+    assert isinstance(timed[-1][1], DoneEvent) and timed[-1][1].result.answer == "done"
+
+
+def test_a_slow_consumer_does_not_use_up_a_blocking_clients_idle_time():
+    client = Blocking(*[Chunk(content=c) for c in "abc"], Chunk(content="d", is_completed=True, finish_reason="stop"))
+    texts = []
+    with StreamingEngine(client, [], EngineConfig(models=["m"], idle_timeout=0.2)) as engine:
+        for event in engine.run(MESSAGES):
+            if isinstance(event, TokenEvent):
+                texts.append(event.text)
+                time.sleep(0.3)  # the consumer holds the thread longer than the idle timeout, each time
+    assert texts == ["a", "b", "c", "d"] and event.result.error is None
 
 
 def test_a_consumer_that_holds_the_run_back_does_not_fire_the_idle_timeout():
@@ -129,7 +129,7 @@ def test_a_consumer_that_holds_the_run_back_does_not_fire_the_idle_timeout():
     consumer.start()
     strategy = StreamingCallStrategy(ScriptedClient([["a", "b", "c"]]), idle_timeout=0.2, completion_timeout=GUARD)
     try:
-        response = strategy.call(MESSAGES, on_chunk=lambda chunk: channel.put(chunk.content))
+        response = drive(strategy.stream_call(MESSAGES, on_chunk=lambda chunk: channel.put(chunk.content)))
     finally:
         finished.set()
         consumer.join(GUARD)
@@ -150,26 +150,23 @@ def test_the_idle_timer_still_fires_after_a_hold_when_the_model_then_goes_silent
     strategy = StreamingCallStrategy(ScriptedClient([["a", ScriptedClient.STALL]]), idle_timeout=0.2,
                                      completion_timeout=GUARD)
     with pytest.raises(LlmTimeoutError, match="idle timeout.*after 1 chunks"):
-        strategy.call(MESSAGES, on_chunk=lambda chunk: chunk.content and channel.put(chunk.content))
+        drive(strategy.stream_call(MESSAGES, on_chunk=lambda chunk: chunk.content and channel.put(chunk.content)))
     consumer.join(GUARD)
 
 
-def test_chunks_the_watcher_cut_short_are_not_fed_on():
+def test_chunks_a_timeout_cut_short_are_not_fed_on():
     client = ScriptedClient([["a"] + [x for _ in range(300) for x in (0.01, Chunk())]])
     seen = []
     strategy = StreamingCallStrategy(client, idle_timeout=0.15, completion_timeout=GUARD)
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES, on_chunk=seen.append)
+        drive(strategy.stream_call(MESSAGES, on_chunk=seen.append))
     assert info.value.chunks_received == 1
     assert len(seen) < 301  # the keep-alives stopped with the timeout
 
 
-def test_calls_that_follow_each_other_closely_still_time_out():
-    """A call ending (the watcher may be about to exit) and the next starting at once: the next still fires."""
-    for _ in range(20):
-        with deadlines.watch(CancelToken(), idle_s=GUARD, cap_s=GUARD):
-            pass
-        token = CancelToken()
-        with deadlines.watch(token, idle_s=0.01, cap_s=GUARD) as watched:
-            assert token.wait(GUARD)
-        assert watched.fired == deadlines.IDLE
+def test_a_blocking_client_still_reading_after_its_answer_is_stopped_not_waited_for():
+    client = Blocking(Chunk(content="all", is_completed=True, finish_reason="stop"), GUARD)  # then blocks reading on
+    started = time.monotonic()
+    response = drive(StreamingCallStrategy(client, idle_timeout=GUARD, completion_timeout=GUARD).stream_call(MESSAGES))
+    assert response.content == "all" and time.monotonic() - started < 1.0
+    assert wait_for(lambda: not stream_workers(), GUARD)

@@ -7,12 +7,10 @@ import pytest
 from backoff_support import RecordedBackoffs
 from loguru import logger
 
-from streamengine._calls.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
-from streamengine._calls.strategies import StreamingCallStrategy
-from streamengine._cancel import CancelToken
-from streamengine._clients.scripted import ScriptedClient
-from streamengine._errors import (
+from streamengine import (
     AllModelsFailedError,
+    CancelToken,
+    CompletionOptions,
     ConfigError,
     LlmCancelledError,
     LlmConnectionError,
@@ -21,8 +19,11 @@ from streamengine._errors import (
     LlmProtocolError,
     LlmStreamError,
     LlmTimeoutError,
+    ScriptedClient,
 )
-from streamengine._messages import CompletionOptions
+from streamengine._calls.failover import ErrorClass, ErrorClassifier, FailoverResult, ModelFailover
+from streamengine._calls.strategies import StreamingCallStrategy
+from streamengine._wait import drive
 
 STALL = ScriptedClient.STALL
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -90,7 +91,7 @@ def test_the_classifier_is_overridable():
     boom = LlmHttpError(503)
     client, fo = failover(boom, ["ok"], classifier=NoAdvance())
     with pytest.raises(LlmHttpError) as info:
-        fo.call(MESSAGES)
+        drive(fo.stream_call(MESSAGES))
     assert info.value is boom and models_called(client) == ["a"]
 
 
@@ -99,7 +100,7 @@ def test_the_classifier_is_overridable():
 def test_models_are_tried_in_order_and_each_step_is_logged_with_its_verb(warnings):
     client, fo = failover(LlmHttpError(503, "overloaded"), ["partial", STALL], ["answer"])
     options = CompletionOptions(model="ignored", temperature=0.2, extra={"seed": 1})
-    result = fo.call(MESSAGES, options=options)
+    result = drive(fo.stream_call(MESSAGES, options=options))
     assert isinstance(result, FailoverResult)
     assert (result.model, result.response.content, result.failovers) == ("c", "answer", 2)
     assert [(m, type(e)) for m, e in result.attempts] == [("a", LlmHttpError), ("b", LlmTimeoutError)]
@@ -112,7 +113,7 @@ def test_models_are_tried_in_order_and_each_step_is_logged_with_its_verb(warning
 
 def test_a_silent_model_is_unavailable(warnings):
     _, fo = failover([STALL], ["ok"])
-    assert fo.call(MESSAGES).model == "b"
+    assert drive(fo.stream_call(MESSAGES)).model == "b"
     assert warnings[0].startswith("model a unavailable, failing over to b")
 
 
@@ -120,7 +121,7 @@ def test_all_failed_lists_every_attempt_and_chains_the_last():
     errors = [LlmHttpError(500, "x"), LlmConnectionError("refused"), LlmStreamError("cut")]
     _, fo = failover(*errors)
     with pytest.raises(AllModelsFailedError) as info:
-        fo.call(MESSAGES)
+        drive(fo.stream_call(MESSAGES))
     assert info.value.attempts == list(zip("abc", errors))
     assert info.value.__cause__ is errors[-1]
     assert "a: LlmHttpError" in str(info.value) and "c: LlmStreamError: cut" in str(info.value)
@@ -130,7 +131,7 @@ def test_fatal_errors_are_raised_at_once_without_failover(warnings):
     boom = LlmHttpError(401, "invalid api key")
     client, fo = failover(boom, ["never"])
     with pytest.raises(LlmHttpError) as info:
-        fo.call(MESSAGES)
+        drive(fo.stream_call(MESSAGES))
     assert info.value is boom and models_called(client) == ["a"]
     assert warnings == ["model a failed with a fatal error, not failing over: "
                         "LlmHttpError: provider answered HTTP 401: invalid api key"]
@@ -139,14 +140,14 @@ def test_fatal_errors_are_raised_at_once_without_failover(warnings):
 def test_a_non_llm_error_is_a_bug_and_is_not_failed_over():
     client, fo = failover(ValueError("bug"), ["never"])
     with pytest.raises(ValueError):
-        fo.call(MESSAGES)
+        drive(fo.stream_call(MESSAGES))
     assert models_called(client) == ["a"]
 
 
 def test_a_single_model_that_fails_is_all_models_failed():
     _, fo = failover(LlmHttpError(502), models=["only"])
     with pytest.raises(AllModelsFailedError) as info:
-        fo.call(MESSAGES)
+        drive(fo.stream_call(MESSAGES))
     assert [m for m, _ in info.value.attempts] == ["only"]
 
 
@@ -157,15 +158,15 @@ def test_may_advance_false_re_raises_the_error_as_is():
     client, fo = failover(boom, ["never"])
     asked = []
     with pytest.raises(LlmHttpError) as info:
-        fo.call(MESSAGES, may_advance=lambda: asked.append(1) or False)
+        drive(fo.stream_call(MESSAGES, may_advance=lambda: asked.append(1) or False))
     assert info.value is boom and asked == [1] and models_called(client) == ["a"]
 
 
 def test_may_advance_is_asked_once_per_step_and_on_attempt_numbers_every_call():
     client, fo = failover(LlmHttpError(429, retry_after=0), LlmHttpError(503), ["ok"], max_retries=1)
     asked, started = [], []
-    result = fo.call(MESSAGES, may_advance=lambda: asked.append(1) or True,
-                     on_attempt=lambda model, n: started.append((model, n)))
+    result = drive(fo.stream_call(MESSAGES, may_advance=lambda: asked.append(1) or True,
+                     on_attempt=lambda model, n: started.append((model, n))))
     assert result.model == "b"
     assert started == [("a", 1), ("a", 2), ("b", 3)]  # the 429 twice (one retry), then b
     assert len(asked) == 2  # before the retry, before failing over
@@ -175,7 +176,7 @@ def test_may_advance_false_also_stops_a_retry():
     boom = LlmHttpError(429, retry_after=0)
     client, fo = failover(boom, ["never"])
     with pytest.raises(LlmHttpError) as info:
-        fo.call(MESSAGES, may_advance=lambda: False)
+        drive(fo.stream_call(MESSAGES, may_advance=lambda: False))
     assert info.value is boom and len(client.calls) == 1
 
 
@@ -216,7 +217,7 @@ def test_missing_retry_after_backs_off_exponentially():
 
 def test_retries_used_up_fail_over_with_the_rate_limited_verb(warnings):
     client, fo = failover(*[LlmHttpError(429, retry_after=0)] * 3, ["ok"], max_retries=2)
-    result = fo.call(MESSAGES)
+    result = drive(fo.stream_call(MESSAGES))
     assert models_called(client) == ["a", "a", "a", "b"]
     assert (result.model, result.failovers, len(result.attempts)) == ("b", 1, 3)
     assert warnings[-1].startswith("model a rate limited (429), failing over to b")
@@ -238,7 +239,7 @@ def test_a_cancelled_call_is_not_failed_over():
     cancel = CancelToken()
     client, fo = failover(["a", STALL], ["never"], idle=GUARD)
     with pytest.raises(LlmCancelledError):
-        fo.call(MESSAGES, cancel=cancel, on_chunk=lambda chunk: cancel.set())
+        drive(fo.stream_call(MESSAGES, cancel=cancel, on_chunk=lambda chunk: cancel.set()))
     assert models_called(client) == ["a"]
 
 

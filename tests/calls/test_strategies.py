@@ -5,16 +5,27 @@ import threading
 import time
 
 import pytest
+from conftest import wait_for
 from loguru import logger
 
-from streamengine._calls.buffered import BufferedCallStrategy
+from streamengine import (
+    CancelToken,
+    Chunk,
+    CompletionOptions,
+    ConfigError,
+    LlmCancelledError,
+    LlmClient,
+    LlmHttpError,
+    LlmStreamError,
+    LlmTimeoutError,
+    ScriptedClient,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from streamengine._calls.hooks import EventEmitter
-from streamengine._calls.strategies import StreamingCallStrategy, _Stopped, make_call_strategy
-from streamengine._cancel import CancelToken
-from streamengine._clients.base import LlmClient
-from streamengine._clients.scripted import ScriptedClient
-from streamengine._errors import ConfigError, LlmCancelledError, LlmHttpError, LlmStreamError, LlmTimeoutError
-from streamengine._messages import Chunk, CompletionOptions, ToolCall, ToolCallDelta, Usage
+from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy, _Stopped, make_call_strategy
+from streamengine._wait import drive
 
 STALL = ScriptedClient.STALL
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -102,7 +113,7 @@ def test_stream_returns_the_aggregated_response_and_feeds_every_chunk_in_order()
               Chunk(finish_reason="tool_calls"), Chunk(usage=Usage(2, 3, 5))]
     client, strategy = streaming(chunks)
     seen = []
-    response = strategy.call(MESSAGES, options=CompletionOptions(model="m"), on_chunk=seen.append)
+    response = drive(strategy.stream_call(MESSAGES, options=CompletionOptions(model="m"), on_chunk=seen.append))
     assert response.content == "Hello"
     assert response.tool_calls == (ToolCall("c1", "search", '{"q": 1}'),)
     assert response.usage == Usage(2, 3, 5)
@@ -117,7 +128,7 @@ def test_events_one_per_chunk_and_exactly_one_final_with_the_response():
     emitter.subscribe(events.append)
     recorder = Recorder()
     _, strategy = streaming(["a", Chunk(), "b"], emitter=emitter, observers=[recorder])
-    response = strategy.call(MESSAGES)
+    response = drive(strategy.stream_call(MESSAGES))
     assert [e.chunk.content for e in events] == ["a", None, "b", None]
     assert [e.is_final for e in events] == [False, False, False, True]
     assert events[-1].response == response and all(e.response is None for e in events[:-1])
@@ -131,7 +142,7 @@ def test_failed_calls_emit_no_final_event_and_tell_no_observer():
     recorder = Recorder()
     _, strategy = streaming(["a", LlmHttpError(502, "bad gateway")], emitter=emitter, observers=[recorder])
     with pytest.raises(LlmHttpError):
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert [e.is_final for e in events] == [False]
     assert recorder.responses == []
 
@@ -141,7 +152,7 @@ def test_failed_calls_emit_no_final_event_and_tell_no_observer():
 def test_no_meaningful_chunk_within_the_idle_timeout_is_unavailable():
     client, strategy = streaming([Chunk(), STALL], idle=0.25)
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     err = info.value
     assert str(err) == ("LLM streaming: no response received within 0.25s "
                         "(model may be unavailable or overloaded)")
@@ -152,7 +163,7 @@ def test_no_meaningful_chunk_within_the_idle_timeout_is_unavailable():
 def test_silence_after_meaningful_chunks_is_an_idle_timeout():
     _, strategy = streaming(["a", "b", STALL], idle=0.25)
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert str(info.value) == "LLM streaming idle timeout: no meaningful chunk received for 0.25s (after 2 chunks)"
     assert (info.value.verb, info.value.chunks_received) == ("timed out", 2)
 
@@ -163,7 +174,7 @@ def test_keep_alive_chunks_do_not_reset_the_idle_timer():
     _, strategy = streaming(["a"] + keep_alives, idle=0.3, cap=3.0)
     seen = []
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES, on_chunk=seen.append)
+        drive(strategy.stream_call(MESSAGES, on_chunk=seen.append))
     assert "idle timeout" in str(info.value) and info.value.chunks_received == 1
     assert len(seen) > 1  # keep-alives did arrive (and reached on_chunk) while the timer ran
 
@@ -173,7 +184,7 @@ def test_the_cap_fires_while_chunks_flow():
     _, strategy = streaming(flowing, idle=2.0, cap=0.5)
     seen = []
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES, on_chunk=seen.append)
+        drive(strategy.stream_call(MESSAGES, on_chunk=seen.append))
     err = info.value
     assert str(err) == (f"LLM streaming completion timeout: stream exceeded the 0.5s cap "
                         f"(after {len(seen)} chunks)")
@@ -183,7 +194,7 @@ def test_the_cap_fires_while_chunks_flow():
 def test_the_cap_before_any_meaningful_chunk_uses_the_first_message_with_the_cap():
     _, strategy = streaming([STALL], idle=GUARD, cap=0.25)
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert str(info.value).startswith("LLM streaming: no response received within 0.25s")
     assert (info.value.verb, info.value.timeout_s) == ("unavailable", 0.25)
 
@@ -203,7 +214,7 @@ def test_messages_format_whole_seconds_without_a_decimal_point(kind, meaningful,
 def test_timeout_is_logged_as_a_warning_with_duration_chunks_and_transport_error(logs):
     _, strategy = streaming(["a", STALL], idle=0.25)
     with pytest.raises(LlmTimeoutError):
-        strategy.call(MESSAGES, options=CompletionOptions(model="gpt-x"))
+        drive(strategy.stream_call(MESSAGES, options=CompletionOptions(model="gpt-x")))
     warnings = [r for r in logs if r["level"].name == "WARNING"]
     assert len(warnings) == 1
     text = warnings[0]["message"]
@@ -220,7 +231,7 @@ def test_a_producer_error_is_re_raised_in_the_caller_as_the_same_object():
     boom = LlmHttpError(503, "overloaded")
     _, strategy = streaming(["partial", boom])
     with pytest.raises(LlmHttpError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert info.value is boom
 
 
@@ -228,7 +239,7 @@ def test_a_stream_that_just_ends_is_a_failure_without_partial_content():
     client = ScriptedClient([["par", "tial"]], auto_complete=False)
     strategy = StreamingCallStrategy(client, idle_timeout=GUARD, completion_timeout=GUARD)
     with pytest.raises(LlmStreamError, match="ended without a completed chunk after 2 meaningful chunks"):
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
 
 
 def test_an_on_chunk_error_cancels_the_stream_and_propagates_as_is():
@@ -238,14 +249,14 @@ def test_an_on_chunk_error_cancels_the_stream_and_propagates_as_is():
         raise KeyError("engine bug")
 
     with pytest.raises(KeyError, match="engine bug"):
-        strategy.call(MESSAGES, on_chunk=on_chunk)
+        drive(strategy.stream_call(MESSAGES, on_chunk=on_chunk))
     # the fixture checks that the producer, stalled until cancelled, has ended
 
 
 def test_no_turn_left_is_an_http_500_like_fake_provider():
     _, strategy = streaming()
     with pytest.raises(LlmHttpError, match="no scripted turn left") as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert info.value.status_code == 500
 
 
@@ -259,7 +270,7 @@ def test_cancel_from_another_thread_ends_a_stalled_stream(make_event):
     canceller = threading.Thread(target=lambda: got_first.wait(GUARD) and cancel.set())
     canceller.start()
     with pytest.raises(LlmCancelledError, match="cancelled by the caller"):
-        strategy.call(MESSAGES, cancel=cancel, on_chunk=lambda c: got_first.set())  # a stall would time out
+        drive(strategy.stream_call(MESSAGES, cancel=cancel, on_chunk=lambda c: got_first.set()))  # a stall would time out
     canceller.join()
 
 
@@ -268,7 +279,7 @@ def test_cancel_already_set_does_not_call_the_model():
     cancel.set()
     client, strategy = streaming(["never"])
     with pytest.raises(LlmCancelledError):
-        strategy.call(MESSAGES, cancel=cancel)
+        drive(strategy.stream_call(MESSAGES, cancel=cancel))
     assert client.calls == [] and client.remaining == 1
 
 
@@ -282,12 +293,15 @@ def test_cancel_while_chunks_are_queued_stops_feeding_them():
 
     _, strategy = streaming(["a", "b", "c", "d", STALL], idle=GUARD)
     with pytest.raises(LlmCancelledError):
-        strategy.call(MESSAGES, cancel=cancel, on_chunk=on_chunk)
+        drive(strategy.stream_call(MESSAGES, cancel=cancel, on_chunk=on_chunk))
     assert [c.content for c in seen] == ["a"]
 
 
-def test_a_client_that_ignores_cancel_is_stopped_at_its_next_chunk_and_warned_about(logs):
-    """No producer thread to abandon: the read returns when the client does; its late chunk is not fed on."""
+def test_a_client_that_ignores_cancel_is_left_on_its_worker_and_warned_about(logs, monkeypatch):
+    """Its worker is waited for briefly, then left (a daemon); its late chunk is not fed on."""
+    from streamengine._clients import base
+
+    monkeypatch.setattr(base, "WORKER_JOIN_S", 0.1)
 
     class Deaf(ScriptedClient):
         def stream(self, messages, tools=None, options=None, cancel=None):
@@ -297,14 +311,15 @@ def test_a_client_that_ignores_cancel_is_stopped_at_its_next_chunk_and_warned_ab
             yield Chunk(content="late")
 
     strategy = StreamingCallStrategy(Deaf(), idle_timeout=0.2, completion_timeout=GUARD)
-    strategy.join_timeout = 0.1
     seen = []
+    started = time.monotonic()
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES, on_chunk=seen.append)
+        drive(strategy.stream_call(MESSAGES, on_chunk=seen.append))
     assert str(info.value).startswith("LLM streaming idle timeout") and info.value.chunks_received == 1
     assert info.value.__cause__ is None  # the client never raised
-    assert [c.content for c in seen] == ["a"]
+    assert [c.content for c in seen] == ["a"] and time.monotonic() - started < 0.45  # not held until it answers
     assert any("ignores cancel" in r["message"] for r in logs)
+    assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("streamengine-stream")], GUARD)
 
 
 # --------------------------------------------------------------------------- buffered
@@ -318,7 +333,7 @@ def test_buffered_hands_one_completed_chunk_and_one_final_event():
                            Chunk(usage=Usage(1, 2, 3))])
     strategy = BufferedCallStrategy(client, completion_timeout=GUARD, emitter=emitter, observers=[recorder])
     seen = []
-    response = strategy.call(MESSAGES, on_chunk=seen.append)
+    response = drive(strategy.stream_call(MESSAGES, on_chunk=seen.append))
     assert response.content == "Hi there" and response.usage == Usage(1, 2, 3)
     assert len(seen) == 1 and seen[0].is_completed
     assert seen[0].content == "Hi there"
@@ -331,7 +346,7 @@ def test_buffered_hands_one_completed_chunk_and_one_final_event():
 def test_buffered_timeout_message_and_verb():
     strategy = BufferedCallStrategy(BufferedOnly([STALL]), completion_timeout=0.25)
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert str(info.value) == ("LLM buffered completion timeout: no response received within 0.25s "
                                "(model may be unavailable or overloaded)")
     assert (info.value.verb, info.value.timeout_s, info.value.chunks_received) == ("unavailable", 0.25, 0)
@@ -342,9 +357,9 @@ def test_buffered_errors_and_cancel():
     boom = LlmHttpError(401, "bad key")
     strategy = BufferedCallStrategy(BufferedOnly([boom], [STALL]), completion_timeout=GUARD)
     with pytest.raises(LlmHttpError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert info.value is boom
     cancel = threading.Event()
     threading.Timer(0.05, cancel.set).start()
     with pytest.raises(LlmCancelledError):
-        strategy.call(MESSAGES, cancel=cancel)
+        drive(strategy.stream_call(MESSAGES, cancel=cancel))

@@ -15,22 +15,24 @@ from backoff_support import RecordedBackoffs
 from http_support import MESSAGES, provider_fixtures
 from loguru import logger
 
-from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._calls.failover import ModelFailover
-from streamengine._calls.hooks import EventEmitter
-from streamengine._calls.strategies import StreamingCallStrategy, make_call_strategy
-from streamengine._cancel import CancelToken
-from streamengine._clients.base import LlmClient
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._errors import (
+from streamengine import (
     AllModelsFailedError,
+    CancelToken,
+    CompletionOptions,
     LlmCancelledError,
+    LlmClient,
     LlmConnectionError,
     LlmHttpError,
     LlmStreamError,
     LlmTimeoutError,
+    OpenAICompatibleClient,
+    ToolCall,
+    Usage,
 )
-from streamengine._messages import CompletionOptions, ToolCall, Usage
+from streamengine._calls.failover import ModelFailover
+from streamengine._calls.hooks import EventEmitter
+from streamengine._calls.strategies import BufferedCallStrategy, StreamingCallStrategy, make_call_strategy
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -84,7 +86,7 @@ def test_a_streamed_answer_with_usage_events_and_observers(framing):
         strategy = make_call_strategy(client, idle_timeout=GUARD, completion_timeout=GUARD,
                                       emitter=emitter, observers=[recorder])
         seen = []
-        response = strategy.call(MESSAGES, options=CompletionOptions(model="m1"), on_chunk=seen.append)
+        response = drive(strategy.stream_call(MESSAGES, options=CompletionOptions(model="m1"), on_chunk=seen.append))
     assert response.content == "Hello, streaming world"
     assert response.usage == Usage(7, 5, 12)
     assert (response.model, response.finish_reason) == ("m1", "stop")
@@ -98,7 +100,7 @@ def test_parallel_tool_calls_interleaved_by_index(fp, client):
     fp.add_turn(s.tool_call(0, id="c0", name="weather"), s.tool_call(1, id="c1", name="search"),
                 s.tool_call(0, arguments='{"city": '), s.tool_call(1, arguments='{"q": "x"}'),
                 s.tool_call(0, arguments='"Paris"}'))
-    response = strategy_for(client).call(MESSAGES)
+    response = drive(strategy_for(client).stream_call(MESSAGES))
     assert response.tool_calls == (ToolCall("c0", "weather", '{"city": "Paris"}'),
                                    ToolCall("c1", "search", '{"q": "x"}'))
     assert response.finish_reason == "tool_calls"
@@ -114,7 +116,7 @@ def test_keep_alives_do_not_mask_a_stall(framing, keep_alive):
     with FakeProvider(framing=framing) as fp, OpenAICompatibleClient(fp.base_url) as client:
         fp.add_turn(s.text("a"), *keep_alives(keep_alive), s.stall())
         with pytest.raises(LlmTimeoutError) as info:
-            strategy_for(client, idle=0.5, cap=2.5).call(MESSAGES)
+            drive(strategy_for(client, idle=0.5, cap=2.5).stream_call(MESSAGES))
     assert str(info.value) == "LLM streaming idle timeout: no meaningful chunk received for 0.5s (after 1 chunks)"
     assert (info.value.verb, info.value.chunks_received) == ("timed out", 1)
 
@@ -122,7 +124,7 @@ def test_keep_alives_do_not_mask_a_stall(framing, keep_alive):
 def test_keep_alives_only_is_no_response(fp, client):
     fp.add_turn(*keep_alives(s.comment), s.stall())
     with pytest.raises(LlmTimeoutError) as info:
-        strategy_for(client, idle=0.3, cap=2.0).call(MESSAGES)
+        drive(strategy_for(client, idle=0.3, cap=2.0).stream_call(MESSAGES))
     assert str(info.value) == ("LLM streaming: no response received within 0.3s "
                                "(model may be unavailable or overloaded)")
     assert (info.value.verb, info.value.timeout_s, info.value.chunks_received) == ("unavailable", 0.3, 0)
@@ -134,7 +136,7 @@ def test_keep_alives_only_is_no_response(fp, client):
 def test_a_silent_model_is_unavailable_and_the_warning_names_the_transport_error(fp, client, warnings, stall):
     fp.add_turn(stall())
     with pytest.raises(LlmTimeoutError) as info:
-        strategy_for(client, idle=0.25).call(MESSAGES, options=CompletionOptions(model="slowpoke"))
+        drive(strategy_for(client, idle=0.25).stream_call(MESSAGES, options=CompletionOptions(model="slowpoke")))
     assert str(info.value).startswith("LLM streaming: no response received within 0.25s")
     assert info.value.verb == "unavailable"
     (line,) = messages_of(warnings, "streamengine._calls.strategies.StreamingCallStrategy")
@@ -150,7 +152,7 @@ def test_a_silent_model_is_unavailable_and_the_warning_names_the_transport_error
 def test_silence_after_chunks_is_an_idle_timeout(fp, client):
     fp.add_turn(s.text("one"), s.text("two"), s.delay(0.01), s.text("three"), s.stall())
     with pytest.raises(LlmTimeoutError) as info:
-        strategy_for(client, idle=0.5).call(MESSAGES)
+        drive(strategy_for(client, idle=0.5).stream_call(MESSAGES))
     assert str(info.value) == "LLM streaming idle timeout: no meaningful chunk received for 0.5s (after 3 chunks)"
 
 
@@ -158,7 +160,7 @@ def test_the_cap_fires_while_chunks_flow(fp, client):
     fp.add_turn(*[x for _ in range(800) for x in (s.text("x"), s.delay(0.01))])
     seen = []
     with pytest.raises(LlmTimeoutError) as info:
-        strategy_for(client, idle=2.0, cap=0.8).call(MESSAGES, on_chunk=seen.append)
+        drive(strategy_for(client, idle=2.0, cap=0.8).stream_call(MESSAGES, on_chunk=seen.append))
     meaningful = sum(1 for c in seen if c.is_meaningful)
     assert str(info.value) == ("LLM streaming completion timeout: stream exceeded the 0.8s cap "
                                f"(after {meaningful} chunks)")
@@ -176,12 +178,12 @@ def test_buffered_timeout_over_http(fp, client):
     strategy = make_call_strategy(CompleteOnly(), completion_timeout=0.3)
     assert isinstance(strategy, BufferedCallStrategy)
     with pytest.raises(LlmTimeoutError) as info:
-        strategy.call(MESSAGES)
+        drive(strategy.stream_call(MESSAGES))
     assert str(info.value) == ("LLM buffered completion timeout: no response received within 0.3s "
                                "(model may be unavailable or overloaded)")
     assert info.value.verb == "unavailable"
     seen = []
-    assert strategy.call(MESSAGES, on_chunk=seen.append).content == "whole answer"
+    assert drive(strategy.stream_call(MESSAGES, on_chunk=seen.append)).content == "whole answer"
     assert [c.content for c in seen] == ["whole answer"] and fp.requests[1].json.get("stream") in (None, False)
 
 
@@ -190,7 +192,7 @@ def test_buffered_timeout_over_http(fp, client):
 def test_a_dropped_stream_is_a_failure_without_partial_content(fp, client):
     fp.add_turn(s.text("partial "), s.text("answer"), s.drop())
     with pytest.raises(LlmStreamError):
-        strategy_for(client, idle=GUARD).call(MESSAGES)
+        drive(strategy_for(client, idle=GUARD).stream_call(MESSAGES))
 
 
 def test_cancel_unblocks_a_stalled_stream(fp, client):
@@ -208,7 +210,7 @@ def test_cancel_unblocks_a_stalled_stream(fp, client):
     canceller.start()
     with pytest.raises(LlmCancelledError):
         # Without a working cancel the stall would end as a timeout (LlmTimeoutError), not a cancel.
-        strategy_for(client, idle=GUARD).call(MESSAGES, cancel=cancel, on_chunk=lambda c: first.set())
+        drive(strategy_for(client, idle=GUARD).stream_call(MESSAGES, cancel=cancel, on_chunk=lambda c: first.set()))
     assert cancelled_at
     canceller.join()
 
@@ -222,7 +224,7 @@ def test_failover_order_and_verbs_over_http(fp, client, warnings):
     fp.add_turn(s.error_frame("Overloaded", type="overloaded_error"))
     fp.add_turn(*s.reply("the answer", pieces=2), s.usage(prompt=3, completion=2))
     fo = ModelFailover(strategy_for(client, idle=0.5), ["a", "b", "c", "d", "e"])
-    result = fo.call(MESSAGES, options=CompletionOptions(temperature=0.5))
+    result = drive(fo.stream_call(MESSAGES, options=CompletionOptions(temperature=0.5)))
     assert (result.model, result.failovers, result.response.content) == ("e", 4, "the answer")
     assert result.response.usage == Usage(3, 2, 5)
     assert [r.json["model"] for r in fp.requests] == ["a", "b", "c", "d", "e"]
@@ -277,7 +279,7 @@ def test_fatal_status_stops_at_once(fp, client):
     fp.add_turn(s.http_error(401, {"error": {"message": "invalid api key"}}))
     fp.add_turn(*s.reply("never"))
     with pytest.raises(LlmHttpError) as info:
-        ModelFailover(strategy_for(client), ["a", "b"]).call(MESSAGES)
+        drive(ModelFailover(strategy_for(client), ["a", "b"]).stream_call(MESSAGES))
     assert info.value.status_code == 401
     assert fp.request_count == 1 and fp.turns_left == 1
 
@@ -286,6 +288,6 @@ def test_all_models_failed_over_http(fp, client):
     fp.add_turn(s.http_error(500, {"error": {"message": "boom"}}))
     fp.add_turn(s.http_error(404, {"error": {"message": "no such model"}}))
     with pytest.raises(AllModelsFailedError) as info:
-        ModelFailover(strategy_for(client), ["a", "b"]).call(MESSAGES)
+        drive(ModelFailover(strategy_for(client), ["a", "b"]).stream_call(MESSAGES))
     assert [(m, e.status_code) for m, e in info.value.attempts] == [("a", 500), ("b", 404)]
     assert info.value.__cause__ is info.value.attempts[-1][1]

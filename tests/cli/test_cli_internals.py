@@ -32,8 +32,7 @@ from streamengine._cli import output as cli_output
 from streamengine._cli.build import NO_CAP_S, build_engine, close_engine
 from streamengine._cli.main import EventPrinter, build_parser
 from streamengine._logs import for_terminal
-from streamengine.tools import ToolResult
-from streamengine.tools._tool import load_tools
+from streamengine.tools import ToolResult, load_tools
 
 BLOCK = '<tool name="lookup">{"city": "Oslo"}</tool>'
 

@@ -35,11 +35,11 @@ from sse_spec_parser import parse_pieces
 
 from streamengine import Chunk, OpenAICompatibleClient
 from streamengine._clients import openai as openai_parse
-from streamengine._clients.base import Wait
 from streamengine._clients.http.body import SocketBody
 from streamengine._clients.http.connection import RequestTracker, mount_cancellable, tracking
 from streamengine._clients.http.sse_read import SseFramer, iter_event_batches
 from streamengine._messages import text_chunk
+from streamengine._wait import Wait
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 

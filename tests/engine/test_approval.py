@@ -1,7 +1,7 @@
 """The approval contract, over real HTTP: nothing with a side effect runs without a yes.
 
 No ``approve`` anywhere refuses a side-effect call (and the engine says so at
-construction); ``run``/``run_batches``/``complete`` take a hook for one run;
+construction); ``run`` (events or ``batches()``) and ``complete`` take a hook for one run;
 a hook that raises refuses.  Every call a gate or the pool stopped is told
 exactly once, with a machine-readable ``skipped`` reason that survives error
 redaction (the SSE payload carries it).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from typing import List
 
@@ -28,7 +29,7 @@ from streamengine import (
 )
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
-from streamengine.web._sse import encode_event
+from streamengine.web import encode_stream
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -124,7 +125,7 @@ def test_an_engine_with_side_effect_tools_and_no_approve_warns_once_at_construct
 
 # --- 2. a hook for one run ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("how", ["run", "run_batches", "complete"])
+@pytest.mark.parametrize("how", ["run", "batches", "complete"])
 def test_a_run_s_own_approve_replaces_the_engine_s(how):
     send, sent = sender()
     asked = []
@@ -141,8 +142,8 @@ def test_a_run_s_own_approve_replaces_the_engine_s(how):
         with make(fp, [send], approve=lambda call: False) as engine:
             if how == "run":
                 first = done(list(engine.run(ASK, approve=yes)))
-            elif how == "run_batches":
-                first = done([e for batch in engine.run_batches(ASK, approve=yes) for e in batch])
+            elif how == "batches":
+                first = done([e for batch in engine.run(ASK, approve=yes).batches() for e in batch])
             else:
                 first = engine.complete(ASK, approve=yes)
             second = engine.complete(ASK)  # the engine's own hook again: no
@@ -165,7 +166,7 @@ def test_a_run_s_approve_lets_a_call_run_on_an_engine_without_one():
 def test_an_approve_that_is_not_callable_is_a_config_error(bad):
     send, _ = sender()
     with FakeProvider() as fp, make(fp, [send], approve=lambda call: True) as engine:
-        for start in (lambda: engine.run(ASK, approve=bad), lambda: engine.run_batches(ASK, approve=bad),
+        for start in (lambda: engine.run(ASK, approve=bad), lambda: engine.run(ASK, approve=bad).batches(),
                       lambda: engine.complete(ASK, approve=bad)):
             with pytest.raises(ConfigError, match="approve must be a callable"):
                 start()
@@ -195,6 +196,72 @@ def test_a_raising_approve_refuses_without_telling_the_model_the_exception(log_l
     [logged] = [r for r in log_lines if r["exception"] is not None and "approv" in r["message"]]
     assert logged["level"].name in ("WARNING", "ERROR") and "'send'" in logged["message"]
     assert "secret-db-password-in-traceback" in str(logged["exception"].value)
+
+
+# --- the hook is asked off the run's thread, with a deadline -----------------------------------------------
+
+def test_an_approve_that_never_answers_is_refused_after_approval_timeout_and_the_run_goes_on():
+    send, sent = sender()
+    release = threading.Event()
+
+    def approve(call):
+        release.wait(10)  # a hook that hangs (a prompt nobody answers)
+        return True
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Sending " + block("send", {"to": "a"}) + block("send", {"to": "b"})))
+        fp.add_turn(s.text("nothing was sent"))
+        with make(fp, [send], approve=approve, approval_timeout=0.3) as engine:
+            started = time.monotonic()
+            events = list(engine.run(ASK))
+            took = time.monotonic() - started
+            release.set()
+    assert sent == [] and took < 3
+    results = told(events)
+    assert [e.skipped for e in results] == ["not_approved", "not_approved"]
+    assert all("0.3s (EngineConfig.approval_timeout)" in e.result.error for e in results)
+    assert done(events).answer == "nothing was sent" and done(events).telemetry.refused == 2
+
+
+def test_a_cancel_while_approve_is_asked_skips_the_held_calls_as_cancelled():
+    send, sent = sender()
+    asked, release, cancel = threading.Event(), threading.Event(), threading.Event()
+
+    def approve(call):
+        asked.set()
+        release.wait(10)
+        return True
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("send", {"to": "a"}) + block("send", {"to": "b"})))
+        with make(fp, [send], approve=approve) as engine:
+            threading.Timer(0.0, lambda: asked.wait(5) and cancel.set()).start()
+            started = time.monotonic()
+            events = list(engine.run(ASK, cancel))
+            took = time.monotonic() - started
+            release.set()
+    assert sent == [] and took < 3
+    assert [e.skipped for e in told(events)] == ["cancelled", "cancelled"]
+    assert done(events).telemetry.stop_reason == "cancelled" and len(fp.requests) == 1
+
+
+def test_a_keyboard_interrupt_in_approve_refuses_every_held_call_once_then_propagates():
+    send, sent = sender()
+
+    def approve(call):
+        raise KeyboardInterrupt
+
+    events = []
+    with FakeProvider() as fp:
+        fp.add_turn(s.text(block("send", {"to": "a"}) + block("send", {"to": "b"})))
+        with make(fp, [send], approve=approve, max_tools_per_round=3) as engine:
+            with pytest.raises(KeyboardInterrupt):
+                for event in engine.run(ASK):
+                    events.append(event)
+    assert sent == [] and len(fp.requests) == 1
+    results = told(events)
+    assert Counter(e.result.call_id for e in results) == Counter({"call_inline_r1_1": 1, "call_inline_r1_2": 1})
+    assert [e.skipped for e in results] == ["not_approved", "not_approved"]
 
 
 # --- every refused call is told exactly once (mutant: a refusal that loses its tool_result) ----------------
@@ -339,7 +406,7 @@ def test_skipped_is_in_the_sse_tool_result_payload():
         fp.add_turn(s.text("no"))
         with make(fp, [send]) as engine:
             [event] = told(engine.run(ASK))
-    frame = encode_event(event).decode("ascii")
+    frame = next(iter(encode_stream([event], ok_first=False))).decode("ascii")
     payload = json.loads(frame.split("data: ", 1)[1])
     assert payload["skipped"] == "not_approved" and payload["ok"] is False
 

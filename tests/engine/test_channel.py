@@ -6,8 +6,8 @@ import threading
 import pytest
 from conftest import wait_for
 
-from streamengine._cancel import CancelToken
-from streamengine._engine.channel import EventChannel
+from streamengine import CancelToken
+from streamengine._engine.run import EventChannel
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -1,13 +1,13 @@
 """The continuation message and native tool messages (pure, deterministic)."""
 from __future__ import annotations
 
-from streamengine._engine.continuation import (
+from streamengine import Message, ToolCall
+from streamengine._engine.tool_calls import (
     MAX_RESULT_CHARS,
     build_continuation_message,
     result_content,
     tool_result_messages,
 )
-from streamengine._messages import Message, ToolCall
 from streamengine.tools import ToolResult
 
 OK = ToolResult("call_1", "search", True, "Paris has 2.1 million inhabitants.", duration_s=0.2)

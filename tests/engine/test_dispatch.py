@@ -1,15 +1,17 @@
-"""ToolDispatcher: the gates every completed call passes, in order, and what each one leaves behind."""
+"""ToolCalls: the gates every completed call passes, in order, and what each one leaves behind."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
+from loguru import logger
 
-from streamengine._cancel import CancelToken
-from streamengine._engine.dispatch import DispatchLimits, ToolDispatcher, canonical_key
-from streamengine._engine.entries import entry_handle
-from streamengine._messages import ToolCall, ToolResult
-from streamengine.tools import ToolContext, ToolExecutor, ToolHandle, ToolRegistry, tool
+from streamengine import CancelToken, EngineConfig, ToolCall, ToolResultEvent, ToolStartEvent
+from streamengine._engine.rounds import RunDeps, RunState
+from streamengine._engine.tool_calls import HELD, ToolCalls, canonical_key
+from streamengine._wait import drive
+from streamengine.tools import ToolContext, ToolExecutor, ToolRegistry, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -40,26 +42,35 @@ def executor():
 
 
 class Harness:
+    """One run's ToolCalls over a real pool; what it emits is kept in ``events``."""
+
     def __init__(self, executor, tools=(echo, patient, send), allowed=None, per_round=3, total=5, timeout=3.0,
                  approve=lambda call: True):
-        self.started = []
-        self.delivered = []
-        self.skipped = []
-        self.dispatcher = ToolDispatcher(
-            ToolRegistry(list(tools)), executor, DispatchLimits(per_round, total, timeout, allowed),
-            CancelToken(), on_start=self.started.append, on_result=self.deliver, approve=approve)
+        self.events = []
+        config = EngineConfig(models=["m"], max_tools_per_round=per_round, max_tools_total=total,
+                              tool_timeout=timeout, allowed_tools=allowed)
+        deps = RunDeps(config=config, registry=ToolRegistry(list(tools)), executor=executor, failover=None,
+                       log=logger, approve=approve)
+        state = RunState(conversation=[], cancel=CancelToken(), emit=self.events.append, started=time.monotonic())
+        self.dispatcher = ToolCalls(deps, state)
 
-    def deliver(self, result, skipped):
-        self.delivered.append(result)
-        self.skipped.append(skipped)
+    @property
+    def started(self):
+        return [e.call for e in self.events if isinstance(e, ToolStartEvent)]
+
+    @property
+    def delivered(self):
+        return [e.result for e in self.events if isinstance(e, ToolResultEvent)]
+
+    @property
+    def skipped(self):
+        return [e.skipped for e in self.events if isinstance(e, ToolResultEvent)]
+
+    def approve_held(self):
+        drive(self.dispatcher.approve_held())
 
     def results(self):
-        out = []
-        for entry in self.dispatcher.entries():
-            out.append(entry.result(timeout=5) if isinstance(entry, ToolHandle) else entry)
-        handles = [h for h in map(entry_handle, self.dispatcher.entries()) if h is not None]
-        assert all(self.dispatcher.report_of(h).wait(5) for h in handles)
-        return out
+        return drive(self.dispatcher.results())
 
 
 def call(n, name="echo", arguments='{"text": "x"}'):
@@ -137,10 +148,11 @@ def test_side_effect_tools_wait_for_the_stream_to_finish_normally(executor):
     h = Harness(executor)
     h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
     h.dispatcher.dispatch(call(2))
-    held, _ = h.dispatcher.entries()
-    assert isinstance(held, ToolResult) and held.error.startswith("held")
+    held, _ = h.dispatcher.calls()
+    assert held.state == HELD and held.handle is None
+    time.sleep(0.05)
     assert [c.name for c in h.started] == ["echo"]
-    h.dispatcher.release_side_effects()
+    h.approve_held()
     sent, echoed = h.results()
     assert sent.ok and sent.text == "sent to bob" and echoed.text == "echo x"
     assert [c.name for c in h.started] == ["echo", "send"]
@@ -153,13 +165,13 @@ def test_a_side_effect_tool_never_starts_when_the_stream_broke(executor):
     (held,) = h.results()
     assert not held.ok and "not run" in held.error
     assert h.started == [] and h.dispatcher.counters.tools_started == 0
-    assert [r.error for r in h.delivered] == [held.error] and h.skipped == ["not_approved"]
+    assert [r.error for r in h.delivered] == [held.error] and h.skipped == ["stream_not_finished"]
 
 
 def test_without_approve_a_held_side_effect_call_is_refused_and_never_started(executor):
     h = Harness(executor, approve=None)
     h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
-    h.dispatcher.release_side_effects()  # the stream finished normally, and nothing approves
+    h.approve_held()  # the stream finished normally, and nothing approves
     (refused,) = h.results()
     assert not refused.ok and "nothing approved it" in refused.error
     assert h.started == [] and h.skipped == ["not_approved"]
@@ -170,7 +182,7 @@ def test_without_approve_a_held_side_effect_call_is_refused_and_never_started(ex
 def test_only_true_from_approve_lets_a_call_run(executor, answer):
     h = Harness(executor, approve=lambda c: answer)
     h.dispatcher.dispatch(call(1, name="send", arguments='{"to": "bob"}'))
-    h.dispatcher.release_side_effects()
+    h.approve_held()
     (refused,) = h.results()
     assert "was not approved" in refused.error and h.started == []
 
@@ -181,7 +193,7 @@ def test_reset_round_forgets_an_attempt_that_started_nothing(executor):
     h.dispatcher.reset_round()
     assert not h.dispatcher.found_calls and h.dispatcher.counters.tools_started == 0
     h.dispatcher.dispatch(call(2, name="send", arguments='{"to": "bob"}'))  # not a duplicate any more
-    h.dispatcher.release_side_effects()
+    h.approve_held()
     (result,) = h.results()
     assert result.ok and h.dispatcher.counters.dedup_skipped == 0
 
@@ -190,8 +202,8 @@ def test_the_engine_timeout_is_the_default_and_a_tools_own_timeout_wins(executor
     h = Harness(executor, timeout=3.0)
     h.dispatcher.dispatch(call(1))
     h.dispatcher.dispatch(call(2, name="patient", arguments="{}"))
-    default, own = h.dispatcher.entries()
-    assert (default.timeout, own.timeout) == (3.0, 7.0)
+    default, own = h.dispatcher.calls()
+    assert (default.handle.timeout, own.handle.timeout) == (3.0, 7.0)
     h.results()
 
 
@@ -199,8 +211,8 @@ def test_results_are_delivered_on_the_worker_before_the_round_is_joined(executor
     h = Harness(executor)
     h.dispatcher.dispatch(call(1, arguments='{"text": "a"}'))
     h.dispatcher.dispatch(call(2, arguments='{"text": "b"}'))
-    a, b = h.dispatcher.entries()
-    assert h.dispatcher.report_of(a).wait(5.0) and h.dispatcher.report_of(b).wait(5.0)
+    a, b = h.dispatcher.calls()
+    assert a.told.wait(5.0) and b.told.wait(5.0)
     assert sorted(r.text for r in h.delivered) == ["echo a", "echo b"]
 
 

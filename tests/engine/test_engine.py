@@ -8,10 +8,17 @@ import time
 import pytest
 from conftest import wait_for
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
-from streamengine._errors import ConfigError
+from streamengine import (
+    ConfigError,
+    DoneEvent,
+    EngineConfig,
+    ErrorEvent,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolResultEvent,
+    ToolStartEvent,
+)
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
@@ -274,9 +281,12 @@ def test_side_effect_tool_never_runs_after_a_cut_off_or_broken_stream(ending):
         fp.add_turn(s.text(block("pay", {"amount": 5})), *tail)
         fp.add_turn(s.text("after"))
         with make_engine(fp, [pay], approve=approve_all) as engine:
-            result = engine.complete([{"role": "user", "content": "q"}])
+            events = list(engine.run([{"role": "user", "content": "q"}]))
     assert ran == []
+    result = events[-1].result
     assert not result.tool_results[0].ok
+    [told] = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert told.skipped == "stream_not_finished" and told.result.error == result.tool_results[0].error
 
 
 # --- native tool calls ------------------------------------------------------------------------------
@@ -390,7 +400,7 @@ def test_text_held_back_as_a_possible_block_is_kept_when_the_stream_breaks():
 
 
 def test_caller_cancel_token_is_not_set_by_the_run():
-    from streamengine._cancel import CancelToken
+    from streamengine import CancelToken
 
     with FakeProvider() as fp:
         fp.add_turn(s.text("one "), s.stall())
@@ -535,7 +545,7 @@ def one_tool_then_an_answer(fp, **config):
 
 
 def test_options_reach_every_round():
-    from streamengine._messages import CompletionOptions
+    from streamengine import CompletionOptions
 
     with FakeProvider() as fp:
         one_tool_then_an_answer(fp, options=CompletionOptions(temperature=0.2, extra={"top_k": 5}))
@@ -545,7 +555,7 @@ def test_options_reach_every_round():
 
 
 def test_options_may_be_a_plain_mapping_and_unknown_keys_go_to_extra():
-    from streamengine._messages import CompletionOptions
+    from streamengine import CompletionOptions
 
     config = EngineConfig(models=["m"], options={"temperature": 0.2, "top_k": 5, "max_tokens": 9})
     assert config.options == CompletionOptions(temperature=0.2, max_tokens=9, extra={"top_k": 5})
@@ -583,7 +593,7 @@ def test_tool_mode_inline_runs_inline_blocks_and_the_old_name_xml_is_refused():
 
 
 def test_the_classifier_seam_decides_failover():
-    from streamengine._calls.failover import ErrorClass, ErrorClassifier
+    from streamengine import ErrorClass, ErrorClassifier
 
     class NeverFailOver(ErrorClassifier):
         def classify(self, exc):
@@ -602,7 +612,7 @@ def test_the_classifier_seam_decides_failover():
 
 
 def test_model_chunk_events_reach_the_engines_emitter_and_observers_hear_each_call():
-    from streamengine._calls.hooks import ModelChunkEvent
+    from streamengine import ModelChunkEvent
 
     heard = []
 

@@ -45,10 +45,14 @@ import remote_tools
 from conftest import wait_for
 from remote_tools import PHRASE, after_file, crash, fetch_notes, linger, lookup, read_note_when, stuck, write_note
 
-from streamengine import SqliteRagStore
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine import (
+    DoneEvent,
+    EngineConfig,
+    OpenAICompatibleClient,
+    SqliteRagStore,
+    StreamingEngine,
+    ToolStartEvent,
+)
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool

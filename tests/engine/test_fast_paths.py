@@ -16,8 +16,8 @@ import pytest
 from test_engine import block, make_engine
 from wsgi_support import call, environ_for
 
+from streamengine import DoneEvent, TokenEvent, ToolResultEvent
 from streamengine._cancel import CancelToken, cancel_flag
-from streamengine._engine.events import DoneEvent, TokenEvent, ToolResultEvent
 from streamengine._inline import FeedResult, InlineToolScanner
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -168,8 +168,8 @@ def test_tokens_and_a_tool_result_keep_their_order_when_the_driver_appends_direc
 
 
 def test_the_tool_lesson_is_made_once_per_tool_set_and_anew_when_a_schema_changes_in_place():
+    from streamengine import ToolSpec
     from streamengine import _inline as prompt
-    from streamengine._messages import ToolSpec
 
     params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     specs = [ToolSpec("weather", "The weather.", params)]
@@ -222,17 +222,20 @@ def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_g
     """No reference cycle through the response: a server that forgets close() still frees the run now."""
     from gc_support import collector_off
 
+    from streamengine import Run
     from streamengine.web import SseResponse
 
     ended = []
 
     class Engine:
-        def run_batches(self, messages, cancel, heartbeat_s=None):
-            try:
-                while True:
-                    yield [TokenEvent("tok")]
-            finally:
-                ended.append(True)
+        def run(self, messages, cancel, heartbeat_s=None):
+            def batches():
+                try:
+                    while True:
+                        yield [TokenEvent("tok")]
+                finally:
+                    ended.append(True)
+            return Run(batches())
 
     with collector_off():
         response = SseResponse(Engine(), [], heartbeat_s=None)
@@ -243,8 +246,8 @@ def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_g
 
 def _every_chunk_general(monkeypatch):
     """Chunks that say they are not text only: the aggregator and the round look at every field of each."""
+    from streamengine import Chunk
     from streamengine._clients import openai as openai_parse
-    from streamengine._messages import Chunk
 
     made = Chunk.__init__
 
@@ -278,7 +281,7 @@ def test_text_only_chunks_give_what_the_field_by_field_path_gives_over_http(monk
 
 
 def test_text_only_is_answer_text_with_at_most_a_model():
-    from streamengine._messages import Chunk, ToolCallDelta, Usage
+    from streamengine import Chunk, ToolCallDelta, Usage
 
     assert Chunk("a").text_only and Chunk("a", model="m").text_only
     others = [Chunk("a", reasoning="r"), Chunk("a", refusal="no"), Chunk("a", tool_calls=(ToolCallDelta(0),)),

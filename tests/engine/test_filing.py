@@ -8,10 +8,8 @@ import pytest
 from conftest import wait_for
 from loguru import logger
 
-from streamengine._config import EngineConfig
+from streamengine import ConfigError, EngineConfig, ToolResult
 from streamengine._engine.filing import FILING_OVERHEAD_BYTES, FilingQueue, run_scope, wait_filed
-from streamengine._errors import ConfigError
-from streamengine._messages import ToolResult
 from streamengine.rag import SqliteRagStore
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

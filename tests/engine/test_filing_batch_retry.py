@@ -14,9 +14,8 @@ import pytest
 from conftest import wait_for
 from loguru import logger
 
-from streamengine._config import EngineConfig
+from streamengine import EngineConfig, ToolResult
 from streamengine._engine.filing import FilingQueue
-from streamengine._messages import ToolResult
 from streamengine.rag import SqliteRagStore
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")

@@ -20,8 +20,7 @@ import pytest
 from conftest import wait_for
 from rag_stores import StoreMaker
 
-from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
-from streamengine._engine.events import DoneEvent, ToolResultEvent
+from streamengine import DoneEvent, EngineConfig, OpenAICompatibleClient, StreamingEngine, ToolResultEvent, tool
 from streamengine.rag import chunks_for_ingest
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s

@@ -9,17 +9,18 @@ import time
 import pytest
 from test_engine import approve_all, block, collect, done, make_engine, names
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import (
+from streamengine import (
     DoneEvent,
+    EngineConfig,
     ErrorEvent,
     HeartbeatEvent,
+    OpenAICompatibleClient,
     ResetEvent,
+    StreamingEngine,
     TokenEvent,
     ToolResultEvent,
     ToolStartEvent,
 )
-from streamengine._engine.run import EngineConfig, StreamingEngine
 from streamengine.rag import SqliteRagStore
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -290,14 +291,14 @@ def test_a_lost_filing_is_told_in_telemetry_and_an_event(blocking):
 def slow_to_tell(monkeypatch):
     """Tool workers pause between fixing a result and telling it (a thread switch there, made long)."""
     driver = threading.get_ident()
-    tell = ToolHandle._run_callback
+    call_safely = ToolHandle._safely
 
-    def late(handle, callback):
-        if threading.get_ident() != driver:
+    def late(handle, callback, what):
+        if what == "done callback" and threading.get_ident() != driver:
             time.sleep(0.3)
-        tell(handle, callback)
+        call_safely(handle, callback, what)
 
-    monkeypatch.setattr(ToolHandle, "_run_callback", late)
+    monkeypatch.setattr(ToolHandle, "_safely", late)
 
 
 def answered_when_started():
@@ -354,8 +355,8 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
     The driving thread makes its "cancelled" result and, before telling it, lets the tool return; the worker
     claims the telling first and pauses before sending it.  The run must wait for that, not end without it.
     """
-    from streamengine._engine import rounds
-    from streamengine._messages import ToolResult
+    from streamengine import ToolResult
+    from streamengine._engine import tool_calls
 
     driver, returned, claimed = threading.get_ident(), threading.Event(), threading.Event()
 
@@ -365,7 +366,7 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
         returned.wait(10)
         return "real"
 
-    make_result, make_event = ToolResult.error_result.__func__, rounds.ToolResultEvent
+    make_result, make_event = ToolResult.error_result.__func__, tool_calls.ToolResultEvent
 
     def error_result(cls, call, reason, **fields):
         if reason.startswith("cancelled: the run") and threading.get_ident() == driver:
@@ -380,7 +381,7 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
         return make_event(result, skipped)
 
     monkeypatch.setattr(ToolResult, "error_result", classmethod(error_result))
-    monkeypatch.setattr(rounds, "ToolResultEvent", event)
+    monkeypatch.setattr(tool_calls, "ToolResultEvent", event)
     cancel = threading.Event()
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("slow")))

@@ -16,9 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from streamengine._clients.openai import OpenAICompatibleClient
-from streamengine._engine.events import DoneEvent, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
-from streamengine._engine.run import EngineConfig, StreamingEngine
+from streamengine import (
+    DoneEvent,
+    EngineConfig,
+    HeartbeatEvent,
+    OpenAICompatibleClient,
+    StreamingEngine,
+    TokenEvent,
+    ToolResultEvent,
+    ToolStartEvent,
+)
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
@@ -33,7 +40,7 @@ MESSAGES = [{"role": "user", "content": "question"}]
 
 def run_thread_names():
     return [t.name for t in threading.enumerate()
-            if t.name.startswith("streamengine-run") or t.name.startswith("streamengine-deadlines")
+            if t.name.startswith("streamengine-run") or t.name.startswith("streamengine-stream")
             or t.name == "streamengine-read-ahead"]
 
 
@@ -288,3 +295,52 @@ def test_a_finished_run_leaves_nothing_for_the_garbage_collector(read_ahead):
             ours = left_for_the_collector(lambda: list(engine.run(MESSAGES, read_ahead=read_ahead)))
     assert ours == []
 
+
+
+# --- one run API: a Run, read as events or as batches ---------------------------------------------------------
+
+def test_a_run_is_read_as_events_or_as_batches_and_batches_end_where_the_run_waits():
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("one "), s.delay(0.2), s.text("two"))
+        fp.add_turn(s.text("one "), s.delay(0.2), s.text("two"))
+        with make_engine(fp, []) as engine:
+            events = list(engine.run(MESSAGES))
+            batches = list(engine.run(MESSAGES).batches())
+    def shown(events):
+        return [(type(e).__name__, getattr(e, "text", None)) for e in events]
+    assert shown([e for batch in batches for e in batch]) == shown(events)
+    tokens = [[e.text for e in batch if isinstance(e, TokenEvent)] for batch in batches]
+    assert ["one "] in tokens and ["two"] in tokens  # the pause split them: no token waited for the next
+    assert isinstance(batches[-1][-1], DoneEvent)
+
+
+def test_a_run_read_event_by_event_cannot_switch_to_batches_and_close_cancels_it():
+    from streamengine import ConfigError
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("first "), s.stall())
+        with make_engine(fp, []) as engine:
+            run = engine.run(MESSAGES)
+            first = next(iter(run))
+            with pytest.raises(ConfigError, match="event by event"):
+                run.batches()
+            started = time.monotonic()
+            run.close()  # ends the stalled stream now: no wait for its idle timeout
+            assert time.monotonic() - started < 2.0
+    assert type(first).__name__ in ("RoundEvent", "TokenEvent") and run_thread_names() == []
+
+
+def test_a_run_that_asked_approve_leaves_nothing_for_the_garbage_collector():
+    @tool(side_effects=True)
+    def send(to: str) -> str:
+        """Sends."""
+        return f"sent to {to}"
+
+    with FakeProvider() as fp:
+        for _ in range(2):  # a warm run, then the one looked at
+            fp.add_turn(s.text(block("send", {"to": "a"})))
+            fp.add_turn(s.text("sent"))
+        with make_engine(fp, [send], approve=lambda call: True) as engine:
+            assert isinstance(list(engine.run(MESSAGES))[-1], DoneEvent)
+            ours = left_for_the_collector(lambda: list(engine.run(MESSAGES)))
+    assert ours == []

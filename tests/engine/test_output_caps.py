@@ -16,15 +16,23 @@ import tracemalloc
 
 import pytest
 
-from streamengine import LlmOutputLimitError
+from streamengine import (
+    LLM_WARNING,
+    ConfigError,
+    DoneEvent,
+    ErrorEvent,
+    LlmOutputLimitError,
+    OpenAICompatibleClient,
+    RunFailedError,
+    StreamingEngine,
+    TokenEvent,
+    ToolCallDelta,
+    ToolStartEvent,
+)
 from streamengine._accumulate import JsonShape, ToolCallAccumulator, _PartialCall
-from streamengine._calls.buffered import BufferedCallStrategy
-from streamengine._clients.openai import OpenAICompatibleClient
+from streamengine._calls.strategies import BufferedCallStrategy
 from streamengine._config import EngineConfig, OutputLimits
-from streamengine._engine.events import DoneEvent, ErrorEvent, TokenEvent, ToolStartEvent
-from streamengine._engine.run import RunFailedError, StreamingEngine
-from streamengine._errors import ConfigError
-from streamengine._messages import LLM_WARNING, ToolCallDelta
+from streamengine._wait import drive
 from streamengine.testing import FakeProvider, Step
 from streamengine.testing import steps as s
 from streamengine.tools import tool
@@ -159,7 +167,7 @@ def test_a_buffered_answer_over_the_cap_is_refused():
         strategy = BufferedCallStrategy(OpenAICompatibleClient(fp.base_url), completion_timeout=10.0,
                                         output_limits=OutputLimits(answer_chars=4_000))
         with pytest.raises(LlmOutputLimitError, match="answer passed the 4000 character cap") as caught:
-            strategy.call([{"role": "user", "content": "q"}])
+            drive(strategy.stream_call([{"role": "user", "content": "q"}]))
     assert (caught.value.what, caught.value.limit) == ("answer", 4_000)
 
 

@@ -6,18 +6,27 @@ import time
 import pytest
 from loguru import logger
 
+from streamengine import (
+    CancelToken,
+    Chunk,
+    DoneEvent,
+    EngineConfig,
+    ErrorEvent,
+    LlmHttpError,
+    Message,
+    RoundEvent,
+    ScriptedClient,
+    TokenEvent,
+    ToolCallDelta,
+    ToolResultEvent,
+    ToolStartEvent,
+    Usage,
+)
 from streamengine._calls.failover import ModelFailover
 from streamengine._calls.strategies import make_call_strategy
-from streamengine._cancel import CancelToken
-from streamengine._clients.base import run_blocking
-from streamengine._clients.scripted import ScriptedClient
-from streamengine._config import EngineConfig
-from streamengine._engine.events import DoneEvent, ErrorEvent, RoundEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine._engine.filing import FilingTicket
-from streamengine._engine.rounds import RoundRunner
-from streamengine._engine.run_state import RunDeps, RunState
-from streamengine._errors import LlmHttpError
-from streamengine._messages import Chunk, Message, ToolCallDelta, Usage
+from streamengine._engine.rounds import RoundRunner, RunDeps, RunState
+from streamengine._wait import drive
 from streamengine.tools import ToolExecutor, ToolRegistry, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -65,7 +74,7 @@ class Run:
 
     def __call__(self):
         try:
-            run_blocking(RoundRunner(self.deps, self.state).run())
+            drive(RoundRunner(self.deps, self.state).run())
         finally:
             self.executor.shutdown(wait=True)
         assert isinstance(self.events[-1], DoneEvent)

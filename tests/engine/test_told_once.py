@@ -13,8 +13,17 @@ from collections import Counter
 
 import pytest
 
-from streamengine import EngineConfig, OpenAICompatibleClient, SqliteRagStore, StreamingEngine, tool
-from streamengine._engine.events import DoneEvent, ErrorEvent, ToolResultEvent, ToolStartEvent
+from streamengine import (
+    DoneEvent,
+    EngineConfig,
+    ErrorEvent,
+    OpenAICompatibleClient,
+    SqliteRagStore,
+    StreamingEngine,
+    ToolResultEvent,
+    ToolStartEvent,
+    tool,
+)
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 
@@ -426,8 +435,6 @@ def test_native_arguments_refuse_duplicate_keys_as_inline_blocks_do():
 # --- amplification ----------------------------------------------------------------------------------
 
 def test_thousands_of_blocks_are_summed_up_not_told_one_by_one():
-    from streamengine._engine.dispatch import MAX_TOLD_STOPPED
-
     @tool
     def look(q: str) -> str:
         """Looks."""
@@ -440,14 +447,15 @@ def test_thousands_of_blocks_are_summed_up_not_told_one_by_one():
         with make(fp, [look], max_tools_per_round=3, max_tools_total=5) as engine:
             events = list(engine.run(ASK))
     told = of(events, ToolResultEvent)
-    assert len(told) == 3 + MAX_TOLD_STOPPED
+    told_stopped = len(told) - 3  # the engine's bound on stopped calls told one by one
+    assert 0 < told_stopped <= 50
     telemetry = done(events).telemetry
     assert telemetry.cap_skipped == 2000 - 3 and telemetry.tools_started == 3
     summary = [e for e in of(events, ErrorEvent) if "counted, not told one by one" in e.message]
-    assert len(summary) == 1 and f"{2000 - 3 - MAX_TOLD_STOPPED} more" in summary[0].message
+    assert len(summary) == 1 and f"{2000 - 3 - told_stopped} more" in summary[0].message
     continuation = fp.requests[1].json["messages"][-1]["content"]
-    assert f"[+{2000 - 3 - MAX_TOLD_STOPPED}] further tool calls were not run" in continuation
-    assert len(continuation) < 10_000 and continuation.count("(call id") == 3 + MAX_TOLD_STOPPED
+    assert f"[+{2000 - 3 - told_stopped}] further tool calls were not run" in continuation
+    assert len(continuation) < 10_000 and continuation.count("(call id") == 3 + told_stopped
 
 
 def test_native_calls_past_the_bound_are_not_sent_back_but_summed_up():

@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any, Callable, List, Optional
 
-from streamengine._clients.base import block_on
+from streamengine._wait import block_on
 
 
 class RecordedBackoffs:
@@ -26,7 +26,7 @@ class RecordedBackoffs:
         self.waits: List[float] = []
 
     def call(self, failover: Any, messages: Any, **kwargs: Any) -> Any:
-        """``failover.call(messages, **kwargs)``, driven here."""
+        """``failover.stream_call(messages, **kwargs)``, driven here."""
         steps = failover.stream_call(messages, **kwargs)
         seen = set()
         try:

@@ -3,7 +3,7 @@
 ``approve(call, environ) -> bool`` is asked on the thread driving the run
 (the server's), for each side-effect call, with the request's environ, so
 the application can decide per user; it reaches the engine per run as
-``engine.run_batches(..., approve=lambda call: approve(call, environ))``.
+``engine.run(..., approve=lambda call: approve(call, environ))``.
 Without it the engine's own hook decides (and an engine without one refuses).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import requests
 from wsgi_support import block, call, environ_for, serving, sse
 
-from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, StreamingEngine
+from streamengine import ConfigError, EngineConfig, OpenAICompatibleClient, Run, StreamingEngine
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
@@ -36,12 +36,9 @@ class Recorder:
     def __init__(self) -> None:
         self.runs: List[dict] = []
 
-    def run_batches(self, messages, cancel=None, *, heartbeat_s=None, approve=None, **options):
+    def run(self, messages, cancel=None, *, heartbeat_s=None, approve=None, **options):
         self.runs.append(dict(options, approve=approve))
         return iter(())
-
-    def run(self, messages, cancel=None, **options):
-        raise AssertionError("run_batches is used when the engine has it")
 
 
 class RunOnly:
@@ -128,7 +125,7 @@ def config() -> EngineConfig:
 
 
 class PerRunApprove:
-    """``run_batches(approve=)`` as the approval contract specifies it, built from an engine-wide ``approve``.
+    """``run(approve=)`` as the approval contract specifies it, built from an engine-wide ``approve``.
 
     Until the engine takes ``approve=`` per run, each run here gets an engine of
     its own made with the run's hook (sharing the client), closed when the run ends.
@@ -137,15 +134,15 @@ class PerRunApprove:
     def __init__(self, client: Any, tools: List[Any]) -> None:
         self.client, self.tools = client, tools
 
-    def run_batches(self, messages, cancel=None, *, heartbeat_s=None, approve=None):
+    def run(self, messages, cancel=None, *, heartbeat_s=None, approve=None):
         engine = StreamingEngine(self.client, self.tools, config(), approve=approve or (lambda call: False))
-        try:
-            yield from engine.run_batches(messages, cancel, heartbeat_s=heartbeat_s)
-        finally:
-            engine.close()
 
-    def run(self, messages, cancel=None, **options):
-        raise AssertionError("run_batches is used when the engine has it")
+        def batches():
+            try:
+                yield from engine.run(messages, cancel, heartbeat_s=heartbeat_s).batches()
+            finally:
+                engine.close()
+        return Run(batches())
 
 
 def test_a_served_side_effect_call_runs_only_when_the_apps_approve_says_yes_for_that_request():
@@ -166,7 +163,7 @@ def test_a_served_side_effect_call_runs_only_when_the_apps_approve_says_yes_for_
         engine.client.close()
     assert ran == ["notes.txt"]  # alice's run only
     assert [(name, user) for name, user, _ in asked] == [("delete", "mallory"), ("delete", "alice")]
-    assert all(thread.startswith("waitress") for _, _, thread in asked)  # the server's thread drives the run
+    assert all(thread == "streamengine-approve" for _, _, thread in asked)  # asked off the run's thread
     assert refused[0]["ok"] is False and "not approved" in json.dumps(refused[0])
     assert approved[0]["ok"] is True
 

@@ -10,8 +10,7 @@ import pytest
 from wsgi_support import call, environ_for
 
 from streamengine import DoneEvent, EngineResult, StreamingEngine, TokenEvent
-from streamengine.web import AppOptions, StreamApp, make_wsgi_app, serve
-from streamengine.web._sse import RunOptions  # what the app adds to a run: internal, so private
+from streamengine.web import AppOptions, RunOptions, StreamApp, make_wsgi_app, serve
 
 
 def test_app_options_name_every_option_of_the_app_but_approve():
@@ -30,9 +29,8 @@ def test_serve_takes_approve_itself_and_passes_the_rest_on():
 
 
 def test_run_options_are_what_a_streaming_engine_run_takes():
-    """The app passes RunOptions as keywords to run()/run_batches(): each one a parameter of both."""
-    for method in (StreamingEngine.run, StreamingEngine.run_batches):
-        assert set(RunOptions.__annotations__) <= set(inspect.signature(method).parameters), method
+    """The app passes RunOptions as keywords to run(): each one a parameter of it."""
+    assert set(RunOptions.__annotations__) <= set(inspect.signature(StreamingEngine.run).parameters)
 
 
 def test_an_engine_of_your_own_with_run_only_streams_and_gets_the_scope_it_asks_for():

@@ -18,7 +18,7 @@ import urllib3.exceptions
 
 from ..._errors import LlmProtocolError
 from ..._logs import redact_url
-from ..base import Wait, readable
+from ..._wait import Wait, readable
 from .connection import RequestTracker
 from .sse_read import WAIT, SseFramer, read1_iter
 

@@ -8,7 +8,7 @@ What a provider client may put in its request headers and base URL, and which of
 Everything here is checked when the client is built, so a bad key or header
 is a ConfigError naming it -- never a failure deep in ``requests`` whose
 message would quote the key.  What must never be shown is handed to the
-client's ``_redact.Redactor``.
+client's ``_logs.Redactor``.
 
 The openai SDK's habits: ``extra_body``/``extra_headers``/``extra_query``, ``timeout=``, ``max_retries=``.
 

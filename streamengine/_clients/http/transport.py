@@ -36,7 +36,7 @@ provider alike:
   meaningful chunks count: a socket timeout would be reset by keep-alives;
 * an error body, a JSON answer and an SSE event are read with bounds;
 * no message or log line shows a credential: the key, the base_url's userinfo, credential-like
-  header and query values, or any URL's userinfo and query values (``_redact.Redactor``).
+  header and query values, or any URL's userinfo and query values (``_logs.Redactor``).
 
 A provider writes a :class:`Wire` (request body and headers, answer parsing,
 error wording) and an :class:`SseStreamParser` (events -> chunks); its client
@@ -71,7 +71,8 @@ from ..._errors import ConfigError, LlmCancelledError, LlmConnectionError, LlmEr
 from ..._logs import Redactor, component_logger, redact_urls
 from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
 from ..._validation import seconds
-from ..base import StreamingLlmClient, Wait, chunks_only
+from ..._wait import Wait, chunks_only
+from ..base import StreamingLlmClient
 from .body import (
     ALWAYS,
     STREAM_ERRORS,
@@ -342,8 +343,6 @@ class HttpProviderClient(StreamingLlmClient):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    yields_waits = True
 
     def stream(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
                options: Optional[CompletionOptions] = None,
