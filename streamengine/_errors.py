@@ -29,7 +29,7 @@
     └── ConversationLogError            CLI: the run log cannot be read or written
 
 Classes outside this module are defined beside the code that raises them;
-``tests/core/test_exception_tree.py`` checks every module's exceptions
+``tests/test_architecture.py`` checks every module's exceptions
 against the tree (its allowlist names the few internal ones that never reach
 a caller, and why).  Third-party exceptions are translated at one boundary
 (the client) and chained with ``raise ... from``, so the original cause is

@@ -1,4 +1,5 @@
-"""The house holds: no import circle, no module importing a layer above it, a doc that names what exists.
+"""The house holds: no import circle, no module importing a layer above it, a doc that names what exists,
+one exception tree, one way to build a provider client.
 
 docs/ARCHITECTURE.md is the current truth about the code; these tests keep
 it so.  Imports are read from the source (module level, outside
@@ -8,11 +9,27 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pathlib
+import pickle
 import re
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Type
 
 import pytest
+
+from streamengine import (
+    AnthropicClient,
+    ConfigError,
+    EngineResult,
+    LlmError,
+    OpenAICompatibleClient,
+    OpenAIResponsesClient,
+    RunFailedError,
+    StreamEngineError,
+    Telemetry,
+    ToolError,
+)
+from streamengine._clients.http.transport import HttpProviderClient, Wire
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "streamengine"
@@ -208,3 +225,119 @@ def test_the_architecture_doc_names_modules_and_functions_that_exist():
 def test_the_doc_mentions_the_main_modules(path):
     module = _module_name(ROOT / path).replace("streamengine.", "")
     assert module in DOC.read_text()
+
+# --- one exception tree ------------------------------------------------------------------------------
+# One exception tree: every exception class the package defines derives from ``StreamEngineError``.
+#
+# Every module is imported and each exception class defined in it is checked,
+# so a new error raised to a caller cannot sit outside the tree that
+# ``except StreamEngineError`` catches.  The allowlist names the few internal
+# exceptions that never reach a caller, each with why it may not join.
+
+#: Exceptions outside the tree, each internal: caught where raised, never seen by a caller.
+INTERNAL_EXCEPTIONS = {
+    # Control flow inside one model call: the reader stopping the call; call() turns it into an LlmError.
+    "streamengine._calls.strategies._Stopped",
+    # json.dumps' default hook escaping a result that has no JSON form; result_to_text raises ToolReturnError.
+    "streamengine.tools._tool._NoJsonForm",
+    # Raised into the MCP SDK's HTTP transport, which must see an httpx StreamError to fail that one request.
+    "streamengine.mcp._transports.AnswerTooLarge",
+}
+
+
+def _exceptions_defined_in(name: str) -> List[Type[BaseException]]:
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:  # an extra that is not installed (opentelemetry, mcp, psycopg...)
+        if exc.name and not exc.name.startswith("streamengine"):
+            pytest.skip(f"{name} needs {exc.name}")
+        raise
+    return [value for value in vars(module).values()
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name]
+
+
+@pytest.mark.parametrize("module", sorted(name for name in _modules() if not name.endswith("__main__")))
+def test_every_exception_a_module_defines_is_in_the_tree_or_named_internal(module: str) -> None:
+    outside = [f"{cls.__module__}.{cls.__qualname__}" for cls in _exceptions_defined_in(module)
+               if not issubclass(cls, StreamEngineError)]
+    assert sorted(set(outside) - INTERNAL_EXCEPTIONS) == [], "derive them from StreamEngineError (see _errors.py)"
+
+
+def test_the_allowlist_names_only_classes_that_exist_outside_the_tree_and_say_internal() -> None:
+    for dotted in INTERNAL_EXCEPTIONS:
+        module, _, name = dotted.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        assert not issubclass(cls, StreamEngineError)
+        assert cls.__doc__ and ("Internal" in cls.__doc__ or "SDK" in cls.__doc__), dotted
+
+
+@pytest.mark.parametrize("dotted, extra_base", [
+    ("streamengine.web.RequestRejected", ValueError),
+    ("streamengine._clients.http.sse_read.SseEventTooLarge", ValueError),
+    ("streamengine.testing._scenario.ScenarioError", ConfigError),
+    ("streamengine.tools._tool.ToolFailure", ToolError),
+    ("streamengine.mcp._tools.McpToolError", ToolError),
+    ("streamengine.tools._tool.RemoteToolError", ToolError),
+    ("streamengine._inline.BlockError", ToolError),
+    ("streamengine._cli.build.UsageError", StreamEngineError),
+    ("streamengine._cli.log.ConversationLogError", StreamEngineError),
+    ("streamengine.web._guard.HttpError", StreamEngineError),
+])
+def test_the_errors_that_lived_outside_the_tree_keep_the_bases_users_catch(dotted: str, extra_base: type) -> None:
+    module, _, name = dotted.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, StreamEngineError) and issubclass(cls, extra_base)
+
+
+def _failed_result() -> EngineResult:
+    return EngineResult(answer="", rounds=(), tool_results=(), telemetry=Telemetry(stop_reason="llm_error"),
+                        error="provider answered HTTP 400: bad request")
+
+
+def test_run_failed_error_is_an_llm_error_that_chains_its_cause() -> None:
+    cause = LlmError("provider answered HTTP 400: bad request")
+    error = RunFailedError(_failed_result(), cause)
+    assert isinstance(error, LlmError) and error.__cause__ is cause
+    assert str(error) == "provider answered HTTP 400: bad request" and error.result.error == str(error)
+    with pytest.raises(RunFailedError) as caught:
+        raise error
+    assert caught.value.__cause__ is cause
+    assert RunFailedError(_failed_result()).__cause__ is None
+
+
+def test_a_remote_tool_error_still_travels_between_processes() -> None:
+    from streamengine.tools._tool import RemoteToolError
+
+    error = pickle.loads(pickle.dumps(RemoteToolError("ValueError: no")))
+    assert isinstance(error, ToolError) and str(error) == "ValueError: no"
+
+
+# --- one way to build a provider client ---------------------------------------------------------------
+# One way to build a provider client: the shared HTTP client holding the provider's wire.
+#
+# Each public client is an ``HttpProviderClient`` (the transport: session,
+# credentials, cancel, bounded reads, per-call extras) given a ``Wire`` (what its
+# API's requests, answers and errors look like); a client adds only its
+# constructor and what its API offers besides chat (``embed``, ``from_env``),
+# never a transport hook, and no client derives from another.
+
+CLIENTS = [OpenAICompatibleClient, OpenAIResponsesClient, AnthropicClient]
+
+
+@pytest.mark.parametrize("client_class", CLIENTS, ids=lambda c: c.__name__)
+def test_a_client_is_the_shared_http_client_with_a_wire_and_overrides_none_of_it(client_class: type) -> None:
+    assert client_class.__bases__ == (HttpProviderClient,)
+    shared = {name for name, value in vars(HttpProviderClient).items() if callable(value)}
+    assert shared & {name for name, value in vars(client_class).items() if callable(value)} == {"__init__"}
+    with client_class("http://127.0.0.1:9/v1", api_key="sk-test") as client:
+        assert isinstance(client.wire, Wire) and type(client.wire).__bases__ == (Wire,)
+
+
+def test_each_client_keeps_its_settings_readable() -> None:
+    with OpenAICompatibleClient("http://127.0.0.1:9/v1", stream_options=False) as chat, \
+            OpenAIResponsesClient("http://127.0.0.1:9/v1") as responses, \
+            AnthropicClient("http://127.0.0.1:9", api_key="k", anthropic_version="2024-01-01",
+                            default_max_tokens=99, max_retries=1) as anthropic:
+        assert chat.stream_options is False and responses.stream_options is False
+        assert (anthropic.anthropic_version, anthropic.default_max_tokens, anthropic.max_retries) == (
+            "2024-01-01", 99, 1)

@@ -36,7 +36,7 @@ class LlmClient(abc.ABC):
                  options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None) -> Response:
         """Return the whole answer; setting ``cancel`` aborts the request at once."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default, not abstract: clients without pooled connections need not override it
         """Release pooled connections; the default holds none."""
 
 

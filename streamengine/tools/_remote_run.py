@@ -1,4 +1,6 @@
-"""A tool call that runs off the executor's threads: on a remote ``concurrent.futures.Executor``, or started by the tool itself.
+"""A tool call that runs off the executor's threads: on a remote executor, or started by the tool itself.
+
+The remote executor is any ``concurrent.futures.Executor``.
 
 The call "starts" when it is handed over (``tool_start`` then), its deadline
 counts from there, and a deadline or cancel abandons it (``Future.cancel``).

@@ -24,7 +24,10 @@ import itertools
 import json
 import pickle
 import socket
+import ssl
 import threading
+import time
+from pathlib import Path
 from typing import Any, Iterator, List, Sequence, Tuple
 
 import pytest
@@ -319,3 +322,97 @@ def test_an_aborted_tracker_shuts_a_new_connection_at_birth():
         tracker.abort()
         with pytest.raises(requests.ConnectionError), tracking(tracker):
             session.post(fp.base_url + "/chat/completions", json={}, stream=True)
+
+
+# --- TLS: the socket reader takes SSLSocket.pending() bytes before it waits ---------------------
+
+TLS_DIR = Path(__file__).resolve().parents[1] / "support" / "tls"
+TLS_MESSAGES = [{"role": "user", "content": "question"}]
+
+
+def _chunked(data: str) -> bytes:
+    raw = data.encode()
+    return b"%x\r\n%s\r\n" % (len(raw), raw)
+
+
+def _sse(delta: dict, finish=None) -> str:
+    return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+
+class _TlsProvider:
+    """A loopback HTTPS server: per request, 300 frames at once (many TLS records, one read), then 20 paced."""
+
+    def __init__(self) -> None:
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(str(TLS_DIR / "cert.pem"), str(TLS_DIR / "key.pem"))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.threads = [threading.Thread(target=self._accept, name="test-tls-accept")]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        try:
+            raw, _ = self.listener.accept()
+        except OSError:
+            return  # closed
+        with self.context.wrap_socket(raw, server_side=True) as conn:
+            while self._answer(conn):
+                pass
+
+    def _answer(self, conn: ssl.SSLSocket) -> bool:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            data = conn.recv(65536)
+            if not data:
+                return False
+            request += data
+        head, _, body = request.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        while len(body) < length:
+            body += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"".join(_chunked(_sse({"content": f" b{i}"})) for i in range(300)))
+        for i in range(20):
+            conn.sendall(_chunked(_sse({"content": f" p{i}"})))
+            time.sleep(0.005)
+        conn.sendall(_chunked(_sse({}, "stop")) + _chunked("data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
+    def close(self) -> None:
+        self.listener.close()
+        for thread in self.threads:
+            thread.join(5)
+
+
+def test_a_stream_over_tls_is_read_from_the_socket_whole_and_the_connection_is_reused():
+    import requests
+
+    from streamengine import EngineConfig, StreamingEngine
+    from streamengine._clients.http import body as body_module
+
+    readers = []
+    original = body_module.SocketBody.of.__func__
+
+    def spy(cls, resp):
+        reader = original(cls, resp)
+        readers.append(type(reader._sock).__name__ if reader is not None else None)
+        return reader
+
+    provider = _TlsProvider()
+    session = requests.Session()
+    session.verify, session.trust_env = str(TLS_DIR / "cert.pem"), False
+    try:
+        body_module.SocketBody.of = classmethod(spy)
+        client = OpenAICompatibleClient(f"https://127.0.0.1:{provider.port}/v1", session=session)
+        config = EngineConfig(models=["m"], idle_timeout=10, completion_timeout=20)
+        with StreamingEngine(client, config=config) as engine:
+            answers = [engine.complete(TLS_MESSAGES).answer.split() for _ in range(2)]
+    finally:
+        body_module.SocketBody.of = classmethod(original)
+        session.close()
+        provider.close()
+    expected = [f"b{i}" for i in range(300)] + [f"p{i}" for i in range(20)]
+    assert answers == [expected, expected]
+    # both answers came through the socket reader, on one connection (the server answers one only)
+    assert readers == ["SSLSocket", "SSLSocket"]
