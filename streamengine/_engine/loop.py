@@ -102,7 +102,7 @@ class RunLoop:
 
         The references back into the run (its tool calls) are dropped too: the
         run's objects then die with their last reference, not in a garbage
-        collection's cycle search (tests/test_engine_onethread.py checks).
+        collection's cycle search (tests/engine/test_one_thread.py checks).
         """
         self._unwatch()
         self._unwatch = no_callback

@@ -11,8 +11,8 @@
        |                    +--the run was cancelled-----------------------> TOLD, skipped: cancelled
        +--> STARTED --its result is fixed: returned, timed out, busy, cancelled--> TOLD (pool_busy, cancelled)
 
-The gates run in this order in every round: dedup, per-round and
-per-request caps, allowlist, then side effects.  Dedup remembers only calls
+The gates run in this order in every round: dedup, the per-request then
+per-round cap, allowlist, then side effects.  Dedup remembers only calls
 that *started* (a busy refusal never did): a call a cap stopped, or a held
 one dropped, may be asked for again.  Held calls wait for the round's stream
 to end normally, then ``approve`` is asked about each, on a thread of its

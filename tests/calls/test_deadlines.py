@@ -149,7 +149,7 @@ def test_the_idle_timer_still_fires_after_a_hold_when_the_model_then_goes_silent
     consumer.start()
     strategy = StreamingCallStrategy(ScriptedClient([["a", ScriptedClient.STALL]]), idle_timeout=0.2,
                                      completion_timeout=GUARD)
-    with pytest.raises(LlmTimeoutError, match="idle timeout.*after 1 chunks"):
+    with pytest.raises(LlmTimeoutError, match=r"idle timeout.*after 1 chunks"):
         drive(strategy.stream_call(MESSAGES, on_chunk=lambda chunk: chunk.content and channel.put(chunk.content)))
     consumer.join(GUARD)
 

@@ -163,7 +163,7 @@ def test_may_advance_false_re_raises_the_error_as_is():
 
 
 def test_may_advance_is_asked_once_per_step_and_on_attempt_numbers_every_call():
-    client, fo = failover(LlmHttpError(429, retry_after=0), LlmHttpError(503), ["ok"], max_retries=1)
+    _client, fo = failover(LlmHttpError(429, retry_after=0), LlmHttpError(503), ["ok"], max_retries=1)
     asked, started = [], []
     result = drive(fo.stream_call(MESSAGES, may_advance=lambda: asked.append(1) or True,
                      on_attempt=lambda model, n: started.append((model, n))))

@@ -150,7 +150,7 @@ def test_failed_calls_emit_no_final_event_and_tell_no_observer():
 # --------------------------------------------------------------------------- timeouts
 
 def test_no_meaningful_chunk_within_the_idle_timeout_is_unavailable():
-    client, strategy = streaming([Chunk(), STALL], idle=0.25)
+    _client, strategy = streaming([Chunk(), STALL], idle=0.25)
     with pytest.raises(LlmTimeoutError) as info:
         drive(strategy.stream_call(MESSAGES))
     err = info.value
@@ -243,7 +243,7 @@ def test_a_stream_that_just_ends_is_a_failure_without_partial_content():
 
 
 def test_an_on_chunk_error_cancels_the_stream_and_propagates_as_is():
-    client, strategy = streaming(["a", STALL], idle=GUARD)
+    _client, strategy = streaming(["a", STALL], idle=GUARD)
 
     def on_chunk(chunk):
         raise KeyError("engine bug")
@@ -266,11 +266,12 @@ def test_no_turn_left_is_an_http_500_like_fake_provider():
 def test_cancel_from_another_thread_ends_a_stalled_stream(make_event):
     cancel = make_event()
     got_first = threading.Event()
-    client, strategy = streaming(["a", STALL], idle=GUARD)
+    _client, strategy = streaming(["a", STALL], idle=GUARD)
     canceller = threading.Thread(target=lambda: got_first.wait(GUARD) and cancel.set())
     canceller.start()
     with pytest.raises(LlmCancelledError, match="cancelled by the caller"):
-        drive(strategy.stream_call(MESSAGES, cancel=cancel, on_chunk=lambda c: got_first.set()))  # a stall would time out
+        # a stall would time out
+        drive(strategy.stream_call(MESSAGES, cancel=cancel, on_chunk=lambda c: got_first.set()))
     canceller.join()
 
 

@@ -72,7 +72,8 @@ def keep_alives(step, seconds=4.0, every=0.05):
 @pytest.mark.parametrize("framing", ["chunked", "close", "length"])
 def test_a_streamed_answer_with_usage_events_and_observers(framing):
     class Recorder:
-        responses = []
+        def __init__(self):
+            self.responses = []
 
         def on_llm_responded(self, response):
             self.responses.append(response)

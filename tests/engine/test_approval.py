@@ -254,10 +254,10 @@ def test_a_keyboard_interrupt_in_approve_refuses_every_held_call_once_then_propa
     events = []
     with FakeProvider() as fp:
         fp.add_turn(s.text(block("send", {"to": "a"}) + block("send", {"to": "b"})))
-        with make(fp, [send], approve=approve, max_tools_per_round=3) as engine:
-            with pytest.raises(KeyboardInterrupt):
-                for event in engine.run(ASK):
-                    events.append(event)
+        with make(fp, [send], approve=approve, max_tools_per_round=3) as engine, \
+                pytest.raises(KeyboardInterrupt):
+            for event in engine.run(ASK):
+                events.append(event)
     assert sent == [] and len(fp.requests) == 1
     results = told(events)
     assert Counter(e.result.call_id for e in results) == Counter({"call_inline_r1_1": 1, "call_inline_r1_2": 1})
@@ -277,7 +277,8 @@ def test_every_call_approve_refused_gets_exactly_one_tool_result():
     results = told(events)
     assert Counter(e.result.call_id for e in results) == Counter(
         {"call_inline_r1_1": 1, "call_inline_r1_2": 1, "call_inline_r1_3": 1, "call_inline_r1_4": 1})
-    assert [(e.skipped, e.result.ok) for e in sorted(results, key=lambda e: e.result.call_id)] == [("not_approved", False), (None, True), ("not_approved", False), ("not_approved", False)]
+    assert [(e.skipped, e.result.ok) for e in sorted(results, key=lambda e: e.result.call_id)] == [
+        ("not_approved", False), (None, True), ("not_approved", False), ("not_approved", False)]
     telemetry = done(events).telemetry
     assert telemetry.refused == 3 and telemetry.tools_ok == 1
 

@@ -127,7 +127,8 @@ def test_invalid_arguments_are_a_parse_error_not_a_start(executor):
     h.dispatcher.dispatch(call(1, arguments='{"text": '))
     h.dispatcher.dispatch(call(2, arguments='["not", "an", "object"]'))
     broken, array = h.results()
-    assert broken.error.startswith("invalid arguments for tool 'echo': arguments of tool call 'echo' are not valid JSON")
+    assert broken.error.startswith(
+        "invalid arguments for tool 'echo': arguments of tool call 'echo' are not valid JSON")
     assert "must be a JSON object" in array.error
     assert h.dispatcher.counters.parse_errors == 2 and h.dispatcher.counters.tools_started == 0
 

@@ -71,7 +71,6 @@ class Recorder:
 
 def test_inline_tool_starts_before_stream_ends_and_result_feeds_next_round():
     started = threading.Event()
-    stream_ended_at = []
 
     @tool
     def lookup(city: str) -> str:
@@ -116,7 +115,8 @@ def test_system_message_teaches_the_syntax_only_when_tools_exist():
         with make_engine(fp, []) as engine:
             collect(engine)
     with_tools, without = fp.requests[0].json["messages"], fp.requests[1].json["messages"]
-    assert with_tools[0]["role"] == "system" and '<tool name="' in with_tools[0]["content"] and "ping" in with_tools[0]["content"]
+    assert with_tools[0]["role"] == "system"
+    assert '<tool name="' in with_tools[0]["content"] and "ping" in with_tools[0]["content"]
     assert all(m["role"] != "system" for m in without)
     assert "tools" in fp.requests[0].json and "tools" not in fp.requests[1].json
 
@@ -473,8 +473,10 @@ def test_breaking_out_of_the_iteration_cancels_the_run():
             # The provider saw the connection closed (the stall never ends on its own) ...
             assert fp.wait_for_client_disconnects(1, timeout=5.0)
             # ... and every thread the run started has ended (the engine's tool pool had none to start).
-            started = lambda: [t.name for t in threading.enumerate() if t.is_alive() and t not in before
-                               and not t.name.startswith(("pytest", "Thread-"))]
+            def started():
+                return [t.name for t in threading.enumerate() if t.is_alive() and t not in before
+                        and not t.name.startswith(("pytest", "Thread-"))]
+
             deadline = time.monotonic() + 5.0
             while started() and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -564,7 +566,7 @@ def test_options_may_be_a_plain_mapping_and_unknown_keys_go_to_extra():
         with make_engine(fp, options={"temperature": 0.3, "seed": 1}) as engine:
             engine.complete([{"role": "user", "content": "q"}])
     assert fp.requests[0].json["temperature"] == 0.3 and fp.requests[0].json["seed"] == 1
-    with pytest.raises(ConfigError, match="must not set 'model'.*models="):
+    with pytest.raises(ConfigError, match=r"must not set 'model'.*models="):
         EngineConfig(models=["m"], options={"model": "x"})
     with pytest.raises(ConfigError, match="CompletionOptions or a mapping"):
         EngineConfig(models=["m"], options=0.2)
@@ -574,7 +576,7 @@ def test_model_is_shorthand_for_a_one_model_list():
     assert EngineConfig(model="m").models == ("m",)
     with pytest.raises(ConfigError, match="both model='a' and models"):
         EngineConfig(model="a", models=["b"])
-    with pytest.raises(ConfigError, match="EngineConfig.model must be a non-empty string"):
+    with pytest.raises(ConfigError, match=r"EngineConfig\.model must be a non-empty string"):
         EngineConfig(model="")
     with pytest.raises(ConfigError, match=r"EngineConfig\(models=\['gpt-4o-mini'\]\) or EngineConfig\(model="):
         EngineConfig()

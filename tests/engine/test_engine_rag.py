@@ -57,8 +57,6 @@ def test_round_two_search_finds_what_round_one_fetched():
 
 
 def test_search_in_the_same_round_finds_a_result_ingested_mid_stream():
-    fetched = threading.Event()
-
     @tool
     def fetch_fast(topic: str) -> str:
         """Fetch."""

@@ -109,7 +109,10 @@ def no_leak(request) -> Iterator[None]:
 
     before = alive()
     yield
-    leaked = lambda: [t.name for t in alive() - before if not t.name.startswith("pytest")]
+
+    def leaked():
+        return [t.name for t in alive() - before if not t.name.startswith("pytest")]
+
     wait_for(lambda: not leaked(), timeout=5.0)
     assert leaked() == [], f"threads left behind: {leaked()}"
 

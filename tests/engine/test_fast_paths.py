@@ -215,7 +215,8 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
     expected = json.dumps({"answer": "x\U0001F600", "telemetry": plain, "usage": None, "n": 1e300},
                           separators=(",", ":"), allow_nan=False)
     for _ in range(2):  # the second time from the caches
-        assert _sse._named_frame(b"event: done\ndata: ", payload) == b"event: done\ndata: " + expected.encode() + b"\n\n"
+        frame = _sse._named_frame(b"event: done\ndata: ", payload)
+        assert frame == b"event: done\ndata: " + expected.encode() + b"\n\n"
 
 
 def test_a_response_dropped_without_close_ends_its_run_at_once_not_at_the_next_gc():

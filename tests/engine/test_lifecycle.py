@@ -121,7 +121,6 @@ def test_tool_result_arrives_before_the_stream_ends():
 
 
 def test_every_tool_start_has_exactly_one_tool_result_across_many_runs_sharing_an_engine():
-    entered_after_start = []
     lock = threading.Lock()
 
     @tool
@@ -155,7 +154,8 @@ def test_every_tool_start_has_exactly_one_tool_result_across_many_runs_sharing_a
         ends = [e.result.call_id for e in events if isinstance(e, ToolResultEvent)]
         assert len(starts) == 3 and sorted(starts) == sorted(ends)
         for call_id in starts:  # the start precedes the result of the same call
-            first_start = next(i for i, e in enumerate(events) if isinstance(e, ToolStartEvent) and e.call.id == call_id)
+            first_start = next(i for i, e in enumerate(events)
+                               if isinstance(e, ToolStartEvent) and e.call.id == call_id)
             first_end = next(i for i, e in enumerate(events)
                              if isinstance(e, ToolResultEvent) and e.result.call_id == call_id)
             assert first_start < first_end
@@ -448,7 +448,7 @@ def test_a_replay_that_asks_for_another_call_tells_it_under_an_id_of_its_own():
     starts = {e.call.id: e.call.args()["q"] for e in events if isinstance(e, ToolStartEvent)}
     told = {r.call_id: r.text for r in results(events)}
     assert sorted(starts.values()) == ["a", "b"] and len(starts) == 2
-    assert told == {i: q for i, q in starts.items()}  # each result told under its own call's id
+    assert told == starts  # each result told under its own call's id
     result = done(events)
     assert result.telemetry.tools_ok == 2 and result.answer == "Both."
     assert [(r.call_id, r.text) for r in result.tool_results if r.text == "b"] == \

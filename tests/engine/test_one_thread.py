@@ -11,6 +11,8 @@ import threading
 import time
 
 import pytest
+from gc_support import left_for_the_collector
+from test_engine import block, make_engine  # the same engine and block helpers as the engine's own tests
 
 from streamengine import DoneEvent, HeartbeatEvent, TokenEvent, ToolResultEvent, ToolStartEvent
 from streamengine.testing import FakeProvider
@@ -18,9 +20,6 @@ from streamengine.testing import steps as s
 from streamengine.tools import ToolContext, tool
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
-
-from gc_support import left_for_the_collector
-from test_engine import block, make_engine  # the same engine and block helpers as the engine's own tests
 
 MESSAGES = [{"role": "user", "content": "question"}]
 
@@ -187,7 +186,8 @@ def test_a_finished_run_leaves_nothing_for_the_garbage_collector(read_ahead):
             fp.add_turn(s.text("looking "), s.text(block("quick", {"city": "Oslo"})), s.text(" more"))
             fp.add_turn(s.text("done"))
         with make_engine(fp, [quick]) as engine:
-            assert isinstance(list(engine.run(MESSAGES))[-1], DoneEvent)  # warm: imports and pools leave what they leave once
+            # warm: imports and pools leave what they leave once
+            assert isinstance(list(engine.run(MESSAGES))[-1], DoneEvent)
             ours = left_for_the_collector(lambda: list(engine.run(MESSAGES, read_ahead=read_ahead)))
     assert ours == []
 

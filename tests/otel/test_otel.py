@@ -95,10 +95,10 @@ def test_a_two_round_run_with_two_tools(otel):
     with FakeProvider() as fp:
         _two_rounds(fp)
         parent_tracer = otel.tracer_provider.get_tracer("app")
-        with parent_tracer.start_as_current_span("POST /chat") as request:
-            with otel.engine(fp, [weather, clock], agent_name="helper") as engine:
-                result = engine.complete([{"role": "user", "content": "weather and time?"}],
-                                         conversation_id="conv-7")
+        with parent_tracer.start_as_current_span("POST /chat") as request, \
+                otel.engine(fp, [weather, clock], agent_name="helper") as engine:
+            result = engine.complete([{"role": "user", "content": "weather and time?"}],
+                                     conversation_id="conv-7")
     assert result.answer == "Sunny, noon."
     (run,) = otel.named("invoke_agent")
     chats = sorted(otel.named("chat "), key=lambda span: span.start_time)

@@ -6,14 +6,14 @@ under test, not speed budgets.
 from __future__ import annotations
 
 import threading
-from typing import List
+from typing import List, Optional
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("no_thread_leak")
-
 from streamengine import ToolCall
 from streamengine.tools import ToolExecutor, tool
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 GUARD_S = 10.0
 _ids = iter(range(1, 10_000))
@@ -44,7 +44,7 @@ def make_executor():
         executor.shutdown(wait=True, timeout=GUARD_S)
 
 
-def holding(gate: threading.Event, name: str, started: threading.Event = None):
+def holding(gate: threading.Event, name: str, started: Optional[threading.Event] = None):
     def body() -> str:
         if started is not None:
             started.set()
@@ -130,7 +130,7 @@ def test_invalid_sharing_options_are_config_errors():
 
     with pytest.raises(ConfigError, match="queue_timeout must be a number of seconds > 0, got 0"):
         ToolExecutor(queue_timeout=0)
-    with pytest.raises(ConfigError, match="max_per_owner must be an integer >= 1, got 1.5"):
+    with pytest.raises(ConfigError, match=r"max_per_owner must be an integer >= 1, got 1\.5"):
         ToolExecutor(max_per_owner=1.5)
-    with pytest.raises(ConfigError, match="remote must be a concurrent.futures.Executor, got str"):
+    with pytest.raises(ConfigError, match=r"remote must be a concurrent\.futures\.Executor, got str"):
         ToolExecutor(remote="dask")

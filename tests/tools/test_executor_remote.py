@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import json
 import multiprocessing
 import os
 import pickle
@@ -72,7 +73,7 @@ def call(name: str, arguments: str = "{}") -> ToolCall:
 
 
 def _hold_args(release: Path) -> str:
-    return '{"release": "%s"}' % release
+    return json.dumps({"release": str(release)})
 
 
 def _our_threads() -> set:
@@ -125,12 +126,11 @@ def executor(remote) -> Iterator[ToolExecutor]:
 
 def test_start_hands_over_and_results_come_in_call_order(executor, remote):
     started: List[str] = []
-    handles = [executor.submit(where, call("where", '{"label": "%s"}' % label), timeout=GUARD_S,
+    handles = [executor.submit(where, call("where", json.dumps({"label": label})), timeout=GUARD_S,
                                on_start=lambda h: started.append(h.call.id)) for label in ("a", "b", "c")]
     assert started == [h.call.id for h in handles]  # "started" = handed over, in submit order
     results = [h.result() for h in handles]
     assert all(r.ok for r in results), [r.error for r in results]
-    import json
     payloads = [json.loads(r.text) for r in results]
     assert [p["label"] for p in payloads] == ["a", "b", "c"]
     if isinstance(remote, concurrent.futures.ProcessPoolExecutor):
@@ -166,7 +166,7 @@ def test_cancel_of_a_running_remote_call(executor, remote, release):
 def test_same_process_remote_tools_see_the_real_cancel_flag(dask_executor, release, tmp_path):
     note = tmp_path / "note"
     with ToolExecutor(remote=dask_executor) as executor:
-        arguments = '{"release": "%s", "note": "%s"}' % (release, note)
+        arguments = json.dumps({"release": str(release), "note": str(note)})
         handle = executor.submit(hold, call("hold", arguments), timeout=GUARD_S)
         assert read_note_when(note, done=False) == "running"
         handle.cancel()
@@ -177,7 +177,7 @@ def test_same_process_remote_tools_see_the_real_cancel_flag(dask_executor, relea
 def test_other_process_tools_stop_at_their_wall_clock_deadline(process_pool, release, tmp_path):
     note = tmp_path / "note"
     with ToolExecutor(remote=process_pool) as executor:
-        arguments = '{"release": "%s", "note": "%s"}' % (release, note)
+        arguments = json.dumps({"release": str(release), "note": str(note)})
         handle = executor.submit(hold, call("hold", arguments), timeout=1.0)
         assert read_note_when(note, done=False) == "running"
         handle.cancel()  # cannot cross the process boundary: the remote call runs to its deadline

@@ -78,9 +78,9 @@ def test_approve_needs_an_engine_whose_runs_take_it():
 
 def test_serve_passes_approve_to_its_app():
     engine, asked, urls, stop = Recorder(), [], queue.Queue(), threading.Event()
-    server = threading.Thread(target=serve, args=(engine,), name="test-serve", kwargs=dict(
-        port=0, threads=4, out=io.StringIO(), stop=stop, ready=urls.put,
-        approve=lambda call, environ: asked.append((call, environ["HTTP_X_USER"])) is None))
+    server = threading.Thread(target=serve, args=(engine,), name="test-serve", kwargs={
+        "port": 0, "threads": 4, "out": io.StringIO(), "stop": stop, "ready": urls.put,
+        "approve": lambda call, environ: asked.append((call, environ["HTTP_X_USER"])) is None})
     server.start()
     try:
         resp = requests.post(f"{urls.get(timeout=10)}v1/chat/stream", data=ASK, timeout=10,
@@ -173,9 +173,9 @@ def served_engine_runs(approve: Optional[Callable[[Any, dict], bool]], user: str
     ran: List[str] = []
     with FakeProvider() as fp:
         turns(fp)
-        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [delete_tool(ran)], config()) as engine:
-            with serving(make_wsgi_app(engine, approve=approve)) as url:
-                return ran, tool_results(ask(url, user))
+        with StreamingEngine(OpenAICompatibleClient(fp.base_url), [delete_tool(ran)], config()) as engine, \
+                serving(make_wsgi_app(engine, approve=approve)) as url:
+            return ran, tool_results(ask(url, user))
 
 
 def test_approval_contract_end_to_end_with_the_real_engine():

@@ -274,38 +274,38 @@ ECHOES_MID_STREAM = [
 def test_the_api_key_is_never_logged_nor_shown(key_as_given):
     """Providers echo keys in error bodies; keys read from files end with newlines."""
     errors, texts = [], []
-    with captured_logs("TRACE") as lines:
-        with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, api_key=key_as_given) as client:
-            strategy = streaming(client, 5.0, 10.0)
-            for step in ECHOES:
-                fp.add_turn(step)
-                with pytest.raises(LlmError) as info:
-                    strategy.call(MESSAGES)
-                errors.append(info.value)
-            for turn in ECHOES_MID_STREAM:
-                fp.add_turn(*turn)
-                with pytest.raises(LlmError) as info:
-                    strategy.call(MESSAGES)
-                errors.append(info.value)
-            # Through failover and the engine too: their warnings quote each cause.
-            for turn in [ECHOES[0]] + [ECHOES[1], ECHOES[3]]:
-                fp.add_turn(turn)
-            with pytest.raises(LlmHttpError) as info:
-                failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
+    with captured_logs("TRACE") as lines, \
+            FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, api_key=key_as_given) as client:
+        strategy = streaming(client, 5.0, 10.0)
+        for step in ECHOES:
+            fp.add_turn(step)
+            with pytest.raises(LlmError) as info:
+                strategy.call(MESSAGES)
             errors.append(info.value)
-            with pytest.raises(AllFailed) as info:
-                failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
+        for turn in ECHOES_MID_STREAM:
+            fp.add_turn(*turn)
+            with pytest.raises(LlmError) as info:
+                strategy.call(MESSAGES)
             errors.append(info.value)
-            fp.add_turn(*ECHOES_MID_STREAM[0])
-            fp.add_turn(ECHOES[1])
-            with StreamingEngine(client, [], EngineConfig(models=["a", "b"])) as engine:
-                events = list(engine.run(MESSAGES))
-            texts += [e.message for e in events if isinstance(e, ErrorEvent)]
-            texts.append(events[-1].result.answer)
-            assert isinstance(events[-1], DoneEvent) and events[-1].result.error
-            # The key did go out, stripped: the provider saw the right header.
-            assert {r.headers["Authorization"] for r in fp.requests} == {f"Bearer {KEY}"}
-            texts.append(repr(client))
+        # Through failover and the engine too: their warnings quote each cause.
+        for turn in [ECHOES[0]] + [ECHOES[1], ECHOES[3]]:
+            fp.add_turn(turn)
+        with pytest.raises(LlmHttpError) as info:
+            failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
+        errors.append(info.value)
+        with pytest.raises(AllFailed) as info:
+            failing_over(client, 5.0, 10.0, models=["a", "b"]).failover(MESSAGES)
+        errors.append(info.value)
+        fp.add_turn(*ECHOES_MID_STREAM[0])
+        fp.add_turn(ECHOES[1])
+        with StreamingEngine(client, [], EngineConfig(models=["a", "b"])) as engine:
+            events = list(engine.run(MESSAGES))
+        texts += [e.message for e in events if isinstance(e, ErrorEvent)]
+        texts.append(events[-1].result.answer)
+        assert isinstance(events[-1], DoneEvent) and events[-1].result.error
+        # The key did go out, stripped: the provider saw the right header.
+        assert {r.headers["Authorization"] for r in fp.requests} == {f"Bearer {KEY}"}
+        texts.append(repr(client))
     _assert_key_nowhere(KEY, errors, lines, texts)
     assert any("Incorrect API key provided: ***" in str(e) for e in errors)
 
@@ -321,12 +321,12 @@ def test_a_key_that_cannot_be_a_header_is_refused_without_showing_it():
 def test_credential_headers_are_redacted_too():
     """Azure-style ``api-key`` headers are as secret as the bearer token."""
     secret = "azure-secret-0123456789"
-    with captured_logs("TRACE") as lines:
-        with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, headers={"api-key": secret}) as client:
-            fp.add_turn(s.http_error(401, {"error": {"message": f"key {secret} is invalid"}}))
-            with pytest.raises(LlmHttpError) as info:
-                list(client.stream(MESSAGES))
-            assert fp.requests[0].headers["api-key"] == secret
+    with captured_logs("TRACE") as lines, \
+            FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, headers={"api-key": secret}) as client:
+        fp.add_turn(s.http_error(401, {"error": {"message": f"key {secret} is invalid"}}))
+        with pytest.raises(LlmHttpError) as info:
+            list(client.stream(MESSAGES))
+        assert fp.requests[0].headers["api-key"] == secret
     _assert_key_nowhere(secret, [info.value], lines)
     with pytest.raises(ConfigError) as bad:
         OpenAICompatibleClient("http://127.0.0.1:9/v1", headers={"X-Api-Key": secret + "\n"})
@@ -341,9 +341,9 @@ def test_a_session_header_that_cannot_be_sent_is_a_config_error_not_an_escaped_u
 
     session = requests.Session()
     session.headers["X-Title"] = "caf\u00e9 \u20ac"
-    with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, api_key=KEY, session=session) as client:
-        with pytest.raises(ConfigError, match="latin-1") as info:
-            list(client.stream(MESSAGES))
+    with FakeProvider() as fp, OpenAICompatibleClient(fp.base_url, api_key=KEY, session=session) as client, \
+            pytest.raises(ConfigError, match="latin-1") as info:
+        list(client.stream(MESSAGES))
     session.close()
     assert KEY not in str(info.value)
     assert classify(info.value) is ErrorClass.FATAL

@@ -201,9 +201,9 @@ def test_a_connect_that_hangs_fires_the_idle_timer_on_time_and_ends_the_producer
 def test_a_connect_that_hangs_ends_at_the_connect_timeout_as_a_connection_error(full_queue):
     from streamengine import LlmConnectionError
 
-    with OpenAICompatibleClient(full_queue.base_url, connect_timeout=0.2) as client:
-        with pytest.raises(LlmConnectionError, match="ConnectTimeout") as info:
-            list(client.stream(MESSAGES))
+    with OpenAICompatibleClient(full_queue.base_url, connect_timeout=0.2) as client, \
+            pytest.raises(LlmConnectionError, match="ConnectTimeout") as info:
+        list(client.stream(MESSAGES))
     assert ErrorClassifier().classify(info.value) is ErrorClass.TRANSIENT_ADVANCE
 
 
