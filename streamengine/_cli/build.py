@@ -132,8 +132,9 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
                    help="any other request field, as KEY=VALUE or KEY VALUE; VALUE is JSON if it parses "
                         "(-o top_p=0.9 -o seed 7)")
     m.add_argument("--tools", metavar="MODULE:ATTR", action="append", default=[],
-                   help="tools to offer: a @tool function, a plain function, or a list/registry of them "
-                        "(repeatable; the current directory is importable)")
+                   help="tools to offer: a @tool function, a plain function, or a list/registry of them; "
+                        "a bare file.py offers every @tool it defines (repeatable; the current directory "
+                        "is importable)")
     m.add_argument("--tool-mode", choices=TOOL_MODES,
                    help="how the model calls tools: inline <tool> blocks in the text (works on any server, "
                         "e.g. llama-server without --jinja), the provider's native tool API, or auto: both "

@@ -609,7 +609,13 @@ def _import_file(spec: str, source: str, what: str) -> Any:
 
 
 def load_tools(spec: str, what: str = "--tools") -> List[Tool]:
-    """The tools named by ``module:attr`` or ``file.py:attr``: a Tool, a function, or a list/tuple/registry of them."""
+    """The tools named by ``module:attr`` or ``file.py:attr``: a Tool, a function, or a list/tuple/registry of them.
+
+    A bare ``file.py`` offers every ``@tool`` the file defines (as ``llm --functions`` takes a file's
+    functions); tools it only imports from elsewhere are not offered.
+    """
+    if spec.endswith(".py") and not _is_dotted(spec.rpartition(":")[2]):
+        return _tools_defined_in(_import_file(spec, spec, what), spec, what)
     obj = import_object(spec, what)
     items = list(obj) if isinstance(obj, (list, tuple, ToolRegistry)) else [obj]
     tools = []
@@ -621,4 +627,14 @@ def load_tools(spec: str, what: str = "--tools") -> List[Tool]:
             tools.append(Tool.from_function(item))
         except ToolError as exc:
             raise ConfigError(f"{what} {spec!r}: {_one_line(str(exc))}") from exc
+    return tools
+
+
+def _tools_defined_in(module: Any, spec: str, what: str) -> List[Tool]:
+    """The ``@tool`` objects whose function the file itself defines, in the file's order."""
+    tools = [value for value in vars(module).values()
+             if isinstance(value, Tool) and getattr(value.fn, "__module__", None) == module.__name__]
+    if not tools:
+        raise ConfigError(f"{what} {spec!r}: the file defines no @tool; decorate its functions with @tool, "
+                          "or name one with 'file.py:function'")
     return tools

@@ -119,3 +119,33 @@ def test_with_v_a_file_that_fails_to_import_shows_the_chain_underneath(capsys, t
     first, *rest = err.splitlines()
     assert first.startswith("streamengine: error: --tools") and "cannot import" in first and "JSONDecodeError" in first
     assert any(line.strip().startswith("caused by JSONDecodeError: Expecting property name") for line in rest), err
+
+
+def test_a_bare_file_offers_every_tool_it_defines_and_none_it_imports(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    stem, empty_stem = f"bare_{uuid.uuid4().hex[:8]}", f"empty_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{stem}.py"
+    path.write_text(
+        "from streamengine.tools import tool\n"
+        "from streamengine.testing import FakeProvider  # imported, not a tool\n"
+        "@tool\ndef greet(name: str) -> str:\n    '''Greet.'''\n    return 'hi ' + name\n"
+        "@tool\ndef part(name: str) -> str:\n    '''Say goodbye.'''\n    return 'bye ' + name\n"
+        "def helper() -> str:\n    return 'not a tool'\n"
+    )
+    try:
+        with FakeProvider() as fp:
+            fp.add_turn(s.text('<tool name="greet">{"name": "ann"}</tool><tool name="part">{"name": "bo"}</tool>'))
+            fp.add_turn(s.text("done"))
+            rc, _, err = run(capsys, "chat", "hi", "-m", "m", "--base-url", fp.base_url, "--no-log",
+                             "--tools", str(path))
+            assert rc == 0, err
+            told = fp.requests[1].json["messages"][-1]["content"]
+            offered = fp.requests[0].json["messages"][0]["content"]
+        assert "hi ann" in told and "bye bo" in told
+        assert "greet" in offered and "part" in offered and "helper" not in offered
+        empty = tmp_path / f"{empty_stem}.py"
+        empty.write_text("X = 1\n")
+        assert "defines no @tool" in refusal(capsys, str(empty))
+    finally:
+        for name in (stem, empty_stem):
+            sys.modules.pop(name, None)
