@@ -425,6 +425,9 @@ class Conversation:
         if conversation is None:
             raise UsageError(f"-c/--continue: there is no earlier conversation in {log.path}")
         system, history = log.messages(conversation)
+        if not args.model:  # as llm does: -c keeps the conversation's model unless -m names another
+            model = log.last_model(conversation)
+            args.model = [model] if model else args.model
         return cls(log, conversation, system, history, model, err)
 
     def record(self, prompt: str, answer: str, result: EngineResult) -> None:

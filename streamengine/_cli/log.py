@@ -149,6 +149,13 @@ class RunLog:
             messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
         return (rows[0][0] if rows else None), messages
 
+    def last_model(self, conversation: str) -> Optional[str]:
+        """The model that answered the conversation's last run (what ``-c`` asks again without ``-m``)."""
+        with self._open() as db:
+            row = db.execute("SELECT model FROM runs WHERE conversation = ? AND model IS NOT NULL "
+                             "ORDER BY id DESC LIMIT 1", (conversation,)).fetchone()
+        return row[0] if row else None
+
     def record(self, conversation: Optional[str], *, model: Optional[str], system: Optional[str], prompt: str,
                answer: str, stop_reason: Optional[str], finish_reason: Optional[str]) -> str:
         """Add one run; returns its conversation id (a new one when ``conversation`` is None)."""

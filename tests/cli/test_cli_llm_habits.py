@@ -181,6 +181,17 @@ def test_the_log_can_be_turned_off(capsys, own_log, monkeypatch, switch):
     assert not own_log.exists()
 
 
+def test_continue_keeps_the_conversations_model_unless_m_names_another(capsys, own_log, monkeypatch):
+    monkeypatch.setenv("STREAMENGINE_MODEL", "the-default")
+    with FakeProvider() as fp:
+        for answer in ("one", "two", "three"):
+            fp.add_turn(s.text(answer))
+        assert run(capsys, "chat", "first", "-m", "picked", "--base-url", fp.base_url)[0] == 0
+        assert run(capsys, "chat", "-c", "second", "--base-url", fp.base_url)[0] == 0
+        assert run(capsys, "chat", "-c", "third", "-m", "other", "--base-url", fp.base_url)[0] == 0
+    assert [r.json["model"] for r in fp.requests] == ["picked", "picked", "other"]
+
+
 def test_continue_without_an_earlier_conversation_says_so(capsys, own_log):
     rc, _, err = run(capsys, "chat", "-c", "more", "-m", "m", "--base-url", "http://127.0.0.1:9/v1")
     assert rc == 2 and "no earlier conversation" in err and str(own_log) in err
