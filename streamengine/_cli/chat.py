@@ -256,7 +256,7 @@ def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
         pass
     out, err = chat.out, chat.err
     write(err, f"{PROG} chat with {', '.join(chat.engine.config.models)}: type a message, "
-               f"Ctrl-D or 'exit' to end\n")
+               f"'!multi' for several lines (then '!end'), Ctrl-D or 'exit' to end\n")
     while True:
         try:
             line = _read_line(out, err)
@@ -265,6 +265,12 @@ def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
             return 0
         if line.strip() in ("exit", "quit"):
             return 0
+        if line.split()[:1] == ["!multi"]:
+            try:
+                line = _read_lines_until(_end_marker(line), out, err)
+            except EOFError:
+                write(err, "\n")
+                return 0
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
@@ -279,12 +285,27 @@ def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
             history.pop()  # a failed turn is not part of the conversation
 
 
-def _read_line(out: TextIO, err: TextIO) -> str:
+def _end_marker(line: str) -> str:
+    """``!multi`` ends at ``!end``; ``!multi WORD`` at ``!end WORD`` (so a pasted text may hold ``!end``), as in llm."""
+    return " ".join(["!end", *line.split()[1:2]])
+
+
+def _read_lines_until(marker: str, out: TextIO, err: TextIO) -> str:
+    """The lines typed or pasted up to ``marker``, as one message."""
+    lines: List[str] = []
+    while True:
+        line = _read_line(out, err, prompt="... ")
+        if line.strip() == marker:
+            return "\n".join(lines)
+        lines.append(line)
+
+
+def _read_line(out: TextIO, err: TextIO, prompt: str = "> ") -> str:
     """One typed line.  readline must know the prompt to redraw it, but input() writes it to
     stdout: so only when stdout is the terminal; otherwise the prompt goes to stderr."""
     if is_terminal(out):
-        return input("> ")
-    write(err, "> ")
+        return input(prompt)
+    write(err, prompt)
     return input()
 
 

@@ -155,6 +155,20 @@ def test_a_conversation_keeps_its_history_until_ctrl_d(capsys, monkeypatch):
     ]
 
 
+def test_multi_reads_a_pasted_text_as_one_message_up_to_its_end_marker(capsys, monkeypatch):
+    pasted = "def f():\n    return 1\n\n!end\nmore of the paste"
+    monkeypatch.setattr(sys, "stdin", TtyInput(f"!multi\nfirst line\nsecond line\n!end\n"
+                                               f"!multi code\n{pasted}\n!end code\n"))
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("one"))
+        fp.add_turn(s.text("two"))
+        rc, out, err = run(capsys, "chat", "-m", "m", "--base-url", fp.base_url)
+    assert rc == 0, err
+    assert out == "one\ntwo\n" and "'!multi'" in err
+    asked = [m["content"] for m in fp.requests[1].json["messages"] if m["role"] == "user"]
+    assert asked == ["first line\nsecond line", pasted]
+
+
 def test_a_failed_turn_is_left_out_of_the_conversation(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", TtyInput("one\ntwo\nexit\nnever sent\n"))
     with FakeProvider() as fp:
