@@ -29,10 +29,6 @@ class TokenEvent:
     name: ClassVar[Literal["token"]] = "token"
     text: str
 
-    # By hand, not generated: one per visible token (see messages.Chunk).
-    def __init__(self, text: str) -> None:
-        self.__dict__["text"] = text
-
 
 @dataclass(frozen=True)
 class ToolStartEvent:
