@@ -88,9 +88,8 @@ def _option_value(text: str) -> Any:
 
 # --------------------------------------------------------------------------- flags
 
-def add_provider_flags(p: argparse.ArgumentParser) -> None:
-    """Where the model is, which model, how long to wait, what to send: chat and serve share them."""
-    g = p.add_argument_group("provider")
+def add_endpoint_flags(g: argparse._ActionsContainer) -> None:
+    """Which API and how to reach it: every command that talks to a provider (chat, serve, models)."""
     g.add_argument("--provider", choices=PROVIDERS,
                    help="API dialect (default openai: any OpenAI-compatible server; openai-responses: "
                         "the Responses API, /v1/responses)")
@@ -99,15 +98,21 @@ def add_provider_flags(p: argparse.ArgumentParser) -> None:
                         "default https://api.openai.com/v1; anthropic: ANTHROPIC_BASE_URL, https://api.anthropic.com)")
     g.add_argument("--api-key", "--key", metavar="KEY",
                    help="API key (env STREAMENGINE_API_KEY or OPENAI_API_KEY; anthropic: ANTHROPIC_API_KEY)")
-    g.add_argument("-m", "--model", metavar="M", action="append",
-                   help="model name; repeat for a failover list, first = primary "
-                        "(env STREAMENGINE_MODEL, comma-separated)")
     g.add_argument("--header", metavar="NAME:VALUE", action="append", default=[], type=_key_value(":"),
                    help="an extra HTTP header for every request (repeatable)")
     g.add_argument("--api-key-header", metavar="NAME",
                    help="send the key bare in this header instead of 'Authorization: Bearer' (Azure: api-key)")
     g.add_argument("--query", metavar="KEY=VALUE", action="append", default=[], type=_key_value("="),
                    help="a query parameter for every request (Azure: api-version=2024-10-21)")
+
+
+def add_provider_flags(p: argparse.ArgumentParser) -> None:
+    """Where the model is, which model, how long to wait, what to send: chat and serve share them."""
+    g = p.add_argument_group("provider")
+    add_endpoint_flags(g)
+    g.add_argument("-m", "--model", metavar="M", action="append",
+                   help="model name; repeat for a failover list, first = primary "
+                        "(env STREAMENGINE_MODEL, comma-separated)")
     g.add_argument("--no-stream-options", dest="stream_options", action="store_false", default=None,
                    help="do not send stream_options (for servers that refuse it; usage is then not reported)")
     g.add_argument("--no-stream", dest="stream", action="store_false", default=True,
@@ -208,10 +213,15 @@ def _env_seconds(environ: Mapping[str, str], name: str, parse: Callable[[str], f
         raise ConfigError(f"{name}: {exc}") from exc
 
 
+def connect_timeout_of(args: argparse.Namespace, environ: Mapping[str, str]) -> Optional[float]:
+    """``--connect-timeout``, else ``STREAMENGINE_CONNECT_TIMEOUT``, else None (the client's default)."""
+    return args.connect_timeout or _env_seconds(environ, "STREAMENGINE_CONNECT_TIMEOUT", positive_seconds)
+
+
 def _seconds(args: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, float]:
     idle = args.idle_timeout or _env_seconds(environ, "STREAMENGINE_IDLE_TIMEOUT", positive_seconds)
     cap = args.timeout if args.timeout is not None else _env_seconds(environ, "STREAMENGINE_TIMEOUT", _cap_seconds)
-    connect = args.connect_timeout or _env_seconds(environ, "STREAMENGINE_CONNECT_TIMEOUT", positive_seconds)
+    connect = connect_timeout_of(args, environ)
     seconds: Dict[str, float] = {"completion_timeout": NO_CAP_S if cap == 0 else (cap or DEFAULT_COMPLETION_TIMEOUT_S)}
     if idle is not None:
         seconds["idle_timeout"] = idle

@@ -1,4 +1,5 @@
-"""The ``streamengine`` command: the argv habits it accepts, ``chat``, ``serve``, ``demo``, ``harness``, ``mcp list``.
+"""The ``streamengine`` command: the argv habits it accepts, ``chat``, ``serve``, ``models``, ``demo``, ``harness``,
+``logs``, ``mcp list``.
 
 The command line as ``llm`` users type it, rewritten into what argparse takes.
 
@@ -10,8 +11,6 @@ prompt), not flags, and each rewrite is a plain function of the words.
 A server has nobody to ask before a side-effect tool runs, so it refuses
 every such call unless started with ``--approve all``, which lets every one
 run for every client and says so in a WARNING at start.
-
-The ``streamengine`` command: ``chat``, ``serve``, ``demo``, ``harness`` and ``mcp list``.
 
 ``main(argv) -> int`` never lets a traceback reach the terminal for a user's
 mistake or an unreachable provider: those end as a line on stderr,
@@ -32,14 +31,15 @@ abbreviated (``--no-stream`` is not ``--no-stream-options``).
 
 ``-v`` adds the library's log lines and, for an error, the chain of causes
 underneath it.  Options may come before or after the command
-(``streamengine chat hi -v``).  ``chat`` lives in ``cli_chat``, the flags that
-build an engine in ``cli_build``, the printers in ``cli_output``.
+(``streamengine chat hi -v``).  ``chat`` lives in ``chat.py``, the flags that
+build an engine in ``build.py``, the printers in ``output.py``.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import io
+import json
 import os
 import sys
 import threading
@@ -47,16 +47,19 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Sequence, TextIO
 
 from .. import __version__
-from .._errors import AllModelsFailedError, ConfigError, StreamEngineError
+from .._errors import AllModelsFailedError, ConfigError, LlmError, LlmHttpError, StreamEngineError
 from .._messages import PROG
 from .._validation import one_line as _one_line
 from .build import (
     UsageError,
+    add_endpoint_flags,
     add_mcp_flags,
     add_provider_flags,
+    build_client,
     build_engine,
     close_engine,
     close_mcp_servers,
+    connect_timeout_of,
     mcp_tools,
     open_mcp_servers,
     positive_seconds,
@@ -82,7 +85,7 @@ if TYPE_CHECKING:
     from .._messages import ToolCall
     from ..testing._scenario import ScenarioResult
 
-COMMANDS = ("chat", "serve", "demo", "harness", "logs", "mcp")
+COMMANDS = ("chat", "serve", "models", "demo", "harness", "logs", "mcp")
 _TOP_LEVEL = ("-h", "--help", "--version")
 
 
@@ -251,6 +254,38 @@ def _cmd_harness(args: argparse.Namespace, hooks: _Hooks) -> int:
     return 1 if failed else 0
 
 
+# --------------------------------------------------------------------------- models
+
+#: Statuses of a server that has no model list (it serves the one model it loaded).
+_NO_MODELS_ROUTE = (404, 405, 501)
+
+
+def _cmd_models(args: argparse.Namespace, hooks: _Hooks) -> int:
+    """``streamengine models``: the provider's model ids, one per line (as ``llm models``)."""
+    from .._clients.http.transport import HttpProviderClient
+
+    client = build_client(args, os.environ, connect_timeout_of(args, os.environ))
+    try:
+        if not isinstance(client, HttpProviderClient):
+            raise ConfigError(f"--provider {args.provider} has no model list in this installation")
+        where = f"{client.base_url}{client.wire.models_path}"
+        try:
+            ids = client.list_models(timeout=args.timeout)
+        except LlmHttpError as exc:
+            if exc.status_code not in _NO_MODELS_ROUTE:
+                raise
+            raise LlmError(f"{where} answered HTTP {exc.status_code}: this server does not list its models; "
+                           f"name the model it serves with -m (or check --base-url)") from exc
+    finally:
+        client.close()
+    if not ids:
+        raise LlmError(f"{where} lists no models: the server has none loaded, or this key may use none; "
+                       f"check the server (or --base-url and the key), or name a model with -m")
+    for model in ids:
+        write(sys.stdout, (json.dumps({"id": model}) if args.json else model) + "\n")
+    return 0
+
+
 # --------------------------------------------------------------------------- mcp list
 
 def _cmd_mcp_list(args: argparse.Namespace, hooks: _Hooks) -> int:
@@ -336,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="open connections one address (an IPv6 /64) may hold; 429 past it (default 64; "
                             "0 = no cap, behind a proxy where every client has the proxy's address)")
     serve.set_defaults(handler=cmd_serve)
+
+    models = sub.add_parser("models", parents=[common], help="list the models the provider offers",
+                            description="The model ids the provider lists (GET /models; Anthropic's /v1/models), "
+                                        "one per line: what -m takes.")
+    add_endpoint_flags(models.add_argument_group("provider"))
+    models.add_argument("--connect-timeout", metavar="S", type=positive_seconds,
+                        help="TCP/TLS connect (env STREAMENGINE_CONNECT_TIMEOUT; default 10)")
+    models.add_argument("--timeout", metavar="S", type=positive_seconds, default=30.0,
+                        help="longest wait for the server's answer (default 30)")
+    models.add_argument("--json", action="store_true", help="one JSON object per model per line")
+    models.set_defaults(handler=_cmd_models, stream_options=None)
 
     demo = sub.add_parser("demo", parents=[common], help="a scripted run with tools mid-answer (no key, no network)",
                           description="Run a scripted model on a loopback FakeProvider: two slow tools start "

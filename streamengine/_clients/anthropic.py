@@ -454,6 +454,7 @@ class MessagesWire(Wire):
     """The Messages API: ``POST {base_url}/v1/messages``, its typed events, its errors and ``x-api-key``."""
 
     chat_path = "/v1/messages"
+    models_path = "/v1/models"
     example_base_url = DEFAULT_BASE_URL
     api_root_hint = "is base_url the Anthropic API root (https://api.anthropic.com)?"
     key_source = "ANTHROPIC_API_KEY"
@@ -485,6 +486,9 @@ class MessagesWire(Wire):
 
     def response_of(self, payload: Any, url: str, redact: Redactor) -> Response:
         return response_from_json(payload, redact)
+
+    def models_query(self, after: Optional[str]) -> Dict[str, str]:
+        return {"limit": "1000", **({"after_id": after} if after else {})}
 
     def status_error(self, resp: requests.Response, url: str, text: str, stream: bool, base_url: str) -> LlmError:
         return http_error(resp.status_code, resp.reason or "", url, text, resp.headers)

@@ -653,7 +653,7 @@ def embed(client: HttpProviderClient, texts: Sequence[str], model: str,
     texts = list(texts)
     if not texts:
         return []
-    payload = client._post_json("/embeddings", encode_body({"model": model, "input": texts}), cancel)
+    payload = client._json("/embeddings", encode_body({"model": model, "input": texts}), cancel)
     return vectors_from_json(payload, len(texts))
 
 

@@ -50,6 +50,7 @@ import socketserver
 import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, get_args
@@ -148,12 +149,14 @@ class FakeProvider:
     ``"close"`` (the connection ends the body) or ``"length"``
     (Content-Length, computed from the turn).  ``max_recorded`` bounds
     :attr:`requests` to the latest N (``request_count`` still counts all).  :meth:`close` ends every open
-    connection, stalled ones included, and joins all server threads.
+    connection, stalled ones included, and joins all server threads.  ``GET /models`` lists ``models``
+    (Anthropic's ``/v1/models`` in pages of ``models_per_page``).
     """
 
     def __init__(self, framing: Framing = "chunked", embedding_dim: int = 16, *,
                  reverse_embeddings: bool = False, max_recorded: Optional[int] = None,
-                 wire: Wire = "openai") -> None:
+                 wire: Wire = "openai", models: Sequence[str] = ("fake-model",),
+                 models_per_page: int = 1000) -> None:
         if framing not in ("chunked", "close", "length"):
             raise ValueError(f"framing must be 'chunked', 'close' or 'length', got {framing!r}")
         if wire not in WIRES:
@@ -162,6 +165,8 @@ class FakeProvider:
         self.wire = wire
         self.embedding_dim = embedding_dim
         self.reverse_embeddings = reverse_embeddings
+        self.models = list(models)
+        self.models_per_page = models_per_page
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._turns: Deque[Turn] = collections.deque()
@@ -404,8 +409,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._read_and_record()
-        if self.path.rstrip("/").endswith("/models"):
-            self._send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        path, _, query = self.path.partition("?")
+        if path.rstrip("/").endswith("/models"):
+            self._send_json(200, self._model_list(urllib.parse.parse_qs(query)))
         else:
             self._send_json(404, {"error": {"message": f"FakeProvider: no route for GET {self.path}"}})
 
@@ -418,6 +424,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._embeddings(payload)
         else:
             self._send_json(404, {"error": {"message": f"FakeProvider: no route for POST {self.path}"}})
+
+    def _model_list(self, query: Dict[str, List[str]]) -> Dict[str, Any]:
+        """``provider.models`` as the wire lists them: OpenAI's one list, Anthropic's pages."""
+        if self.provider.wire != "anthropic":
+            return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"}
+                                               for m in self.provider.models]}
+        models = self.provider.models
+        after = query.get("after_id", [""])[0]
+        start = models.index(after) + 1 if after in models else 0
+        size = min(int(query.get("limit", ["20"])[0]), self.provider.models_per_page)
+        page = models[start:start + size]
+        return {"data": [{"type": "model", "id": m, "display_name": m, "created_at": "2026-01-01T00:00:00Z"}
+                         for m in page],
+                "has_more": start + size < len(models), "first_id": page[0] if page else None,
+                "last_id": page[-1] if page else None}
 
     # -- plumbing -------------------------------------------------------------------
 

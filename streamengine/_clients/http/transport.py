@@ -61,7 +61,7 @@ import re
 import threading
 import time
 from functools import cached_property
-from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import requests
 import requests.utils
@@ -93,6 +93,8 @@ _Client = TypeVar("_Client", bound="HttpProviderClient")
 
 #: A client talks to a handful of URLs (its endpoints); past this many, the oldest are forgotten.
 MAX_URLS = 64
+#: Pages of a model list read at most (Anthropic's pages hold up to 1000 models).
+MAX_MODEL_PAGES = 20
 
 
 class EnvironmentSettings:
@@ -250,6 +252,8 @@ class Wire:
 
     #: The path of the chat endpoint below the API root.
     chat_path = ""
+    #: The path that lists the models (``GET``), below the API root.
+    models_path = "/models"
     #: Shown in the error for a bad ``base_url``.
     example_base_url = ""
     #: The question that ends an error for an answer of the wrong kind (HTML, a proxy's login page).
@@ -288,6 +292,24 @@ class Wire:
 
     def raise_in_band_error(self, payload: Any, url: str, redact: Redactor) -> None:
         """Raise if a 200 JSON answer is an error after all."""
+
+    def models_query(self, after: Optional[str]) -> Dict[str, str]:
+        """The query of one page of the model list (``after``: the last id of the page before)."""
+        return {}
+
+    def model_page(self, payload: Any, url: str) -> Tuple[List[str], Optional[str]]:
+        """The model ids of one page of ``GET models`` and the id to continue after (None: last page).
+
+        OpenAI and the servers that copy it, and Anthropic, all answer
+        ``{"data": [{"id": …}, …]}``; Anthropic pages with ``has_more``.
+        """
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+            raise LlmProtocolError(f"{url} answered without a list of models ({{'data': [{{'id': ...}}]}}); "
+                                   f"{self.api_root_hint}")
+        ids = [m["id"] for m in data]
+        more = isinstance(payload, dict) and payload.get("has_more") is True and bool(ids)
+        return ids, ids[-1] if more else None
 
 
 class HttpProviderClient(StreamingLlmClient):
@@ -367,19 +389,42 @@ class HttpProviderClient(StreamingLlmClient):
         client, options = self._for_call(options)
         body = encode_body(self.wire.chat_body(messages, tools, options, stream=False))
         path = self.wire.chat_path
-        return self.wire.response_of(client._post_json(path, body, cancel), self.base_url + path, client._redact)
+        return self.wire.response_of(client._json(path, body, cancel), self.base_url + path, client._redact)
+
+    def list_models(self, cancel: Optional[threading.Event] = None, *, timeout: float = 30.0) -> List[str]:
+        """The ids of the models the server offers (``GET /models``; Anthropic's ``/v1/models``, every page).
+
+        ``timeout`` bounds each wait for the server (headers, then each read).
+        At most ``MAX_MODEL_PAGES`` pages are read: a server that says there
+        is always more cannot keep the caller forever.
+        """
+        timeout = seconds(timeout, "timeout")
+        ids: List[str] = []
+        after: Optional[str] = None
+        for _ in range(MAX_MODEL_PAGES):
+            client = self._view({}, self.wire.models_query(after))
+            payload = client._json(self.wire.models_path, None, cancel, timeout)
+            page, after = self.wire.model_page(payload, self.base_url + self.wire.models_path)
+            ids.extend(page)
+            if after is None:
+                break
+        return ids
 
     def _for_call(self, options: Optional[CompletionOptions]) -> Tuple[HttpProviderClient, Optional[CompletionOptions]]:
         """This client, or a copy of it carrying the options' ``extra_headers`` and ``extra_query``."""
         options, headers, query = split_extras(options)
+        return self._view(headers, query), options
+
+    def _view(self, headers: Mapping[str, str], query: Mapping[str, str]) -> HttpProviderClient:
+        """This client, or a copy of it (same session and pool) that also sends ``headers`` and ``query``."""
         if not headers and not query:
-            return self, options
+            return self
         view = copy.copy(self)
         view._headers = {**self._headers, **headers}
         view._query = {**self._query, **query}
         view.__dict__["_redact"] = self._redact.with_secrets(credentials_in(None, headers, query))
         view._owns_session = False  # closing the view must never close the shared session
-        return view, options
+        return view
 
     # -- the transport -----------------------------------------------------------------
 
@@ -389,11 +434,12 @@ class HttpProviderClient(StreamingLlmClient):
         a provider's constructor may still add headers and query parameters)."""
         return Redactor([self._api_key, *credentials_in(self._auth, self._headers, self._query)])
 
-    def _send(self, path: str, data: bytes, stream: bool, tracker: RequestTracker,
+    def _send(self, path: str, data: Optional[bytes], stream: bool, tracker: RequestTracker,
               cancel: Optional[threading.Event], read_timeout: Optional[float] = None) -> requests.Response:
-        """POST and return the response with its body unread; the status is checked."""
+        """POST ``data`` (GET when None) and return the response with its body unread; the status is checked."""
         url = self.base_url + path
-        self._log.debug("POST {} stream={} ({} bytes)", url, stream, len(data))
+        method = "GET" if data is None else "POST"
+        self._log.debug("{} {} stream={} ({} bytes)", method, url, stream, len(data or b""))
         if cancelled(cancel, tracker):
             raise LlmCancelledError(f"call to {url} was cancelled before it was sent")
         environment = self._environment.for_url(url) if self._environment is not None else {}
@@ -401,8 +447,8 @@ class HttpProviderClient(StreamingLlmClient):
             environment = {**environment, "auth": self._auth}
         try:
             with tracking(tracker):
-                resp = self._session.post(
-                    url, data=data, headers=self.wire.request_headers(stream, self._headers, self._api_key),
+                resp = self._session.request(
+                    method, url, data=data, headers=self.wire.request_headers(stream, self._headers, self._api_key),
                     params=self._query or None,
                     stream=True, timeout=(self.connect_timeout, read_timeout), **environment,
                 )
@@ -410,7 +456,7 @@ class HttpProviderClient(StreamingLlmClient):
             redact_exception(exc, self._redact)  # chained below: a printed traceback shows its words
             if cancelled(cancel, tracker):
                 raise LlmCancelledError(f"call to {url} was cancelled while waiting for the answer") from exc
-            self._log.info("POST {} got no answer: {!r}", url, exc)
+            self._log.info("{} {} got no answer: {!r}", method, url, exc)
             if read_timeout is not None and isinstance(exc, requests.exceptions.ReadTimeout):
                 raise LlmConnectionError(f"{url} sent no response headers within {read_timeout:.3g}s "
                                          f"(what was left of the call's deadlines)") from exc
@@ -445,7 +491,7 @@ class HttpProviderClient(StreamingLlmClient):
         return error
 
     @contextlib.contextmanager
-    def _response(self, path: str, data: bytes, stream: bool, cancel: Optional[threading.Event],
+    def _response(self, path: str, data: Optional[bytes], stream: bool, cancel: Optional[threading.Event],
                   read_timeout: Optional[float] = None) -> Iterator[Tuple[RequestTracker, requests.Response]]:
         """Send the request; yield its tracker and response, both released when the block ends.
 
@@ -468,9 +514,11 @@ class HttpProviderClient(StreamingLlmClient):
             if resp is not None:
                 resp.close()
 
-    def _post_json(self, path: str, data: bytes, cancel: Optional[threading.Event]) -> Any:
+    def _json(self, path: str, data: Optional[bytes], cancel: Optional[threading.Event],
+              read_timeout: Optional[float] = None) -> Any:
+        """The JSON answer to a POST of ``data`` (GET when None), read within ``JSON_BODY_LIMIT``."""
         url = self.base_url + path
-        with self._response(path, data, False, cancel) as (tracker, resp):
+        with self._response(path, data, False, cancel, read_timeout) as (tracker, resp):
             try:
                 raw = read_limited(resp, JSON_BODY_LIMIT, truncate=False)
             except STREAM_ERRORS as exc:
