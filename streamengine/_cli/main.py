@@ -225,9 +225,14 @@ def _cmd_demo(args: argparse.Namespace, hooks: _Hooks) -> int:
 
 def _cmd_harness(args: argparse.Namespace, hooks: _Hooks) -> int:
     from ..testing._junit import write_junit
-    from ..testing._scenario import expand_paths, run_files
+    from ..testing._scenario import expand_paths, run_files, scenario_format
 
     out = sys.stdout
+    if args.format:
+        write(out, scenario_format())
+        return 0
+    if not args.scenarios:
+        raise UsageError("harness needs scenario files (SCENARIO.json or a directory); --format shows what one holds")
     paths = expand_paths(args.scenarios)
     if not paths:
         raise UsageError("no scenario files found in " + ", ".join(args.scenarios))
@@ -394,10 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
 
     harness = sub.add_parser("harness", parents=[common], help="run scenario files against FakeProvider",
-                             description="Run scripted scenarios (see streamengine.testing._scenario for the format) "
-                                         "over real HTTP; PASS/FAIL per scenario.")
-    harness.add_argument("scenarios", nargs="+", metavar="SCENARIO.json",
+                             description="Run scripted scenarios over real HTTP; PASS/FAIL per scenario "
+                                         "(--format shows what a scenario file holds).")
+    harness.add_argument("scenarios", nargs="*", metavar="SCENARIO.json",
                          help="scenario files (a directory = its *.json files)")
+    harness.add_argument("--format", action="store_true", help="print the scenario file format and exit")
     harness.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
     add_mcp_flags(harness)
     harness.set_defaults(handler=_cmd_harness)
