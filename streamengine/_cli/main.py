@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import io
 import json
 import os
@@ -224,12 +225,13 @@ def _cmd_demo(args: argparse.Namespace, hooks: _Hooks) -> int:
 # --------------------------------------------------------------------------- harness
 
 def _cmd_harness(args: argparse.Namespace, hooks: _Hooks) -> int:
+    from ..testing import _scenario
     from ..testing._junit import write_junit
-    from ..testing._scenario import expand_paths, run_files, scenario_format
+    from ..testing._scenario import expand_paths, run_files
 
     out = sys.stdout
     if args.format:
-        write(out, scenario_format())
+        write(out, inspect.cleandoc(_scenario.__doc__ or "") + "\n")  # the format's one home
         return 0
     if not args.scenarios:
         raise UsageError("harness needs scenario files (SCENARIO.json or a directory); --format shows what one holds")

@@ -798,8 +798,3 @@ def run_files(paths: Sequence[str], report: Callable[[ScenarioResult], None],
         report(result)
         results.append(result)
     return results
-
-
-def scenario_format() -> str:
-    """What a scenario file holds, for ``streamengine harness --format``: this module's docstring is its one home."""
-    return inspect.cleandoc(__doc__ or "") + "\n"
