@@ -178,7 +178,7 @@ def test_the_engine_checks_every_failover_model_before_the_first_request():
         routed = RoutedClient({"openai": openai_client, "anthropic": anthropic_client})
         config = EngineConfig(models=["openai:gpt-4o-audio", "anthropic:claude-x"])
         with StreamingEngine(routed, [], config) as engine:
-            with pytest.raises(ConfigError, match="audio part .* to model 'claude-x' over the Anthropic Messages"):
+            with pytest.raises(ConfigError, match=r"audio part .* to model 'claude-x' over the Anthropic Messages"):
                 engine.run(ask([QUESTION, AUDIO]))
             chat.add_turn(s.text("I hear silence."))
             # one model, on a wire that carries audio: the run goes ahead
