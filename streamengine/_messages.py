@@ -212,7 +212,7 @@ def as_message(value: MessageLike) -> Message:
     role = value.get("role")
     if not isinstance(role, str) or not role:
         raise ConfigError(f"message {dict(value)!r} has no 'role'; use 'system', 'user', 'assistant' or 'tool'")
-    content, parts = _content_of(value.get("content"), role)
+    content, parts = message_content(value.get("content"), role)
     calls = tuple(
         c if isinstance(c, ToolCall) else _tool_call_from_dict(c) for c in (value.get("tool_calls") or ())
     )
@@ -220,8 +220,11 @@ def as_message(value: MessageLike) -> Message:
                    tool_call_id=value.get("tool_call_id"), name=value.get("name"), parts=parts)
 
 
-def _content_of(content: Any, role: str) -> Tuple[str, Tuple[Part, ...]]:
-    """A message's text and parts: a string, None, or a list of OpenAI content parts (user messages: any kind)."""
+def message_content(content: Any, role: str, where: str = "") -> Tuple[str, Tuple[Part, ...]]:
+    """A message's text and parts: a string, None, or a list of OpenAI content parts (user messages: any kind).
+
+    ``where`` names the content in errors (``messages[2].content``).
+    """
     if content is None:
         return "", ()
     if isinstance(content, str):
@@ -230,10 +233,10 @@ def _content_of(content: Any, role: str) -> Tuple[str, Tuple[Part, ...]]:
         raise ConfigError(f"message content must be a string or a list of content parts "
                           f"([{{'type': 'text', 'text': '...'}}, {{'type': 'image_url', ...}}]), "
                           f"got {type(content).__name__}")
-    parts = parse_parts(content, f"{role} message content")
+    parts = parse_parts(content, where or f"{role} message content")
     media = next((p for p in parts if p.kind != "text"), None)
     if media is not None and role != "user":
-        raise ConfigError(f"a {role} message may hold only text parts ({media.describe()} found); "
+        raise ConfigError(f"{role!r} messages may hold only text parts ({media.describe()} found); "
                           f"images, audio and files go in a user message")
     return text_of(parts), parts
 

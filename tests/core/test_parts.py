@@ -85,7 +85,7 @@ def test_a_wrong_part_is_refused_naming_where_and_what_to_send(content, words):
 
 @pytest.mark.parametrize("role", ["system", "assistant", "tool"])
 def test_media_goes_only_in_a_user_message(role):
-    with pytest.raises(ConfigError, match=f"a {role} message may hold only text parts .image part"):
+    with pytest.raises(ConfigError, match=f"'{role}' messages may hold only text parts .image part"):
         as_message({"role": role, "content": VISION})
 
 

@@ -155,7 +155,7 @@ BAD_POSTS = [
     (b'{"messages": []}', "application/json", '"messages" is empty'),
     (b'{"messages": ["hi"]}', "application/json", "messages[0] must be an object"),
     (b'{"messages": [{"content": "x"}]}', "application/json", "messages[0].role null is not accepted"),
-    (b'{"messages": [{"role": "user"}]}', "application/json", "messages[0].content must be a string, got null"),
+    (b'{"messages": [{"role": "user"}]}', "application/json", "messages[0].content must be a string or a list of content parts, got null"),
     (b'{"messages": [{"role": "user", "content": "a"}, {}]}', "application/json", "messages[1].role null"),
     (b'{"messages": [{"role": 5, "content": "x"}]}', "application/json", "messages[0].role integer is not accepted"),
     (b'{"messages": [{"role": "user", "content": 5}]}', "application/json", "content must be a string"),
