@@ -34,6 +34,13 @@ def post(url: str, body: Dict[str, Any]) -> requests.Response:
     return requests.post(f"{url}/v1/chat/stream", json=body, timeout=20, stream=True)
 
 
+def answered(url: str, body: Dict[str, Any]) -> str:
+    """The answer streamed to this request (read to its end: the run goes as the client reads)."""
+    resp = post(url, body)
+    assert resp.status_code == 200, resp.text
+    return "".join(tokens_of(sse(resp)))
+
+
 def refused(url: str, body: Dict[str, Any], field: str, *words: str) -> None:
     resp = post(url, body)
     assert resp.status_code == 400, resp.text
@@ -49,8 +56,7 @@ def test_by_default_a_request_brings_text_only_and_the_400_names_the_option():
         refused(url, ask(IMAGE), "messages[0].content[1]", "does not take image parts (it takes text only)",
                 "make_wsgi_app(engine, parts=PartsPolicy(allow=('image',)))")
         fp.add_turn(s.text("A heron."))
-        resp = post(url, ask({"type": "text", "text": "One word."}))  # text parts are text: they pass
-        assert resp.status_code == 200 and "".join(tokens_of(sse(resp))) == "A heron."
+        assert answered(url, ask({"type": "text", "text": "One word."})) == "A heron."  # text parts pass
         assert fp.request_count == 1 and fp.requests[0].parts == []
         assert fp.requests[0].json["messages"][-1]["content"][1] == {"type": "text", "text": "One word."}
 
@@ -59,8 +65,7 @@ def test_an_allowed_image_reaches_the_provider_as_sent():
     policy = PartsPolicy(allow=("image",))
     with FakeProvider() as fp, make_engine(fp) as engine, serving(make_wsgi_app(engine, parts=policy)) as url:
         fp.add_turn(s.text("A heron."))
-        resp = post(url, ask(IMAGE))
-        assert resp.status_code == 200 and "".join(tokens_of(sse(resp))) == "A heron."
+        assert answered(url, ask(IMAGE)) == "A heron."
         assert fp.requests[0].parts == [IMAGE]
         refused(url, ask({"type": "input_audio", "input_audio": {"data": b64(WAV), "format": "wav"}}),
                 "messages[0].content[1]", "does not take audio parts (it takes image parts)",
@@ -81,7 +86,7 @@ def test_urls_pass_only_when_the_application_says_so():
             assert fp.request_count == 0
         with serving(make_wsgi_app(engine, parts=PartsPolicy(allow=("image",), urls=True))) as url:
             fp.add_turn(s.text("A heron."))
-            assert post(url, ask(by_url)).status_code == 200
+            assert answered(url, ask(by_url)) == "A heron."
         assert fp.requests[0].parts == [by_url]
 
 
@@ -107,7 +112,7 @@ def test_the_body_cap_makes_room_for_what_the_policy_lets_in():
             assert resp.status_code == 400 and resp.json()["field"] == "body"
         with serving(make_wsgi_app(engine, max_body_bytes=100_000, parts=PartsPolicy(allow=("image",)))) as url:
             fp.add_turn(s.text("A jpeg."))
-            assert post(url, body).status_code == 200
+            assert answered(url, body) == "A jpeg."
         assert fp.requests[0].parts[0]["image_url"]["url"] == photo
 
 
