@@ -248,9 +248,9 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
     else raises :class:`RequestRejected` naming the field.  ``system_prompt``
     (yours, not the caller's) goes first.  ``trusted=True`` accepts every role
     and tool-call field :func:`~streamengine._messages.as_message` understands,
-    still after ``system_prompt``.  Images, audio and files pass only as
-    ``parts`` (a :class:`~streamengine.web._parts.PartsPolicy`) allows; by
-    default none do.
+    still after ``system_prompt``, and any content part.  Untrusted, images,
+    audio and files pass only as ``parts`` (a
+    :class:`~streamengine.web._parts.PartsPolicy`) allows; by default none do.
     """
     raw = _raw_messages(payload)
     parsed = [_trusted_message(i, m) if trusted else _public_message(i, m) for i, m in enumerate(raw)]
@@ -258,7 +258,7 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
         require_unicode("messages", raw)
     except RecursionError as exc:
         raise RequestRejected(f"messages are nested too deeply; {SEND}") from exc
-    refusal = checked_policy(parts).refusal(parsed)
+    refusal = None if trusted else checked_policy(parts).refusal(parsed)
     if refusal is not None:
         raise RequestRejected(*refusal)
     if not trusted and parsed[-1].role != "user":

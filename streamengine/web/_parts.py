@@ -8,8 +8,9 @@ part may point at a URL: a URL a browser sent is fetched by the provider,
 and the server must never have something fetched it was not told to, so
 only data URLs pass unless ``urls=True``.  A ``file_id`` names a file
 stored in the provider account the server pays for, possibly another
-user's: a request may never send one (your own backend, with
-``trusted_messages=True``, may).
+user's: a request may never send one.  Your own backend
+(``trusted_messages=True``) is trusted with parts as with roles: the
+policy does not apply to it (the body cap does).
 
 Sizes are the decoded bytes, counted without decoding
 (:attr:`~streamengine._parts.ImagePart.size`).  The POST body cap grows by

@@ -150,3 +150,12 @@ def test_a_wrong_policy_is_refused_at_construction(kwargs, words):
 def test_make_wsgi_app_takes_only_a_policy():
     with FakeProvider() as fp, make_engine(fp) as engine, pytest.raises(ConfigError, match="must be a PartsPolicy"):
         make_wsgi_app(engine, parts={"allow": ["image"]})
+
+
+def test_a_trusted_backend_sends_any_part_without_a_policy():
+    stored = {"type": "file", "file": {"file_id": "file-of-our-own"}}
+    with FakeProvider() as fp, make_engine(fp) as engine, \
+            serving(make_wsgi_app(engine, trusted_messages=True)) as url:
+        fp.add_turn(s.text("Read."))
+        assert answered(url, ask(IMAGE, stored)) == "Read."
+        assert fp.requests[0].parts == [IMAGE, stored]
