@@ -157,3 +157,14 @@ def test_the_lazy_table_and_what_type_checkers_see_agree():
     assert sorted(_literal_all(tree)) == sorted(streamengine._HOMES)
     [checking] = [node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
     assert _explicit_reexports(checking.body) == streamengine._HOMES
+
+
+def test_content_parts_and_their_web_policy_are_public():
+    """Images, audio and files in messages: the part records at the top, the web app's policy beside the app."""
+    import streamengine.web
+    import streamengine.wsgi
+
+    assert {"AudioPart", "FilePart", "ImagePart", "TextPart"} <= set(streamengine.__all__)
+    assert "PartsPolicy" in streamengine.web.__all__ and "PartsPolicy" in streamengine.wsgi.__all__
+    assert streamengine.wsgi.PartsPolicy is streamengine.web.PartsPolicy
+    assert streamengine.ImagePart("https://x.example/a.png").kind == "image"

@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 
 import pytest
 import requests
+from parts_support import PNG, PNG_URL
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -97,6 +98,7 @@ def loopback(tmp_path, monkeypatch):
                             ("STREAMENGINE_MODEL", "gpt-4o-mini")):
             monkeypatch.setenv(name, value)
         monkeypatch.chdir(tmp_path)
+        (tmp_path / "heron.png").write_bytes(PNG)  # the "Images and files" example reads it
         monkeypatch.syspath_prepend(str(tmp_path))
         opened: List[Dict[str, Any]] = []
         sink_before = logs._sink_id  # another test's enable_logging may have left its (removed) id
@@ -172,6 +174,8 @@ def test_every_python_example_runs_against_a_loopback_provider(loopback, capsys)
                                 "[weather: sunny in Oslo]", "", "[revised answer]", "It is sunny in Oslo.",
                                 "[done: 2 rounds]"]
     check_wsgi_app(block_defining(results, "waitress.serve(app")["app"])
+    assert [r.parts for r in fp.requests if r.parts] == [[{"type": "image_url", "image_url": {"url": PNG_URL}}]] * 2
+    assert block_defining(results, "PartsPolicy(")["photo_app"].parts.allow == ("image",)
     check_flask(block_defining(results, "from flask import")["app"], fp)
     check_django_view(block_defining(results, "def ask(request)")["ask"])
     check_django_mount(block_defining(results, "get_wsgi_application()")["application"])

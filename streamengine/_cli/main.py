@@ -51,6 +51,7 @@ from .. import __version__
 from .._errors import AllModelsFailedError, ConfigError, LlmError, LlmHttpError, StreamEngineError
 from .._messages import PROG
 from .._validation import one_line as _one_line
+from .attach import add_attachment_flags
 from .build import (
     UsageError,
     add_endpoint_flags,
@@ -346,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-log", action="store_true",
                       help="do not record this run in the run log (env STREAMENGINE_LOG=0 turns it off)")
     add_approval_flags(chat)
+    add_attachment_flags(chat)
     chat.set_defaults(handler=cmd_chat)
 
     logs = sub.add_parser("logs", parents=[common], help="list past runs from the run log",

@@ -12,7 +12,8 @@ messages a request may bring), ``_guard`` (Host check, authorize, stream
 limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
 readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 ``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
-``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's).
+``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's), ``_parts``
+(``PartsPolicy``: which images, audio and files a request may bring).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ._app import mount as mount
 from ._guard import RequestRejected as RequestRejected
 from ._guard import client_address as client_address
 from ._guard import messages_from_request as messages_from_request
+from ._parts import PartsPolicy as PartsPolicy
 from ._serve import serve as serve
 from ._sse import EngineLike as EngineLike
 from ._sse import PublicErrors as PublicErrors
@@ -33,7 +35,8 @@ from ._sse import SseResponse as SseResponse
 from ._sse import encode_stream as encode_stream
 
 __all__ = [
-    "AppOptions", "EngineLike", "PublicErrors", "RequestRejected", "RunOptions", "STREAM_PATH", "SseResponse",
+    "AppOptions", "EngineLike", "PartsPolicy", "PublicErrors", "RequestRejected", "RunOptions", "STREAM_PATH",
+    "SseResponse",
     "StreamApp", "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
     "serve",
 ]

@@ -56,6 +56,7 @@ from ._guard import (
     status_line,
     with_system_prompt,
 )
+from ._parts import PartsPolicy, checked_policy
 from ._sse import EngineLike, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
@@ -160,6 +161,7 @@ class AppOptions(TypedDict, total=False):
     heartbeat_s: Optional[float]
     max_body_bytes: int
     scope: Optional[Scope]
+    parts: Optional[PartsPolicy]
 
 
 class StreamApp:
@@ -183,6 +185,9 @@ class StreamApp:
     ``stuck_reader_timeout_s``: cancel a run whose client read nothing for
     that long (``None``: never).  ``heartbeat_s``: seconds of silence before
     a ``: ping``.  ``max_body_bytes`` caps a POST body (and a ``q``).
+    ``parts``: which images, audio and files a request may bring
+    (:class:`~streamengine.web._parts.PartsPolicy`; None: text only); the
+    body cap grows by what it lets in.
 
     Side effects: ``approve(call, environ) -> bool`` is asked, on the thread
     driving the run (the server's), before each call of a tool with side
@@ -200,7 +205,7 @@ class StreamApp:
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
                  max_body_bytes: int = 1_000_000, scope: Optional[Scope] = None,
-                 approve: Optional[Approve] = None) -> None:
+                 approve: Optional[Approve] = None, parts: Optional[PartsPolicy] = None) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -219,6 +224,8 @@ class StreamApp:
         self.get_runs = bool(get_runs)
         self.heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         self.max_body_bytes = max_body_bytes
+        self.parts = checked_policy(parts)
+        self.body_limit = max_body_bytes + self.parts.body_allowance()
         self._authorize = authorize
         self._scope = scope
         self._approve = approve
@@ -306,7 +313,7 @@ class StreamApp:
         payload = _decode_json(self._read_body(environ))
         try:
             messages = messages_from_request(payload, system_prompt=self.system_prompt,
-                                             trusted=self.trusted_messages)
+                                             trusted=self.trusted_messages, parts=self.parts)
         except RequestRejected as exc:
             raise HttpError(str(exc), field=exc.field) from exc
         return self._stream(messages, environ)
@@ -390,8 +397,8 @@ class StreamApp:
             length = int(raw_length) if raw_length else 0
         except ValueError as exc:
             raise HttpError(f"invalid Content-Length {raw_length!r}; {SEND}", field="Content-Length") from exc
-        if length > self.max_body_bytes:
-            raise HttpError(f"body too large: {length} bytes, the limit is {self.max_body_bytes}; "
+        if length > self.body_limit:
+            raise HttpError(f"body too large: {length} bytes, the limit is {self.body_limit}; "
                             "send fewer or shorter messages", field="body")
         if length <= 0:
             raise HttpError(f"empty body; {SEND}", field="body")
