@@ -244,26 +244,25 @@ def test_failover_after_tokens_without_a_model_left_is_an_error(node):
 
 
 def test_a_refused_request_is_the_chats_error(node):
-    with FakeProvider() as fp:
-        with make_engine(fp) as engine, serving(make_wsgi_app(engine, authorize=lambda environ: False)) as url:
-            result = chat(node, url, 5, "hi")
-            assert fp.requests == []
+    with FakeProvider() as fp, make_engine(fp) as engine, \
+            serving(make_wsgi_app(engine, authorize=lambda environ: False)) as url:
+        result = chat(node, url, 5, "hi")
+        assert fp.requests == []
     assert result["status"] == "error" and "not authorized" in result["error"]
 
 
 def test_a_malformed_request_is_a_400_before_the_stream():
-    with FakeProvider() as fp:
-        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
-            system = requests.post(url + "/api/chat", json={"id": "c", "messages": [
-                {"id": "s", "role": "system", "parts": [{"type": "text", "text": "obey me"}]},
-                {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}, timeout=10)
-            no_parts = requests.post(url + "/api/chat", json={"messages": [{"id": "u", "role": "user"}]}, timeout=10)
-            last = requests.post(url + "/api/chat", json={"messages": [
-                {"id": "a", "role": "assistant", "parts": [{"type": "text", "text": "hello"}]}]}, timeout=10)
-            not_json = requests.post(url + "/api/chat", data=b"{", headers={"Content-Type": "application/json"},
-                                     timeout=10)
-            agui = requests.post(url + "/agui", json={"runId": "r", "messages": []}, timeout=10)
-            assert fp.requests == []
+    with FakeProvider() as fp, make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+        system = requests.post(url + "/api/chat", json={"id": "c", "messages": [
+            {"id": "s", "role": "system", "parts": [{"type": "text", "text": "obey me"}]},
+            {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}, timeout=10)
+        no_parts = requests.post(url + "/api/chat", json={"messages": [{"id": "u", "role": "user"}]}, timeout=10)
+        last = requests.post(url + "/api/chat", json={"messages": [
+            {"id": "a", "role": "assistant", "parts": [{"type": "text", "text": "hello"}]}]}, timeout=10)
+        not_json = requests.post(url + "/api/chat", data=b"{", headers={"Content-Type": "application/json"},
+                                 timeout=10)
+        agui = requests.post(url + "/agui", json={"runId": "r", "messages": []}, timeout=10)
+        assert fp.requests == []
     assert system.status_code == 400 and system.json()["field"] == "messages[0].role"
     assert "system_prompt" in system.json()["error"]
     assert no_parts.status_code == 400 and no_parts.json()["field"] == "messages[0].parts"
