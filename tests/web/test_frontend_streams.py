@@ -1,0 +1,144 @@
+"""The frontends' streams at the byte level: how they end, what each AI SDK version may contain, the options.
+
+What the real clients make of these streams is tests/web/test_frontends.py;
+here are the cases a client cannot show: a run that raises or stops without
+its ``done``, and the chunk types and keys each version is allowed.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from wsgi_support import Silent, call, environ_for, make_engine
+
+from streamengine import ConfigError, TokenEvent
+from streamengine.testing import FakeProvider
+from streamengine.testing import steps as s
+from streamengine.tools import tool
+from streamengine.wsgi import make_wsgi_app
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+#: Every chunk type and its keys that ai 5.0 knows (ai 6.0 up to ~6.0.230 refuses any other key).
+AI_5_CHUNKS = {
+    "start": {"messageId", "messageMetadata"}, "start-step": set(), "finish-step": set(),
+    "text-start": {"id", "providerMetadata"}, "text-delta": {"id", "delta", "providerMetadata"},
+    "text-end": {"id", "providerMetadata"}, "reasoning-start": {"id", "providerMetadata"},
+    "reasoning-delta": {"id", "delta", "providerMetadata"}, "reasoning-end": {"id", "providerMetadata"},
+    "tool-input-start": {"toolCallId", "toolName", "providerExecuted", "dynamic"},
+    "tool-input-available": {"toolCallId", "toolName", "input", "providerExecuted", "providerMetadata", "dynamic"},
+    "tool-output-available": {"toolCallId", "output", "providerExecuted", "dynamic", "preliminary"},
+    "tool-output-error": {"toolCallId", "errorText", "providerExecuted", "dynamic"},
+    "error": {"errorText"}, "finish": {"finishReason", "messageMetadata"},
+}
+CHAT = {"id": "chat-1", "trigger": "submit-message",
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
+AGUI = {"threadId": "t-1", "runId": "r-1", "messages": [{"id": "u1", "role": "user", "content": "hi"}]}
+
+
+def post(app, path: str, payload: Dict[str, Any]) -> List[str]:
+    """The ``data:`` values of the response to a POST of ``payload``."""
+    status, headers, body = call(app, environ_for("POST", path, json.dumps(payload).encode()))
+    assert status.startswith("200"), body
+    return [line[6:] for line in body.decode("ascii").split("\n") if line.startswith("data: ")]
+
+
+def chunks(data: List[str]) -> List[Dict[str, Any]]:
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+class Raising:
+    """An engine stand-in whose run shows a token, then raises."""
+
+    def run(self, messages, cancel=None, *, heartbeat_s=None) -> Iterator[Any]:
+        yield TokenEvent("half")
+        raise RuntimeError("secret internals")
+
+
+def test_a_run_that_raises_ends_with_an_error_chunk_then_done():
+    sent = chunks(post(make_wsgi_app(Raising()), "/api/chat", CHAT))
+    assert [c["type"] for c in sent] == ["start", "start-step", "text-start", "text-delta", "error"]
+    assert "request id" in sent[-1]["errorText"] and "secret" not in sent[-1]["errorText"]
+
+
+def test_a_run_that_stops_without_done_is_an_error_not_a_success():
+    sent = chunks(post(make_wsgi_app(Silent()), "/api/chat", CHAT))
+    assert [c["type"] for c in sent] == ["start", "error"]
+    assert "ended without finishing" in sent[-1]["errorText"]
+
+
+def test_agui_ends_with_exactly_one_terminal_event_and_no_done():
+    for engine, last in ((Raising(), "RUN_ERROR"), (Silent(), "RUN_ERROR")):
+        data = post(make_wsgi_app(engine), "/agui", AGUI)
+        events = [json.loads(d) for d in data]  # no [DONE]: the AG-UI client would fail on it
+        types = [e["type"] for e in events]
+        assert types[0] == "RUN_STARTED" and types[-1] == last
+        assert sum(t in ("RUN_ERROR", "RUN_FINISHED") for t in types) == 1
+
+
+@tool
+def lookup(city: str) -> str:
+    """Weather for a city."""
+    return f"sunny in {city}"
+
+
+def rich_run(fp: FakeProvider) -> None:
+    """A tool, a call with unreadable arguments, a refusal (the reasoning delta shows once the engine emits it)."""
+    fp.add_turn(s.reasoning("thinking"), s.text("Let me check. "),
+                s.tool_call(0, id="call_1", name="lookup", arguments='{"city": "Oslo"}'),
+                s.tool_call(1, id="call_2", name="lookup", arguments='{"city": '), s.finish("tool_calls"))
+    fp.add_turn(s.raw(b'data: {"choices":[{"index":0,"delta":{"refusal":"no."}}]}\n\n'), s.finish("stop"), s.done())
+
+
+def test_version_5_writes_only_the_chunks_and_keys_every_ai_5_client_knows():
+    with FakeProvider() as fp:
+        rich_run(fp)
+        with make_engine(fp, [lookup]) as engine:
+            sent = chunks(post(make_wsgi_app(engine), "/api/chat", CHAT))
+    unknown = [c for c in sent if not c["type"].startswith("data-")
+               and (c["type"] not in AI_5_CHUNKS or set(c) - {"type"} - AI_5_CHUNKS[c["type"]])]
+    assert unknown == []
+    # The unreadable call: its raw text is the input shown, and its card ends in an error.
+    assert {"type": "tool-input-available", "toolCallId": "call_2", "toolName": "lookup",
+            "input": '{"city": '} in sent
+    assert any(c["type"] == "tool-output-error" and c["toolCallId"] == "call_2" for c in sent)
+    assert sent[-1]["finishReason"] == "content-filter"
+
+
+def test_version_6_reports_unreadable_input_as_an_input_error():
+    with FakeProvider() as fp:
+        rich_run(fp)
+        with make_engine(fp, [lookup]) as engine:
+            sent = chunks(post(make_wsgi_app(engine, ai_sdk_version=6), "/api/chat", CHAT))
+    [error] = [c for c in sent if c["type"] == "tool-input-error"]
+    assert error["toolCallId"] == "call_2" and error["input"] == '{"city": ' and "request id" in error["errorText"]
+    assert not any(c["type"].startswith("tool-output") and c["toolCallId"] == "call_2" for c in sent)
+
+
+@pytest.mark.parametrize("version", [0, 4, 8, "5", True, None])
+def test_an_unknown_ai_sdk_version_is_refused_naming_the_known_ones(version):
+    with pytest.raises(ConfigError, match="ai_sdk_version must be one of 5, 6, 7"):
+        make_wsgi_app(Silent(), ai_sdk_version=version)
+
+
+def test_approvals_need_ai_6_or_7():
+    with pytest.raises(ConfigError, match="ai_sdk_version=6 or ai_sdk_version=7"):
+        make_wsgi_app(Silent(), approvals=True)
+
+
+def test_the_frontend_routes_take_the_same_checks_as_the_stream():
+    app = make_wsgi_app(Silent(), authorize=lambda environ: environ.get("HTTP_AUTHORIZATION") == "Bearer ok")
+    for path, payload in (("/api/chat", CHAT), ("/agui", AGUI)):
+        body = json.dumps(payload).encode()
+        status, _, refused = call(app, environ_for("POST", path, body))
+        assert status.startswith("401") and b"not authorized" in refused
+        status, _, _ = call(app, environ_for("POST", path, body, HTTP_HOST="evil.example"))
+        assert status.startswith("400")
+        status, _, _ = call(app, environ_for("POST", path, body, HTTP_SEC_FETCH_SITE="cross-site",
+                                             HTTP_ORIGIN="https://evil.example", HTTP_AUTHORIZATION="Bearer ok"))
+        assert status.startswith("403")
+        status, _, _ = call(app, environ_for("POST", path, body, content_type="text/plain",
+                                             HTTP_AUTHORIZATION="Bearer ok"))
+        assert status.startswith("400")
