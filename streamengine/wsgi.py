@@ -20,6 +20,6 @@ from .web import messages_from_request as messages_from_request
 from .web import mount as mount
 
 __all__ = [
-    "AGUI_PATH", "CHAT_PATH", "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp", "client_address",
-    "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
+    "AGUI_PATH", "CHAT_PATH", "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp",
+    "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
 ]

@@ -39,7 +39,7 @@ from ._sse import SseResponse as SseResponse
 from ._sse import encode_stream as encode_stream
 
 __all__ = [
-    "AGUI_PATH", "AppOptions", "CHAT_PATH", "EngineLike", "PublicErrors", "RequestRejected", "RunOptions", "STREAM_PATH", "SseResponse",
-    "StreamApp", "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
-    "serve",
+    "AGUI_PATH", "AppOptions", "CHAT_PATH", "EngineLike", "PublicErrors", "RequestRejected", "RunOptions",
+    "STREAM_PATH", "SseResponse", "StreamApp", "WsgiApp", "client_address", "encode_stream", "make_wsgi_app",
+    "messages_from_request", "mount", "serve",
 ]
