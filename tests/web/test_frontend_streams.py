@@ -39,7 +39,7 @@ AGUI = {"threadId": "t-1", "runId": "r-1", "messages": [{"id": "u1", "role": "us
 
 def post(app, path: str, payload: Dict[str, Any]) -> List[str]:
     """The ``data:`` values of the response to a POST of ``payload``."""
-    status, headers, body = call(app, environ_for("POST", path, json.dumps(payload).encode()))
+    status, _, body = call(app, environ_for("POST", path, json.dumps(payload).encode()))
     assert status.startswith("200"), body
     return [line[6:] for line in body.decode("ascii").split("\n") if line.startswith("data: ")]
 
