@@ -323,10 +323,13 @@ class UiMessageStream:
     def _done(self, event: object) -> bytes:
         result = getattr(event, "result", None)
         self._ended = True
-        return self._finish_step() + data_frame({
-            "type": "finish", "finishReason": self._finish_reason(result),
-            "messageMetadata": {"usage": getattr(result, "usage", None),
-                                "telemetry": self._errors.telemetry(getattr(result, "telemetry", None))}})
+        reason = self._finish_reason(result)
+        finish: Dict[str, Any] = {"type": "finish", "messageMetadata": {
+            "finishReason": reason, "usage": getattr(result, "usage", None),
+            "telemetry": self._errors.telemetry(getattr(result, "telemetry", None))}}
+        if self.version >= 6:  # ai 5.0's strict schema has no finishReason on finish
+            finish["finishReason"] = reason
+        return self._finish_step() + data_frame(finish)
 
     def _finish_reason(self, result: object) -> str:
         cut_off = getattr(result, "cut_off", None)

@@ -20,7 +20,7 @@ from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
-#: Every chunk type and its keys that ai 5.0 knows (ai 6.0 up to ~6.0.230 refuses any other key).
+#: Every chunk type and its keys that ai 5.0.0 knows: its schemas, like ai 6.0's up to ~6.0.230, are strict.
 AI_5_CHUNKS = {
     "start": {"messageId", "messageMetadata"}, "start-step": set(), "finish-step": set(),
     "text-start": {"id", "providerMetadata"}, "text-delta": {"id", "delta", "providerMetadata"},
@@ -28,9 +28,9 @@ AI_5_CHUNKS = {
     "reasoning-delta": {"id", "delta", "providerMetadata"}, "reasoning-end": {"id", "providerMetadata"},
     "tool-input-start": {"toolCallId", "toolName", "providerExecuted", "dynamic"},
     "tool-input-available": {"toolCallId", "toolName", "input", "providerExecuted", "providerMetadata", "dynamic"},
-    "tool-output-available": {"toolCallId", "output", "providerExecuted", "dynamic", "preliminary"},
+    "tool-output-available": {"toolCallId", "output", "providerExecuted", "dynamic"},
     "tool-output-error": {"toolCallId", "errorText", "providerExecuted", "dynamic"},
-    "error": {"errorText"}, "finish": {"finishReason", "messageMetadata"},
+    "error": {"errorText"}, "finish": {"messageMetadata"},
 }
 CHAT = {"id": "chat-1", "trigger": "submit-message",
         "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
@@ -104,7 +104,7 @@ def test_version_5_writes_only_the_chunks_and_keys_every_ai_5_client_knows():
     assert {"type": "tool-input-available", "toolCallId": "call_2", "toolName": "lookup",
             "input": '{"city": '} in sent
     assert any(c["type"] == "tool-output-error" and c["toolCallId"] == "call_2" for c in sent)
-    assert sent[-1]["finishReason"] == "content-filter"
+    assert sent[-1]["messageMetadata"]["finishReason"] == "content-filter"
 
 
 def test_version_6_reports_unreadable_input_as_an_input_error():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Iterator, List
+from typing import Any, ClassVar, Dict, Iterator, List, Union
 
 import pytest
 import requests
@@ -51,8 +51,10 @@ def weather_turns(fp: FakeProvider, name: str = "lookup") -> None:
     fp.add_turn(s.text("It is "), s.text("sunny."))
 
 
-def chat(node: str, url: str, version: int, *prompts: str) -> Dict[str, Any]:
-    return run_node(node, "chat.mjs", f"ai{version}", url + "/api/chat", *prompts)
+def chat(node: str, url: str, client: Union[int, str], *prompts: str) -> Dict[str, Any]:
+    """``prompts`` sent one after the other by ``client`` (an ``ai`` package of tests/web/frontend; 5 is ai5)."""
+    package = f"ai{client}" if isinstance(client, int) else client
+    return run_node(node, "chat.mjs", package, url + "/api/chat", *prompts)
 
 
 def answer_parts(result: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -67,12 +69,17 @@ def texts(parts: List[Dict[str, Any]]) -> List[str]:
 
 # --- the AI SDK: useChat's engine --------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", [5, 6, 7])
-def test_text_and_a_tool_card_with_its_input_and_output(node, version):
+#: Each ``ai_sdk_version`` with the clients it must work with: 5 with the first ai 5 release (strict
+#: schemas, no tool-input-error) and a late one.
+CLIENTS = [(5, "ai5-0"), (5, "ai5"), (6, "ai6"), (7, "ai7")]
+
+
+@pytest.mark.parametrize(("version", "client"), CLIENTS)
+def test_text_and_a_tool_card_with_its_input_and_output(node, version, client):
     with FakeProvider() as fp:
         weather_turns(fp)
         with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine, ai_sdk_version=version)) as url:
-            result = chat(node, url, version, "weather in Oslo?")
+            result = chat(node, url, client, "weather in Oslo?")
     assert result["status"] == "ready" and result["error"] is None and result["errors"] == []
     parts = answer_parts(result)
     assert [p["type"] for p in parts] == ["step-start", "text", "tool-lookup", "data-streamengine-tool",
@@ -102,12 +109,12 @@ def test_a_follow_up_sends_the_history_and_forged_parts_are_dropped(node):
         ("user", "weather in Oslo?"), ("assistant", "Let me check. \nIt is sunny."), ("user", "thanks")]
 
 
-@pytest.mark.parametrize("version", [5, 6])
-def test_a_failing_tool_is_an_error_card_that_keeps_the_secret_in_the_log(node, version):
+@pytest.mark.parametrize(("version", "client"), [(5, "ai5-0"), (6, "ai6")])
+def test_a_failing_tool_is_an_error_card_that_keeps_the_secret_in_the_log(node, version, client):
     with FakeProvider() as fp:
         weather_turns(fp, "broken")
         with make_engine(fp, [broken]) as engine, serving(make_wsgi_app(engine, ai_sdk_version=version)) as url:
-            result = chat(node, url, version, "weather?")
+            result = chat(node, url, client, "weather?")
     assert result["status"] == "ready"
     card = next(p for p in answer_parts(result) if p["type"] == "tool-broken")
     assert card["state"] == "output-error" and card["input"] == {"city": "Oslo"}
@@ -200,12 +207,13 @@ def test_failover_after_tokens_removes_the_step_in_ai_7(node):
     assert texts(parts) == ["right answer"] and parts[1]["data"]["round"] == 1
 
 
-def test_failover_after_tokens_is_a_reset_data_part_before_ai_7(node):
+@pytest.mark.parametrize("client", ["ai5-0", "ai6"])
+def test_failover_after_tokens_is_a_reset_data_part_before_ai_7(node, client):
     with FakeProvider() as fp:
         flaky_then_steady(fp)
         with make_engine(fp, models=["flaky", "steady"], max_retries=0, failover_after_tokens=True) as engine, \
                 serving(make_wsgi_app(engine, ai_sdk_version=5)) as url:
-            result = chat(node, url, 5, "hi")
+            result = chat(node, url, client, "hi")
     assert result["status"] == "ready"
     parts = answer_parts(result)
     # ai 5 and 6 have no reset-step: the app hides what precedes the reset part in its step.
@@ -378,3 +386,17 @@ def test_agui_a_problem_the_run_went_on_past_is_a_custom_event(node):
     assert result["error"] is None and kinds(result)[-1] == "RUN_FINISHED"
     [notice] = [e for e in result["events"] if e["type"] == "CUSTOM"]
     assert notice["name"] == "streamengine.error" and "request id" in notice["value"]["message"]
+
+
+@pytest.mark.parametrize(("version", "client"), [(5, "ai5-0"), (6, "ai6")])
+def test_a_call_with_unreadable_arguments_is_an_error_card(node, version, client):
+    with FakeProvider() as fp:
+        fp.add_turn(s.tool_call(0, id="call_1", name="lookup", arguments='{"city": '), s.finish("tool_calls"))
+        fp.add_turn(s.text("Sorry."))
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine, ai_sdk_version=version)) as url:
+            result = chat(node, url, client, "weather?")
+    assert result["status"] == "ready"
+    card = next(p for p in answer_parts(result) if p["type"] == "tool-lookup")
+    # The raw text, as the model wrote it: ai 6 keeps an input error's input as rawInput.
+    assert card["state"] == "output-error" and card["input" if version == 5 else "rawInput"] == '{"city": '
+    assert "request id" in card["errorText"]
