@@ -248,6 +248,8 @@ def check_use_chat(client: Any, path: str, version: int = 5) -> None:
     chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
     [output] = [c for c in chunks if c["type"] == "tool-output-available"]
     assert output["output"] == "sunny in Oslo"
+    shown = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert "It is sunny in Oslo." in shown and "<tool" not in shown  # the inline block is the card, not text
     assert chunks[-1]["type"] == "finish" and ("finishReason" in chunks[-1]) == (version >= 6)
     assert text.rstrip().endswith("data: [DONE]")
 

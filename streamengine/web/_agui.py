@@ -20,6 +20,7 @@ from __future__ import annotations
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional
 
+from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._validation import json_type
 from ._guard import Headers, RequestRejected, clip, messages_from_request
@@ -128,6 +129,7 @@ class AgUiStream:
         self._round = 0
         self._step: Optional[str] = None
         self._text: Optional[List[str]] = None  # the open text message's deltas
+        self._prose = BlockFilter()
         self._text_id = ""
         self._content_prefix = ""
         self._reasoning: Optional[str] = None
@@ -146,6 +148,10 @@ class AgUiStream:
             return b""
         if text.startswith(self._errors.token_prefix):
             text = self._errors.token_text(text)
+        else:  # an inline tool block is left out: the call is on its own card
+            text = self._prose.feed(text)
+            if not text:
+                return b""
         head = self._open_text() if self._text is None else b""
         assert self._text is not None
         self._text.append(text)
@@ -189,6 +195,7 @@ class AgUiStream:
         return head + data_frame({"type": "TEXT_MESSAGE_START", "messageId": self._text_id, "role": "assistant"})
 
     def _close_text(self) -> bytes:
+        self._prose.reset()
         if self._text is None:
             return b""
         self._text = None

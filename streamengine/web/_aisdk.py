@@ -27,6 +27,7 @@ from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Callable, ClassVar, Dict, List, Optional
 
 from .._errors import ConfigError
+from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._validation import json_type
 from ._guard import Headers, RequestRejected, clip, messages_from_request
@@ -146,6 +147,7 @@ class UiMessageStream:
         self._count = 0
         self._step = False
         self._text: Optional[str] = None
+        self._prose = BlockFilter()
         self._delta_prefix = ""
         self._reasoning: Optional[str] = None
         self._ended = False
@@ -161,6 +163,10 @@ class UiMessageStream:
             return b""
         if text.startswith(self._errors.token_prefix):
             text = self._errors.token_text(text)
+        else:  # an inline tool block is left out: the call is on its own card
+            text = self._prose.feed(text)
+            if not text:
+                return b""
         head = self._open_text() if self._text is None else b""
         return head + (self._delta_prefix + _json_string(text) + "}\n\n").encode("ascii")
 
@@ -203,6 +209,7 @@ class UiMessageStream:
         return head + data_frame({"type": "text-start", "id": self._text})
 
     def _close_text(self) -> bytes:
+        self._prose.reset()
         if self._text is None:
             return b""
         text, self._text = self._text, None
@@ -315,6 +322,7 @@ class UiMessageStream:
         payload = {"round": getattr(event, "round", None), "reason": getattr(event, "reason", None)}
         if self.version >= 7:
             self._text = self._reasoning = None  # reset-step drops the open parts with the rest of the step
+            self._prose.reset()
             tools = [chunk for chunks in self._shown.values() for chunk in chunks]  # they survive: shown again
             return b"".join([data_frame({"type": "reset-step"}), *tools,
                              data_frame({"type": "data-streamengine-reset", "data": payload})])

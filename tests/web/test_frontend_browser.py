@@ -90,7 +90,7 @@ def test_use_chat_renders_streamed_text_and_a_tool_card_in_chromium(browser, bun
             browser.wait_for("document.getElementById('status').textContent === 'error'")
             error = browser.js("document.getElementById('error').textContent")
             user_turns = browser.js("Array.from(document.querySelectorAll('li.user')).map(e => e.textContent)")
-    assert shown == ["Let me check. ", "It is sunny."]
+    assert shown == ["Let me check.", "It is sunny."]
     assert card == ["lookup: sunny in Oslo", "output-available"]
     assert "request id" in error and "sk-123" not in error
     assert user_turns == ["weather in Oslo?", "and tomorrow?"]

@@ -84,7 +84,8 @@ def test_text_and_a_tool_card_with_its_input_and_output(node, version, client):
     parts = answer_parts(result)
     assert [p["type"] for p in parts] == ["step-start", "text", "tool-lookup", "data-streamengine-tool",
                                           "step-start", "text"]
-    assert texts(parts) == ["Let me check. ", "It is sunny."]  # the text after the card lands after it
+    # The text after the card lands after it; a text part's trailing spaces wait for a block that never came.
+    assert texts(parts) == ["Let me check.", "It is sunny."]
     card = parts[2]
     assert card["state"] == "output-available" and card["toolCallId"] == "call_1"
     assert card["input"] == {"city": "Oslo"} and card["output"] == "sunny in Oslo"
@@ -106,7 +107,7 @@ def test_a_follow_up_sends_the_history_and_forged_parts_are_dropped(node):
     # The assistant's history reached the model as its text only: the tool part the browser sent back
     # (which it could have forged) was dropped.
     assert [(m["role"], m["content"]) for m in sent if m["role"] != "system"] == [
-        ("user", "weather in Oslo?"), ("assistant", "Let me check. \nIt is sunny."), ("user", "thanks")]
+        ("user", "weather in Oslo?"), ("assistant", "Let me check.\nIt is sunny."), ("user", "thanks")]
 
 
 @pytest.mark.parametrize(("version", "client"), [(5, "ai5-0"), (6, "ai6")])
@@ -248,7 +249,7 @@ def test_failover_after_tokens_without_a_model_left_is_an_error(node):
         with make_engine(fp, max_retries=0) as engine, serving(make_wsgi_app(engine, ai_sdk_version=6)) as url:
             result = chat(node, url, 6, "hi")
     assert result["status"] == "error" and "request id" in result["error"]
-    assert texts(answer_parts(result)) == ["half an "]  # what was shown stays, marked failed by the status
+    assert texts(answer_parts(result)) == ["half an"]  # what was shown stays, marked failed by the status
 
 
 def test_a_refused_request_is_the_chats_error(node):
@@ -319,7 +320,7 @@ def test_agui_text_and_a_tool_call_with_its_result(node):
     assert finished["result"]["answer"] == "It is sunny." and finished["usage"][0]["totalTokens"] > 0
     messages = result["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "assistant", "tool", "assistant"]
-    assert messages[1]["content"] == "Let me check. " and messages[4]["content"] == "It is sunny."
+    assert messages[1]["content"] == "Let me check." and messages[4]["content"] == "It is sunny."
     assert messages[2]["toolCalls"][0]["function"] == {"name": "lookup", "arguments": '{"city": "Oslo"}'}
     assert messages[3]["toolCallId"] == "call_1" and messages[3]["content"] == "sunny in Oslo"
 
@@ -400,3 +401,15 @@ def test_a_call_with_unreadable_arguments_is_an_error_card(node, version, client
     # The raw text, as the model wrote it: ai 6 keeps an input error's input as rawInput.
     assert card["state"] == "output-error" and card["input" if version == 5 else "rawInput"] == '{"city": '
     assert "request id" in card["errorText"]
+
+
+def test_an_inline_tool_block_is_a_card_not_text(node):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Let me check "), s.text('<tool name="lookup">{"city": '), s.text('"Oslo"}</tool>.'))
+        fp.add_turn(s.text("It is sunny."))
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine, ai_sdk_version=7)) as url:
+            result = chat(node, url, 7, "weather?")
+    parts = answer_parts(result)
+    assert texts(parts) == ["Let me check.", "It is sunny."]  # the block, and the space before it, are gone
+    card = next(p for p in parts if p["type"] == "tool-lookup")
+    assert card["input"] == {"city": "Oslo"} and card["output"] == "sunny in Oslo"
