@@ -7,10 +7,13 @@ its ``done``, and the chunk types and keys each version is allowed.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from wsgi_support import Silent, call, environ_for, make_engine
+import requests
+from conftest import wait_for
+from wsgi_support import Silent, call, environ_for, make_engine, read1_pieces, serving
 
 from streamengine import ConfigError, TokenEvent
 from streamengine.testing import FakeProvider
@@ -142,3 +145,35 @@ def test_the_frontend_routes_take_the_same_checks_as_the_stream():
         status, _, _ = call(app, environ_for("POST", path, body, content_type="text/plain",
                                              HTTP_AUTHORIZATION="Bearer ok"))
         assert status.startswith("400")
+
+
+@pytest.mark.parametrize(("path", "payload", "first"), [("/api/chat", CHAT, b'"text-delta"'),
+                                                         ("/agui", AGUI, b'"TEXT_MESSAGE_CONTENT"')])
+def test_a_client_gone_mid_stream_cancels_the_run_and_frees_its_slot(path, payload, first):
+    """The frontends' routes are the same response machinery: a closed tab stops the provider call."""
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Working on it "), s.stall())
+        with make_engine(fp, idle_timeout=30.0, completion_timeout=60.0) as engine:
+            app = make_wsgi_app(engine, heartbeat_s=0.1)
+            with serving(app, channel_request_lookahead=1) as url:
+                response = requests.post(url + path, json=payload, stream=True, timeout=10)
+                seen = b""
+                for piece in read1_pieces(response):
+                    seen += piece
+                    if first in seen:
+                        break
+                assert app.active_streams == 1
+                response.close()  # the tab is closed
+                assert wait_for(lambda: app.active_streams == 0), "the stream's slot was never released"
+                assert wait_for(lambda: not [t for t in threading.enumerate()
+                                             if t.name == f"FakeProvider-{fp.port}-conn"]), "the provider call stayed"
+
+
+@pytest.mark.parametrize(("path", "payload"), [("/api/chat", CHAT), ("/agui", AGUI)])
+def test_a_quiet_stream_gets_pings(path, payload):
+    """(tests/web/test_frontends.py shows the real clients read past them.)"""
+    with FakeProvider() as fp:
+        fp.add_turn(s.delay(0.4), s.text("late"))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, heartbeat_s=0.1)) as url:
+            text = requests.post(url + path, json=payload, timeout=10).text
+    assert ": ping\n\n" in text and '"late"' in text

@@ -413,3 +413,13 @@ def test_an_inline_tool_block_is_a_card_not_text(node):
     assert texts(parts) == ["Let me check.", "It is sunny."]  # the block, and the space before it, are gone
     card = next(p for p in parts if p["type"] == "tool-lookup")
     assert card["input"] == {"city": "Oslo"} and card["output"] == "sunny in Oslo"
+
+
+def test_both_clients_read_past_the_pings_of_a_quiet_stream(node):
+    with FakeProvider() as fp:
+        fp.respond_with(lambda request: [s.delay(0.3), s.text("late "), s.text("answer")])
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, heartbeat_s=0.05)) as url:
+            ui = chat(node, url, "ai5-0", "hi")
+            ag = agui(node, url)
+    assert ui["status"] == "ready" and texts(answer_parts(ui)) == ["late answer"]
+    assert ag["error"] is None and ag["messages"][-1]["content"] == "late answer"
