@@ -17,6 +17,7 @@ Routes (relative to where the app is mounted, ``SCRIPT_NAME``)::
     POST /v1/chat/stream       body {"messages": [{"role": "user", "content": "..."}, ...]}
     GET  /v1/chat/stream?q=…   the same for one user message (get_runs=True)
     POST /api/chat             the AI SDK's useChat request, answered as a UI message stream (_aisdk)
+    GET  /api/chat/<id>/stream useChat's resume (resume: true): 204, no run of this app can be resumed yet
     POST /agui                 an AG-UI RunAgentInput, answered as AG-UI events (_agui)
     OPTIONS <any route>        CORS preflight, only when ``allow_origin`` is set
 
@@ -136,6 +137,8 @@ def mount(host_app: WSGIApplication, prefix: str, app: WSGIApplication) -> WsgiA
 STREAM_PATH = "/v1/chat/stream"
 #: The AI SDK's ``useChat`` posts here (``DefaultChatTransport``'s default ``api``).
 CHAT_PATH = "/api/chat"
+#: ``useChat`` with ``resume: true`` asks ``{CHAT_PATH}/<chatId>{RESUME_SUFFIX}`` for a stream to rejoin.
+RESUME_SUFFIX = "/stream"
 #: An AG-UI client (``HttpAgent``) posts its ``RunAgentInput`` here.
 AGUI_PATH = "/agui"
 HEALTH_PATH = "/healthz"
@@ -279,6 +282,9 @@ class StreamApp:
 
     def _dispatch(self, path: str, method: str, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         methods = self._routes.get(path)
+        if methods is None and path.startswith(CHAT_PATH + "/") and path.endswith(RESUME_SUFFIX) \
+                and len(path) > len(CHAT_PATH) + len(RESUME_SUFFIX) + 1:
+            methods = {"GET": self._chat_resume}
         if methods is None:
             raise HttpError(f"no such path {path!r}; this app serves GET {PAGE_PATH} (page), "
                             f"GET {HEALTH_PATH}, POST {STREAM_PATH}, POST {CHAT_PATH} (the AI SDK's useChat) "
@@ -343,6 +349,16 @@ class StreamApp:
         return self._stream(messages, environ,
                             lambda errors: UiMessageStream(errors, message_id, self.ai_sdk_version),
                             UI_STREAM_HEADERS)
+
+    def _chat_resume(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """``useChat``'s reconnect after a reload: 204, "no active stream", since no run here outlives its request.
+
+        Resuming a run another request (or worker) started needs the run logs,
+        which this route does not read yet; a 204 is what the client expects
+        for a chat with nothing to resume, where a 404 would show as an error.
+        """
+        self._check_authorized(environ)
+        return status_line(204), [("Cache-Control", "no-store")], []
 
     def _agui_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         """An AG-UI ``RunAgentInput``, answered with AG-UI events."""

@@ -177,3 +177,17 @@ def test_a_quiet_stream_gets_pings(path, payload):
         with make_engine(fp) as engine, serving(make_wsgi_app(engine, heartbeat_s=0.1)) as url:
             text = requests.post(url + path, json=payload, timeout=10).text
     assert ": ping\n\n" in text and '"late"' in text
+
+
+def test_resume_is_a_204_after_the_same_checks():
+    app = make_wsgi_app(Silent(), authorize=lambda environ: environ.get("HTTP_AUTHORIZATION") == "Bearer ok")
+    status, _, _ = call(app, environ_for("GET", "/api/chat/chat-1/stream", HTTP_AUTHORIZATION="Bearer ok"))
+    assert status.startswith("204")
+    status, _, _ = call(app, environ_for("GET", "/api/chat/chat-1/stream"))
+    assert status.startswith("401")
+    status, _, _ = call(app, environ_for("GET", "/api/chat/chat-1/stream", HTTP_HOST="evil.example",
+                                         HTTP_AUTHORIZATION="Bearer ok"))
+    assert status.startswith("400")
+    for path in ("/api/chat//stream", "/api/chat/stream", "/api/chat/x/other"):
+        status, _, _ = call(app, environ_for("GET", path, HTTP_AUTHORIZATION="Bearer ok"))
+        assert status.startswith("404"), path

@@ -423,3 +423,14 @@ def test_both_clients_read_past_the_pings_of_a_quiet_stream(node):
             ag = agui(node, url)
     assert ui["status"] == "ready" and texts(answer_parts(ui)) == ["late answer"]
     assert ag["error"] is None and ag["messages"][-1]["content"] == "late answer"
+
+
+@pytest.mark.parametrize("client", ["ai5-0", "ai7"])
+def test_resume_finds_nothing_to_rejoin_and_the_chat_goes_on(node, client):
+    """``useChat({resume: true})`` asks on mount; no run here outlives its request, so: 204, not an error."""
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Hello."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+            result = chat(node, url, client, "--resume", "hi")
+    assert result["status"] == "ready" and result["error"] is None
+    assert texts(answer_parts(result)) == ["Hello."] and len(fp.requests) == 1

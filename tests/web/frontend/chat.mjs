@@ -1,5 +1,5 @@
 // Drives AbstractChat, the engine inside useChat, with its DefaultChatTransport against a streamengine app.
-// node chat.mjs <ai5|ai6|ai7> <api url> <prompt> [<prompt>...]  ->  one JSON line: status, error, messages.
+// node chat.mjs <ai5|ai6|ai7> <api url> <prompt or --resume> [...]  ->  one JSON line: status, error, messages.
 const [pkg, api, ...prompts] = process.argv.slice(2);
 const { AbstractChat, DefaultChatTransport } = await import(pkg);
 
@@ -25,7 +25,11 @@ const chat = new Chat({
   onFinish: (options) => finishes.push({ isError: options.isError ?? null, finishReason: options.finishReason ?? null }),
 });
 for (const text of prompts) {
-  await chat.sendMessage({ text });
+  if (text === '--resume') {
+    await chat.resumeStream();  // what useChat({ resume: true }) does on mount
+  } else {
+    await chat.sendMessage({ text });
+  }
 }
 process.stdout.write(JSON.stringify({
   status: chat.status, error: chat.error ? String(chat.error.message) : null, errors, finishes,
