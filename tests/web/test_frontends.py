@@ -434,3 +434,16 @@ def test_resume_finds_nothing_to_rejoin_and_the_chat_goes_on(node, client):
             result = chat(node, url, client, "--resume", "hi")
     assert result["status"] == "ready" and result["error"] is None
     assert texts(answer_parts(result)) == ["Hello."] and len(fp.requests) == 1
+
+
+def test_regenerate_replaces_the_last_answer(node):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("First try."))
+        fp.add_turn(s.text("Second try."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, ai_sdk_version=6)) as url:
+            result = chat(node, url, 6, "hi", "--regenerate")
+            sent = fp.requests[-1].json["messages"]
+    assert result["status"] == "ready"
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    assert texts(answer_parts(result)) == ["Second try."]
+    assert [m["role"] for m in sent if m["role"] != "system"] == ["user"]  # the answer it replaces was not sent
