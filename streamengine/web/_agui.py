@@ -133,6 +133,7 @@ class AgUiStream:
         self._text_id = ""
         self._content_prefix = ""
         self._reasoning: Optional[str] = None
+        self._thoughts: List[str] = []  # the open reasoning message's deltas
         self._shown: Dict[str, ToolCall] = {}
         self._ended = False
         # What the run said so far, for MESSAGES_SNAPSHOT: (round, message) with text as lists of deltas.
@@ -242,8 +243,11 @@ class AgUiStream:
         if self._reasoning is None:
             head = self._close_text() + self._open_step()
             self._reasoning = self._new_id("reasoning")
+            self._thoughts = []
+            self._said.append((self._round, {"id": self._reasoning, "role": "reasoning", "content": self._thoughts}))
             head += data_frame({"type": "REASONING_START", "messageId": self._reasoning}) + data_frame(
                 {"type": "REASONING_MESSAGE_START", "messageId": self._reasoning, "role": "reasoning"})
+        self._thoughts.append(text)
         return head + data_frame({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning,
                                   "delta": text})
 

@@ -6,11 +6,19 @@ Why it is built this way:
   a :class:`~._sse.Framer`: batching, heartbeats, the disconnect probe and
   stuck readers stay :func:`~._sse.frames`' and :class:`~._sse.SseResponse`'s;
   this module only says which ``data: {json}`` chunks an event becomes.
-* **Only what the client's version accepts.**  ``ai`` 6.0 up to about 6.0.230
-  validates every chunk with a strict schema (an unknown key fails the
-  stream) and every version fails on an unknown chunk type, so version 5
-  (the default) writes only chunk types and keys every ``ai`` >= 5.0 knows;
-  6 adds ``tool-input-error`` (and later the approval chunks), 7 ``reset-step``.
+* **Only what the client's version accepts.**  ``ai`` 5.0.0 and 6.0 up to
+  about 6.0.230 validate every chunk with a strict schema (an unknown key
+  fails the stream) and every version fails on an unknown chunk type, so
+  version 5 (the default) writes only the chunk types and keys ``ai`` 5.0.0
+  knows (no ``finishReason`` on ``finish``: it rides in ``messageMetadata``);
+  6 adds ``finishReason``, ``tool-input-error``, 7 ``reset-step``.
+* **Events are read by name**, and one this module has no chunk for is
+  skipped (an unknown chunk type would kill the client's stream).  Where
+  approvals slot in: an ``approval_request`` event maps, from version 6, to
+  the call's card (if not shown) plus ``tool-approval-request {approvalId,
+  toolCallId}``, then ``finish-step`` and ``finish``: one more entry in
+  ``_HANDLERS``; the next request's ``approval-responded`` tool part is the
+  one client part :func:`chat_messages` would then read instead of drop.
 * **Every stream ends with ``finish`` or ``error``.**  A stream that just
   stops reads as success in ``useChat``, so a run that raised, or stopped
   without its ``done``, still ends with an ``error`` chunk; ``data: [DONE]``
