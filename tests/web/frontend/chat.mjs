@@ -1,5 +1,5 @@
 // Drives AbstractChat, the engine inside useChat, with its DefaultChatTransport against a streamengine app.
-// node chat.mjs <ai5|ai6|ai7> <api url> <prompt, --resume or --regenerate> [...]  ->  one JSON line: status, error, messages.
+// node chat.mjs <ai5|ai6|ai7> <api url> <prompt, --resume, --regenerate or --history=JSON> [...]  ->  one JSON line: status, error, messages.
 const [pkg, api, ...prompts] = process.argv.slice(2);
 const { AbstractChat, DefaultChatTransport } = await import(pkg);
 
@@ -27,6 +27,8 @@ const chat = new Chat({
 for (const text of prompts) {
   if (text === '--resume') {
     await chat.resumeStream();  // what useChat({ resume: true }) does on mount
+  } else if (text.startsWith('--history=')) {
+    chat.messages = JSON.parse(text.slice('--history='.length));  // what useChat({ messages }) starts from
   } else if (text === '--regenerate') {
     await chat.regenerate();  // useChat's regenerate(): the last answer again
   } else {
