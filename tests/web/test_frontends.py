@@ -457,3 +457,16 @@ def test_a_system_message_in_the_chats_history_is_the_chats_error_naming_the_fie
     assert result["status"] == "error"
     refusal = json.loads(result["error"])  # the 4xx body, as the transport read it
     assert refusal["field"] == "messages[0].role" and "system_prompt" in refusal["error"]
+
+
+def test_both_clients_through_gunicorn(node, tmp_path):
+    """Under gunicorn's gthread worker too; the default ai_sdk_version=5 stream read by ai 7."""
+    from test_gunicorn import gunicorn_serving
+
+    with FakeProvider() as fp:
+        fp.respond_with(lambda request: [s.text("Hello "), s.text("from gunicorn.")])
+        with gunicorn_serving(fp.base_url, tmp_path) as url:
+            ui = chat(node, url, 7, "hi")
+            ag = agui(node, url)
+    assert ui["status"] == "ready" and texts(answer_parts(ui)) == ["Hello from gunicorn."]
+    assert ag["error"] is None and ag["messages"][-1]["content"] == "Hello from gunicorn."
