@@ -99,6 +99,13 @@ def test_every_public_package_exports_only_names_it_defines():
         assert [name for name in module.__all__ if not hasattr(module, name)] == [], package
 
 
+def test_the_frontend_routes_are_exported_where_the_stream_path_is():
+    from streamengine import web, wsgi
+
+    for module in (web, wsgi):
+        assert (module.CHAT_PATH, module.AGUI_PATH, module.STREAM_PATH) == ("/api/chat", "/agui", "/v1/chat/stream")
+
+
 def test_a_cancel_token_is_an_event_that_waits_sets_and_clears_across_threads():
     """CancelToken is an Event whose set() also runs its callbacks, in the setting thread."""
     import threading

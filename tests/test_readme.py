@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 import pytest
 import requests
 from parts_support import PNG, PNG_URL
+from werkzeug.test import Client
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -58,7 +59,8 @@ def test_every_python_example_compiles(code):
 def test_more_documentation_lists_the_docs():
     section = README.split("More documentation\n------------------", 1)[1]
     assert re.findall(r"``(docs/[\w.]+)``", section) == [
-        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/scaling.md", "docs/anthropic.md",
+        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/frontends.md", "docs/scaling.md",
+        "docs/anthropic.md",
         "docs/responses.md", "docs/mcp.md", "docs/observability.md"]
     for doc in re.findall(r"``(docs/[\w.]+)``", section):
         assert (ROOT / doc).is_file(), doc
@@ -177,6 +179,7 @@ def test_every_python_example_runs_against_a_loopback_provider(loopback, capsys)
     assert [r.parts for r in fp.requests if r.parts] == [[{"type": "image_url", "image_url": {"url": PNG_URL}}]] * 2
     assert block_defining(results, "PartsPolicy(")["photo_app"].parts.allow == ("image",)
     check_flask(block_defining(results, "from flask import")["app"], fp)
+    check_use_chat(Client(block_defining(results, "ai_sdk_version=7")["chat_app"]), "/api/chat", 7)
     check_django_view(block_defining(results, "def ask(request)")["ask"])
     check_django_mount(block_defining(results, "get_wsgi_application()")["application"])
 
@@ -234,6 +237,25 @@ def check_flask(app: Any, fp: FakeProvider) -> None:
     assert re.fullmatch(r"[0-9a-f]{12}", answer.headers["X-Request-Id"])
     first = fp.requests[-1].json["messages"][0]  # the app's system prompt leads, not the browser's text
     assert first == {"role": "system", "content": "You are a concise travel assistant."}
+    check_use_chat(client, "/chat/api/chat")
+
+
+def check_use_chat(client: Any, path: str, version: int = 5) -> None:
+    """``useChat``'s request (through a werkzeug test client): a UI message stream with the tool's card."""
+    answer = client.post(path, json={"id": "chat-1", "trigger": "submit-message", "messages": [
+        {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Weather in Oslo?"}]}]})
+    try:
+        text = answer.get_data(as_text=True)
+    finally:
+        answer.close()  # what a WSGI server does after the last write: the stream's slot is released
+    assert answer.status_code == 200 and answer.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    [output] = [c for c in chunks if c["type"] == "tool-output-available"]
+    assert output["output"] == "sunny in Oslo"
+    shown = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert "It is sunny in Oslo." in shown and "<tool" not in shown  # the inline block is the card, not text
+    assert chunks[-1]["type"] == "finish" and ("finishReason" in chunks[-1]) == (version >= 6)
+    assert text.rstrip().endswith("data: [DONE]")
 
 
 def check_django_view(ask: Any) -> None:

@@ -5,7 +5,10 @@
 ``mount`` puts it under a prefix beside Flask or Django; ``encode_stream``
 with ``PublicErrors`` turns ``engine.run()`` into SSE frames inside a view of
 your own; ``messages_from_request`` reads a browser's conversation the way
-the app does.
+the app does.  The same app speaks the frontends' own protocols:
+``POST /api/chat`` (``CHAT_PATH``) answers the AI SDK's ``useChat`` with its
+UI message stream, ``POST /agui`` (``AGUI_PATH``) an AG-UI client
+(docs/frontends.md).
 
 Modules (private): ``_app`` (routes, checks in order), ``_policy`` (which
 messages a request may bring), ``_guard`` (Host check, authorize, stream
@@ -13,10 +16,13 @@ limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
 readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 ``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
 ``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's), ``_parts``
-(``PartsPolicy``: which images, audio and files a request may bring).
+(``PartsPolicy``: which images, audio and files a request may bring),
+``_aisdk`` (the AI SDK's UI message stream), ``_agui`` (AG-UI).
 """
 from __future__ import annotations
 
+from ._app import AGUI_PATH as AGUI_PATH
+from ._app import CHAT_PATH as CHAT_PATH
 from ._app import STREAM_PATH as STREAM_PATH
 from ._app import AppOptions as AppOptions
 from ._app import StreamApp as StreamApp
@@ -35,8 +41,7 @@ from ._sse import SseResponse as SseResponse
 from ._sse import encode_stream as encode_stream
 
 __all__ = [
-    "AppOptions", "EngineLike", "PartsPolicy", "PublicErrors", "RequestRejected", "RunOptions", "STREAM_PATH",
-    "SseResponse",
-    "StreamApp", "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
-    "serve",
+    "AGUI_PATH", "AppOptions", "CHAT_PATH", "EngineLike", "PartsPolicy", "PublicErrors", "RequestRejected",
+    "RunOptions", "STREAM_PATH", "SseResponse", "StreamApp", "WsgiApp", "client_address", "encode_stream",
+    "make_wsgi_app", "messages_from_request", "mount", "serve",
 ]

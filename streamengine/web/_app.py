@@ -16,6 +16,9 @@ Routes (relative to where the app is mounted, ``SCRIPT_NAME``)::
     GET  /healthz              {"status": "ok"}
     POST /v1/chat/stream       body {"messages": [{"role": "user", "content": "..."}, ...]}
     GET  /v1/chat/stream?q=…   the same for one user message (get_runs=True)
+    POST /api/chat             the AI SDK's useChat request, answered as a UI message stream (_aisdk)
+    GET  /api/chat/<id>/stream useChat's resume (resume: true): 204, no run of this app can be resumed yet
+    POST /agui                 an AG-UI RunAgentInput, answered as AG-UI events (_agui)
     OPTIONS <any route>        CORS preflight, only when ``allow_origin`` is set
 
 A request passes, in order: the Host check, the cross-site check, the
@@ -40,6 +43,8 @@ from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
+from ._agui import AGUI_HEADERS, AgUiStream, run_input
+from ._aisdk import UI_STREAM_HEADERS, UiMessageStream, chat_messages, check_ai_sdk_version
 from ._guard import (
     SEND,
     ClientKey,
@@ -57,7 +62,7 @@ from ._guard import (
     with_system_prompt,
 )
 from ._parts import PartsPolicy, checked_policy
-from ._sse import EngineLike, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
+from ._sse import EngineLike, Framer, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
     from _typeshed.wsgi import InputStream, StartResponse, WSGIApplication, WSGIEnvironment
@@ -131,6 +136,12 @@ def mount(host_app: WSGIApplication, prefix: str, app: WSGIApplication) -> WsgiA
 
 
 STREAM_PATH = "/v1/chat/stream"
+#: The AI SDK's ``useChat`` posts here (``DefaultChatTransport``'s default ``api``).
+CHAT_PATH = "/api/chat"
+#: ``useChat`` with ``resume: true`` asks ``{CHAT_PATH}/<chatId>{RESUME_SUFFIX}`` for a stream to rejoin.
+RESUME_SUFFIX = "/stream"
+#: An AG-UI client (``HttpAgent``) posts its ``RunAgentInput`` here.
+AGUI_PATH = "/agui"
 HEALTH_PATH = "/healthz"
 PAGE_PATH = "/"
 
@@ -141,6 +152,8 @@ Approve = Callable[[ToolCall, "WSGIEnvironment"], object]
 #: ``scope(environ)``: the run's RAG scope (``conversation_id``), or None for a scope of its own.
 Scope = Callable[["WSGIEnvironment"], Optional[str]]
 Route = Callable[["WSGIEnvironment"], Tuple[str, Headers, Iterable[bytes]]]
+#: Makes one response's framer from its :class:`PublicErrors` (None: the app's own event names).
+MakeFramer = Callable[[PublicErrors], Framer]
 
 
 class AppOptions(TypedDict, total=False):
@@ -162,6 +175,8 @@ class AppOptions(TypedDict, total=False):
     max_body_bytes: int
     scope: Optional[Scope]
     parts: Optional[PartsPolicy]
+    ai_sdk_version: int
+    approvals: bool
 
 
 class StreamApp:
@@ -188,6 +203,10 @@ class StreamApp:
     ``parts``: which images, audio and files a request may bring
     (:class:`~streamengine.web._parts.PartsPolicy`; None: text only); the
     body cap grows by what it lets in.
+    ``ai_sdk_version``: the major version of the ``ai`` package the
+    frontend's ``useChat`` uses (5, 6 or 7): ``POST /api/chat`` writes only
+    the chunks that version accepts (docs/frontends.md).  ``approvals``:
+    approve side-effect calls from the browser (AI SDK 6 or 7 only).
 
     Side effects: ``approve(call, environ) -> bool`` is asked, on the thread
     driving the run (the server's), before each call of a tool with side
@@ -205,7 +224,8 @@ class StreamApp:
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
                  max_body_bytes: int = 1_000_000, scope: Optional[Scope] = None,
-                 approve: Optional[Approve] = None, parts: Optional[PartsPolicy] = None) -> None:
+                 approve: Optional[Approve] = None, parts: Optional[PartsPolicy] = None,
+                 ai_sdk_version: int = 5, approvals: bool = False) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -217,6 +237,10 @@ class StreamApp:
         if scope is not None and not callable(scope):
             raise ConfigError(f"scope must be a function environ -> str or None, got {type(scope).__name__}")
         _check_approve(engine, approve)
+        self.ai_sdk_version = check_ai_sdk_version(ai_sdk_version, bool(approvals))
+        if approvals:
+            raise ConfigError("approvals from the browser (approvals=True) are not available in this version; "
+                              "leave it off and pass approve=(call, environ) -> bool to decide on the server")
         self.engine = engine
         self.system_prompt = system_prompt
         self.trusted_messages = bool(trusted_messages)
@@ -241,6 +265,8 @@ class StreamApp:
             PAGE_PATH: {"GET": self._page_response},
             HEALTH_PATH: {"GET": self._health},
             STREAM_PATH: {"POST": self._stream_post, **({"GET": self._stream_get} if self.get_runs else {})},
+            CHAT_PATH: {"POST": self._chat_post},
+            AGUI_PATH: {"POST": self._agui_post},
         }
 
     @property
@@ -264,9 +290,13 @@ class StreamApp:
 
     def _dispatch(self, path: str, method: str, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         methods = self._routes.get(path)
+        if methods is None and path.startswith(CHAT_PATH + "/") and path.endswith(RESUME_SUFFIX) \
+                and len(path) > len(CHAT_PATH) + len(RESUME_SUFFIX) + 1:
+            methods = {"GET": self._chat_resume}
         if methods is None:
             raise HttpError(f"no such path {path!r}; this app serves GET {PAGE_PATH} (page), "
-                            f"GET {HEALTH_PATH}, and POST {STREAM_PATH}", 404)
+                            f"GET {HEALTH_PATH}, POST {STREAM_PATH}, POST {CHAT_PATH} (the AI SDK's useChat) "
+                            f"and POST {AGUI_PATH} (AG-UI)", 404)
         allowed = sorted(methods) + (["OPTIONS"] if self._sites.cors else [])
         if method == "OPTIONS" and self._sites.cors:
             return status_line(204), self._sites.preflight_headers(allowed), []
@@ -308,9 +338,7 @@ class StreamApp:
                             environ)
 
     def _stream_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
-        self._sites.refuse_post(environ)
-        self._check_authorized(environ)
-        payload = _decode_json(self._read_body(environ))
+        payload = self._checked_body(environ)
         try:
             messages = messages_from_request(payload, system_prompt=self.system_prompt,
                                              trusted=self.trusted_messages, parts=self.parts)
@@ -318,7 +346,45 @@ class StreamApp:
             raise HttpError(str(exc), field=exc.field) from exc
         return self._stream(messages, environ)
 
-    def _stream(self, messages: List[Message], environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _chat_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """``useChat``'s request, answered with the UI message stream of the app's ``ai_sdk_version``."""
+        payload = self._checked_body(environ)
+        try:
+            messages = chat_messages(payload, system_prompt=self.system_prompt)
+        except RequestRejected as exc:
+            raise HttpError(str(exc), field=exc.field) from exc
+        message_id = f"msg-{uuid.uuid4().hex}"
+        return self._stream(messages, environ,
+                            lambda errors: UiMessageStream(errors, message_id, self.ai_sdk_version),
+                            UI_STREAM_HEADERS)
+
+    def _chat_resume(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """``useChat``'s reconnect after a reload: 204, "no active stream", since no run here outlives its request.
+
+        Resuming a run another request (or worker) started needs the run logs,
+        which this route does not read yet; a 204 is what the client expects
+        for a chat with nothing to resume, where a 404 would show as an error.
+        """
+        self._check_authorized(environ)
+        return status_line(204), [("Cache-Control", "no-store")], []
+
+    def _agui_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """An AG-UI ``RunAgentInput``, answered with AG-UI events."""
+        payload = self._checked_body(environ)
+        try:
+            run = run_input(payload, system_prompt=self.system_prompt)
+        except RequestRejected as exc:
+            raise HttpError(str(exc), field=exc.field) from exc
+        return self._stream(run.messages, environ, lambda errors: AgUiStream(errors, run), AGUI_HEADERS)
+
+    def _checked_body(self, environ: WSGIEnvironment) -> Any:
+        """A POST run's checks before its messages: cross-site, ``authorize``, then the JSON body."""
+        self._sites.refuse_post(environ)
+        self._check_authorized(environ)
+        return _decode_json(self._read_body(environ))
+
+    def _stream(self, messages: List[Message], environ: WSGIEnvironment, framer: Optional[MakeFramer] = None,
+                headers: Optional[Headers] = None) -> Tuple[str, Headers, Iterable[bytes]]:
         release = self._limiter.acquire(environ)
         request_id = uuid.uuid4().hex[:12]
         probe = environ.get("waitress.client_disconnected")
@@ -329,12 +395,13 @@ class StreamApp:
             if holder:
                 self._stuck.remove(holder[0])
 
+        errors = PublicErrors(request_id, expose=self.expose_errors, logger=self._log)
         try:
             response = SseResponse(self.engine, messages, heartbeat_s=self.heartbeat_s,
                                    disconnected=probe if callable(probe) else None, on_close=closed,
-                                   errors=PublicErrors(request_id, expose=self.expose_errors, logger=self._log),
-                                   logger=self._log, run_options=self._run_options(environ),
-                                   drop_connection=connection_dropper(environ))
+                                   errors=errors, logger=self._log, run_options=self._run_options(environ),
+                                   drop_connection=connection_dropper(environ),
+                                   framer=framer(errors) if framer is not None else None)
         except ConfigError as exc:  # the messages were checked: this is the engine refusing (closed)
             release()
             raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
@@ -344,12 +411,8 @@ class StreamApp:
         holder.append(response)
         self._stuck.add(response)
         self._log.info("request {}: stream started for {}", request_id, environ.get("REMOTE_ADDR", "?"))
-        return status_line(200), [
-            ("Content-Type", "text/event-stream; charset=utf-8"),
-            ("Cache-Control", "no-cache"),
-            ("X-Accel-Buffering", "no"),
-            ("X-Request-Id", request_id),
-        ], response
+        return status_line(200), [*(headers if headers is not None else _SSE_HEADERS),
+                                  ("X-Request-Id", request_id)], response
 
     # --- request checks ---------------------------------------------------------------------
     def _check_authorized(self, environ: WSGIEnvironment) -> None:
@@ -410,6 +473,13 @@ class StreamApp:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+_SSE_HEADERS: Headers = [
+    ("Content-Type", "text/event-stream; charset=utf-8"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),
+]
+
 
 def _decode_json(body: bytes) -> Any:
     try:
