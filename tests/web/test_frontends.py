@@ -15,12 +15,13 @@ from typing import Any, ClassVar, Dict, Iterator, List, Union
 import pytest
 import requests
 from node_support import require_node, run_node
+from parts_support import PDF, PDF_URL, PNG_URL, b64
 from wsgi_support import make_engine, serving
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
-from streamengine.wsgi import make_wsgi_app
+from streamengine.wsgi import PartsPolicy, make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -252,6 +253,22 @@ def test_failover_after_tokens_without_a_model_left_is_an_error(node):
     assert texts(answer_parts(result)) == ["half an"]  # what was shown stays, marked failed by the status
 
 
+@pytest.mark.parametrize("client", [5, 7])
+def test_an_image_the_app_allows_reaches_the_provider_and_by_default_is_the_chats_error(node, client):
+    image = f"--file=image/png,{PNG_URL}"
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("A heron."))
+        with make_engine(fp) as engine:
+            with serving(make_wsgi_app(engine, parts=PartsPolicy(allow=("image",)))) as url:
+                result = chat(node, url, client, image, "What bird?")
+            assert result["status"] == "ready" and texts(answer_parts(result)) == ["A heron."]
+            assert fp.requests[0].parts == [{"type": "image_url", "image_url": {"url": PNG_URL}}]
+            with serving(make_wsgi_app(engine)) as url:
+                result = chat(node, url, client, image, "What bird?")
+            assert result["status"] == "error" and "PartsPolicy(allow=('image',))" in result["error"]
+            assert fp.request_count == 1
+
+
 def test_a_refused_request_is_the_chats_error(node):
     with FakeProvider() as fp, make_engine(fp) as engine, \
             serving(make_wsgi_app(engine, authorize=lambda environ: False)) as url:
@@ -295,7 +312,7 @@ def test_the_ui_message_stream_headers_and_its_last_frame():
 
 # --- AG-UI: HttpAgent ----------------------------------------------------------------------------------
 
-def agui(node: str, url: str, content: str = "hi") -> Dict[str, Any]:
+def agui(node: str, url: str, content: Union[str, List[Dict[str, Any]]] = "hi") -> Dict[str, Any]:
     return run_node(node, "agui.mjs", url + "/agui", json.dumps([{"id": "u1", "role": "user", "content": content}]))
 
 
@@ -323,6 +340,26 @@ def test_agui_text_and_a_tool_call_with_its_result(node):
     assert messages[1]["content"] == "Let me check." and messages[4]["content"] == "It is sunny."
     assert messages[2]["toolCalls"][0]["function"] == {"name": "lookup", "arguments": '{"city": "Oslo"}'}
     assert messages[3]["toolCallId"] == "call_1" and messages[3]["content"] == "sunny in Oslo"
+
+
+@pytest.mark.parametrize("document", [
+    {"type": "document", "source": {"type": "data", "value": b64(PDF), "mimeType": "application/pdf"},
+     "metadata": {"filename": "a.pdf"}},
+    {"type": "binary", "mimeType": "application/pdf", "data": b64(PDF), "filename": "a.pdf"},  # the older form
+])
+def test_agui_a_document_passes_as_the_apps_parts_policy_allows(node, document):
+    question = [{"type": "text", "text": "Read this."}, document]
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("One page."))
+        with make_engine(fp) as engine:
+            with serving(make_wsgi_app(engine, parts=PartsPolicy(allow=("file",)))) as url:
+                result = agui(node, url, question)
+            assert result["error"] is None and result["result"]["answer"] == "One page."
+            assert fp.requests[0].parts == [{"type": "file", "file": {"file_data": PDF_URL, "filename": "a.pdf"}}]
+            with serving(make_wsgi_app(engine)) as url:
+                result = agui(node, url, question)
+            assert result["error"] is not None and "PartsPolicy(allow=('file',))" in result["error"]
+            assert fp.request_count == 1
 
 
 def test_agui_a_failing_tool_and_reasoning(node):
