@@ -152,12 +152,47 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ProviderItem:
+    """Something a provider sent that it needs back, verbatim, for a tool-using answer to go on.
+
+    Anthropic's ``thinking`` blocks (with their ``signature``) and
+    ``redacted_thinking`` blocks, the Responses API's ``reasoning`` items
+    (with ``encrypted_content`` when asked for): opaque to the engine, never
+    shown nor mixed into the answer, sent back only on the ``wire`` that made
+    them.  ``data`` is the JSON object as received; ``size`` its length in
+    characters, counted against ``EngineConfig.max_reasoning_chars``.
+    """
+
+    wire: str
+    data: Mapping[str, Any]
+    size: int = 0
+
+    @classmethod
+    def of(cls, wire: str, data: Mapping[str, Any]) -> ProviderItem:
+        """An item whose ``size`` is the length of ``data`` as JSON."""
+        return cls(wire, data, len(json.dumps(data, ensure_ascii=False)))
+
+
+def items_for(wire: str, items: Sequence[ProviderItem]) -> List[Dict[str, Any]]:
+    """The ``data`` of the items ``wire`` made, as fresh dicts to send back (another wire's are dropped)."""
+    return [dict(item.data) for item in items if item.wire == wire]
+
+
+@dataclass(frozen=True)
 class Message:
+    """One message of a conversation.
+
+    ``provider_items`` (assistant turns the engine builds) are what the
+    provider must get back with this turn (:class:`ProviderItem`); each wire
+    sends its own and the Chat Completions wire none.
+    """
+
     role: str
     content: str = ""
     tool_calls: Tuple[ToolCall, ...] = ()
     tool_call_id: Optional[str] = None
     name: Optional[str] = None
+    provider_items: Tuple[ProviderItem, ...] = ()
 
     def to_openai(self) -> Dict[str, Any]:
         """The wire form; ``content`` is null only for an assistant turn made of tool calls."""
@@ -240,6 +275,8 @@ class Chunk:
     a chunk with one test instead of one per field.  ``response_id`` is the
     provider's id for the whole answer (``chatcmpl-...``, ``msg_...``,
     ``resp_...``), on whichever chunk the wire carries it: not model output.
+    ``provider_items`` are what the provider needs back (:class:`ProviderItem`),
+    each on the chunk that completes it.
     """
 
     content: Optional[str] = None
@@ -251,6 +288,7 @@ class Chunk:
     model: Optional[str] = None
     refusal: Optional[str] = None
     response_id: Optional[str] = None
+    provider_items: Tuple[ProviderItem, ...] = ()
 
     # Written by hand, not generated: one chunk is built per provider frame
     # (100k+/s), and the generated frozen __init__ pays an object.__setattr__
@@ -260,7 +298,7 @@ class Chunk:
                  tool_calls: Tuple[ToolCallDelta, ...] = (), is_completed: bool = False,
                  usage: Optional[Usage] = None, finish_reason: Optional[str] = None,
                  model: Optional[str] = None, refusal: Optional[str] = None,
-                 response_id: Optional[str] = None) -> None:
+                 response_id: Optional[str] = None, provider_items: Tuple[ProviderItem, ...] = ()) -> None:
         d = self.__dict__
         d["content"] = content
         d["reasoning"] = reasoning
@@ -271,7 +309,8 @@ class Chunk:
         d["model"] = model
         d["refusal"] = refusal
         d["response_id"] = response_id
-        rest = reasoning or tool_calls or is_completed or refusal
+        d["provider_items"] = provider_items
+        rest = reasoning or tool_calls or is_completed or refusal or provider_items
         d["is_meaningful"] = bool(content or rest)
         d["text_only"] = bool(content) and not (rest or usage is not None or finish_reason or response_id)
 
@@ -347,6 +386,8 @@ class Response:
     kept apart from ``content`` because it is not an answer to show as one.
     ``reasoning`` is what a thinking model thought (None without any).
     ``id`` is the provider's id for this answer (None when it sent none).
+    ``provider_items`` are what the provider needs back with this answer to
+    continue after its tool calls (:class:`ProviderItem`).
     """
 
     content: str = ""
@@ -357,6 +398,7 @@ class Response:
     refusal: Optional[str] = None
     reasoning: Optional[str] = None
     id: Optional[str] = None
+    provider_items: Tuple[ProviderItem, ...] = ()
 
 
 @dataclass(frozen=True)
