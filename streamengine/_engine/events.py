@@ -109,8 +109,10 @@ class ErrorEvent:
 class ResetEvent:
     """Discard the text (and reasoning) of round ``round`` shown so far: it is streamed again on another model.
 
-    Only sent with ``EngineConfig(failover_after_tokens=True)``, when a model
-    failed mid-answer and another model is left; ``reason`` says which failed.
+    Sent with ``EngineConfig(failover_after_tokens=True)``, when a model
+    failed mid-answer and another model is left, and whenever a model that
+    had only shown reasoning failed and the round is asked again (a retry or
+    another model); ``reason`` says which failed.
     """
 
     name: ClassVar[Literal["reset"]] = "reset"

@@ -116,12 +116,15 @@ class RoundRunner:
         tried: List[str] = []
 
         def may_advance() -> bool:
+            failed = tried[-1] if tried else "the model"
             if stream.committed:
                 if not self.config.failover_after_tokens:
                     return False
-                failed = tried[-1] if tried else "the model"
                 self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
                                                      f"the round is streamed again on another model"))
+            elif stream.reasoning_parts:  # only thoughts were shown: they go, the round is asked again
+                self.state.emit(ResetEvent(round_no, f"model {failed} failed while thinking; "
+                                                     f"the round is asked again"))
             self.calls.reset_round()
             stream.reset()
             return True
@@ -363,12 +366,15 @@ class RoundStream:
         """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
         content = chunk.content
         runner = self.runner
-        runner.output_left -= len(content or "") if chunk.text_only else output_chars(chunk)
+        if chunk.text_only:  # answer text alone: nearly every chunk, one test
+            runner.output_left -= len(content)  # type: ignore[arg-type]  # text_only: content is a str
+        else:
+            runner.output_left -= output_chars(chunk)
+            if chunk.reasoning and runner.output_left >= 0:
+                self.think(chunk.reasoning)
         if runner.output_left < 0:
             cap = runner.config.max_run_output_chars
             raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
-        if not chunk.text_only and chunk.reasoning:
-            self.think(chunk.reasoning)
         if content:
             parser = self.parser
             if parser is None or (parser.plain and "<" not in content):  # prose: almost every token

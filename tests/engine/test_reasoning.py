@@ -134,3 +134,18 @@ def test_what_goes_back_counts_against_max_reasoning_chars(wire, client_class):
     assert result.telemetry.stop_reason == "output_limit"
     assert "reasoning items" in result.error and "max_reasoning_chars" in result.error
     assert result.telemetry.tools_started == 0
+
+
+def test_a_model_that_fails_while_thinking_has_its_reasoning_reset_before_the_next_one_thinks():
+    with FakeProvider() as fp:
+        fp.respond_with(lambda request: [s.reasoning("doomed thought"), s.delay(0.05), s.drop()]
+                        if request["model"] == "flaky" else [s.reasoning("good thought"), s.text("Answer.")])
+        with engine_on(fp, OpenAICompatibleClient, models=["flaky", "steady"], max_retries=0) as engine:
+            events = list(engine.run([{"role": "user", "content": "q"}]))
+    names = [e.name for e in events if e.name in ("reasoning", "reset", "token")]
+    assert names == ["reasoning", "reset", "reasoning", "token"]
+    reset = next(e for e in events if e.name == "reset")
+    assert reset.round == 1 and "flaky failed while thinking" in reset.reason
+    result = events[-1].result
+    assert result.reasoning == "good thought" and result.answer == "Answer."
+    assert result.telemetry.model_used == "steady"
