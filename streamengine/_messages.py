@@ -327,7 +327,7 @@ _TEXT_FIELDS = dict(Chunk("text").__dict__)
 def text_chunk(content: str, model: Optional[str]) -> Chunk:
     """``Chunk(content, model=model)`` for a non-empty ``content``: the chunk of nearly every frame.
 
-    Built from a template in one dict update, without ``__init__``'s nine
+    Built from a template in one dict update, without ``__init__``'s ten
     stores and its ``is_meaningful`` test (text is meaningful): a third less
     work per frame, and an equal chunk.
     """
