@@ -8,8 +8,9 @@ What the Responses client sends: our chat-shaped messages, tools and options as 
 Pure data, no I/O.  The translation follows what the API enforces:
 
 * system messages become ``instructions`` (joined), the rest ``input`` items;
-* an assistant turn is its ``reasoning`` items (as the provider sent them),
-  its text (a ``message`` item) followed by one
+* an assistant turn is its ``reasoning`` items (as the provider sent them;
+  with ``store: false`` only those with ``encrypted_content``, as OpenAI
+  keeps none to look up by id), its text (a ``message`` item) followed by one
   ``function_call`` item per call, with the call's id as ``call_id``; a tool
   result is a ``function_call_output`` item with that ``call_id``.  The API
   answers 400 to an output whose call it has not seen, so the calls are
@@ -146,7 +147,8 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
                    options: Optional[CompletionOptions], *, stream: bool) -> Dict[str, Any]:
     """The JSON body of ``POST {base_url}/responses``."""
     options = options or CompletionOptions()
-    instructions, items = _input(as_messages(messages))
+    stored = (options.extra or {}).get("store") is not False
+    instructions, items = _input(as_messages(messages), stored)
     body: Dict[str, Any] = {}
     if options.model is not None:
         body["model"] = options.model
@@ -172,16 +174,16 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
     return body
 
 
-def _input(messages: List[Message]) -> Tuple[str, List[Dict[str, Any]]]:
+def _input(messages: List[Message], stored: bool) -> Tuple[str, List[Dict[str, Any]]]:
     system = [m.content for m in messages if m.role == "system" and m.content]
     items: List[Dict[str, Any]] = []
     for message in messages:
         if message.role != "system":
-            items.extend(_items(message))
+            items.extend(_items(message, stored))
     return "\n\n".join(system), items
 
 
-def _items(message: Message) -> List[Dict[str, Any]]:
+def _items(message: Message, stored: bool = True) -> List[Dict[str, Any]]:
     role = message.role
     if role == "user":
         return [{"type": "message", "role": "user", "content": message.content}]
@@ -189,7 +191,7 @@ def _items(message: Message) -> List[Dict[str, Any]]:
         text = [{"type": "message", "role": "assistant", "content": message.content}] if message.content else []
         calls = [{"type": "function_call", "call_id": call.id, "name": call.name,
                   "arguments": call.arguments or "{}"} for call in message.tool_calls]
-        return items_for(WIRE, message.provider_items) + text + calls
+        return _reasoning_items(message, stored) + text + calls
     if role == "tool":
         if not message.tool_call_id:  # nothing to attach it to: keep it as text the model can read
             return [{"type": "message", "role": "user", "content": _TOOL_RESULT_TEXT.format(message.content)}]
@@ -197,6 +199,13 @@ def _items(message: Message) -> List[Dict[str, Any]]:
     if role == "developer":
         return [{"type": "message", "role": "developer", "content": message.content}]
     raise ConfigError(f"message role {role!r} has no Responses form; use 'system', 'user', 'assistant' or 'tool'")
+
+
+def _reasoning_items(message: Message, stored: bool) -> List[Dict[str, Any]]:
+    """The turn's reasoning items to send back: all of them, but with ``store: false`` only those that carry
+    their ``encrypted_content`` (OpenAI kept none of them to find by id: it would answer 404)."""
+    items = items_for(WIRE, message.provider_items)
+    return items if stored else [item for item in items if item.get("encrypted_content")]
 
 
 def _tool(spec: ToolSpec) -> Dict[str, Any]:

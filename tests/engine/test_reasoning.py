@@ -149,3 +149,14 @@ def test_a_model_that_fails_while_thinking_has_its_reasoning_reset_before_the_ne
     result = events[-1].result
     assert result.reasoning == "good thought" and result.answer == "Answer."
     assert result.telemetry.model_used == "steady"
+
+
+def test_with_store_false_a_reasoning_item_goes_back_only_with_its_encrypted_content():
+    with FakeProvider(wire="responses") as fp:
+        script(fp, "reasoning_content")
+        with engine_on(fp, OpenAIResponsesClient, options={"store": False}) as engine:
+            assert engine.complete([{"role": "user", "content": "Weather in Oslo?"}]).answer == "It is sunny in Oslo."
+        items = fp.requests[1].json["input"]
+    # OpenAI kept nothing to find the summary's item by id; the redacted one carries its encrypted_content.
+    assert [item["type"] for item in items] == ["message", "reasoning", "function_call", "function_call_output"]
+    assert items[1]["encrypted_content"] == "EncryptedBlob=="
