@@ -524,6 +524,24 @@ def test_reasoning_shows_live_in_a_collapsed_block_above_the_answer(browser):
     assert browser.js("document.querySelectorAll('#conversation script, #conversation img').length") == 0
 
 
+def test_each_round_keeps_its_own_reasoning_block(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.reasoning("I need the weather."), s.text(block("lookup", {"city": "Oslo"})))
+        fp.add_turn(s.reasoning("Now I know."), s.text("Sunny."))
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            log = logged(browser)
+    assert log["state"] == "done" and log["events"].count("reasoning") == 2
+    blocks = browser.js("Array.from(document.querySelectorAll('details.reasoning')).map(d => [d.hidden, "
+                        "d.querySelector('summary').textContent, d.querySelector('.thought').textContent])")
+    assert blocks == [[False, "Reasoning", "I need the weather."], [False, "Reasoning", "Now I know."]]
+
+
 @pytest.mark.parametrize("text", ["[" * 4_000_000, "<tool " * 800_000],
                          ids=["4M-open-brackets", "4MB-unclosed-tool-tags"])
 def test_the_renderers_are_linear_in_their_input(browser, text):
