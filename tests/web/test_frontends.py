@@ -9,8 +9,7 @@ parts and the chat's status as the client built them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Iterator, List, Union
+from typing import Any, Dict, List, Union
 
 import pytest
 import requests
@@ -135,43 +134,11 @@ def test_a_call_of_an_unknown_tool_is_a_card_that_was_never_run(node):
     assert extras["data"]["skipped"] == "not_allowed"
 
 
-@dataclass(frozen=True)
-class Reasoning:
-    """Stands in for the engine's reasoning event (name ``reasoning``, fields text and round): not emitted yet."""
-
-    name: ClassVar[str] = "reasoning"
-    text: str
-    round: int = 1
-
-
-class ThinkingFirst:
-    """A StreamingEngine whose runs show ``thoughts`` as reasoning events right after round 1 begins."""
-
-    def __init__(self, engine: Any, thoughts: List[str]) -> None:
-        self.engine = engine
-        self.thoughts = thoughts
-
-    def run(self, messages, cancel, *, heartbeat_s=None, **options) -> Iterator[Any]:
-        run = self.engine.run(messages, cancel, heartbeat_s=heartbeat_s, **options)
-
-        def events() -> Iterator[Any]:
-            try:
-                for event in run:
-                    yield event
-                    if event.name == "round" and event.round == 1:
-                        yield from (Reasoning(t) for t in self.thoughts)
-            finally:
-                run.close()
-
-        return events()
-
-
 @pytest.mark.parametrize("version", [5, 7])
 def test_reasoning_is_a_reasoning_part_before_the_text(node, version):
     with FakeProvider() as fp:
-        fp.add_turn(s.text("Forty-two."))
-        with make_engine(fp) as engine, serving(make_wsgi_app(ThinkingFirst(engine, ["Let me ", "think."]),
-                                                              ai_sdk_version=version)) as url:
+        fp.add_turn(s.reasoning("Let me "), s.reasoning("think."), s.text("Forty-two."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, ai_sdk_version=version)) as url:
             result = chat(node, url, version, "the answer?")
     assert result["status"] == "ready"
     parts = answer_parts(result)
@@ -364,9 +331,10 @@ def test_agui_a_document_passes_as_the_apps_parts_policy_allows(node, document):
 
 def test_agui_a_failing_tool_and_reasoning(node):
     with FakeProvider() as fp:
-        weather_turns(fp, "broken")
-        with make_engine(fp, [broken]) as engine, \
-                serving(make_wsgi_app(ThinkingFirst(engine, ["Hmm, ", "the weather."]))) as url:
+        fp.add_turn(s.reasoning("Hmm, "), s.reasoning("the weather."), s.text("Let me check. "),
+                    s.tool_call(0, id="call_1", name="broken", arguments='{"city": "Oslo"}'), s.finish("tool_calls"))
+        fp.add_turn(s.text("It is "), s.text("sunny."))
+        with make_engine(fp, [broken]) as engine, serving(make_wsgi_app(engine)) as url:
             result = agui(node, url)
     assert result["error"] is None and kinds(result)[-1] == "RUN_FINISHED"
     assert kinds(result)[2:7] == ["REASONING_START", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",
