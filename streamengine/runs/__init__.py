@@ -28,6 +28,7 @@ from ._contract import RunLogError as RunLogError
 from ._contract import RunNotFound as RunNotFound
 from ._contract import RunStatus as RunStatus
 from ._contract import new_run_id as new_run_id
+from ._local import shutdown_runs as shutdown_runs
 from ._memory import MemoryRunLog as MemoryRunLog
 from ._postgres import PostgresRunLog as PostgresRunLog
 from ._redis import RedisRunLog as RedisRunLog
@@ -36,5 +37,5 @@ from ._sqlite import SqliteRunLog as SqliteRunLog
 __all__ = [
     "ApprovalAnswer", "FINISH_STATES", "Frame", "Gap", "LOST", "Lease", "MemoryRunLog", "PostgresRunLog", "RUNNING",
     "RedisRunLog", "RunExistsError", "RunFencedError", "RunLog", "RunLogError", "RunNotFound", "RunStatus",
-    "SqliteRunLog", "TERMINAL_STATES", "new_run_id",
+    "SqliteRunLog", "TERMINAL_STATES", "new_run_id", "shutdown_runs",
 ]
