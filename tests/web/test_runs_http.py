@@ -172,7 +172,7 @@ def test_stop_from_another_request_cancels_the_run_with_its_reason(provider, log
     with serving(make_wsgi_app(engine, runs=logs.new())) as base:
         resp = start(base)
         run_id = resp.headers["X-Run-Id"]
-        first, _ = events_of(resp, stop_after=2)
+        events_of(resp, stop_after=2)
         stopped = requests.post(f"{base}/v1/runs/{run_id}/stop", timeout=5)
         assert stopped.status_code == 202
         began = time.monotonic()
@@ -266,7 +266,7 @@ def test_a_reader_past_the_logs_cap_gets_a_gap_not_a_silent_jump(provider, logs,
     with serving(make_wsgi_app(engine, runs=logs.new(max_events=4))) as base:
         resp = start(base)
         run_id = resp.headers["X-Run-Id"]
-        events, _ = events_of(resp)
+        events_of(resp)
         late, _ = events_of(requests.get(f"{base}/v1/runs/{run_id}/events?last_event_id={run_id}.1",
                                          headers=STREAM, stream=True, timeout=10))
         assert late[0].kind == "gap"
