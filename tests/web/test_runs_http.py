@@ -295,7 +295,8 @@ def test_a_held_call_is_approved_or_refused_over_the_wire(provider, logs, closin
             got.append(event)
             if event.kind == "approval_request":
                 request = event.json()
-                assert request["call"]["name"] == "delete_file" and json.loads(request["call"]["arguments"]) == {"path": "/tmp/x"}
+                assert request["call"]["name"] == "delete_file"
+                assert json.loads(request["call"]["arguments"]) == {"path": "/tmp/x"}
                 assert request["expires_in_s"] > 0
                 url = f"{base}/v1/runs/{run_id}/approvals/{request['call']['id']}"
                 answer = requests.post(url, json={"approved": approved, "reason": "why not"}, timeout=5)
