@@ -90,6 +90,6 @@ def test_run_client_stops_and_answers_approvals(provider, tmp_path):
 
 def test_run_client_says_when_the_server_does_not_serve_runs(provider, engine):
     provider.add_turn(*s.reply("hi", pieces=1))
-    with serving(make_wsgi_app(engine)) as base, RunClient(base) as client:
-        with pytest.raises(RunClientError, match="runs="):
-            client.start([{"role": "user", "content": "hi"}])
+    with serving(make_wsgi_app(engine)) as base, RunClient(base) as client, \
+            pytest.raises(RunClientError, match="runs="):
+        client.start([{"role": "user", "content": "hi"}])
