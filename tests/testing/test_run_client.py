@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from wsgi_support import block, make_engine, serving
+from wsgi_support import CutAfter, block, make_engine, serving
 
 from streamengine.runs import SqliteRunLog
 from streamengine.testing import RunClient, RunClientError
@@ -11,30 +11,6 @@ from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
-
-
-class CutAfter:
-    """WSGI middleware ending every run stream after ``writes`` writes, the way a proxy's timeout would."""
-
-    def __init__(self, app, writes: int) -> None:
-        self.app, self.writes, self.cuts = app, writes, 0
-
-    def __call__(self, environ, start_response):
-        body = self.app(environ, start_response)
-        if "/v1/chat/stream" not in environ["PATH_INFO"] and not environ["PATH_INFO"].endswith("/events"):
-            return body
-        return self._cut(body)
-
-    def _cut(self, body):
-        try:
-            for index, chunk in enumerate(body):
-                yield chunk
-                if index + 1 >= self.writes:
-                    self.cuts += 1
-                    return
-        finally:
-            if hasattr(body, "close"):
-                body.close()
 
 
 @pytest.fixture
