@@ -282,7 +282,8 @@ class StreamApp:
                               "over the wire), not both")
         config = getattr(self.engine, "config", None)
         return RunRoutes(runs, approvals=approvals, limiter=self._limiter, heartbeat_s=self.heartbeat_s,
-                         approval_timeout_s=float(getattr(config, "approval_timeout", 300.0)), logger=self._log,
+                         stuck=self._stuck, logger=self._log,
+                         approval_timeout_s=float(getattr(config, "approval_timeout", 300.0)),
                          max_detached_per_client=validation.count(
                              options.pop("max_detached_per_client"), "max_detached_per_client", minimum=1),
                          **options)

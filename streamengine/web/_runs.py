@@ -27,7 +27,7 @@ import json
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Protocol, Tuple
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
@@ -36,7 +36,17 @@ from .._messages import Message
 from ..runs import Frame, Gap, MemoryRunLog, RunLog, RunLogError, RunNotFound, RunStatus, new_run_id
 from ._guard import ClientKey, HttpError, StreamLimiter, json_response, status_line
 from ._producer import WINDOW_S, RunProducer, detach
-from ._sse import DONE_FRAME, OK_FRAME, PING_FRAME, PROBE_S, EngineLike, PublicErrors, RunOptions
+from ._sse import (
+    DONE_FRAME,
+    OK_FRAME,
+    PING_FRAME,
+    PROBE_S,
+    EngineLike,
+    PublicErrors,
+    RunOptions,
+    StuckReaders,
+    connection_dropper,
+)
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -111,7 +121,8 @@ class RunRoutes:
     def __init__(self, log: RunLog, *, owner: Optional[Owner], on_disconnect: Optional[str], detach_grace_s: float,
                  lease_s: float, retain_s: float, approvals: bool, max_detached_per_client: int,
                  limiter: StreamLimiter, limiter_key: ClientKey, retry_after_s: int,
-                 heartbeat_s: Optional[float], approval_timeout_s: float, logger: Logger) -> None:
+                 heartbeat_s: Optional[float], approval_timeout_s: float, stuck: StuckReaders,
+                 logger: Logger) -> None:
         if not isinstance(log, RunLog):
             raise ConfigError(f"runs must be a RunLog (MemoryRunLog(), SqliteRunLog(path), RedisRunLog(url), "
                               f"PostgresRunLog(dsn)), got {type(log).__name__}")
@@ -135,6 +146,7 @@ class RunRoutes:
         self._limiter = limiter
         self._detached = StreamLimiter(limiter.max_streams, max_detached_per_client, limiter_key, retry_after_s)
         self._retry_after = str(retry_after_s)
+        self.stuck = stuck
         self._log = logger
         self._threads: List[threading.Thread] = []
 
@@ -189,6 +201,7 @@ class RunRoutes:
         batched = getattr(run, "batches", None)
         batches = batched() if callable(batched) else ([event] for event in run)
         response = AttachedRun(self, producer, producer.drive(batches), release, environ)
+        self.stuck.add(response)
         self._log.info("request {}: run {} started for {}", errors.request_id, run_id, environ.get("REMOTE_ADDR", "?"))
         prefix = (environ.get("SCRIPT_NAME") or "").rstrip("/")
         return status_line(200), _stream_headers() + [
@@ -219,7 +232,7 @@ class RunRoutes:
         if status.state != "running" and after_seq >= status.last_seq:
             return status_line(204), [("Cache-Control", "no-cache")], []
         release = self.acquire(environ)
-        body = _Closing(self.follow(run_id, owner, after_seq, _probe(environ)), release)
+        body = Following(self.follow(run_id, owner, after_seq, _probe(environ)), release, environ, self.stuck)
         return status_line(200), _stream_headers() + [("X-Run-Id", run_id)], body
 
     def follow(self, run_id: str, owner: str, after_seq: int,
@@ -337,11 +350,23 @@ class AttachedRun:
         self._release = release
         self._environ = environ  # whose run it is, for the detached runs' per-client cap
         self._disconnected = _probe(environ)
+        self._drop = connection_dropper(environ)
         self._finished = False
         self._closed = False
+        self.writing_since: Optional[float] = None
+        self.cancel = threading.Event()  # set once given up on (StuckReaders)
 
     def __iter__(self) -> Iterator[bytes]:
-        return self._writes()
+        return _tracked(self._writes(), self)
+
+    def give_up(self) -> None:
+        """The client took nothing for too long: drop its connection; close() then detaches or cancels the run."""
+        self.cancel.set()
+        if self._routes.on_disconnect == "cancel":
+            self.producer.cancel_run("stuck_reader")
+        drop, self._drop = self._drop, None
+        if drop is not None and not self._closed:
+            drop()
 
     def _writes(self) -> Generator[bytes, None, None]:
         run_id = self.producer.run_id
@@ -379,6 +404,8 @@ class AttachedRun:
         if self._closed:
             return
         self._closed = True
+        self._drop = None
+        self._routes.stuck.remove(self)
         try:
             going = not self._finished and not self.producer.wait_ended(0)
             if going and not (self._routes.on_disconnect == "detach" and self._routes.detach(self, self._environ)):
@@ -389,21 +416,48 @@ class AttachedRun:
             self._release()
 
 
-class _Closing:
-    """A body generator whose ``close()`` also frees its stream slot."""
+class Following:
+    """The response of a reader following a run: its slot freed on close, its connection dropped if it reads nothing."""
 
-    def __init__(self, body: Generator[bytes, None, None], release: Callable[[], None]) -> None:
+    def __init__(self, body: Generator[bytes, None, None], release: Callable[[], None], environ: WSGIEnvironment,
+                 stuck: StuckReaders) -> None:
         self._body = body
         self._release = release
+        self._drop = connection_dropper(environ)
+        self._stuck = stuck
+        self.writing_since: Optional[float] = None
+        self.cancel = threading.Event()
+        stuck.add(self)
 
-    def __iter__(self) -> Generator[bytes, None, None]:
-        return self._body
+    def __iter__(self) -> Iterator[bytes]:
+        return _tracked(self._body, self)
+
+    def give_up(self) -> None:
+        self.cancel.set()
+        drop, self._drop = self._drop, None
+        if drop is not None:
+            drop()
 
     def close(self) -> None:
+        self._drop = None
+        self._stuck.remove(self)
         try:
             self._body.close()
         finally:
             self._release()
+
+
+class _Writing(Protocol):
+    writing_since: Optional[float]
+
+
+def _tracked(body: Iterator[bytes], response: _Writing) -> Generator[bytes, None, None]:
+    """``body``'s writes, with ``response.writing_since`` set while one is in the server's hands."""
+    monotonic = time.monotonic
+    for chunk in body:
+        response.writing_since = monotonic()
+        yield chunk
+        response.writing_since = None
 
 
 def _stream_headers() -> Headers:

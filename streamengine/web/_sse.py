@@ -670,6 +670,18 @@ def _write_each(batches: Generator[bytes, None, None], progress: _Progress) -> G
     batches.close()
 
 
+class Watched(Protocol):
+    """What :class:`StuckReaders` watches: an app's stream response (:class:`SseResponse`, or a run's)."""
+
+    @property
+    def writing_since(self) -> Optional[float]: ...
+
+    @property
+    def cancel(self) -> threading.Event: ...
+
+    def give_up(self) -> None: ...
+
+
 class StuckReaders:
     """Cancels streams whose client has not taken a write for ``timeout_s`` (one watcher thread per app).
 
@@ -680,12 +692,12 @@ class StuckReaders:
     def __init__(self, timeout_s: Optional[float], logger: Logger) -> None:
         self.timeout_s = timeout_s
         self._log = logger
-        self._streams: set[SseResponse] = set()
+        self._streams: set[Watched] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def add(self, response: SseResponse) -> None:
+    def add(self, response: Watched) -> None:
         if self.timeout_s is None:
             return
         with self._lock:
@@ -694,7 +706,7 @@ class StuckReaders:
                 self._thread = threading.Thread(target=self._watch, name="streamengine-stuck-readers", daemon=True)
                 self._thread.start()
 
-    def remove(self, response: SseResponse) -> None:
+    def remove(self, response: Watched) -> None:
         with self._lock:
             self._streams.discard(response)
             if not self._streams:

@@ -8,15 +8,17 @@ end the run with exactly one terminal frame.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Dict, List, Optional, Tuple
 
 import pytest
 import requests
 from run_log_kinds import logs  # noqa: F401 - a fixture
+from serve_support import served
 from wsgi_support import block, make_engine, read1_pieces, serving
 
-from streamengine.runs import new_run_id, shutdown_runs
+from streamengine.runs import MemoryRunLog, new_run_id, shutdown_runs
 from streamengine.testing import steps as s
 from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
@@ -338,3 +340,49 @@ def test_approvals_and_approve_together_are_refused(provider, closing):
         make_wsgi_app(engine, runs=MemoryRunLog(), approvals=True, approve=lambda call, environ: True)
     with pytest.raises(ConfigError, match="needs a run log"):
         make_wsgi_app(engine, approvals=True)
+
+
+@pytest.mark.parametrize("on_disconnect", ["detach", "cancel"])
+def test_a_reader_that_reads_nothing_loses_its_connection_and_the_run_detaches_or_ends(provider, on_disconnect):
+    provider.add_turn(*[s.text("x" * 1023 + "\n")] * 8192)  # 8 MB: more than serve's buffers on the way hold
+    engine = make_engine(provider, max_answer_chars=10 ** 9, max_run_output_chars=10 ** 9)
+    log = MemoryRunLog(max_bytes=64 << 20, max_events=100_000)
+    try:
+        with served(engine, runs=log, on_disconnect=on_disconnect, stuck_reader_timeout_s=1.0) as url:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1])))
+            body = json.dumps(ASK).encode()
+            sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            head = sock.recv(4096).decode("latin-1")
+            run_id = head.split("X-Run-Id: ", 1)[1].split("\r\n", 1)[0]
+            try:
+                deadline = time.monotonic() + 30
+                state = "running"
+                while state == "running" and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    state = log.status(run_id, "anonymous").state
+                status = log.status(run_id, "anonymous")
+                if on_disconnect == "detach":  # the run went on without its client, into the log
+                    assert state == "done" and len(json.loads(status.terminal.data)["answer"]) == 8192 * 1024
+                else:
+                    assert state == "cancelled"
+                    assert json.loads(status.terminal.data)["cancel_reason"] == "stuck_reader"
+                assert connection_ends(sock), "the stuck reader's connection stayed open"
+            finally:
+                sock.close()
+    finally:
+        engine.close()
+
+
+def connection_ends(sock: socket.socket) -> bool:
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
