@@ -279,3 +279,21 @@ def test_sigterm_ends_the_workers_runs_with_worker_shutdown_not_a_lost_lease(tmp
             assert last.event == "error" and last.json()["code"] == "worker_shutdown"
             thread.join(10)
             resp.close()
+
+
+def test_a_run_resumed_on_another_worker_is_stopped_from_any_worker(tmp_path, shared_logs):
+    with FakeProvider() as fp:
+        slow_answer(fp)
+        with two_workers(tmp_path, fp, shared_logs.spec) as base:
+            resp, run_id, pid = start_run(base)
+            first = next(line for line in resp.iter_lines(decode_unicode=True) if line.startswith("id: "))
+            resp.close()  # the client drops; its run goes on detached on its worker
+            events, thread, times = follower(base, run_id, pid)  # resumed on the other worker
+            assert int(events[0].id.rpartition(".")[2]) == 1 and first == f"id: {run_id}.1"
+            asked = time.monotonic()
+            stopped = requests.post(f"{base}/v1/runs/{run_id}/stop", timeout=10)
+            assert stopped.status_code == 202
+            last = terminal_after(events, times, asked, 3.0)
+            assert last.event == "done" and last.json()["cancel_reason"] == "stopped"
+            assert fp.wait_for_client_disconnects(1, timeout=10)  # the producer's provider call was cancelled
+            thread.join(10)

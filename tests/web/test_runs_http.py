@@ -386,3 +386,41 @@ def connection_ends(sock: socket.socket) -> bool:
         return True
     except socket.timeout:
         return False
+
+
+def test_detached_runs_count_in_the_stream_limits_and_have_their_own_per_client_cap(provider):
+    for _ in range(3):
+        slow_reply(provider, 400, 0.05)
+    engine = make_engine(provider)
+    log = MemoryRunLog()
+    app = make_wsgi_app(engine, runs=log, on_disconnect="detach", max_streams=2, max_detached_per_client=1)
+    try:
+        with serving(app) as base:
+            runs = []
+            for _ in range(2):
+                resp = start(base)
+                runs.append(resp.headers["X-Run-Id"])
+                events_of(resp, stop_after=2)
+                resp.close()
+                deadline = time.monotonic() + 10
+                while app.active_streams and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            # The first went on detached; the second was over this client's cap, so it was cancelled.
+            assert log.status(runs[0], "anonymous").state == "running"
+            deadline = time.monotonic() + 10
+            while log.status(runs[1], "anonymous").state == "running" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            second = log.status(runs[1], "anonymous")
+            assert second.state == "cancelled" and json.loads(second.terminal.data)["cancel_reason"] == "disconnected"
+            held = start(base)  # one open stream + one detached run: the server's two
+            refused = requests.post(f"{base}/v1/chat/stream", json=ASK, timeout=10)
+            assert refused.status_code == 429 and refused.headers["Retry-After"]
+            assert "without their client" in refused.json()["error"]
+            held.close()
+            requests.post(f"{base}/v1/runs/{runs[0]}/stop", timeout=5)
+            deadline = time.monotonic() + 10
+            while log.status(runs[0], "anonymous").state == "running" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert json.loads(log.status(runs[0], "anonymous").terminal.data)["cancel_reason"] == "stopped"
+    finally:
+        engine.close()
