@@ -259,9 +259,10 @@ class RunProducer:
     def wait_ended(self, timeout_s: float) -> bool:
         return self._ended.wait(timeout_s)
 
-    def force_end(self) -> None:
+    def force_end(self, terminal: Optional[LogEvent] = None) -> None:
+        """Write the terminal (``worker_shutdown`` unless another is given) from this thread; fenced: nothing."""
         try:
-            self.log.finish(self.lease, local.shutdown_event(), state="failed")
+            self.log.finish(self.lease, terminal or local.shutdown_event(), state="failed")
         except RunLogError as exc:  # fenced: it ended meanwhile; failing: its readers see producer_lost
             _log.info("run {}: no worker_shutdown terminal written ({})", self.run_id, exc)
 

@@ -35,7 +35,7 @@ from .._errors import ConfigError
 from .._messages import Message
 from ..runs import Frame, Gap, MemoryRunLog, RunLog, RunLogError, RunNotFound, RunStatus, new_run_id
 from ._guard import ClientKey, HttpError, StreamLimiter, json_response, status_line
-from ._producer import WINDOW_S, RunProducer, detach
+from ._producer import WINDOW_S, RunProducer, detach, error_event
 from ._sse import (
     DONE_FRAME,
     OK_FRAME,
@@ -159,7 +159,12 @@ class RunRoutes:
         """Whose runs this request may see: the ``owner`` hook's answer, or one owner for everyone."""
         if self._owner is None:
             return "anonymous"
-        owner = self._owner(environ)
+        try:
+            owner = self._owner(environ)
+        except Exception as exc:
+            self._log.opt(exception=exc).error("the owner hook failed: {}", exc)
+            raise HttpError("the request's owner could not be determined; try again later or ask the operator "
+                            "to look at the server log", 500) from exc
         if not isinstance(owner, str) or not owner.strip():
             raise HttpError("not authorized: this request has no owner for its runs (the owner hook returned "
                             f"{type(owner).__name__}); sign in and retry", 401)
@@ -179,24 +184,25 @@ class RunRoutes:
         """A new run in the log, driven by this connection's thread; its first reader is this response."""
         owner = self.owner_of(environ)
         release = self.acquire(environ)
+        producer: Optional[RunProducer] = None
         try:
             run_id = new_run_id()
             lease = self.log.create(run_id, owner, {"request_id": errors.request_id}, lease_s=self.lease_s,
                                     retain_s=self.retain_s)
             producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s)
             if self.approvals:
-                timeout = self.approval_timeout_s
-                options = dict(options, approve=lambda call: producer.ask(call, timeout))  # type: ignore[assignment]
+                asking, timeout = producer, self.approval_timeout_s
+                options = dict(options, approve=lambda call: asking.ask(call, timeout))  # type: ignore[assignment]
             start: Callable[..., Any] = engine.run
             run = start(messages, producer.cancel, heartbeat_s=WINDOW_S, **options)
-        except RunLogError as exc:
+        except BaseException as exc:
             release()
-            raise HttpError(f"the run log cannot take runs now ({exc}); retry later", 503) from exc
-        except ConfigError as exc:
-            release()
-            raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
-        except BaseException:
-            release()
+            if producer is not None:  # the run is in the log: it gets its one terminal, not a lost lease later
+                producer.force_end(error_event("not_started", "the engine could not start the run"))
+            if isinstance(exc, RunLogError):
+                raise HttpError(f"the run log cannot take runs now ({exc}); retry later", 503) from exc
+            if isinstance(exc, ConfigError):
+                raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
             raise
         batched = getattr(run, "batches", None)
         batches = batched() if callable(batched) else ([event] for event in run)
@@ -381,6 +387,7 @@ class AttachedRun:
                 data = b"".join(frame_bytes(run_id, frame) for frame in frames)
                 if frames[-1].terminal:
                     self._finished = True
+                    self.driving.close()  # the producer's end (unregistered, its run's threads gone) before the write
                     yield data + DONE_FRAME
                     return
                 yield data
@@ -393,6 +400,7 @@ class AttachedRun:
                     yield PING_FRAME
                     last_write = now
         self._finished = True
+        self.driving.close()
         if self.producer.log_failed is not None:
             yield _error_frame("log_unavailable", "the run log failed; the run was cancelled") + DONE_FRAME
             return
