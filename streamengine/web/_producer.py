@@ -7,9 +7,11 @@ Why it is built this way:
   which is what the log accepted), so a reader on another worker never
   sees less than the client that started the run.
 * **Coalesced appends.**  Appending each token costs more than the engine's
-  whole per-token work, so events within ``window_s`` of the last append
-  wait for the next one; the first event after a pause goes out at once,
-  and the engine's heartbeat (every ``window_s`` of silence) flushes a wait.
+  whole per-token work, so tokens within ``window_s`` of the last tokens
+  appended wait to go with the next events; the first token after a pause,
+  and every other event (a tool's start or result, an error), go out at
+  once, and the engine's heartbeat (every ``window_s`` of silence) flushes
+  what waits.
 * **Fenced.**  A ``RunFencedError`` (the run was closed as lost, or stopped
   by a shutdown) means someone else wrote its terminal: the producer writes
   nothing more and cancels the run and its tools.
@@ -82,7 +84,7 @@ class RunProducer:
         self._lock = threading.Lock()  # the pending events and appends: the approve thread appends too
         self._pending: List[LogEvent] = []
         self._out: List[Frame] = []
-        self._last_write = self._last_append = -1e9
+        self._last_write = self._last_tokens = -1e9
         self._next_stop_poll = self._next_abandon_poll = 0.0
         self._ended = threading.Event()
         self._shutting_down = False
@@ -138,7 +140,7 @@ class RunProducer:
         now = time.monotonic()
         try:
             with self._lock:
-                if self._pending and (last or now - self._last_append >= self._window_s):
+                if self._pending and (last or now - self._last_tokens >= self._window_s or not self._only_tokens()):
                     self._append_pending(now)
             if self._shutting_down:
                 self.cancel_run(local.WORKER_SHUTDOWN)
@@ -164,7 +166,13 @@ class RunProducer:
         last = self.log.append(self.lease, events)
         first = last - len(events) + 1
         self._out.extend(Frame(first + index, name, data) for index, (name, data) in enumerate(events))
-        self._last_append = self._last_write = now
+        self._last_write = now
+        if events[-1][0] == "token":
+            self._last_tokens = now
+
+    def _only_tokens(self) -> bool:
+        """Whether every pending event is a token: only tokens wait for the window (a tool's result never does)."""
+        return all(name == "token" for name, _ in self._pending)
 
     def _take(self) -> List[Frame]:
         with self._lock:

@@ -424,3 +424,32 @@ def test_detached_runs_count_in_the_stream_limits_and_have_their_own_per_client_
             assert json.loads(log.status(runs[0], "anonymous").terminal.data)["cancel_reason"] == "stopped"
     finally:
         engine.close()
+
+
+class CountingLog(MemoryRunLog):
+    """A memory log that keeps each append's event names (how the producer batched them)."""
+
+    def __init__(self, **limits) -> None:
+        super().__init__(**limits)
+        self.appends: List[List[str]] = []
+
+    def append(self, lease, events):
+        self.appends.append([name for name, _ in events])
+        return super().append(lease, events)
+
+
+def test_tokens_close_together_share_an_append_and_the_first_after_a_pause_goes_alone(provider):
+    steps = [step for i in range(60) for step in (s.text(f"t{i} "), s.delay(0.003))]
+    provider.add_turn(*steps, s.delay(0.3), s.text("after the pause"))
+    engine = make_engine(provider)
+    log = CountingLog()
+    try:
+        with serving(make_wsgi_app(engine, runs=log)) as base:
+            events, _ = events_of(start(base))
+        assert answer_tokens(events) == "".join(f"t{i} " for i in range(60)) + "after the pause"
+        token_appends = [names for names in log.appends if "token" in names]
+        assert sum(len(names) for names in token_appends) == 61
+        assert len(token_appends) < 61 / 2, log.appends  # coalesced: far fewer appends than tokens
+        assert log.appends[-1] == ["token"]  # the token after the pause went out alone, at once
+    finally:
+        engine.close()
