@@ -23,7 +23,7 @@ import os
 import socket
 import tempfile
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from .common import Server, percentile
 from .served import LoadRun, ServedApp, _level, _sessions_for
@@ -43,7 +43,11 @@ def _logs(folder: str) -> List[Tuple[str, str]]:
 
 
 def _reconnects(port: int, count: int) -> Dict[str, Any]:
-    """Time from a reconnect's request to its first ``id:`` frame: a run is started, left after 5 frames, resumed."""
+    """Time from a reconnect's request to its first ``id:`` frame: a run is started, left after 5 frames, resumed.
+
+    It resumes after frame 3, so its first frame is in the log already: the
+    figure is the reconnect's cost, not the wait for the model's next token.
+    """
     body = b'{"messages": [{"role": "user", "content": "go"}]}'
     times: List[float] = []
     for _ in range(count):
@@ -60,7 +64,7 @@ def _reconnects(port: int, count: int) -> Dict[str, Any]:
         t0 = time.monotonic()
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.5\r\nConnection: close\r\n\r\n"
+                         f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.3\r\nConnection: close\r\n\r\n"
                          .encode())
             seen = b""
             while b"id: " not in seen:
@@ -103,9 +107,9 @@ def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS, tokens: i
     return out
 
 
-def render(r: Dict[str, Any], verdict: str = "") -> List[str]:
+def render(r: Dict[str, Any], verdict: Callable[[bool], str]) -> List[str]:
     lines = [f"15. served runs in a log: {r['tokens']} tokens at {r['rate']:g}/s per session, waitress; "
-             f"CPU per delivered token against runs=None (target <= 1.3x with Redis at C = 50/100){verdict}"]
+             "CPU per delivered token against runs=None"]
     rows = r["rows"]
     base = rows.get("none", {})
     lines.append(f"  {'log':<9} {'C':>4} {'CPU/token':>10} {'x none':>7} {'late p99':>9} {'TTFT p50':>9} "
@@ -118,9 +122,14 @@ def render(r: Dict[str, Any], verdict: str = "") -> List[str]:
             lines.append(f"  {name:<9} {c:>4} {row['cpu_per_token_us']:>8.0f}us {ratio:>6.2f}x "
                          f"{late if late is not None else float('nan'):>7.1f}ms "
                          f"{ttft if ttft is not None else float('nan'):>7.1f}ms {row['complete']:>5}/{row['sessions']}")
+    redis = rows.get("redis", {})
+    ratios = [redis[c]["cpu_per_token_us"] / base[c]["cpu_per_token_us"] for c in ("50", "100")
+              if c in redis and c in base]
+    if ratios:
+        lines.append(f"  target <= 1.3x with Redis at C = 50/100: {max(ratios):.2f}x, {verdict(max(ratios) <= 1.3)}")
     for name, rec in r.get("reconnect", {}).items():
         lines.append(f"  reconnect -> first frame, {name}: p50 {rec['p50_ms']:.1f} ms, p99 {rec['p99_ms']:.1f} ms "
-                     f"({rec['n']} reconnects)")
+                     f"({rec['n']} reconnects; target p99 < 250 ms: {verdict(rec['p99_ms'] < 250)})")
     missing = {"memory", "sqlite", "redis", "postgres"} - set(r.get("logs", []))
     if missing:
         lines.append(f"  not measured (no server; run under scripts/test's services): {', '.join(sorted(missing))}")

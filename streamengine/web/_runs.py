@@ -241,33 +241,38 @@ class RunRoutes:
         body = Following(self.follow(run_id, owner, after_seq, _probe(environ)), release, environ, self.stuck)
         return status_line(200), _stream_headers() + [("X-Run-Id", run_id)], body
 
-    def follow(self, run_id: str, owner: str, after_seq: int,
-               disconnected: Optional[Callable[[], bool]]) -> Generator[bytes, None, None]:
-        """``retry:``, then every frame after ``after_seq`` as it is appended, ``[DONE]`` after the terminal."""
-        yield f"retry: {RETRY_MS}\n\n".encode("ascii") + OK_FRAME
-        last_write = next_mark = time.monotonic()
+    def follow(self, run_id: str, owner: str, after_seq: int, disconnected: Optional[Callable[[], bool]],
+               head: bytes = b"retry: %d\n\n%s" % (RETRY_MS, OK_FRAME)) -> Generator[bytes, None, None]:
+        """``head`` (``retry:``), every frame after ``after_seq`` as it is appended, ``[DONE]`` after the terminal.
+
+        ``head`` goes out with the first frames, in one write: written alone,
+        the frames right behind it would wait for its ACK (Nagle's algorithm
+        against a delayed ACK: 40 ms on Linux, measured as a reconnect's 33 ms).
+        """
+        last_write = time.monotonic()
         next_mark = 0.0
         while True:
             now = time.monotonic()
+            wait = 0.0 if head else _read_wait(self.heartbeat_s, disconnected)
             try:
                 if now >= next_mark:
                     self.log.mark_read(run_id, owner)
                     next_mark = now + MARK_READ_S
-                items = self.log.read(run_id, owner, after_seq, timeout_s=_read_wait(self.heartbeat_s, disconnected))
-                if not items:
-                    ended = self._look(run_id, owner, after_seq)
-                    if ended:
-                        yield DONE_FRAME
-                        return
+                items = self.log.read(run_id, owner, after_seq, timeout_s=wait)
+                if not items and not head and self._look(run_id, owner, after_seq):
+                    yield DONE_FRAME
+                    return
             except RunNotFound:
-                yield _error_frame("run_expired", "the run is gone (its retention ran out); start a new run") \
+                yield head + _error_frame("run_expired", "the run is gone (its retention ran out); start a new run") \
                     + DONE_FRAME
                 return
             except RunLogError as exc:
                 self._log.warning("run {}: reading the log failed: {}", run_id, exc)
-                yield _error_frame("log_unavailable", "the run log cannot be read now; reconnect later") + DONE_FRAME
+                yield head + _error_frame("log_unavailable", "the run log cannot be read now; reconnect later") \
+                    + DONE_FRAME
                 return
-            parts: List[bytes] = []
+            parts: List[bytes] = [head] if head else []
+            head = b""
             for item in items:
                 if isinstance(item, Gap):
                     parts.append(gap_bytes(item))
@@ -405,7 +410,7 @@ class AttachedRun:
             yield _error_frame("log_unavailable", "the run log failed; the run was cancelled") + DONE_FRAME
             return
         # Fenced: another wrote the terminal (producer_lost, worker_shutdown): the client gets it from the log.
-        yield from routes.follow(run_id, self.producer.owner, after, self._disconnected)
+        yield from routes.follow(run_id, self.producer.owner, after, self._disconnected, head=b"")
 
     def close(self) -> None:
         """After the last frame: free the slot.  Before it (client gone): detach or cancel, per the app."""
