@@ -12,7 +12,9 @@ messages a request may bring), ``_guard`` (Host check, authorize, stream
 limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
 readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 ``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
-``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's).
+``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's),
+``_runs`` (the routes of runs in a log: resume, stop, status, approvals) and
+``_producer`` (one run driven into its log).
 """
 from __future__ import annotations
 
