@@ -453,3 +453,75 @@ def test_tokens_close_together_share_an_append_and_the_first_after_a_pause_goes_
         assert log.appends[-1] == ["token"]  # the token after the pause went out alone, at once
     finally:
         engine.close()
+
+
+def test_every_run_route_passes_the_host_site_and_authorize_checks(provider):
+    provider.add_turn(*s.reply("hi", pieces=1))
+    engine = make_engine(provider)
+    allowed = {"yes": True}
+    app = make_wsgi_app(engine, runs=MemoryRunLog(), authorize=lambda environ: allowed["yes"], approvals=True)
+    try:
+        with serving(app) as base:
+            resp = start(base)
+            run_id = resp.headers["X-Run-Id"]
+            events_of(resp)
+            routes = [("GET", f"/v1/runs/{run_id}", None), ("GET", f"/v1/runs/{run_id}/events", None),
+                      ("POST", f"/v1/runs/{run_id}/stop", None),
+                      ("POST", f"/v1/runs/{run_id}/approvals/call_1", {"approved": True})]
+            for method, path, body in routes:
+                got = requests.request(method, base + path, json=body, headers={**STREAM, "Host": "evil.example"},
+                                       timeout=5)
+                assert got.status_code in (400, 403) and got.json()["field"] == "Host", (path, got.text)
+                if method == "POST":
+                    got = requests.request(method, base + path, json=body, timeout=5,
+                                           headers={"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"})
+                    assert got.status_code == 403, (path, got.text)
+            allowed["yes"] = False
+            for method, path, body in routes:
+                got = requests.request(method, base + path, json=body, headers=STREAM, timeout=5)
+                assert got.status_code == 401, (path, got.text)
+    finally:
+        engine.close()
+
+
+def test_an_unanswered_approval_request_is_refused_at_its_timeout_and_owners_are_checked(provider):
+    provider.add_turn(*s.reply("sure " + block("delete_file", {"path": "/tmp/y"}), pieces=1))
+    provider.add_turn(*s.reply("not done", pieces=1))
+    engine = make_engine(provider, tools=[delete_file], approval_timeout=0.5)
+    app = make_wsgi_app(engine, runs=MemoryRunLog(), approvals=True,
+                        owner=lambda environ: environ.get("HTTP_X_USER", ""))
+    try:
+        with serving(app) as base:
+            resp = start(base, headers={"X-User": "alice"})
+            run_id = resp.headers["X-Run-Id"]
+            got = []
+            for event in iter_events(resp):
+                got.append(event)
+                if event.kind == "approval_request":
+                    assert event.json()["expires_in_s"] == 0.5
+                    call_id = event.json()["call"]["id"]
+                    other = requests.post(f"{base}/v1/runs/{run_id}/approvals/{call_id}", json={"approved": True},
+                                          headers={"X-User": "mallory"}, timeout=5)
+                    assert other.status_code == 404  # not hers: the same 404 as an unknown run
+            results = [e.json() for e in got if e.kind == "tool_result"]
+            assert len(results) == 1 and results[0]["skipped"] == "not_approved"
+    finally:
+        engine.close()
+
+
+def test_a_finished_run_is_gone_after_its_retention(provider):
+    provider.add_turn(*s.reply("short-lived", pieces=1))
+    engine = make_engine(provider)
+    try:
+        with serving(make_wsgi_app(engine, runs=MemoryRunLog(), retain_s=0.3)) as base:
+            resp = start(base)
+            run_id = resp.headers["X-Run-Id"]
+            events_of(resp)
+            assert requests.get(f"{base}/v1/runs/{run_id}", timeout=5).status_code == 200
+            deadline = time.monotonic() + 5
+            while requests.get(f"{base}/v1/runs/{run_id}", timeout=5).status_code == 200:
+                assert time.monotonic() < deadline, "the run outlived its retention"
+                time.sleep(0.05)
+            assert requests.get(f"{base}/v1/runs/{run_id}/events", headers=STREAM, timeout=5).status_code == 404
+    finally:
+        engine.close()
