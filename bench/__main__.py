@@ -5,7 +5,8 @@
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
                  6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
                  10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools, 13 OpenTelemetry cost,
-                 14 instructions per served token, counted by callgrind, 15 served runs in a log)
+                 14 instructions per served token, counted by callgrind, 15 a token in the frontends' framers,
+                 16 served runs in a log)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -25,6 +26,7 @@ from . import (
     common,
     concurrency,
     executor,
+    frontends,
     imports,
     instructions,
     latency,
@@ -44,7 +46,7 @@ from . import (
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
             "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
             "11": "imports", "12": "mcp", "13": "otel",
-            "14": "instructions", "15": "runs"}
+            "14": "instructions", "15": "frontends", "16": "runs"}
 NEEDS_UPSTREAM = {"paced", "served", "slowconsumer", "instructions", "runs"}
 
 
@@ -138,6 +140,7 @@ def main(argv: List[str]) -> int:
                 "instructions": lambda: instructions.run(upstream.port, sizes=(60,) if q else instructions.SIZES),
                 "runs": lambda: (runs.run(upstream, quick=True, levels=(20,), tokens=30) if q else runs.run(upstream)),
                 "otel": lambda: otel.run(repeats=1 if q else 5, tokens=300 if q else 5000, streams=2 if q else 10),
+                "frontends": lambda: frontends.run(repeats=2 if q else 7, lengths=(2_000,) if q else frontends.LENGTHS),
             }
             for number in sorted(wanted, key=int):
                 name = SECTIONS[number]

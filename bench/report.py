@@ -32,6 +32,7 @@ def render(r: Dict[str, Any]) -> str:
         + (f" Load average at start: {env['load_1min_at_start']:.2f}" if env.get("load_1min_at_start") is not None
            else ""),
     ]
+    from .frontends import render as frontend_lines
     from .imports import render as imports
     from .instructions import render as instruction_lines
     from .mcp_calls import lines as mcp_lines
@@ -44,7 +45,8 @@ def render(r: Dict[str, Any]) -> str:
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),
                      ("served", served), ("slowconsumer", slow_consumer), ("multirun", multirun),
                      ("executor", executor), ("imports", imports), ("mcp", mcp_lines),
-                     ("otel", otel_lines), ("instructions", instruction_lines), ("runs", runs_lines)):
+                     ("otel", otel_lines), ("instructions", instruction_lines), ("frontends", frontend_lines),
+                     ("runs", runs_lines)):
         if name not in r:
             continue
         lines.append("")

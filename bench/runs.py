@@ -1,4 +1,4 @@
-"""15. Served runs in a log (issue 38): CPU per delivered token with each run log against ``runs=None``.
+"""16. Served runs in a log (issue 38): CPU per delivered token with each run log against ``runs=None``.
 
 The engine app of section 7 (bench/served_app.py) under waitress, once
 without a log and once with each of ``memory:``, SQLite (a file in a temporary
@@ -108,7 +108,7 @@ def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS, tokens: i
 
 
 def render(r: Dict[str, Any], verdict: Callable[[bool], str]) -> List[str]:
-    lines = [f"15. served runs in a log: {r['tokens']} tokens at {r['rate']:g}/s per session, waitress; "
+    lines = [f"16. served runs in a log: {r['tokens']} tokens at {r['rate']:g}/s per session, waitress; "
              "CPU per delivered token against runs=None"]
     rows = r["rows"]
     base = rows.get("none", {})

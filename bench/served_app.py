@@ -6,7 +6,7 @@ Configured from the environment, so gunicorn can load it as ``bench.served_app:a
 * ``BENCH_APP``: ``engine`` (``make_wsgi_app`` over ``StreamingEngine``, as ``streamengine serve``
   runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine);
 * ``BENCH_GC_FILE`` (optional): where :class:`CollectorClock` keeps the collector's CPU for the bench;
-* ``BENCH_RUNS_URL`` (optional, section 15): the engine app with ``runs=open_run_log(url)``.
+* ``BENCH_RUNS_URL`` (optional, section 16): the engine app with ``runs=open_run_log(url)``.
 
 The relay is the least a served stream can cost in this stack: one requests
 session per server thread, one read per upstream chunk, ``scan_once`` per
@@ -96,7 +96,7 @@ def make_engine_app(upstream: str, model: str, runs_url: str = "") -> Any:
                              EngineConfig(models=[model], tool_mode="inline", pool_size=16))
     # every session comes from 127.0.0.1: the caps must admit the most sessions a level opens (200)
     options: Any = {}
-    if runs_url:  # section 15: the same app with its runs in a log (bench/runs.py)
+    if runs_url:  # section 16: the same app with its runs in a log (bench/runs.py)
         from streamengine.runs import open_run_log
         options = {"runs": open_run_log(runs_url, **_runs_namespace(runs_url)), "on_disconnect": "cancel"}
     return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS,

@@ -45,6 +45,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "StopReason", "ToolCall",
                      "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
     **dict.fromkeys(["ToolContext"], "._messages"),
+    **dict.fromkeys(["AudioPart", "FilePart", "ImagePart", "TextPart"], "._parts"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
     **dict.fromkeys(["PostgresRagStore"], ".rag._postgres"),
     **dict.fromkeys(["SqliteRagStore"], ".rag._sqlite"),
@@ -55,14 +56,17 @@ _HOMES: _Dict[str, str] = {
 
 #: Literal, so type checkers and IDEs read it; tests/test_public_api.py checks it against ``_HOMES``.
 __all__ = [
-    "AllModelsFailedError", "AnthropicClient", "CancelToken", "CancellableAdapter", "Chunk", "CompletionOptions",
+    "AllModelsFailedError", "AnthropicClient", "AudioPart", "CancelToken", "CancellableAdapter", "Chunk",
+    "CompletionOptions",
     "ConfigError", "DoneEvent", "EngineConfig", "EngineResult", "ErrorClass", "ErrorClassifier", "ErrorEvent",
-    "Event", "HashingEmbedder", "HeartbeatEvent", "LLM_WARNING", "LlmCancelledError", "LlmClient",
+    "Event", "FilePart", "HashingEmbedder", "HeartbeatEvent", "ImagePart", "LLM_WARNING", "LlmCancelledError",
+    "LlmClient",
     "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError",
     "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer", "OpenAICompatibleClient", "OpenAIEmbedder",
     "OpenAIResponsesClient", "PostgresRagStore", "RefusalEvent", "ResetEvent", "Response", "RoundEvent",
     "RoutedClient", "Run", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError",
-    "StreamingEngine", "StreamingLlmClient", "Telemetry", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta",
+    "StreamingEngine", "StreamingLlmClient", "Telemetry", "TextPart", "TokenEvent", "Tool", "ToolCall",
+    "ToolCallDelta",
     "ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent",
     "Usage", "enable_logging", "tool",
 ]
@@ -122,6 +126,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._messages import ToolResult as ToolResult
     from ._messages import ToolSpec as ToolSpec
     from ._messages import Usage as Usage
+    from ._parts import AudioPart as AudioPart
+    from ._parts import FilePart as FilePart
+    from ._parts import ImagePart as ImagePart
+    from ._parts import TextPart as TextPart
     from .rag._chunking import HashingEmbedder as HashingEmbedder
     from .rag._chunking import OpenAIEmbedder as OpenAIEmbedder
     from .rag._postgres import PostgresRagStore as PostgresRagStore

@@ -121,6 +121,9 @@ from ._messages import ToolCall, ToolSpec, too_deep, unique_keys
 OPEN = "<tool"
 CLOSE = "</tool>"
 WS = " \t\r\n"
+#: The characters after ``<tool`` that make it a block's start (an empty string never does).
+_OPENS_BLOCK = frozenset(WS)
+_BLANKS = frozenset(" \t")
 
 _ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -162,6 +165,64 @@ def block_parts(text: str, tag_len: int, self_closing: bool) -> Tuple[str, str]:
     except BlockError:
         name = ""
     return name, body
+
+
+def without_blocks(text: str) -> str:
+    """``text`` with its closed tool blocks (and the spaces before each) taken out, as a page shows an answer.
+
+    For clients that show tool calls as cards of their own (the AI SDK's tool
+    parts, AG-UI's tool calls): the block is the call, already on its card.
+    The scanner releases a closed block in one piece, so one token holds
+    whole blocks; an unclosed one is left as it is (it is what the model
+    wrote).  Linear: each search starts where the last one ended.
+    """
+    if OPEN not in text:
+        return text
+    kept: List[str] = []
+    at = 0
+    while True:
+        start = text.find(OPEN, at)
+        while start >= 0 and text[start + len(OPEN):start + len(OPEN) + 1] not in _OPENS_BLOCK:
+            start = text.find(OPEN, start + len(OPEN))
+        head = text.find(">", start) if start >= 0 else -1
+        if head < 0:
+            break
+        close = head - 1 if text[head - 1] == "/" else text.find(CLOSE, head)
+        if close < 0:  # no </tool>: an unclosed block stays
+            break
+        end = head + 1 if close == head - 1 else close + len(CLOSE)
+        cut = start
+        while cut > at and text[cut - 1] in " \t":
+            cut -= 1
+        kept.append(text[at:cut])
+        at = end
+    kept.append(text[at:])
+    return "".join(kept)
+
+
+class BlockFilter:
+    """An answer's tokens without their closed tool blocks (:func:`without_blocks`), one token at a time.
+
+    A block takes the spaces before it away, and those may end the token
+    before the block's: so spaces at a token's end wait for the next token
+    (``reset`` drops them where a text part ends).
+    """
+
+    __slots__ = ("_spaces",)
+
+    def __init__(self) -> None:
+        self._spaces = ""
+
+    def feed(self, text: str) -> str:
+        if not self._spaces and OPEN not in text and text[-1:] not in _BLANKS:  # prose: almost every token
+            return text
+        text = without_blocks(self._spaces + text)
+        shown = text.rstrip(" \t")
+        self._spaces = text[len(shown):]
+        return shown
+
+    def reset(self) -> None:
+        self._spaces = ""
 
 
 def snippet(text: str) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from ._errors import ConfigError, ToolError
+from ._parts import Part, has_media, parse_parts, text_of
 
 _T = TypeVar("_T")
 
@@ -153,15 +154,29 @@ class Usage:
 
 @dataclass(frozen=True)
 class Message:
+    """One message of a conversation.
+
+    ``parts`` holds the content parts of a message sent as a list (text,
+    images, audio, files: ``_parts``); ``content`` is then their text,
+    joined, so whatever reads text reads it there.  Empty for a plain string.
+    """
+
     role: str
     content: str = ""
     tool_calls: Tuple[ToolCall, ...] = ()
     tool_call_id: Optional[str] = None
     name: Optional[str] = None
+    parts: Tuple[Part, ...] = ()
+
+    @property
+    def has_media(self) -> bool:
+        """Whether the message carries more than text (an image, audio, a file)."""
+        return has_media(self.parts)
 
     def to_openai(self) -> Dict[str, Any]:
         """The wire form; ``content`` is null only for an assistant turn made of tool calls."""
-        out: Dict[str, Any] = {"role": self.role, "content": self.content}
+        content: Any = [part.to_openai() for part in self.parts] if self.parts else self.content
+        out: Dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
             if not self.content:
@@ -197,16 +212,33 @@ def as_message(value: MessageLike) -> Message:
     role = value.get("role")
     if not isinstance(role, str) or not role:
         raise ConfigError(f"message {dict(value)!r} has no 'role'; use 'system', 'user', 'assistant' or 'tool'")
-    content = value.get("content")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise ConfigError(f"message content must be a string, got {type(content).__name__} in {dict(value)!r}")
+    content, parts = message_content(value.get("content"), role)
     calls = tuple(
         c if isinstance(c, ToolCall) else _tool_call_from_dict(c) for c in (value.get("tool_calls") or ())
     )
     return Message(role=role, content=content, tool_calls=calls,
-                   tool_call_id=value.get("tool_call_id"), name=value.get("name"))
+                   tool_call_id=value.get("tool_call_id"), name=value.get("name"), parts=parts)
+
+
+def message_content(content: Any, role: str, where: str = "") -> Tuple[str, Tuple[Part, ...]]:
+    """A message's text and parts: a string, None, or a list of OpenAI content parts (user messages: any kind).
+
+    ``where`` names the content in errors (``messages[2].content``).
+    """
+    if content is None:
+        return "", ()
+    if isinstance(content, str):
+        return content, ()
+    if not isinstance(content, (list, tuple)):
+        raise ConfigError(f"message content must be a string or a list of content parts "
+                          f"([{{'type': 'text', 'text': '...'}}, {{'type': 'image_url', ...}}]), "
+                          f"got {type(content).__name__}")
+    parts = parse_parts(content, where or f"{role} message content")
+    media = next((p for p in parts if p.kind != "text"), None)
+    if media is not None and role != "user":
+        raise ConfigError(f"{role!r} messages may hold only text parts ({media.describe()} found); "
+                          f"images, audio and files go in a user message")
+    return text_of(parts), parts
 
 
 def as_messages(values: Iterable[MessageLike]) -> List[Message]:

@@ -6,7 +6,10 @@ stream, limits, auth hooks, Flask/Django): docs/deployment.md.
 """
 from __future__ import annotations
 
+from .web import AGUI_PATH as AGUI_PATH
+from .web import CHAT_PATH as CHAT_PATH
 from .web import STREAM_PATH as STREAM_PATH
+from .web import PartsPolicy as PartsPolicy
 from .web import PublicErrors as PublicErrors
 from .web import RequestRejected as RequestRejected
 from .web import SseResponse as SseResponse
@@ -18,6 +21,6 @@ from .web import messages_from_request as messages_from_request
 from .web import mount as mount
 
 __all__ = [
-    "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse", "StreamApp", "client_address",
-    "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
+    "AGUI_PATH", "CHAT_PATH", "PartsPolicy", "PublicErrors", "RequestRejected", "STREAM_PATH", "SseResponse",
+    "StreamApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
 ]

@@ -37,7 +37,7 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 #: Layers from the bottom up; a module may import its own layer and those below, never above.
 LAYERS = [
-    ("data", ["_errors", "_messages", "_validation", "_logs", "_cancel", "_wait", "_config"]),
+    ("data", ["_errors", "_parts", "_messages", "_validation", "_logs", "_cancel", "_wait", "_config"]),
     ("parsing", ["_accumulate", "_inline"]),
     ("clients", ["_clients"]),
     ("tools", ["tools"]),

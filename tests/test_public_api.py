@@ -99,6 +99,13 @@ def test_every_public_package_exports_only_names_it_defines():
         assert [name for name in module.__all__ if not hasattr(module, name)] == [], package
 
 
+def test_the_frontend_routes_are_exported_where_the_stream_path_is():
+    from streamengine import web, wsgi
+
+    for module in (web, wsgi):
+        assert (module.CHAT_PATH, module.AGUI_PATH, module.STREAM_PATH) == ("/api/chat", "/agui", "/v1/chat/stream")
+
+
 def test_a_cancel_token_is_an_event_that_waits_sets_and_clears_across_threads():
     """CancelToken is an Event whose set() also runs its callbacks, in the setting thread."""
     import threading
@@ -157,3 +164,14 @@ def test_the_lazy_table_and_what_type_checkers_see_agree():
     assert sorted(_literal_all(tree)) == sorted(streamengine._HOMES)
     [checking] = [node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
     assert _explicit_reexports(checking.body) == streamengine._HOMES
+
+
+def test_content_parts_and_their_web_policy_are_public():
+    """Images, audio and files in messages: the part records at the top, the web app's policy beside the app."""
+    import streamengine.web
+    import streamengine.wsgi
+
+    assert {"AudioPart", "FilePart", "ImagePart", "TextPart"} <= set(streamengine.__all__)
+    assert "PartsPolicy" in streamengine.web.__all__ and "PartsPolicy" in streamengine.wsgi.__all__
+    assert streamengine.wsgi.PartsPolicy is streamengine.web.PartsPolicy
+    assert streamengine.ImagePart("https://x.example/a.png").kind == "image"

@@ -14,12 +14,15 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 import requests
+from parts_support import PNG, PNG_URL
+from werkzeug.test import Client
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
@@ -56,7 +59,8 @@ def test_every_python_example_compiles(code):
 def test_more_documentation_lists_the_docs():
     section = README.split("More documentation\n------------------", 1)[1]
     assert re.findall(r"``(docs/[\w.]+)``", section) == [
-        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/scaling.md", "docs/anthropic.md",
+        "docs/ARCHITECTURE.md", "docs/tools.md", "docs/deployment.md", "docs/frontends.md", "docs/scaling.md",
+        "docs/anthropic.md",
         "docs/responses.md", "docs/mcp.md", "docs/observability.md"]
     for doc in re.findall(r"``(docs/[\w.]+)``", section):
         assert (ROOT / doc).is_file(), doc
@@ -96,6 +100,7 @@ def loopback(tmp_path, monkeypatch):
                             ("STREAMENGINE_MODEL", "gpt-4o-mini")):
             monkeypatch.setenv(name, value)
         monkeypatch.chdir(tmp_path)
+        (tmp_path / "heron.png").write_bytes(PNG)  # the "Images and files" example reads it
         monkeypatch.syspath_prepend(str(tmp_path))
         opened: List[Dict[str, Any]] = []
         sink_before = logs._sink_id  # another test's enable_logging may have left its (removed) id
@@ -171,7 +176,10 @@ def test_every_python_example_runs_against_a_loopback_provider(loopback, capsys)
                                 "[weather: sunny in Oslo]", "", "[revised answer]", "It is sunny in Oslo.",
                                 "[done: 2 rounds]"]
     check_wsgi_app(block_defining(results, "waitress.serve(app")["app"])
+    assert [r.parts for r in fp.requests if r.parts] == [[{"type": "image_url", "image_url": {"url": PNG_URL}}]] * 2
+    assert block_defining(results, "PartsPolicy(")["photo_app"].parts.allow == ("image",)
     check_flask(block_defining(results, "from flask import")["app"], fp)
+    check_use_chat(Client(block_defining(results, "ai_sdk_version=7")["chat_app"]), "/api/chat", 7)
     check_django_view(block_defining(results, "def ask(request)")["ask"])
     check_django_mount(block_defining(results, "get_wsgi_application()")["application"])
 
@@ -229,6 +237,25 @@ def check_flask(app: Any, fp: FakeProvider) -> None:
     assert re.fullmatch(r"[0-9a-f]{12}", answer.headers["X-Request-Id"])
     first = fp.requests[-1].json["messages"][0]  # the app's system prompt leads, not the browser's text
     assert first == {"role": "system", "content": "You are a concise travel assistant."}
+    check_use_chat(client, "/chat/api/chat")
+
+
+def check_use_chat(client: Any, path: str, version: int = 5) -> None:
+    """``useChat``'s request (through a werkzeug test client): a UI message stream with the tool's card."""
+    answer = client.post(path, json={"id": "chat-1", "trigger": "submit-message", "messages": [
+        {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Weather in Oslo?"}]}]})
+    try:
+        text = answer.get_data(as_text=True)
+    finally:
+        answer.close()  # what a WSGI server does after the last write: the stream's slot is released
+    assert answer.status_code == 200 and answer.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    [output] = [c for c in chunks if c["type"] == "tool-output-available"]
+    assert output["output"] == "sunny in Oslo"
+    shown = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert "It is sunny in Oslo." in shown and "<tool" not in shown  # the inline block is the card, not text
+    assert chunks[-1]["type"] == "finish" and ("finishReason" in chunks[-1]) == (version >= 6)
+    assert text.rstrip().endswith("data: [DONE]")
 
 
 def check_django_view(ask: Any) -> None:
@@ -330,14 +357,12 @@ def test_the_readme_counts_the_cli_commands():
         assert f"``streamengine {command}" in README, f"the README never shows `streamengine {command}`"
 
 
-def test_the_scenario_format_pointer_names_a_module_that_documents_it():
-    import importlib
-
-    (module,) = re.findall(r"the format is documented in the docstring of ``([\w.]+)``", " ".join(README.split()))
-    assert module.startswith("streamengine.testing")
-    doc = importlib.import_module(module).__doc__ or ""
+def test_the_scenario_format_pointer_names_a_command_that_prints_it():
+    assert "``streamengine harness --format`` prints the format" in " ".join(README.split())
+    doc = subprocess.run([sys.executable, "-m", "streamengine", "harness", "--format"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
     for part in ("**Steps**", "**Tools**", "**Expectations**"):
-        assert part in doc, f"{module}'s docstring no longer documents the scenario format ({part})"
+        assert part in doc, f"harness --format no longer prints the scenario format ({part})"
 
 
 def text_block_after(marker: str) -> str:

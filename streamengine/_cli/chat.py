@@ -47,8 +47,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO
 
 from .._logs import for_terminal, is_terminal
-from .._messages import LLM_WARNING, PROG, StopReason
+from .._messages import LLM_WARNING, PROG, StopReason, as_message
+from .._parts import Part, TextPart
 from .._validation import one_line
+from .attach import attachments
 from .build import UsageError, build_engine, close_engine
 from .log import ConversationLogError, RunLog, default_log, logging_enabled
 from .output import EventPrinter, JsonEventPrinter, strip_markup, use_color, write, write_error
@@ -233,23 +235,32 @@ def cmd_chat(args: argparse.Namespace, hooks: _Hooks) -> int:
     stdin, out, err = sys.stdin, sys.stdout, sys.stderr
     approval = approval_for(args, stdin, err)
     prompt = _prompt(args, stdin)
+    parts = attachments(args)  # read before the engine is built: a bad path is a usage error at once
     log = Conversation.open(args, err)
     engine = build_engine(args, approve=approval)
     chat = _Chat(engine, args, out, err, log, approval)
     try:
         system = log.system = args.system or log.system  # a continued conversation keeps its system message
-        history: List[Dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        history: List[Dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         history += log.history
         if prompt is None:
-            return _conversation(chat, history)
-        status, _ = chat.answer(history + [{"role": "user", "content": prompt}])
+            return _conversation(chat, history, parts)
+        status, _ = chat.answer(history + [user_message(prompt, parts)])
         return status
     finally:
         close_engine(engine)
 
 
-def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
-    """Read a line, answer it with the whole conversation so far; Ctrl-D (or 'exit') ends it."""
+def user_message(text: str, parts: Sequence[Part]) -> Dict[str, Any]:
+    """The user's message: the text, then the attachments (``-a``), as content parts when there are any."""
+    return {"role": "user", "content": [TextPart(text), *parts] if parts else text}
+
+
+def _conversation(chat: _Chat, history: List[Dict[str, Any]], parts: Sequence[Part] = ()) -> int:
+    """Read a line, answer it with the whole conversation so far; Ctrl-D (or 'exit') ends it.
+
+    The attachments go with the first message, and stay in the conversation.
+    """
     try:
         importlib.import_module("readline")  # line editing and history for input()
     except ImportError:  # pragma: no cover - Windows
@@ -273,7 +284,7 @@ def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
                 return 0
         if not line.strip():
             continue
-        history.append({"role": "user", "content": line})
+        history.append(user_message(line, parts))
         try:
             _, answer = chat.answer(history)
         except KeyboardInterrupt:  # stops this answer, not the conversation
@@ -281,6 +292,7 @@ def _conversation(chat: _Chat, history: List[Dict[str, str]]) -> int:
             answer = None
         if answer:
             history.append({"role": "assistant", "content": answer})
+            parts = ()  # sent: they are in the conversation now
         else:
             history.pop()  # a failed turn is not part of the conversation
 
@@ -316,7 +328,7 @@ class _Chat:
                  approval: Approval) -> None:
         self.engine, self.args, self.out, self.err, self.log, self.approval = engine, args, out, err, log, approval
 
-    def answer(self, messages: List[Dict[str, str]]) -> tuple[int, Optional[str]]:
+    def answer(self, messages: List[Dict[str, Any]]) -> tuple[int, Optional[str]]:
         """Run once and print it; returns the exit status and the final answer (None on failure)."""
         args, out, err, engine = self.args, self.out, self.err, self.engine
         t0 = time.monotonic()
@@ -343,7 +355,7 @@ class _Chat:
             events.close()  # on Ctrl-C: cancels the provider stream and the tools
         return self._finish(printer, live, messages)
 
-    def _finish(self, printer: Any, live: bool, messages: List[Dict[str, str]]) -> tuple[int, Optional[str]]:
+    def _finish(self, printer: Any, live: bool, messages: List[Dict[str, Any]]) -> tuple[int, Optional[str]]:
         args, out, err = self.args, self.out, self.err
         result = printer.result
         failed = result is None or result.error is not None or bool(printer.errors)
@@ -360,7 +372,7 @@ class _Chat:
             return 1, None
         if not args.json:
             _warn_failover(result, self.engine.config.models, err)
-        self.log.record(messages[-1]["content"], answer, result)
+        self.log.record(as_message(messages[-1]).content, answer, result)  # the text: attachments are not kept
         return (EXIT_NOT_WHOLE if _not_whole(result, err, args.json) else 0), answer
 
 

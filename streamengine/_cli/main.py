@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import io
 import json
 import os
@@ -50,6 +51,7 @@ from .. import __version__
 from .._errors import AllModelsFailedError, ConfigError, LlmError, LlmHttpError, StreamEngineError
 from .._messages import PROG
 from .._validation import one_line as _one_line
+from .attach import add_attachment_flags
 from .build import (
     UsageError,
     add_endpoint_flags,
@@ -239,10 +241,16 @@ def _cmd_demo(args: argparse.Namespace, hooks: _Hooks) -> int:
 # --------------------------------------------------------------------------- harness
 
 def _cmd_harness(args: argparse.Namespace, hooks: _Hooks) -> int:
+    from ..testing import _scenario
     from ..testing._junit import write_junit
     from ..testing._scenario import expand_paths, run_files
 
     out = sys.stdout
+    if args.format:
+        write(out, inspect.cleandoc(_scenario.__doc__ or "") + "\n")  # the format's one home
+        return 0
+    if not args.scenarios:
+        raise UsageError("harness needs scenario files (SCENARIO.json or a directory); --format shows what one holds")
     paths = expand_paths(args.scenarios)
     if not paths:
         raise UsageError("no scenario files found in " + ", ".join(args.scenarios))
@@ -354,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-log", action="store_true",
                       help="do not record this run in the run log (env STREAMENGINE_LOG=0 turns it off)")
     add_approval_flags(chat)
+    add_attachment_flags(chat)
     chat.set_defaults(handler=cmd_chat)
 
     logs = sub.add_parser("logs", parents=[common], help="list past runs from the run log",
@@ -415,10 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
 
     harness = sub.add_parser("harness", parents=[common], help="run scenario files against FakeProvider",
-                             description="Run scripted scenarios (see streamengine.testing._scenario for the format) "
-                                         "over real HTTP; PASS/FAIL per scenario.")
-    harness.add_argument("scenarios", nargs="+", metavar="SCENARIO.json",
+                             description="Run scripted scenarios over real HTTP; PASS/FAIL per scenario "
+                                         "(--format shows what a scenario file holds).")
+    harness.add_argument("scenarios", nargs="*", metavar="SCENARIO.json",
                          help="scenario files (a directory = its *.json files)")
+    harness.add_argument("--format", action="store_true", help="print the scenario file format and exit")
     harness.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
     add_mcp_flags(harness)
     harness.set_defaults(handler=_cmd_harness)

@@ -59,6 +59,7 @@ inside a 200 stream is classified as its HTTP status would be
 """
 from __future__ import annotations
 
+import binascii
 import json
 import math
 import os
@@ -84,6 +85,7 @@ from .._messages import (
     as_messages,
     text_chunk,
 )
+from .._parts import AudioPart, FilePart, ImagePart, Part, TextPart
 from .http.errors import in_band_error, in_band_status, status_error
 from .http.options import sdk_settings
 from .http.transport import HttpProviderClient, TypedEventParser, Wire, content_headers
@@ -178,9 +180,75 @@ def _blocks(message: Message) -> Tuple[str, List[Dict[str, Any]]]:
             result["is_error"] = True
         return "user", [result]
     if message.role == "user":
-        return "user", text
+        return "user", [part_block(p) for p in message.parts if not isinstance(p, TextPart) or p.text] \
+            if message.parts else text
     raise ConfigError(f"message role {message.role!r} has no Anthropic form; use 'system', 'user', "
                       f"'assistant' or 'tool'")
+
+
+#: The image types the Messages API reads.
+IMAGE_TYPES = ("image/gif", "image/jpeg", "image/png", "image/webp")
+
+
+def cannot_carry(part: Part) -> Optional[str]:
+    """Why the Messages API cannot take ``part``, and what to do instead; None when it can."""
+    if isinstance(part, AudioPart):
+        return ("it takes no audio; send a transcript as text, or a model that hears audio over Chat "
+                "Completions (OpenAICompatibleClient)")
+    if isinstance(part, ImagePart) and part.inline is not None and part.inline[0] not in IMAGE_TYPES:
+        return f"it reads images of type {', '.join(IMAGE_TYPES)}, not {part.inline[0]}; convert the image"
+    if isinstance(part, FilePart):
+        return _document_refused(part)
+    return None
+
+
+def _document_refused(part: FilePart) -> Optional[str]:
+    if part.file_id is not None:
+        return "a file_id names a file stored with another provider; send the file's data (a data URL) instead"
+    media = part.media_type or "an unknown type"
+    if part.url is not None:
+        return None if media == "application/pdf" else \
+            f"a document by URL must be a PDF, not {media}; send the file's data (a data URL) instead"
+    if media == "application/pdf":
+        return None
+    if not media.startswith("text/"):
+        return f"its documents are PDFs or plain text, not {media}"
+    try:
+        _document_text(part)
+    except (UnicodeDecodeError, binascii.Error):
+        return f"a {media} document must be UTF-8 text"
+    return None
+
+
+def part_block(part: Part) -> Dict[str, Any]:
+    """A content part as a Messages API block: ``text``, ``image`` or ``document``, data as base64 or URL sources."""
+    if isinstance(part, ImagePart):
+        inline = part.inline
+        return {"type": "image", "source": {"type": "base64", "media_type": inline[0], "data": inline[1]}
+                if inline else {"type": "url", "url": part.url}}
+    if isinstance(part, FilePart):
+        block: Dict[str, Any] = {"type": "document", "source": _document_source(part)}
+        if part.filename:
+            block["title"] = part.filename
+        return block
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    raise ConfigError(f"the {part.describe()} has no Anthropic form: {cannot_carry(part)}")
+
+
+def _document_source(part: FilePart) -> Dict[str, Any]:
+    inline = part.inline
+    if inline is None:
+        return {"type": "url", "url": part.url}
+    if inline[0] == "application/pdf":
+        return {"type": "base64", "media_type": inline[0], "data": inline[1]}
+    return {"type": "text", "media_type": "text/plain", "data": _document_text(part)}
+
+
+def _document_text(part: FilePart) -> str:
+    inline = part.inline
+    assert inline is not None
+    return binascii.a2b_base64(inline[1]).decode("utf-8")
 
 
 def _tool_use(call: ToolCall) -> Dict[str, Any]:
@@ -460,6 +528,7 @@ class MessagesWire(Wire):
     key_source = "ANTHROPIC_API_KEY"
     log_name = "streamengine._clients.anthropic.AnthropicClient"
     parser_class = AnthropicStreamParser
+    name = "the Anthropic Messages API"
 
     def __init__(self, anthropic_version: str, default_max_tokens: int) -> None:
         validation.count(default_max_tokens, "default_max_tokens", minimum=1)
@@ -475,6 +544,9 @@ class MessagesWire(Wire):
     def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:
         return chat_body(messages, tools, options, self.default_max_tokens, stream=stream)
+
+    def cannot_carry(self, part: Part) -> Optional[str]:
+        return cannot_carry(part)
 
     def request_headers(self, stream: bool, headers: Mapping[str, str], api_key: Optional[str]) -> Dict[str, str]:
         sent = content_headers(stream)

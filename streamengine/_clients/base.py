@@ -36,6 +36,10 @@ class LlmClient(abc.ABC):
                  options: Optional[CompletionOptions] = None, cancel: Optional[threading.Event] = None) -> Response:
         """Return the whole answer; setting ``cancel`` aborts the request at once."""
 
+    def check_parts(self, messages: Sequence[MessageLike], model: Optional[str] = None) -> None:  # noqa: B027
+        """Raise :class:`ConfigError` if ``model``'s API cannot carry a part of ``messages`` (an image, audio, a
+        file); the default: every part can go (a client of your own sends what it is given)."""
+
     def close(self) -> None:  # noqa: B027 - a default, not abstract: clients without pooled connections need not override it
         """Release pooled connections; the default holds none."""
 

@@ -62,6 +62,7 @@ from .._messages import (
     as_messages,
     text_chunk,
 )
+from .._parts import FilePart, Part
 from .._wait import Wait
 from .http.connection import RequestTracker
 from .http.errors import in_band_error, in_band_status, short_cause, status_error
@@ -612,10 +613,17 @@ class ChatCompletionsWire(Wire):
     key_source = "STREAMENGINE_API_KEY or OPENAI_API_KEY"
     log_name = "streamengine._clients.openai.OpenAICompatibleClient"
     parser_class = StreamParser
+    name = "the Chat Completions API"
 
     def __init__(self, api_key_header: str, stream_options: bool) -> None:
         self.api_key_header = checked_key_header(api_key_header)
         self.stream_options = bool(stream_options)
+
+    def cannot_carry(self, part: Part) -> Optional[str]:
+        if isinstance(part, FilePart) and part.url is not None:
+            return ("it takes a file as data (a data URL) or a file_id, not by URL; attach the file itself, "
+                    "or use OpenAIResponsesClient, whose input_file takes a URL")
+        return None
 
     def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:

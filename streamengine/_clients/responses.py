@@ -100,6 +100,7 @@ from .._messages import (
     Usage,
     as_messages,
 )
+from .._parts import AudioPart, FilePart, ImagePart, Part, TextPart
 from .http.options import sdk_settings
 from .http.transport import HttpProviderClient, TypedEventParser, Wire
 from .openai import (
@@ -174,7 +175,8 @@ def _input(messages: List[Message]) -> Tuple[str, List[Dict[str, Any]]]:
 def _items(message: Message) -> List[Dict[str, Any]]:
     role = message.role
     if role == "user":
-        return [{"type": "message", "role": "user", "content": message.content}]
+        content: Any = [input_part(p) for p in message.parts] if message.parts else message.content
+        return [{"type": "message", "role": "user", "content": content}]
     if role == "assistant":
         text = [{"type": "message", "role": "assistant", "content": message.content}] if message.content else []
         return text + [{"type": "function_call", "call_id": call.id, "name": call.name,
@@ -186,6 +188,30 @@ def _items(message: Message) -> List[Dict[str, Any]]:
     if role == "developer":
         return [{"type": "message", "role": "developer", "content": message.content}]
     raise ConfigError(f"message role {role!r} has no Responses form; use 'system', 'user', 'assistant' or 'tool'")
+
+
+def cannot_carry(part: Part) -> Optional[str]:
+    """Why the Responses API cannot take ``part`` in a message; None when it can."""
+    if isinstance(part, AudioPart):
+        return ("its messages take no audio; send a transcript as text, or use the Chat Completions client "
+                "(OpenAICompatibleClient), whose input_audio parts carry it")
+    return None
+
+
+def input_part(part: Part) -> Dict[str, Any]:
+    """A content part as a Responses input: ``input_text``, ``input_image`` or ``input_file``."""
+    if isinstance(part, TextPart):
+        return {"type": "input_text", "text": part.text}
+    if isinstance(part, ImagePart):  # detail is required here; "auto" is what Chat Completions assumes
+        return {"type": "input_image", "image_url": part.url, "detail": part.detail or "auto"}
+    if isinstance(part, FilePart):
+        item: Dict[str, Any] = {"type": "input_file"}
+        for key, value in (("file_data", part.data), ("file_id", part.file_id), ("file_url", part.url),
+                           ("filename", part.filename)):
+            if value is not None:
+                item[key] = value
+        return item
+    raise ConfigError(f"the {part.describe()} has no Responses form: {cannot_carry(part)}")
 
 
 def _tool(spec: ToolSpec) -> Dict[str, Any]:
@@ -535,9 +561,13 @@ class ResponsesWire(Wire):
     key_source = "STREAMENGINE_API_KEY or OPENAI_API_KEY"
     log_name = "streamengine._clients.responses.OpenAIResponsesClient"
     parser_class = ResponsesStreamParser
+    name = "the OpenAI Responses API"
 
     def __init__(self, api_key_header: str) -> None:
         self.api_key_header = checked_key_header(api_key_header)
+
+    def cannot_carry(self, part: Part) -> Optional[str]:
+        return cannot_carry(part)
 
     def chat_body(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]],
                   options: Optional[CompletionOptions], stream: bool) -> Dict[str, Any]:

@@ -92,6 +92,11 @@ class RoutedClient(StreamingLlmClient):
         client, routed = self._routed(options)
         return client.complete(messages, tools, routed, cancel)
 
+    def check_parts(self, messages: Sequence[MessageLike], model: Optional[str] = None) -> None:
+        """The parts checked by the client ``model`` is routed to, against its own wire."""
+        client, routed = self.route(model)
+        client.check_parts(messages, routed)
+
     def close(self) -> None:
         for client in self.clients.values():
             client.close()

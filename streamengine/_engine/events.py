@@ -48,11 +48,16 @@ class ToolResultEvent:
     call nothing said yes to), ``"not_allowed"`` (not in ``allowed_tools``, or no
     such tool), ``"round_cap"``, ``"request_cap"``, ``"invalid"`` (a block or
     arguments that could not be read), ``"pool_busy"``, ``"cancelled"``.
+
+    ``call`` is the call as the model wrote it (None from an engine of your
+    own): a skipped call had no ``tool_start``, yet a frontend's tool card
+    still shows what was asked.
     """
 
     name: ClassVar[Literal["tool_result"]] = "tool_result"
     result: ToolResult
     skipped: Optional[str] = None
+    call: Optional[ToolCall] = None
 
 
 @dataclass(frozen=True)

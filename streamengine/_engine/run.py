@@ -239,6 +239,7 @@ class StreamingEngine:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
         deps = self._deps_for(model, options, checked_approve(approve, "run(approve=...)"))
+        self._check_parts(conversation, deps.config.models)
         # The run's span is a child of the context current *here*, whichever thread then drives the run.
         otel = self._otel
         parent = otel.current_context() if otel is not None else None
@@ -247,6 +248,13 @@ class StreamingEngine:
         if read_ahead:
             return Run(self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace))
         return Run(self._batches(conversation, cancel, heartbeat_s, deps, scope, trace))
+
+    def _check_parts(self, conversation: List[Message], models: Sequence[str]) -> None:
+        """Images, audio and files checked against the API of every model the run may fail over to, before
+        the first request: a part one of them cannot carry is a :class:`ConfigError` now, not mid-run."""
+        if any(message.has_media for message in conversation):
+            for name in models:
+                self.client.check_parts(conversation, name)
 
     def _deps_for(self, model: Optional[str], options: Any, approve: Optional[Callable[[ToolCall], object]]) -> RunDeps:
         """The engine's run dependencies, or a copy with this run's model, options and approve hook."""

@@ -330,7 +330,7 @@ class ToolCalls:
                 remote = getattr(self._registry.get(result.name), "executor", "local") == "remote"
                 with state.trace.owner.guard("ending a tool span"):
                     state.trace.tool_ended(result, remote=remote)
-            state.emit(ToolResultEvent(result, skipped))
+            state.emit(ToolResultEvent(result, skipped, entry.call))
             if skipped not in GATE_SKIPS:
                 self._count_outcome(result)
             if skipped is not None:

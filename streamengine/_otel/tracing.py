@@ -68,6 +68,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from .._logs import component_logger
 from .._messages import StopReason
+from .._parts import Part, TextPart
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Histogram, Meter, MeterProvider
@@ -209,7 +210,9 @@ def input_messages(messages: Iterable[Message]) -> str:
     out: List[Dict[str, Any]] = []
     for message in messages:
         parts: List[Dict[str, Any]] = []
-        if getattr(message, "content", ""):
+        if getattr(message, "parts", ()):
+            parts += [media_part(part) for part in message.parts]
+        elif getattr(message, "content", ""):
             kind = "tool_call_response" if message.role == "tool" else "text"
             part: Dict[str, Any] = {"type": kind, ("response" if kind != "text" else "content"): message.content}
             if kind != "text":
@@ -219,6 +222,20 @@ def input_messages(messages: Iterable[Message]) -> str:
             parts.append(_tool_call_part(call))
         out.append({"role": message.role, "parts": parts})
     return json.dumps(out, ensure_ascii=False)
+
+
+def media_part(part: Part) -> Dict[str, Any]:
+    """A content part as captured: text as text, an image, audio or a file as its kind, type and size only.
+
+    Never its bytes or its URL: a span is no place for a photo, and a URL may
+    carry a signature that grants access to it.
+    """
+    if isinstance(part, TextPart):
+        return {"type": "text", "content": part.text}
+    out: Dict[str, Any] = {"type": part.kind, "mime_type": part.media_type}
+    if part.size:
+        out["size"] = part.size
+    return out
 
 
 def output_messages(text: str, calls: Iterable[ToolCall], finish_reason: Optional[str]) -> str:

@@ -7,8 +7,8 @@ Public, for streamengine's own tests, its demo and CLI harness, and your tests.
   Anthropic (``wire="anthropic"``) or Responses (``wire="responses"``) wire;
 - ``steps``: what a turn does (``s.text``, ``s.delay``, ``s.drop``...);
 - scenarios: JSON scenario files run against the engine (:func:`load_scenario`,
-  :func:`run_scenario`; ``streamengine harness`` runs them; the format is
-  ``streamengine.testing._scenario``'s docstring);
+  :func:`run_scenario`; ``streamengine harness`` runs them and
+  ``streamengine harness --format`` prints the format);
 - :func:`write_junit`: their results as JUnit XML for CI servers;
 - :class:`RunClient`: a client of served runs that resumes with Last-Event-ID
   after the server's ``retry:`` until the terminal frame (docs/runs.md).

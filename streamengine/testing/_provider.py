@@ -107,6 +107,29 @@ class RecordedRequest:
     json: Any
     body: bytes = b""
 
+    @property
+    def parts(self) -> List[Dict[str, Any]]:
+        """The images, audio and files the request carried, in order, each in its wire's own shape.
+
+        Every typed block of a message's content (``messages``; the Responses
+        API's ``input``) that is neither text nor a tool call or result: what
+        a test checks to see what reached the wire.
+        """
+        payload = self.json if isinstance(self.json, dict) else {}
+        turns = payload.get("messages", payload.get("input"))
+        found: List[Dict[str, Any]] = []
+        for turn in turns if isinstance(turns, list) else ():
+            content = turn.get("content") if isinstance(turn, dict) else None
+            for block in content if isinstance(content, list) else ():
+                if isinstance(block, dict) and block.get("type") not in _NOT_PARTS:
+                    found.append(block)
+        return found
+
+
+#: Content blocks that are not parts: text, and the tool calls and results of each wire.
+_NOT_PARTS = frozenset({"text", "input_text", "output_text", "refusal", "tool_use", "tool_result", "thinking",
+                        "redacted_thinking"})
+
 
 def fake_embedding(text: str, dim: int = 16) -> List[float]:
     """The deterministic unit vector FakeProvider returns for ``text``.

@@ -71,7 +71,7 @@ called it; ``false``: every one started after (side-effect tools); a list of
 tool names: those did.  The end of each stream is stamped by a ``signal``
 step the harness adds to each turn, compared with ``ToolResult.started_at``
 (both ``time.monotonic()``).  ``telemetry``: exact values of
-:class:`~streamengine._engine.result.Telemetry` fields.  ``requests``: how many chat
+:class:`~streamengine.Telemetry` fields.  ``requests``: how many chat
 requests the provider got; ``requested_models``: their ``model`` fields;
 ``request_contains``: request index -> substrings of its JSON ``messages``;
 ``error``: ``false`` (no error), ``true`` (the run ended with an error) or a

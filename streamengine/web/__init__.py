@@ -5,19 +5,26 @@
 ``mount`` puts it under a prefix beside Flask or Django; ``encode_stream``
 with ``PublicErrors`` turns ``engine.run()`` into SSE frames inside a view of
 your own; ``messages_from_request`` reads a browser's conversation the way
-the app does.
+the app does.  The same app speaks the frontends' own protocols:
+``POST /api/chat`` (``CHAT_PATH``) answers the AI SDK's ``useChat`` with its
+UI message stream, ``POST /agui`` (``AGUI_PATH``) an AG-UI client
+(docs/frontends.md).
 
 Modules (private): ``_app`` (routes, checks in order), ``_policy`` (which
 messages a request may bring), ``_guard`` (Host check, authorize, stream
 limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
 readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 ``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
-``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's),
-``_runs`` (the routes of runs in a log: resume, stop, status, approvals) and
-``_producer`` (one run driven into its log).
+``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's), ``_parts``
+(``PartsPolicy``: which images, audio and files a request may bring),
+``_aisdk`` (the AI SDK's UI message stream), ``_agui`` (AG-UI), ``_runs`` (the
+routes of runs in a log: resume, stop, status, approvals) and ``_producer``
+(one run driven into its log).
 """
 from __future__ import annotations
 
+from ._app import AGUI_PATH as AGUI_PATH
+from ._app import CHAT_PATH as CHAT_PATH
 from ._app import STREAM_PATH as STREAM_PATH
 from ._app import AppOptions as AppOptions
 from ._app import StreamApp as StreamApp
@@ -27,6 +34,7 @@ from ._app import mount as mount
 from ._guard import RequestRejected as RequestRejected
 from ._guard import client_address as client_address
 from ._guard import messages_from_request as messages_from_request
+from ._parts import PartsPolicy as PartsPolicy
 from ._serve import serve as serve
 from ._sse import EngineLike as EngineLike
 from ._sse import PublicErrors as PublicErrors
@@ -35,7 +43,7 @@ from ._sse import SseResponse as SseResponse
 from ._sse import encode_stream as encode_stream
 
 __all__ = [
-    "AppOptions", "EngineLike", "PublicErrors", "RequestRejected", "RunOptions", "STREAM_PATH", "SseResponse",
-    "StreamApp", "WsgiApp", "client_address", "encode_stream", "make_wsgi_app", "messages_from_request", "mount",
-    "serve",
+    "AGUI_PATH", "AppOptions", "CHAT_PATH", "EngineLike", "PartsPolicy", "PublicErrors", "RequestRejected",
+    "RunOptions", "STREAM_PATH", "SseResponse", "StreamApp", "WsgiApp", "client_address", "encode_stream",
+    "make_wsgi_app", "messages_from_request", "mount", "serve",
 ]

@@ -16,6 +16,9 @@ Routes (relative to where the app is mounted, ``SCRIPT_NAME``)::
     GET  /healthz              {"status": "ok"}
     POST /v1/chat/stream       body {"messages": [{"role": "user", "content": "..."}, ...]}
     GET  /v1/chat/stream?q=…   the same for one user message (get_runs=True)
+    POST /api/chat             the AI SDK's useChat request, answered as a UI message stream (_aisdk)
+    GET  /api/chat/<id>/stream useChat's resume (resume: true): 204, no run of this app can be resumed yet
+    POST /agui                 an AG-UI RunAgentInput, answered as AG-UI events (_agui)
     OPTIONS <any route>        CORS preflight, only when ``allow_origin`` is set
 
 A request passes, in order: the Host check, the cross-site check, the
@@ -41,6 +44,8 @@ from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
 from ..runs import RunLog
+from ._agui import AGUI_HEADERS, AgUiStream, run_input
+from ._aisdk import UI_STREAM_HEADERS, UiMessageStream, chat_messages, check_ai_sdk_version
 from ._guard import (
     SEND,
     ClientKey,
@@ -57,8 +62,9 @@ from ._guard import (
     status_line,
     with_system_prompt,
 )
+from ._parts import PartsPolicy, checked_policy
 from ._runs import RUNS_PATH, Owner, RunRoutes, last_event_id
-from ._sse import EngineLike, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
+from ._sse import EngineLike, Framer, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
     from _typeshed.wsgi import InputStream, StartResponse, WSGIApplication, WSGIEnvironment
@@ -132,6 +138,12 @@ def mount(host_app: WSGIApplication, prefix: str, app: WSGIApplication) -> WsgiA
 
 
 STREAM_PATH = "/v1/chat/stream"
+#: The AI SDK's ``useChat`` posts here (``DefaultChatTransport``'s default ``api``).
+CHAT_PATH = "/api/chat"
+#: ``useChat`` with ``resume: true`` asks ``{CHAT_PATH}/<chatId>{RESUME_SUFFIX}`` for a stream to rejoin.
+RESUME_SUFFIX = "/stream"
+#: An AG-UI client (``HttpAgent``) posts its ``RunAgentInput`` here.
+AGUI_PATH = "/agui"
 HEALTH_PATH = "/healthz"
 PAGE_PATH = "/"
 
@@ -142,6 +154,8 @@ Approve = Callable[[ToolCall, "WSGIEnvironment"], object]
 #: ``scope(environ)``: the run's RAG scope (``conversation_id``), or None for a scope of its own.
 Scope = Callable[["WSGIEnvironment"], Optional[str]]
 Route = Callable[["WSGIEnvironment"], Tuple[str, Headers, Iterable[bytes]]]
+#: Makes one response's framer from its :class:`PublicErrors` (None: the app's own event names).
+MakeFramer = Callable[[PublicErrors], Framer]
 
 
 class AppOptions(TypedDict, total=False):
@@ -162,6 +176,8 @@ class AppOptions(TypedDict, total=False):
     heartbeat_s: Optional[float]
     max_body_bytes: int
     scope: Optional[Scope]
+    parts: Optional[PartsPolicy]
+    ai_sdk_version: int
     runs: Optional[RunLog]
     owner: Optional[Owner]
     on_disconnect: Optional[str]
@@ -193,6 +209,12 @@ class StreamApp:
     ``stuck_reader_timeout_s``: cancel a run whose client read nothing for
     that long (``None``: never).  ``heartbeat_s``: seconds of silence before
     a ``: ping``.  ``max_body_bytes`` caps a POST body (and a ``q``).
+    ``parts``: which images, audio and files a request may bring
+    (:class:`~streamengine.web._parts.PartsPolicy`; None: text only); the
+    body cap grows by what it lets in.
+    ``ai_sdk_version``: the major version of the ``ai`` package the
+    frontend's ``useChat`` uses (5, 6 or 7): ``POST /api/chat`` writes only
+    the chunks that version accepts (docs/frontends.md).
 
     Side effects: ``approve(call, environ) -> bool`` is asked, on the thread
     driving the run (the server's), before each call of a tool with side
@@ -226,9 +248,10 @@ class StreamApp:
                  retry_after_s: int = 5, expose_errors: bool = False,
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
                  max_body_bytes: int = 1_000_000, scope: Optional[Scope] = None,
-                 approve: Optional[Approve] = None, runs: Optional[RunLog] = None, owner: Optional[Owner] = None,
-                 on_disconnect: Optional[str] = None, detach_grace_s: float = 60.0, lease_s: float = 3.0,
-                 retain_s: float = 600.0, approvals: bool = False, max_detached_per_client: int = 4) -> None:
+                 approve: Optional[Approve] = None, parts: Optional[PartsPolicy] = None,
+                 ai_sdk_version: int = 5, approvals: bool = False, runs: Optional[RunLog] = None,
+                 owner: Optional[Owner] = None, on_disconnect: Optional[str] = None, detach_grace_s: float = 60.0,
+                 lease_s: float = 3.0, retain_s: float = 600.0, max_detached_per_client: int = 4) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -240,6 +263,9 @@ class StreamApp:
         if scope is not None and not callable(scope):
             raise ConfigError(f"scope must be a function environ -> str or None, got {type(scope).__name__}")
         _check_approve(engine, approve)
+        # approvals=True works on the run routes (runs=); useChat's approval chunks are not wired yet, so it
+        # asks nothing of the ai version.
+        self.ai_sdk_version = check_ai_sdk_version(ai_sdk_version)
         self.engine = engine
         self.system_prompt = system_prompt
         self.trusted_messages = bool(trusted_messages)
@@ -247,6 +273,8 @@ class StreamApp:
         self.get_runs = bool(get_runs)
         self.heartbeat_s = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
         self.max_body_bytes = max_body_bytes
+        self.parts = checked_policy(parts)
+        self.body_limit = max_body_bytes + self.parts.body_allowance()
         self._authorize = authorize
         self._scope = scope
         self._approve = approve
@@ -266,6 +294,8 @@ class StreamApp:
             PAGE_PATH: {"GET": self._page_response},
             HEALTH_PATH: {"GET": self._health},
             STREAM_PATH: {"POST": self._stream_post, **({"GET": self._stream_get} if self.get_runs else {})},
+            CHAT_PATH: {"POST": self._chat_post},
+            AGUI_PATH: {"POST": self._agui_post},
         }
 
     def _run_routes(self, runs: Optional[RunLog], *, approvals: bool, **options: Any) -> Optional[RunRoutes]:
@@ -311,9 +341,13 @@ class StreamApp:
         if self._runs is not None and path.startswith(RUNS_PATH):
             return self._run_route(path, method, environ)
         methods = self._routes.get(path)
+        if methods is None and path.startswith(CHAT_PATH + "/") and path.endswith(RESUME_SUFFIX) \
+                and len(path) > len(CHAT_PATH) + len(RESUME_SUFFIX) + 1:
+            methods = {"GET": self._chat_resume}
         if methods is None:
             raise HttpError(f"no such path {path!r}; this app serves GET {PAGE_PATH} (page), "
-                            f"GET {HEALTH_PATH}, and POST {STREAM_PATH}", 404)
+                            f"GET {HEALTH_PATH}, POST {STREAM_PATH}, POST {CHAT_PATH} (the AI SDK's useChat) "
+                            f"and POST {AGUI_PATH} (AG-UI)", 404)
         allowed = sorted(methods) + (["OPTIONS"] if self._sites.cors else [])
         if method == "OPTIONS" and self._sites.cors:
             return status_line(204), self._sites.preflight_headers(allowed), []
@@ -370,19 +404,55 @@ class StreamApp:
                             environ)
 
     def _stream_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
-        self._sites.refuse_post(environ)
-        self._check_authorized(environ)
-        payload = _decode_json(self._read_body(environ))
+        payload = self._checked_body(environ)
         try:
             messages = messages_from_request(payload, system_prompt=self.system_prompt,
-                                             trusted=self.trusted_messages)
+                                             trusted=self.trusted_messages, parts=self.parts)
         except RequestRejected as exc:
             raise HttpError(str(exc), field=exc.field) from exc
         return self._stream(messages, environ)
 
-    def _stream(self, messages: List[Message], environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+    def _chat_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """``useChat``'s request, answered with the UI message stream of the app's ``ai_sdk_version``."""
+        payload = self._checked_body(environ)
+        try:
+            messages = chat_messages(payload, system_prompt=self.system_prompt)
+        except RequestRejected as exc:
+            raise HttpError(str(exc), field=exc.field) from exc
+        message_id = f"msg-{uuid.uuid4().hex}"
+        return self._stream(messages, environ,
+                            lambda errors: UiMessageStream(errors, message_id, self.ai_sdk_version),
+                            UI_STREAM_HEADERS)
+
+    def _chat_resume(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """``useChat``'s reconnect after a reload: 204, "no active stream", since no run here outlives its request.
+
+        Resuming a run another request (or worker) started needs the run logs,
+        which this route does not read yet; a 204 is what the client expects
+        for a chat with nothing to resume, where a 404 would show as an error.
+        """
+        self._check_authorized(environ)
+        return status_line(204), [("Cache-Control", "no-store")], []
+
+    def _agui_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """An AG-UI ``RunAgentInput``, answered with AG-UI events."""
+        payload = self._checked_body(environ)
+        try:
+            run = run_input(payload, system_prompt=self.system_prompt)
+        except RequestRejected as exc:
+            raise HttpError(str(exc), field=exc.field) from exc
+        return self._stream(run.messages, environ, lambda errors: AgUiStream(errors, run), AGUI_HEADERS)
+
+    def _checked_body(self, environ: WSGIEnvironment) -> Any:
+        """A POST run's checks before its messages: cross-site, ``authorize``, then the JSON body."""
+        self._sites.refuse_post(environ)
+        self._check_authorized(environ)
+        return _decode_json(self._read_body(environ))
+
+    def _stream(self, messages: List[Message], environ: WSGIEnvironment, framer: Optional[MakeFramer] = None,
+                headers: Optional[Headers] = None) -> Tuple[str, Headers, Iterable[bytes]]:
         request_id = uuid.uuid4().hex[:12]
-        if self._runs is not None:
+        if self._runs is not None and framer is None:  # the frontends' protocols are not kept in the log (yet)
             return self._runs.start(self.engine, messages, environ, self._run_options(environ),
                                     PublicErrors(request_id, expose=self.expose_errors, logger=self._log))
         release = self._limiter.acquire(environ)
@@ -394,12 +464,13 @@ class StreamApp:
             if holder:
                 self._stuck.remove(holder[0])
 
+        errors = PublicErrors(request_id, expose=self.expose_errors, logger=self._log)
         try:
             response = SseResponse(self.engine, messages, heartbeat_s=self.heartbeat_s,
                                    disconnected=probe if callable(probe) else None, on_close=closed,
-                                   errors=PublicErrors(request_id, expose=self.expose_errors, logger=self._log),
-                                   logger=self._log, run_options=self._run_options(environ),
-                                   drop_connection=connection_dropper(environ))
+                                   errors=errors, logger=self._log, run_options=self._run_options(environ),
+                                   drop_connection=connection_dropper(environ),
+                                   framer=framer(errors) if framer is not None else None)
         except ConfigError as exc:  # the messages were checked: this is the engine refusing (closed)
             release()
             raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
@@ -409,12 +480,8 @@ class StreamApp:
         holder.append(response)
         self._stuck.add(response)
         self._log.info("request {}: stream started for {}", request_id, environ.get("REMOTE_ADDR", "?"))
-        return status_line(200), [
-            ("Content-Type", "text/event-stream; charset=utf-8"),
-            ("Cache-Control", "no-cache"),
-            ("X-Accel-Buffering", "no"),
-            ("X-Request-Id", request_id),
-        ], response
+        return status_line(200), [*(headers if headers is not None else _SSE_HEADERS),
+                                  ("X-Request-Id", request_id)], response
 
     # --- request checks ---------------------------------------------------------------------
     def _check_authorized(self, environ: WSGIEnvironment) -> None:
@@ -462,8 +529,8 @@ class StreamApp:
             length = int(raw_length) if raw_length else 0
         except ValueError as exc:
             raise HttpError(f"invalid Content-Length {raw_length!r}; {SEND}", field="Content-Length") from exc
-        if length > self.max_body_bytes:
-            raise HttpError(f"body too large: {length} bytes, the limit is {self.max_body_bytes}; "
+        if length > self.body_limit:
+            raise HttpError(f"body too large: {length} bytes, the limit is {self.body_limit}; "
                             "send fewer or shorter messages", field="body")
         if length <= 0:
             raise HttpError(f"empty body; {SEND}", field="body")
@@ -475,6 +542,13 @@ class StreamApp:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+_SSE_HEADERS: Headers = [
+    ("Content-Type", "text/event-stream; charset=utf-8"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),
+]
+
 
 def _decode_json(body: bytes) -> Any:
     try:

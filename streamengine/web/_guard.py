@@ -58,12 +58,13 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
-from .._messages import Message, as_message
+from .._messages import Message, as_message, message_content
 from .._validation import json_type
+from ._parts import PartsPolicy, checked_policy
 
 #: A WSGI environ (PEP 3333).
 Environ = Dict[str, Any]
@@ -239,15 +240,17 @@ class RequestRejected(StreamEngineError, ValueError):
 
 
 def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
-                          trusted: bool = False) -> List[Message]:
+                          trusted: bool = False, parts: Optional[PartsPolicy] = None) -> List[Message]:
     """The conversation to run for a decoded JSON request body ``{"messages": [...]}``.
 
     Untrusted (the default): only ``{"role": "user"|"assistant", "content": str}``
-    messages, ending with a user message; anything else raises
-    :class:`RequestRejected` naming the field.  ``system_prompt`` (yours, not the
-    caller's) goes first.  ``trusted=True`` accepts every role and tool-call
-    field :func:`~streamengine._messages.as_message` understands, still after
-    ``system_prompt``.
+    messages (or lists of content parts), ending with a user message; anything
+    else raises :class:`RequestRejected` naming the field.  ``system_prompt``
+    (yours, not the caller's) goes first.  ``trusted=True`` accepts every role
+    and tool-call field :func:`~streamengine._messages.as_message` understands,
+    still after ``system_prompt``, and any content part.  Untrusted, images,
+    audio and files pass only as ``parts`` (a
+    :class:`~streamengine.web._parts.PartsPolicy`) allows; by default none do.
     """
     raw = _raw_messages(payload)
     parsed = [_trusted_message(i, m) if trusted else _public_message(i, m) for i, m in enumerate(raw)]
@@ -255,6 +258,9 @@ def messages_from_request(payload: Any, *, system_prompt: Optional[str] = None,
         require_unicode("messages", raw)
     except RecursionError as exc:
         raise RequestRejected(f"messages are nested too deeply; {SEND}") from exc
+    refusal = None if trusted else checked_policy(parts).refusal(parsed)
+    if refusal is not None:
+        raise RequestRejected(*refusal)
     if not trusted and parsed[-1].role != "user":
         raise RequestRejected(f"messages[{len(raw) - 1}].role: the last message must be the user's question, "
                               f"got {parsed[-1].role!r}; "
@@ -298,9 +304,15 @@ def _public_message(i: int, message: Any) -> Message:
             "{\"role\": \"user\"|\"assistant\", \"content\": \"text\"} (tool calls and their results "
             "are made by the server)", f"{where}.{extra[0]}")
     content = message.get("content")
+    if isinstance(content, list):  # content parts: read as everywhere, then PartsPolicy decides
+        try:
+            text, parts = message_content(content, role, f"{where}.content")
+        except ConfigError as exc:
+            raise RequestRejected(clip(str(exc), 300), f"{where}.content") from exc
+        return Message(role=role, content=text, parts=parts)
     if not isinstance(content, str):
-        raise RequestRejected(f"{where}.content must be a string, got {json_type(content)}; {SEND}",
-                              f"{where}.content")
+        raise RequestRejected(f"{where}.content must be a string or a list of content parts, got "
+                              f"{json_type(content)}; {SEND}", f"{where}.content")
     return Message(role=role, content=content)
 
 
@@ -422,6 +434,18 @@ def _host_of(header: str) -> Optional[str]:
 
 def _bare(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class Watched(Protocol):
+    """A stream response the stuck-reader watch (``_sse.StuckReaders``) can give up on: an app's or a run's."""
+
+    @property
+    def writing_since(self) -> Optional[float]: ...
+
+    @property
+    def cancel(self) -> threading.Event: ...
+
+    def give_up(self) -> None: ...
 
 
 class StreamLimiter:

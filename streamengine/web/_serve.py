@@ -67,7 +67,7 @@ def _write(out: TextIO, text: str) -> None:
 def server_limits(app: object, threads: int, connection_limit: Optional[int] = None) -> Dict[str, Any]:
     """Waitress's options for an internet-facing stream server (its defaults suit neither).
 
-    The body limit is the app's ``max_body_bytes``, so an oversized body is
+    The body limit is the app's (``max_body_bytes`` and what its parts policy lets in), so an oversized body is
     refused while it arrives instead of being spooled to disk first.  ``poll``
     instead of ``select``: select cannot watch more than 1024 descriptors.
     """
@@ -76,7 +76,7 @@ def server_limits(app: object, threads: int, connection_limit: Optional[int] = N
         "threads": threads, "channel_request_lookahead": 1, "ident": PROG,
         # waitress's own limit (which stops accepting: clients hang in the backlog) sits past ours
         "connection_limit": limit + 8, "asyncore_use_poll": True,
-        "max_request_body_size": int(getattr(app, "max_body_bytes", DEFAULT_BODY_LIMIT)),
+        "max_request_body_size": int(getattr(app, "body_limit", getattr(app, "max_body_bytes", DEFAULT_BODY_LIMIT))),
         "outbuf_high_watermark": OUTBUF_HIGH_WATERMARK, "channel_timeout": CHANNEL_TIMEOUT_S,
         "cleanup_interval": max(1, CHANNEL_TIMEOUT_S // 3),
     }

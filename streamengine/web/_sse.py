@@ -110,6 +110,7 @@ from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
+from ._guard import Watched
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -225,6 +226,11 @@ def _field_names(value: Any) -> Optional[Tuple[str, ...]]:
 
 def _named_frame(prefix: bytes, payload: Dict[str, Any]) -> bytes:
     return prefix + _dumps(_jsonable(payload)).encode("ascii") + b"\n\n"
+
+
+def data_frame(payload: Dict[str, Any]) -> bytes:
+    """``data: {json}`` with no event line: the frame of the protocols whose type is inside the JSON (AI SDK, AG-UI)."""
+    return _named_frame(b"data: ", payload)
 
 
 def _token(event: object) -> bytes:
@@ -364,25 +370,52 @@ def encode_stream(events: Iterable[Event], *, ok_first: bool = True,
     return frames(one_by_one(iter(events)), 0.0, None, errors, ok_first)
 
 
+class Framer(Protocol):
+    """Another protocol's frames on the same stream machinery (the AI SDK's UI message stream, AG-UI).
+
+    :func:`frames` keeps the batching, heartbeats and disconnect checks, and
+    asks the framer for every frame but ``: ping``.  A framer is a state
+    machine for one stream: ``token`` is the hot path, ``failure`` ends a
+    stream whose events raised, and ``closing`` is always written last (it
+    ends a stream that stopped without its terminal event, too).
+    """
+
+    def opening(self) -> bytes: ...
+
+    def token(self, text: str) -> bytes: ...
+
+    def encode(self, event: Event) -> bytes: ...
+
+    def failure(self, exc: BaseException) -> bytes: ...
+
+    def closing(self) -> bytes: ...
+
+
 def frames(batches: Iterator[List[Event]], heartbeat_s: Optional[float], disconnected: Optional[Callable[[], bool]],
-           errors: Optional[PublicErrors], ok_first: bool = True) -> Generator[bytes, None, None]:
+           errors: Optional[PublicErrors], ok_first: bool = True,
+           framer: Optional[Framer] = None) -> Generator[bytes, None, None]:
     """``: ok``, then the frames of each list of events joined, ``data: [DONE]`` in the last one.
 
     The one framer of both paths: the app's streams (one list per burst the
     run hands over, written as one socket write) and :func:`encode_stream`
-    for a framework's view (one event a list).
+    for a framework's view (one event a list).  With ``framer``, that
+    protocol's frames instead (see :class:`Framer`).
 
     Heartbeats from the engine come more often than the wire needs pings (so
     the disconnect probe is read a few times a second); a ping is written
     only after ``heartbeat_s`` without a write.
     """
-    encode = errors.encode if errors is not None else encode_event
+    encode: Callable[[Event], bytes] = errors.encode if errors is not None else encode_event
+    token: Callable[[str], bytes] = encode_token
     # Tokens that ``errors`` renders its own way start with this (all of them, "", for an ``errors``
     # that does not say); any other token is encode_token's, sent without asking.
     special = getattr(errors, "token_prefix", "") if errors is not None else None
+    if framer is not None:
+        encode, token, special = framer.encode, framer.token, None
     monotonic = time.monotonic
-    if ok_first:
-        yield OK_FRAME
+    opening = framer.opening() if framer is not None else OK_FRAME if ok_first else b""
+    if opening:
+        yield opening
     last_write = monotonic()
     parts: List[bytes] = []
     try:
@@ -391,14 +424,14 @@ def frames(batches: Iterator[List[Event]], heartbeat_s: Optional[float], disconn
                 if len(batch) == 1 and batch[0].__class__ is TokenEvent:  # one token a read: the hot path
                     text = batch[0].text
                     if special is None or not text.startswith(special):
-                        yield encode_token(text)
+                        yield token(text)
                         last_write = monotonic()
                         continue
                 size = 0
                 beat = False
                 for event in batch:
                     if event.__class__ is TokenEvent and (special is None or not event.text.startswith(special)):
-                        frame = encode_token(event.text)  # tokens of a burst: no dispatch by name either
+                        frame = token(event.text)  # tokens of a burst: no dispatch by name either
                     elif event.__class__ is HeartbeatEvent:
                         beat = True
                         continue
@@ -424,8 +457,8 @@ def frames(batches: Iterator[List[Event]], heartbeat_s: Optional[float], disconn
                     continue
                 last_write = monotonic()
         except Exception as exc:
-            parts.append(failure_frame(exc, errors))
-        parts.append(DONE_FRAME)
+            parts.append(framer.failure(exc) if framer is not None else failure_frame(exc, errors))
+        parts.append(framer.closing() if framer is not None else DONE_FRAME)
         yield b"".join(parts)
     finally:
         close = getattr(batches, "close", None)
@@ -505,41 +538,64 @@ class PublicErrors:
         self._warnings.append((text, shown))
         return shown
 
-    def _error(self, event: object) -> bytes:
+    def token_text(self, text: str) -> str:
+        """A token as the client may see it: the engine's visible warning has its detail replaced."""
+        return self._warning(text) if text.startswith(self.token_prefix) else text
+
+    def error_text(self, event: object) -> str:
+        """An ``error`` event's message as the client may see it."""
         fatal = getattr(event, "fatal", True)
         what = "the answer failed" if fatal else "a problem the answer went on past"
-        message = self.public(what, getattr(event, "message", None))
-        return _named_frame(b"event: error\ndata: ", {"message": message, "fatal": fatal,
+        return self.public(what, getattr(event, "message", None))
+
+    def tool_error_text(self, result: object, skipped: object) -> object:
+        """A tool result's error as the client may see it (None when it has none)."""
+        error = getattr(result, "error", None)
+        if not error:
+            return error
+        what = (f"not run ({skipped})" if skipped else
+                "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed")
+        return self.public(f"{what}: {getattr(result, 'name', '?')}", error)
+
+    def answer_text(self, answer: object) -> object:
+        """The run's answer as the client may see it: the warning tokens it repeats, replaced as they were."""
+        if isinstance(answer, str):
+            for warning, shown in self._warnings:
+                answer = answer.replace(warning, shown)
+        return answer
+
+    def telemetry(self, telemetry: object) -> object:
+        """The run's telemetry as the client may see it: which model failed and how, not what it said."""
+        failures = getattr(telemetry, "failed_attempts", None)
+        if failures and telemetry is not None and not self.expose:
+            return dataclasses.replace(cast(Any, telemetry), failed_attempts=[
+                ": ".join(line.split(": ", 2)[:2]) for line in failures])
+        return telemetry
+
+    def failure_text(self, exc: BaseException) -> str:
+        """What the client learns of an exception that ended its stream (the traceback goes to the log)."""
+        self._log.opt(exception=exc).error("request {}: event stream failed: {}", self.request_id, exc)
+        return f"{_public_message(exc)} (request id {self.request_id})" if self.expose else \
+            f"the answer failed (request id {self.request_id}; details are in the server log)"
+
+    def _error(self, event: object) -> bytes:
+        return _named_frame(b"event: error\ndata: ", {"message": self.error_text(event),
+                                                       "fatal": getattr(event, "fatal", True),
                                                        "request_id": self.request_id})
 
     def _tool_result(self, event: object) -> bytes:
         result = getattr(event, "result", None)
-        error = getattr(result, "error", None)
         skipped = getattr(event, "skipped", None)
-        if error:
-            what = (f"not run ({skipped})" if skipped else
-                    "the tool timed out" if getattr(result, "timed_out", False) else "the tool failed")
-            error = self.public(f"{what}: {getattr(result, 'name', '?')}", error)
-        return tool_result_frame(result, error, skipped)
+        return tool_result_frame(result, self.tool_error_text(result, skipped), skipped)
 
     def _done(self, event: object) -> bytes:
         result = getattr(event, "result", None)
-        answer = getattr(result, "answer", None)
-        if isinstance(answer, str):
-            for warning, shown in self._warnings:  # the answer repeats the warning token
-                answer = answer.replace(warning, shown)
-        telemetry = getattr(result, "telemetry", None)
-        failures = getattr(telemetry, "failed_attempts", None)
-        if failures and telemetry is not None and not self.expose:  # which model failed and how, not what it said
-            telemetry = dataclasses.replace(telemetry, failed_attempts=[
-                ": ".join(line.split(": ", 2)[:2]) for line in failures])
-        return done_frame(result, answer, telemetry)
+        return done_frame(result, self.answer_text(getattr(result, "answer", None)),
+                          self.telemetry(getattr(result, "telemetry", None)))
 
     def failure(self, exc: BaseException) -> bytes:
-        self._log.opt(exception=exc).error("request {}: event stream failed: {}", self.request_id, exc)
-        message = f"{_public_message(exc)} (request id {self.request_id})" if self.expose else \
-            f"the answer failed (request id {self.request_id}; details are in the server log)"
-        return _named_frame(b"event: error\ndata: ", {"message": message, "request_id": self.request_id})
+        return _named_frame(b"event: error\ndata: ", {"message": self.failure_text(exc),
+                                                       "request_id": self.request_id})
 
     _SPECIAL: ClassVar[Dict[str, Callable[[PublicErrors, object], bytes]]] = {
         "error": _error, "tool_result": _tool_result, "done": _done,
@@ -567,7 +623,7 @@ class SseResponse:
                  disconnected: Optional[Probe] = None, on_close: Optional[Callable[[], None]] = None,
                  errors: Optional[PublicErrors] = None, logger: Optional[Logger] = None,
                  run_options: Optional[RunOptions] = None,
-                 drop_connection: Optional[Callable[[], None]] = None) -> None:
+                 drop_connection: Optional[Callable[[], None]] = None, framer: Optional[Framer] = None) -> None:
         self.cancel = CancelToken()
         self._drop = drop_connection
         tick = heartbeat_s
@@ -581,7 +637,7 @@ class SseResponse:
         # one event a batch.
         batched = getattr(run, "batches", None)
         batches: Iterator[List[Event]] = batched() if callable(batched) else one_by_one(run)
-        self._batches = frames(batches, heartbeat_s, disconnected, errors)
+        self._batches = frames(batches, heartbeat_s, disconnected, errors, framer=framer)
         self._progress = _Progress()
         # A generator over the frames and the progress only, never the response: no reference cycle,
         # so a response dropped without close() frees its run at once.
@@ -668,18 +724,6 @@ def _write_each(batches: Generator[bytes, None, None], progress: _Progress) -> G
     # Closed, maybe from another thread while a batch was made: finish the generators here,
     # in the iterating thread, where closing them is allowed.
     batches.close()
-
-
-class Watched(Protocol):
-    """What :class:`StuckReaders` watches: an app's stream response (:class:`SseResponse`, or a run's)."""
-
-    @property
-    def writing_since(self) -> Optional[float]: ...
-
-    @property
-    def cancel(self) -> threading.Event: ...
-
-    def give_up(self) -> None: ...
 
 
 class StuckReaders:

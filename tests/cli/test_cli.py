@@ -297,6 +297,15 @@ def test_harness_failure_exits_1_and_writes_wellformed_junit(capsys, tmp_path):
     assert cases["invalid"].find("error") is not None
 
 
+def test_harness_format_prints_what_a_scenario_file_holds_and_a_bare_harness_says_what_it_needs(capsys):
+    rc, out, _ = run(capsys, "harness", "--format")
+    assert rc == 0
+    for key in ('"turns"', '"expect"', "{\"reasoning\": s}", "tools_started_before_stream_end", "**Approval**"):
+        assert key in out
+    rc, _, err = run(capsys, "harness")
+    assert rc == 2 and "--format" in err and "scenario files" in err
+
+
 # --- serve -----------------------------------------------------------------------------------
 
 class Server:

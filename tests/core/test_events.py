@@ -144,7 +144,7 @@ def test_observers_are_checked_and_a_failing_one_does_not_stop_the_rest(warnings
 @pytest.mark.parametrize("cls, name, args", [
     (TokenEvent, "token", ("hi",)),
     (ToolStartEvent, "tool_start", (ToolCall("c1", "search", "{}"),)),
-    (ToolResultEvent, "tool_result", (object(), "duplicate")),
+    (ToolResultEvent, "tool_result", (object(), "duplicate", ToolCall("c1", "search", "{}"))),
     (RoundEvent, "round", (2,)),
     (ErrorEvent, "error", ("boom", True)),
     (ResetEvent, "reset", (2, "model a failed mid-answer")),

@@ -20,7 +20,15 @@ from typing import List, Sequence, Tuple
 import pytest
 
 from streamengine import ConfigError, ToolCall, ToolSpec
-from streamengine._inline import TOOL_LIST_INTRO, TOOL_SYNTAX_HINT, FeedResult, InlineToolScanner, tool_instructions
+from streamengine._inline import (
+    TOOL_LIST_INTRO,
+    TOOL_SYNTAX_HINT,
+    BlockFilter,
+    FeedResult,
+    InlineToolScanner,
+    tool_instructions,
+    without_blocks,
+)
 
 
 def run(pieces: Sequence[str], **kwargs) -> Tuple[str, List[ToolCall], InlineToolScanner, List[str]]:
@@ -553,3 +561,39 @@ def test_no_block_a_description_holds_reads_as_a_call():
     listing = tool_instructions([HOSTILE]).split("<tools>\n")[1].split("\n</tools>")[0]
     fed = scanner.feed(listing)
     assert [call.name for call in (*fed.calls, *scanner.flush().calls)] == []
+
+
+# --- without_blocks: an answer's text for clients that show calls as cards of their own --------------
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("plain prose", "plain prose"),
+    ('sunny <tool name="a">{"x": 1}</tool>.', "sunny."),  # the spaces before a block go with it
+    ('x<tool name="a"/>y', "xy"),  # self-closing
+    ('a <tool name="a">{}</tool> b\t<tool\nname="b">{}</tool> c', "a b c"),
+    ('kept: <tool name="a">{"x": ', 'kept: <tool name="a">{"x": '),  # unclosed: what the model wrote
+    ("<tools> and <tool>x</tool> and <toolbox>", "<tools> and <tool>x</tool> and <toolbox>"),  # not blocks
+    ("ends with <tool", "ends with <tool"),
+])
+def test_without_blocks_takes_out_closed_blocks_only(text, shown):
+    assert without_blocks(text) == shown
+
+
+def test_a_block_filter_takes_blocks_out_of_what_the_scanner_releases_whatever_the_split():
+    """The scanner releases a closed block in one piece; the spaces before it may be in an earlier token."""
+    answer = 'Let me check <tool name="weather">{"city": "Oslo"}</tool> and <tool name="t"/> then done.'
+    for size in (1, 2, 3, 7, 50):
+        scanner = InlineToolScanner()
+        pieces = [scanner.feed(answer[i:i + size]).visible for i in range(0, len(answer), size)]
+        pieces.append(scanner.flush().visible)
+        shown = BlockFilter()
+        assert "".join(shown.feed(p) for p in pieces) == "Let me check and then done."
+
+
+def test_a_block_filter_passes_prose_through_as_is_and_drops_held_spaces_on_reset():
+    shown = BlockFilter()
+    token = "prose"
+    assert shown.feed(token) is token  # the hot path: no copy
+    assert shown.feed("ends in a space ") == "ends in a space" and shown.feed("next") == " next"
+    assert shown.feed("held  ") == "held"
+    shown.reset()
+    assert shown.feed("after a card") == "after a card"

@@ -374,11 +374,11 @@ def test_a_call_given_up_as_its_tool_returns_is_told_once_before_done(monkeypatc
             claimed.wait(5)  # the worker has fixed its result and claimed the telling
         return make_result(cls, call, reason, **fields)
 
-    def event(result, skipped=None):
+    def event(result, skipped=None, call=None):
         if threading.get_ident() != driver:
             claimed.set()
             time.sleep(0.002)  # a thread switch before the worker sends it
-        return make_event(result, skipped)
+        return make_event(result, skipped, call)
 
     monkeypatch.setattr(ToolResult, "error_result", classmethod(error_result))
     monkeypatch.setattr(tool_calls, "ToolResultEvent", event)

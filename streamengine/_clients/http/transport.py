@@ -69,7 +69,8 @@ import requests.utils
 from ..._cancel import cancel_flag, on_cancel
 from ..._errors import ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError
 from ..._logs import Redactor, component_logger, redact_urls
-from ..._messages import Chunk, CompletionOptions, MessageLike, Response, ToolSpec, Usage
+from ..._messages import Chunk, CompletionOptions, Message, MessageLike, Response, ToolSpec, Usage, as_messages
+from ..._parts import Part
 from ..._validation import seconds
 from ..._wait import Wait, chunks_only
 from ..base import StreamingLlmClient
@@ -264,6 +265,12 @@ class Wire:
     log_name = "streamengine._clients"
     #: Turns the events of a streamed answer into chunks.
     parser_class: Type[SseStreamParser] = SseStreamParser
+    #: How errors name this API ("the Anthropic Messages API").
+    name = "this API"
+
+    def cannot_carry(self, part: Part) -> Optional[str]:
+        """Why this API cannot take ``part`` (an image, audio, a file) and what to do instead; None if it can."""
+        return None
 
     def api_root(self, base_url: str) -> str:
         """``base_url`` as the API root the paths are appended to."""
@@ -310,6 +317,17 @@ class Wire:
         ids = [m["id"] for m in data]
         more = isinstance(payload, dict) and payload.get("has_more") is True and bool(ids)
         return ids, ids[-1] if more else None
+
+
+def refuse_uncarried(wire: Wire, messages: Sequence[Message], model: Optional[str]) -> None:
+    """Raise :class:`ConfigError` for the first part of ``messages`` that ``wire`` cannot carry, before any request."""
+    for i, message in enumerate(messages):
+        for part in message.parts:
+            why = wire.cannot_carry(part)
+            if why is not None:
+                to = f" to model {model!r}" if model else ""
+                raise ConfigError(f"the {part.describe()} in messages[{i}] cannot be sent{to} over {wire.name}: "
+                                  f"{why}")
 
 
 class HttpProviderClient(StreamingLlmClient):
@@ -380,6 +398,7 @@ class HttpProviderClient(StreamingLlmClient):
                     cancel: Optional[threading.Event] = None) -> Iterator[Union[Chunk, Wait]]:
         """Chunks, and a :class:`Wait` on the socket wherever the body would block (``_clients.base``)."""
         client, options = self._for_call(options)
+        messages = self._carried(messages, options)
         return client._stream(encode_body(self.wire.chat_body(messages, tools, options, stream=True)), cancel)
 
     def complete(self, messages: Sequence[MessageLike], tools: Optional[Sequence[ToolSpec]] = None,
@@ -387,9 +406,19 @@ class HttpProviderClient(StreamingLlmClient):
                  cancel: Optional[threading.Event] = None) -> Response:
         """One answer, not streamed."""
         client, options = self._for_call(options)
-        body = encode_body(self.wire.chat_body(messages, tools, options, stream=False))
+        body = encode_body(self.wire.chat_body(self._carried(messages, options), tools, options, stream=False))
         path = self.wire.chat_path
         return self.wire.response_of(client._json(path, body, cancel), self.base_url + path, client._redact)
+
+    def check_parts(self, messages: Sequence[MessageLike], model: Optional[str] = None) -> None:
+        """Raise :class:`ConfigError` if a part of ``messages`` (an image, audio, a file) has no form on this wire."""
+        refuse_uncarried(self.wire, as_messages(messages), model)
+
+    def _carried(self, messages: Sequence[MessageLike], options: Optional[CompletionOptions]) -> List[Message]:
+        """``messages`` as records, every part checked against the wire."""
+        checked = as_messages(messages)
+        refuse_uncarried(self.wire, checked, options.model if options is not None else None)
+        return checked
 
     def list_models(self, cancel: Optional[threading.Event] = None, *, timeout: float = 30.0) -> List[str]:
         """The ids of the models the server offers (``GET /models``; Anthropic's ``/v1/models``, every page).

@@ -1,0 +1,352 @@
+"""AG-UI (``@ag-ui/client``'s ``HttpAgent``, CopilotKit): its ``RunAgentInput``, and engine events as its events.
+
+Why it is built this way:
+
+* **Beside the SSE framer, like the AI SDK's stream** (:mod:`._aisdk`):
+  :class:`AgUiStream` is a :class:`~._sse.Framer`, so batching, heartbeats
+  and the disconnect checks are the app's own.
+* **Exactly one terminal event** (``RUN_FINISHED`` or ``RUN_ERROR``), and
+  nothing after it: the client's verifier rejects any event after either.
+  No ``data: [DONE]`` either: the client would try to parse it as an event.
+* **Messages are kept as the run goes**, text as lists of deltas joined
+  once: a ``reset`` (failover after tokens) sends ``MESSAGES_SNAPSHOT``
+  without the discarded text, so the client's message list is replaced by
+  what survives.
+* **The input is untrusted**: user and assistant text only; the client's
+  tool, reasoning and activity messages, tools and context are dropped.
+"""
+from __future__ import annotations
+
+from json.encoder import encode_basestring_ascii as _json_string
+from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional
+
+from .._inline import BlockFilter
+from .._messages import Message, ToolCall
+from .._validation import json_type
+from ._guard import Headers, RequestRejected, clip, messages_from_request
+from ._sse import OK_FRAME, PublicErrors, data_frame
+
+#: The response headers of an AG-UI stream.
+AGUI_HEADERS: Headers = [
+    ("Content-Type", "text/event-stream; charset=utf-8"),
+    ("Cache-Control", "no-cache, no-transform"),
+    ("X-Accel-Buffering", "no"),
+]
+
+_SEND = 'send a RunAgentInput {"threadId": "...", "runId": "...", "messages": [{"id": "...", "role": "user", ' \
+        '"content": "..."}]}'
+_MAX_ID_CHARS = 200
+#: Roles a client may send that are the server's to make: dropped, never forwarded.
+_DROPPED_ROLES = ("tool", "reasoning", "activity")
+
+
+class RunInput(NamedTuple):
+    """What the app takes from a ``RunAgentInput``: its ids (echoed), the client's messages and the run's."""
+
+    thread_id: str
+    run_id: str
+    raw_messages: List[Any]
+    messages: List[Message]
+
+
+def run_input(payload: Any, *, system_prompt: Optional[str] = None) -> RunInput:
+    """The run an AG-UI ``RunAgentInput`` asks for, under the app's message policy.
+
+    ``threadId`` and ``runId`` are echoed in ``RUN_STARTED``/``RUN_FINISHED``;
+    a user message's text (a string, or its text parts) and an assistant's
+    ``content`` are kept; ``system``/``developer`` messages are refused (the
+    system prompt is the application's); tool calls and tool, reasoning and
+    activity messages are dropped.  The last kept message must be the user's.
+    """
+    if not isinstance(payload, dict):
+        raise RequestRejected(f"body must be a JSON object, got {json_type(payload)}; {_SEND}", "body")
+    thread_id, run_id = _identifier(payload, "threadId"), _identifier(payload, "runId")
+    raw = payload.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise RequestRejected(f"\"messages\" must be a non-empty list, got {json_type(raw)}; {_SEND}", "messages")
+    kept = [m for m in (_as_text_message(i, message) for i, message in enumerate(raw)) if m is not None]
+    if not kept:
+        raise RequestRejected(f"\"messages\" holds no user or assistant message; {_SEND}", "messages")
+    messages = messages_from_request({"messages": kept}, system_prompt=system_prompt)
+    return RunInput(thread_id, run_id, raw, [m for m in messages if m.role != "assistant" or m.content])
+
+
+def _identifier(payload: Dict[str, Any], key: str) -> str:
+    value = payload.get(key)
+    if not isinstance(value, str) or not value or len(value) > _MAX_ID_CHARS or not value.isprintable():
+        raise RequestRejected(f"{key} must be a printable string of 1 to {_MAX_ID_CHARS} characters, got "
+                              f"{json_type(value)}; {_SEND}", key)
+    return value
+
+
+def _as_text_message(i: int, message: Any) -> Optional[Dict[str, Any]]:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise RequestRejected(f"{where} must be a message object, got {json_type(message)}; {_SEND}", where)
+    role = message.get("role")
+    if role in _DROPPED_ROLES:
+        return None
+    if role not in ("user", "assistant"):
+        shown = repr(role) if isinstance(role, str) else json_type(role)
+        raise RequestRejected(f"{where}.role {shown} is not accepted from a request; send \"user\" or "
+                              "\"assistant\" (the system prompt is the application's: "
+                              "make_wsgi_app(engine, system_prompt=...))", f"{where}.role")
+    content = message.get("content")
+    if role == "assistant" and content is None:  # only tool calls: dropped with them
+        return {"role": role, "content": ""}
+    if isinstance(content, list):
+        content = "\n".join(_part_text(f"{where}.content[{j}]", part) for j, part in enumerate(content))
+    if not isinstance(content, str):
+        raise RequestRejected(f"{where}.content must be a string or a list of text parts, got "
+                              f"{json_type(content)}; {_SEND}", f"{where}.content")
+    return {"role": role, "content": content}
+
+
+def _part_text(where: str, part: Any) -> str:
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    kind = part.get("type") if isinstance(part, dict) else None
+    shown = clip(kind, 60) if isinstance(kind, str) else json_type(part)
+    raise RequestRejected(f"{where} is a {shown!r} part; this server takes text only: send "
+                          "{\"type\": \"text\", \"text\": \"...\"}", where)
+
+
+class AgUiStream:
+    """One response's AG-UI events: engine events in, ``data: {json}`` events out (a ``Framer``).
+
+    ``RUN_STARTED`` first; a ``STEP_STARTED``/``STEP_FINISHED`` pair per
+    round; a text message per stretch of tokens; a reasoning message per
+    stretch of reasoning; ``TOOL_CALL_START/ARGS/END`` and
+    ``TOOL_CALL_RESULT`` per call; ``RUN_FINISHED`` or ``RUN_ERROR`` last.
+    Extras (a tool's duration, non-fatal errors, the refusal mark, a reset's
+    reason) are ``CUSTOM`` events named ``streamengine.*``.
+    """
+
+    def __init__(self, errors: PublicErrors, run: RunInput) -> None:
+        self._errors = errors
+        self._run = run
+        self._count = 0
+        self._round = 0
+        self._step: Optional[str] = None
+        self._text: Optional[List[str]] = None  # the open text message's deltas
+        self._prose = BlockFilter()
+        self._text_id = ""
+        self._content_prefix = ""
+        self._reasoning: Optional[str] = None
+        self._thoughts: List[str] = []  # the open reasoning message's deltas
+        self._shown: Dict[str, ToolCall] = {}
+        self._ended = False
+        # What the run said so far, for MESSAGES_SNAPSHOT: (round, message) with text as lists of deltas.
+        self._said: List[Any] = []
+
+    # --- Framer -----------------------------------------------------------------------------
+    def opening(self) -> bytes:
+        return OK_FRAME + data_frame({"type": "RUN_STARTED", "threadId": self._run.thread_id,
+                                      "runId": self._run.run_id})
+
+    def token(self, text: str) -> bytes:
+        if self._ended or not text:
+            return b""
+        if text.startswith(self._errors.token_prefix):
+            text = self._errors.token_text(text)
+        else:  # an inline tool block is left out: the call is on its own card
+            text = self._prose.feed(text)
+            if not text:
+                return b""
+        head = self._open_text() if self._text is None else b""
+        assert self._text is not None
+        self._text.append(text)
+        return head + (self._content_prefix + _json_string(text) + "}\n\n").encode("ascii")
+
+    def encode(self, event: object) -> bytes:
+        if self._ended:
+            return b""
+        name = getattr(event, "name", None)
+        if name == "token":
+            return self.token(getattr(event, "text", ""))
+        handler = self._HANDLERS.get(name) if isinstance(name, str) else None
+        return handler(self, event) if handler is not None else b""
+
+    def failure(self, exc: BaseException) -> bytes:
+        return self._run_error(self._errors.failure_text(exc))
+
+    def closing(self) -> bytes:
+        if self._ended:
+            return b""
+        return self._run_error(self._errors.public("the answer ended without finishing",
+                                                   "the run stopped before its done event"))
+
+    # --- messages ------------------------------------------------------------------------------
+    def _new_id(self, kind: str) -> str:
+        self._count += 1
+        return f"{self._run.run_id}-{kind}-{self._count}"
+
+    def _open_step(self) -> bytes:
+        if self._step is not None:
+            return b""
+        self._step = f"round {max(self._round, 1)}"
+        return data_frame({"type": "STEP_STARTED", "stepName": self._step})
+
+    def _open_text(self) -> bytes:
+        head = self._close_reasoning() + self._open_step()
+        self._text_id = self._new_id("text")
+        self._text = []
+        self._said.append((self._round, {"id": self._text_id, "role": "assistant", "content": self._text}))
+        self._content_prefix = f'data: {{"type":"TEXT_MESSAGE_CONTENT","messageId":"{self._text_id}","delta":'
+        return head + data_frame({"type": "TEXT_MESSAGE_START", "messageId": self._text_id, "role": "assistant"})
+
+    def _close_text(self) -> bytes:
+        self._prose.reset()
+        if self._text is None:
+            return b""
+        self._text = None
+        return data_frame({"type": "TEXT_MESSAGE_END", "messageId": self._text_id})
+
+    def _close_reasoning(self) -> bytes:
+        if self._reasoning is None:
+            return b""
+        part, self._reasoning = self._reasoning, None
+        return data_frame({"type": "REASONING_MESSAGE_END", "messageId": part}) + \
+            data_frame({"type": "REASONING_END", "messageId": part})
+
+    def _close_parts(self) -> bytes:
+        return self._close_text() + self._close_reasoning()
+
+    def _finish_step(self) -> bytes:
+        closed = self._close_parts()
+        if self._step is None:
+            return closed
+        step, self._step = self._step, None
+        return closed + data_frame({"type": "STEP_FINISHED", "stepName": step})
+
+    def _run_error(self, message: str) -> bytes:
+        if self._ended:
+            return b""
+        self._ended = True
+        return data_frame({"type": "RUN_ERROR", "message": message, "code": "streamengine_error"})
+
+    def _custom(self, name: str, value: Dict[str, Any]) -> bytes:
+        return data_frame({"type": "CUSTOM", "name": f"streamengine.{name}", "value": value})
+
+    # --- events ------------------------------------------------------------------------------------
+    def _round_event(self, event: object) -> bytes:
+        head = self._finish_step()
+        number = getattr(event, "round", None)
+        self._round = number if isinstance(number, int) else self._round + 1
+        return head + self._open_step()
+
+    def _reasoning_event(self, event: object) -> bytes:
+        text = getattr(event, "text", "")
+        if not isinstance(text, str) or not text:
+            return b""
+        head = b""
+        if self._reasoning is None:
+            head = self._close_text() + self._open_step()
+            self._reasoning = self._new_id("reasoning")
+            self._thoughts = []
+            self._said.append((self._round, {"id": self._reasoning, "role": "reasoning", "content": self._thoughts}))
+            head += data_frame({"type": "REASONING_START", "messageId": self._reasoning}) + data_frame(
+                {"type": "REASONING_MESSAGE_START", "messageId": self._reasoning, "role": "reasoning"})
+        self._thoughts.append(text)
+        return head + data_frame({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning,
+                                  "delta": text})
+
+    def _tool_start(self, event: object) -> bytes:
+        call = getattr(event, "call", None)
+        return self._show_call(call) if isinstance(call, ToolCall) else b""
+
+    def _show_call(self, call: ToolCall) -> bytes:
+        head = self._close_parts() + self._open_step()
+        self._shown[call.id] = call
+        parent = self._new_id("call")
+        self._said.append((0, {"id": parent, "role": "assistant", "toolCalls": [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]}))
+        chunks = [data_frame({"type": "TOOL_CALL_START", "toolCallId": call.id, "toolCallName": call.name,
+                              "parentMessageId": parent})]
+        if call.arguments:
+            chunks.append(data_frame({"type": "TOOL_CALL_ARGS", "toolCallId": call.id, "delta": call.arguments}))
+        chunks.append(data_frame({"type": "TOOL_CALL_END", "toolCallId": call.id}))
+        return head + b"".join(chunks)
+
+    def _tool_result(self, event: object) -> bytes:
+        result = getattr(event, "result", None)
+        call_id = getattr(result, "call_id", None)
+        if not isinstance(call_id, str):
+            return b""
+        head = b""
+        if call_id not in self._shown:  # it never started (skipped): the call is still shown
+            call = getattr(event, "call", None)
+            head = self._show_call(call if isinstance(call, ToolCall) else
+                                   ToolCall(call_id, str(getattr(result, "name", "")), ""))
+        skipped = getattr(event, "skipped", None)
+        ok = bool(getattr(result, "ok", False))
+        content = getattr(result, "text", "") if ok else str(self._errors.tool_error_text(result, skipped) or "failed")
+        message_id = self._new_id("result")
+        self._said.append((0, {"id": message_id, "role": "tool", "toolCallId": call_id, "content": content,
+                               **({} if ok else {"error": content})}))
+        return head + data_frame({"type": "TOOL_CALL_RESULT", "messageId": message_id, "toolCallId": call_id,
+                                  "content": content, "role": "tool"}) + self._custom("tool", {
+            "toolCallId": call_id, "ok": ok, "durationS": getattr(result, "duration_s", None), "skipped": skipped,
+            "timedOut": getattr(result, "timed_out", False)})
+
+    def _refusal(self, event: object) -> bytes:
+        text = getattr(event, "text", "")
+        head = self._close_parts() + self._open_step()
+        message_id = self._new_id("refusal")
+        shown = text if isinstance(text, str) else ""
+        self._said.append((0, {"id": message_id, "role": "assistant", "content": [shown]}))
+        return head + b"".join([
+            data_frame({"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"}),
+            data_frame({"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id, "delta": shown or " "}),
+            data_frame({"type": "TEXT_MESSAGE_END", "messageId": message_id}),
+            self._custom("refusal", {"messageId": message_id}),
+        ])
+
+    def _error(self, event: object) -> bytes:
+        message = self._errors.error_text(event)
+        if getattr(event, "fatal", True):
+            return self._run_error(message)
+        return self._custom("error", {"message": message, "requestId": self._errors.request_id})
+
+    def _reset(self, event: object) -> bytes:
+        """The round's text is taken back: the client's messages are replaced by what survives."""
+        number = getattr(event, "round", None)
+        head = self._close_parts()
+        self._said = [(r, m) for r, m in self._said if r != number]
+        return head + self._custom("reset", {"round": number, "reason": getattr(event, "reason", None)}) + \
+            data_frame({"type": "MESSAGES_SNAPSHOT", "messages": self._snapshot()})
+
+    def _snapshot(self) -> List[Any]:
+        said = [dict(m, content="".join(m["content"])) if isinstance(m.get("content"), list) else m
+                for _, m in self._said]
+        return [*self._run.raw_messages, *said]
+
+    def _done(self, event: object) -> bytes:
+        if self._ended:
+            return b""
+        result = getattr(event, "result", None)
+        self._ended = True
+        finished: Dict[str, Any] = {
+            "type": "RUN_FINISHED", "threadId": self._run.thread_id, "runId": self._run.run_id,
+            "result": {"answer": self._errors.answer_text(getattr(result, "answer", None)),
+                       "refusal": getattr(result, "refusal", None), "cutOff": getattr(result, "cut_off", None),
+                       "telemetry": self._errors.telemetry(getattr(result, "telemetry", None))}}
+        usage = _usage(getattr(result, "usage", None))
+        if usage is not None:
+            finished["usage"] = [usage]
+        return self._finish_step() + data_frame(finished)
+
+    _HANDLERS: ClassVar[Dict[str, Callable[[AgUiStream, object], bytes]]] = {
+        "round": _round_event, "reasoning": _reasoning_event, "tool_start": _tool_start,
+        "tool_result": _tool_result, "refusal": _refusal, "error": _error, "reset": _reset, "done": _done,
+    }
+
+
+def _usage(usage: object) -> Optional[Dict[str, int]]:
+    """The run's token counts in AG-UI's terms (None when the provider reported none)."""
+    if usage is None:
+        return None
+    pairs = (("inputTokens", "prompt_tokens"), ("outputTokens", "completion_tokens"), ("totalTokens", "total_tokens"),
+             ("cachedInputTokens", "cached_tokens"), ("reasoningTokens", "reasoning_tokens"))
+    counts = {key: getattr(usage, name, None) for key, name in pairs}
+    return {key: value for key, value in counts.items() if isinstance(value, int) and value >= 0}

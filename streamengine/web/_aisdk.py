@@ -1,0 +1,360 @@
+"""The AI SDK's UI message stream (``useChat``, ``ai`` 5 to 7): its request, and engine events as its chunks.
+
+Why it is built this way:
+
+* **One state machine beside the SSE framer.**  :class:`UiMessageStream` is
+  a :class:`~._sse.Framer`: batching, heartbeats, the disconnect probe and
+  stuck readers stay :func:`~._sse.frames`' and :class:`~._sse.SseResponse`'s;
+  this module only says which ``data: {json}`` chunks an event becomes.
+* **Only what the client's version accepts.**  ``ai`` 5.0.0 and 6.0 up to
+  about 6.0.230 validate every chunk with a strict schema (an unknown key
+  fails the stream) and every version fails on an unknown chunk type, so
+  version 5 (the default) writes only the chunk types and keys ``ai`` 5.0.0
+  knows (no ``finishReason`` on ``finish``: it rides in ``messageMetadata``);
+  6 adds ``finishReason``, ``tool-input-error``, 7 ``reset-step``.
+* **Events are read by name**, and one this module has no chunk for is
+  skipped (an unknown chunk type would kill the client's stream).  Where
+  approvals slot in: an ``approval_request`` event maps, from version 6, to
+  the call's card (if not shown) plus ``tool-approval-request {approvalId,
+  toolCallId}``, then ``finish-step`` and ``finish``: one more entry in
+  ``_HANDLERS``; the next request's ``approval-responded`` tool part is the
+  one client part :func:`chat_messages` would then read instead of drop.
+* **Every stream ends with ``finish`` or ``error``.**  A stream that just
+  stops reads as success in ``useChat``, so a run that raised, or stopped
+  without its ``done``, still ends with an ``error`` chunk; ``data: [DONE]``
+  is always last.
+* **A token is one short concatenation**: the open text part's prefix, the
+  JSON string, the closing brace (no dict, no ``json.dumps`` call).
+* **The request is untrusted.**  Only user text and assistant text reach the
+  model; tool parts, reasoning and ``data-*`` parts a client sends are
+  dropped, since the server's runs make those (:func:`chat_messages`).
+"""
+from __future__ import annotations
+
+from json.encoder import encode_basestring_ascii as _json_string
+from typing import Any, Callable, ClassVar, Dict, List, Optional
+
+from .._errors import ConfigError
+from .._inline import BlockFilter
+from .._messages import Message, ToolCall
+from .._validation import json_type
+from ._guard import Headers, RequestRejected, clip, messages_from_request
+from ._sse import OK_FRAME, PublicErrors, data_frame
+
+#: The ``ai`` major versions whose UI message stream the app can speak (``make_wsgi_app(ai_sdk_version=)``).
+AI_SDK_VERSIONS = (5, 6, 7)
+#: Always the last frame of a UI message stream.
+DONE_FRAME = b"data: [DONE]\n\n"
+#: The response headers ``DefaultChatTransport`` expects (no-transform: a proxy must not compress or buffer).
+UI_STREAM_HEADERS: Headers = [
+    ("Content-Type", "text/event-stream; charset=utf-8"),
+    ("x-vercel-ai-ui-message-stream", "v1"),
+    ("Cache-Control", "no-cache, no-transform"),
+    ("X-Accel-Buffering", "no"),
+]
+#: ``providerMetadata`` of the text part a refusal is written in.
+REFUSAL_METADATA = {"streamengine": {"refusal": True}}
+
+_SEND = 'send useChat\'s body {"id": "...", "messages": [{"id": "...", "role": "user", "parts": [...]}]}'
+_TRIGGERS = ("submit-message", "regenerate-message")
+#: Part types a client may send that are the server's to make: dropped, never forwarded.
+_DROPPED_PART = ("reasoning", "step-start", "source-url", "source-document", "dynamic-tool")
+
+
+def check_ai_sdk_version(version: object, approvals: bool = False) -> int:
+    """``version`` is one of :data:`AI_SDK_VERSIONS`, and it can carry approvals if they are asked for."""
+    if isinstance(version, bool) or version not in AI_SDK_VERSIONS:
+        raise ConfigError(f"ai_sdk_version must be one of {', '.join(map(str, AI_SDK_VERSIONS))} (the major "
+                          f"version of the 'ai' package your frontend uses), got {version!r}")
+    if approvals and version == 5:
+        raise ConfigError("approvals need the AI SDK's tool-approval chunks, which ai 5 does not know; pass "
+                          "ai_sdk_version=6 or ai_sdk_version=7 (and use that 'ai' version in the frontend)")
+    assert isinstance(version, int)
+    return version
+
+
+# --- the request -------------------------------------------------------------------------------
+
+def chat_messages(payload: Any, *, system_prompt: Optional[str] = None) -> List[Message]:
+    """The conversation to run for ``useChat``'s request body, under the app's message policy.
+
+    Each ``UIMessage`` becomes its text: a user's text parts, an assistant's
+    text parts (its tool, reasoning and ``data-*`` parts are dropped: a client
+    could forge them).  ``system`` messages are refused (the system prompt is
+    the application's), and so are file parts, which this version cannot
+    send to the model.  The last message must be the user's.
+    """
+    if not isinstance(payload, dict):
+        raise RequestRejected(f"body must be a JSON object, got {json_type(payload)}; {_SEND}", "body")
+    trigger = payload.get("trigger", "submit-message")
+    if trigger not in _TRIGGERS:
+        raise RequestRejected(f"trigger must be one of {', '.join(_TRIGGERS)}, got {trigger!r}; {_SEND}",
+                              "trigger")
+    raw = payload.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise RequestRejected(f"\"messages\" must be a non-empty list of UIMessages, got {json_type(raw)}; "
+                              f"{_SEND}", "messages")
+    simple = [_as_text_message(i, message) for i, message in enumerate(raw)]
+    messages = messages_from_request({"messages": simple}, system_prompt=system_prompt)
+    return [m for m in messages if m.role != "assistant" or m.content]
+
+
+def _as_text_message(i: int, message: Any) -> Dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise RequestRejected(f"{where} must be a UIMessage object, got {json_type(message)}; {_SEND}", where)
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        shown = repr(role) if isinstance(role, str) else json_type(role)
+        raise RequestRejected(f"{where}.role {shown} is not accepted from a request; send \"user\" or "
+                              "\"assistant\" (the system prompt is the application's: "
+                              "make_wsgi_app(engine, system_prompt=...))", f"{where}.role")
+    parts = message.get("parts")
+    if not isinstance(parts, list):
+        raise RequestRejected(f"{where}.parts must be a list of parts, got {json_type(parts)}; {_SEND}",
+                              f"{where}.parts")
+    texts = [_part_text(f"{where}.parts[{j}]", part, role) for j, part in enumerate(parts)]
+    return {"role": role, "content": "\n".join(t for t in texts if t is not None)}
+
+
+def _part_text(where: str, part: Any, role: str) -> Optional[str]:
+    """A part's text, or None for a part that is dropped."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise RequestRejected(f"{where} must be a part object with a \"type\", got {json_type(part)}", where)
+    kind = part["type"]
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise RequestRejected(f"{where}.text must be a string, got {json_type(text)}", f"{where}.text")
+        return text
+    if kind == "file" and role == "user":
+        raise RequestRejected(f"{where} is a file part; this server takes text only: send the text, or "
+                              "remove the attachment", where)
+    if kind in _DROPPED_PART or kind.startswith(("tool-", "data-")) or kind == "file":
+        return None
+    raise RequestRejected(f"{where}.type {clip(kind, 60)!r} is not a UIMessage part this server knows; send "
+                          "text parts", f"{where}.type")
+
+
+# --- the stream ------------------------------------------------------------------------------------
+
+class UiMessageStream:
+    """One response's UI message stream: engine events in, ``data: {json}`` chunks out (a ``Framer``).
+
+    Parts follow the run: a ``start-step`` per round, a text part per stretch
+    of tokens (closed before a tool card, so later text lands after it), a
+    reasoning part per stretch of reasoning, one tool part per call, the
+    refusal as a text part of its own marked in ``providerMetadata``.
+    Extras ride in ``data-streamengine-*`` parts and ``messageMetadata``.
+    """
+
+    def __init__(self, errors: PublicErrors, message_id: str, version: int = 5) -> None:
+        self.version = check_ai_sdk_version(version)
+        self._errors = errors
+        self._message_id = message_id
+        self._count = 0
+        self._step = False
+        self._text: Optional[str] = None
+        self._prose = BlockFilter()
+        self._delta_prefix = ""
+        self._reasoning: Optional[str] = None
+        self._ended = False
+        self._refused = False
+        self._shown: Dict[str, List[bytes]] = {}  # the round's tool parts (call id -> chunks), for reset-step
+
+    # --- Framer -----------------------------------------------------------------------------
+    def opening(self) -> bytes:
+        return OK_FRAME + data_frame({"type": "start", "messageId": self._message_id})
+
+    def token(self, text: str) -> bytes:
+        if self._ended or not text:
+            return b""
+        if text.startswith(self._errors.token_prefix):
+            text = self._errors.token_text(text)
+        else:  # an inline tool block is left out: the call is on its own card
+            text = self._prose.feed(text)
+            if not text:
+                return b""
+        head = self._open_text() if self._text is None else b""
+        return head + (self._delta_prefix + _json_string(text) + "}\n\n").encode("ascii")
+
+    def encode(self, event: object) -> bytes:
+        if self._ended:
+            return b""
+        name = getattr(event, "name", None)
+        if name == "token":
+            return self.token(getattr(event, "text", ""))
+        handler = self._HANDLERS.get(name) if isinstance(name, str) else None
+        return handler(self, event) if handler is not None else b""  # an event this protocol has no chunk for
+
+    def failure(self, exc: BaseException) -> bytes:
+        if self._ended:
+            return b""
+        self._ended = True
+        return data_frame({"type": "error", "errorText": self._errors.failure_text(exc)})
+
+    def closing(self) -> bytes:
+        if self._ended:
+            return DONE_FRAME
+        self._ended = True
+        text = self._errors.public("the answer ended without finishing", "the run stopped before its done event")
+        return data_frame({"type": "error", "errorText": text}) + DONE_FRAME
+
+    # --- parts ---------------------------------------------------------------------------------
+    def _new_id(self, kind: str) -> str:
+        self._count += 1
+        return f"{kind}-{self._count}"
+
+    def _start_step(self) -> bytes:
+        self._step = True
+        self._shown = {}
+        return data_frame({"type": "start-step"})
+
+    def _open_text(self) -> bytes:
+        head = self._close_reasoning() + (b"" if self._step else self._start_step())
+        self._text = self._new_id("text")
+        self._delta_prefix = f'data: {{"type":"text-delta","id":"{self._text}","delta":'
+        return head + data_frame({"type": "text-start", "id": self._text})
+
+    def _close_text(self) -> bytes:
+        self._prose.reset()
+        if self._text is None:
+            return b""
+        text, self._text = self._text, None
+        return data_frame({"type": "text-end", "id": text})
+
+    def _close_reasoning(self) -> bytes:
+        if self._reasoning is None:
+            return b""
+        part, self._reasoning = self._reasoning, None
+        return data_frame({"type": "reasoning-end", "id": part})
+
+    def _close_parts(self) -> bytes:
+        return self._close_text() + self._close_reasoning()
+
+    def _finish_step(self) -> bytes:
+        closed = self._close_parts()
+        if not self._step:
+            return closed
+        self._step = False
+        return closed + data_frame({"type": "finish-step"})
+
+    # --- events ------------------------------------------------------------------------------------
+    def _round(self, event: object) -> bytes:
+        return self._finish_step() + self._start_step()
+
+    def _reasoning_event(self, event: object) -> bytes:
+        text = getattr(event, "text", "")
+        if not isinstance(text, str) or not text:
+            return b""
+        head = b""
+        if self._reasoning is None:
+            head = self._close_text() + (b"" if self._step else self._start_step())
+            self._reasoning = self._new_id("reasoning")
+            head += data_frame({"type": "reasoning-start", "id": self._reasoning})
+        return head + data_frame({"type": "reasoning-delta", "id": self._reasoning, "delta": text})
+
+    def _tool_start(self, event: object) -> bytes:
+        call = getattr(event, "call", None)
+        return self._show_input(call) if isinstance(call, ToolCall) else b""
+
+    def _show_input(self, call: ToolCall, invalid: Optional[str] = None) -> bytes:
+        """The call's card: ``tool-input-start`` and its input (an input error from v6 for unreadable input)."""
+        head = self._close_parts() + (b"" if self._step else self._start_step())
+        chunks = [data_frame({"type": "tool-input-start", "toolCallId": call.id, "toolName": call.name})]
+        try:
+            value: Any = call.args()
+        except Exception:  # unreadable arguments: their raw text is the input shown
+            value, invalid = call.arguments, invalid or "the arguments are not a JSON object"
+        if invalid is not None and self.version >= 6:
+            chunks.append(data_frame({"type": "tool-input-error", "toolCallId": call.id, "toolName": call.name,
+                                      "input": value, "errorText": invalid}))
+        else:
+            chunks.append(data_frame({"type": "tool-input-available", "toolCallId": call.id,
+                                      "toolName": call.name, "input": value}))
+        self._shown[call.id] = chunks
+        return head + b"".join(chunks)
+
+    def _tool_result(self, event: object) -> bytes:
+        result = getattr(event, "result", None)
+        call_id = getattr(result, "call_id", None)
+        if not isinstance(call_id, str):
+            return b""
+        skipped = getattr(event, "skipped", None)
+        error = self._errors.tool_error_text(result, skipped)
+        head = b""
+        if call_id not in self._shown:  # it never started (skipped): its card still shows what was asked
+            call = getattr(event, "call", None)
+            if not isinstance(call, ToolCall):
+                call = ToolCall(call_id, str(getattr(result, "name", "")), "")
+            invalid = str(error) if skipped == "invalid" else None
+            head = self._show_input(call, invalid)
+            if invalid is not None and self.version >= 6:  # the input error is the card's final state
+                return head + self._tool_extras(call_id, result, skipped)
+        if getattr(result, "ok", False):
+            chunk: Dict[str, Any] = {"type": "tool-output-available", "toolCallId": call_id,
+                                     "output": getattr(result, "text", "")}
+        else:
+            chunk = {"type": "tool-output-error", "toolCallId": call_id, "errorText": str(error or "failed")}
+        frame = data_frame(chunk)
+        self._shown.setdefault(call_id, []).append(frame)
+        return head + frame + self._tool_extras(call_id, result, skipped)
+
+    @staticmethod
+    def _tool_extras(call_id: str, result: object, skipped: object) -> bytes:
+        return data_frame({"type": "data-streamengine-tool", "id": f"tool-{call_id}", "data": {
+            "toolCallId": call_id, "durationS": getattr(result, "duration_s", None), "skipped": skipped,
+            "timedOut": getattr(result, "timed_out", False)}})
+
+    def _refusal(self, event: object) -> bytes:
+        text = getattr(event, "text", "")
+        head = self._close_parts() + (b"" if self._step else self._start_step())
+        part = self._new_id("refusal")
+        self._refused = True
+        return head + b"".join([
+            data_frame({"type": "text-start", "id": part, "providerMetadata": REFUSAL_METADATA}),
+            data_frame({"type": "text-delta", "id": part, "delta": text if isinstance(text, str) else ""}),
+            data_frame({"type": "text-end", "id": part, "providerMetadata": REFUSAL_METADATA}),
+        ])
+
+    def _error(self, event: object) -> bytes:
+        message = self._errors.error_text(event)
+        if getattr(event, "fatal", True):
+            self._ended = True  # useChat's run ends at an error chunk: nothing after it is read
+            return data_frame({"type": "error", "errorText": message})
+        return data_frame({"type": "data-streamengine-error", "data": {
+            "message": message, "requestId": self._errors.request_id}})
+
+    def _reset(self, event: object) -> bytes:
+        """Round ``n``'s text is taken back: v7 removes the step's parts, earlier versions are told in a data part."""
+        payload = {"round": getattr(event, "round", None), "reason": getattr(event, "reason", None)}
+        if self.version >= 7:
+            self._text = self._reasoning = None  # reset-step drops the open parts with the rest of the step
+            self._prose.reset()
+            tools = [chunk for chunks in self._shown.values() for chunk in chunks]  # they survive: shown again
+            return b"".join([data_frame({"type": "reset-step"}), *tools,
+                             data_frame({"type": "data-streamengine-reset", "data": payload})])
+        return self._close_parts() + data_frame({"type": "data-streamengine-reset", "data": payload})
+
+    def _done(self, event: object) -> bytes:
+        result = getattr(event, "result", None)
+        self._ended = True
+        reason = self._finish_reason(result)
+        finish: Dict[str, Any] = {"type": "finish", "messageMetadata": {
+            "finishReason": reason, "usage": getattr(result, "usage", None),
+            "telemetry": self._errors.telemetry(getattr(result, "telemetry", None))}}
+        if self.version >= 6:  # ai 5.0's strict schema has no finishReason on finish
+            finish["finishReason"] = reason
+        return self._finish_step() + data_frame(finish)
+
+    def _finish_reason(self, result: object) -> str:
+        cut_off = getattr(result, "cut_off", None)
+        if self._refused or cut_off == "content_filter":
+            return "content-filter"
+        return "length" if cut_off == "length" else "stop"
+
+    _HANDLERS: ClassVar[Dict[str, Callable[[UiMessageStream, object], bytes]]] = {
+        "round": _round, "reasoning": _reasoning_event, "tool_start": _tool_start, "tool_result": _tool_result,
+        "refusal": _refusal, "error": _error, "reset": _reset, "done": _done,
+    }
+

@@ -1,0 +1,41 @@
+// Drives AbstractChat, the engine inside useChat, with its DefaultChatTransport against a streamengine app.
+// node chat.mjs <ai5|ai6|ai7> <api url> <prompt, --resume, --regenerate or --history=JSON> [...]  ->  one JSON line: status, error, messages.
+const [pkg, api, ...prompts] = process.argv.slice(2);
+const { AbstractChat, DefaultChatTransport } = await import(pkg);
+
+class State {
+  constructor() { this.status = 'ready'; this.error = undefined; this.messages = []; }
+  pushMessage(message) { this.messages = this.messages.concat(message); }
+  popMessage() { this.messages = this.messages.slice(0, -1); }
+  replaceMessage(index, message) {
+    this.messages = [...this.messages.slice(0, index), message, ...this.messages.slice(index + 1)];
+  }
+  snapshot(thing) { return structuredClone(thing); }
+}
+
+class Chat extends AbstractChat {
+  constructor(init) { super({ ...init, state: new State() }); }
+}
+
+const errors = [];
+const finishes = [];
+const chat = new Chat({
+  transport: new DefaultChatTransport({ api }),
+  onError: (error) => errors.push(String(error?.message ?? error)),
+  onFinish: (options) => finishes.push({ isError: options.isError ?? null, finishReason: options.finishReason ?? null }),
+});
+for (const text of prompts) {
+  if (text === '--resume') {
+    await chat.resumeStream();  // what useChat({ resume: true }) does on mount
+  } else if (text.startsWith('--history=')) {
+    chat.messages = JSON.parse(text.slice('--history='.length));  // what useChat({ messages }) starts from
+  } else if (text === '--regenerate') {
+    await chat.regenerate();  // useChat's regenerate(): the last answer again
+  } else {
+    await chat.sendMessage({ text });
+  }
+}
+process.stdout.write(JSON.stringify({
+  status: chat.status, error: chat.error ? String(chat.error.message) : null, errors, finishes,
+  messages: chat.messages,
+}) + '\n');
