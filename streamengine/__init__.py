@@ -28,8 +28,8 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["Run", "StreamingEngine"], "._engine.run"),
     **dict.fromkeys(["EngineConfig"], "._config"),
     **dict.fromkeys(["EngineResult", "Telemetry"], "._engine.result"),
-    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "RefusalEvent", "ResetEvent", "RoundEvent",
-                     "TokenEvent", "ToolResultEvent", "ToolStartEvent"], "._engine.events"),
+    **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ReasoningEvent", "RefusalEvent",
+                     "ResetEvent", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent"], "._engine.events"),
     **dict.fromkeys(["ModelChunkEvent", "Observer"], "._calls.hooks"),
     **dict.fromkeys(["ErrorClass", "ErrorClassifier"], "._calls.failover"),
     **dict.fromkeys(["LlmClient", "StreamingLlmClient"], "._clients.base"),
@@ -42,8 +42,8 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
                      "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError",
                      "RunFailedError", "StreamEngineError", "ToolError"], "._errors"),
-    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "Response", "StopReason", "ToolCall",
-                     "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
+    **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "ProviderItem", "Response",
+                     "StopReason", "ToolCall", "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
     **dict.fromkeys(["ToolContext"], "._messages"),
     **dict.fromkeys(["AudioPart", "FilePart", "ImagePart", "TextPart"], "._parts"),
     **dict.fromkeys(["Tool", "ToolRegistry", "tool"], ".tools._tool"),
@@ -57,18 +57,15 @@ _HOMES: _Dict[str, str] = {
 #: Literal, so type checkers and IDEs read it; tests/test_public_api.py checks it against ``_HOMES``.
 __all__ = [
     "AllModelsFailedError", "AnthropicClient", "AudioPart", "CancelToken", "CancellableAdapter", "Chunk",
-    "CompletionOptions",
-    "ConfigError", "DoneEvent", "EngineConfig", "EngineResult", "ErrorClass", "ErrorClassifier", "ErrorEvent",
-    "Event", "FilePart", "HashingEmbedder", "HeartbeatEvent", "ImagePart", "LLM_WARNING", "LlmCancelledError",
-    "LlmClient",
-    "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError",
-    "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer", "OpenAICompatibleClient", "OpenAIEmbedder",
-    "OpenAIResponsesClient", "PostgresRagStore", "RefusalEvent", "ResetEvent", "Response", "RoundEvent",
-    "RoutedClient", "Run", "RunFailedError", "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError",
-    "StreamingEngine", "StreamingLlmClient", "Telemetry", "TextPart", "TokenEvent", "Tool", "ToolCall",
-    "ToolCallDelta",
-    "ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent",
-    "Usage", "enable_logging", "tool",
+    "CompletionOptions", "ConfigError", "DoneEvent", "EngineConfig", "EngineResult", "ErrorClass", "ErrorClassifier",
+    "ErrorEvent", "Event", "FilePart", "HashingEmbedder", "HeartbeatEvent", "ImagePart", "LLM_WARNING",
+    "LlmCancelledError", "LlmClient", "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError",
+    "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer",
+    "OpenAICompatibleClient", "OpenAIEmbedder", "OpenAIResponsesClient", "PostgresRagStore", "ProviderItem",
+    "ReasoningEvent", "RefusalEvent", "ResetEvent", "Response", "RoundEvent", "RoutedClient", "Run", "RunFailedError",
+    "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError", "StreamingEngine", "StreamingLlmClient",
+    "Telemetry", "TextPart", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta", "ToolContext", "ToolError",
+    "ToolRegistry", "ToolResult", "ToolResultEvent", "ToolSpec", "ToolStartEvent", "Usage", "enable_logging", "tool",
 ]
 
 if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
@@ -90,6 +87,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._engine.events import ErrorEvent as ErrorEvent
     from ._engine.events import Event as Event
     from ._engine.events import HeartbeatEvent as HeartbeatEvent
+    from ._engine.events import ReasoningEvent as ReasoningEvent
     from ._engine.events import RefusalEvent as RefusalEvent
     from ._engine.events import ResetEvent as ResetEvent
     from ._engine.events import RoundEvent as RoundEvent
@@ -118,6 +116,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._messages import Chunk as Chunk
     from ._messages import CompletionOptions as CompletionOptions
     from ._messages import Message as Message
+    from ._messages import ProviderItem as ProviderItem
     from ._messages import Response as Response
     from ._messages import StopReason as StopReason
     from ._messages import ToolCall as ToolCall

@@ -47,7 +47,16 @@ import uuid
 from typing import Dict, List, Optional, Tuple
 
 from ._config import OutputLimits, check_length, output_limit_error
-from ._messages import MAX_ARGUMENT_CHARS, MAX_ARGUMENT_DEPTH, Chunk, Response, ToolCall, ToolCallDelta, Usage
+from ._messages import (
+    MAX_ARGUMENT_CHARS,
+    MAX_ARGUMENT_DEPTH,
+    Chunk,
+    ProviderItem,
+    Response,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 _OUTSIDE_STRING = re.compile(r'[{}\[\]"]')
 _INSIDE_STRING = re.compile(r'["\\]')
@@ -329,6 +338,8 @@ class ResponseAggregator:
         self._reasoning_chars = 0
         self._refusal = TextBuffer()
         self._refusal_chars = 0
+        self._items: List[ProviderItem] = []
+        self._items_chars = 0
         self.tools = ToolCallAccumulator(limits.tool_argument_chars)
         self.usage: Optional[Usage] = None
         self.model: Optional[str] = None
@@ -358,7 +369,7 @@ class ResponseAggregator:
             self.model = model
         if chunk.text_only:
             return []
-        if chunk.reasoning or chunk.refusal:
+        if chunk.reasoning or chunk.refusal or chunk.provider_items:
             self._add_aside(chunk)
         if chunk.usage is not None:
             self.usage = chunk.usage
@@ -376,7 +387,7 @@ class ResponseAggregator:
         return completed
 
     def _add_aside(self, chunk: Chunk) -> None:
-        """Reasoning and refusal text: kept apart from the answer, each within its cap."""
+        """Reasoning, refusal text and provider items: kept apart from the answer, each within its cap."""
         if chunk.reasoning:
             self._reasoning_chars += len(chunk.reasoning)
             check_length("reasoning", self._reasoning_chars, self.limits.reasoning_chars,
@@ -386,6 +397,11 @@ class ResponseAggregator:
             self._refusal_chars += len(chunk.refusal)
             check_length("refusal", self._refusal_chars, self.limits.answer_chars, "EngineConfig.max_answer_chars")
             self._refusal.append(chunk.refusal)
+        for item in chunk.provider_items:
+            self._items_chars += item.size
+            check_length("reasoning items", self._items_chars, self.limits.reasoning_chars,
+                         "EngineConfig.max_reasoning_chars")
+            self._items.append(item)
 
     @property
     def content(self) -> str:
@@ -411,4 +427,5 @@ class ResponseAggregator:
             refusal=self._refusal.text() or None,
             reasoning=self.reasoning or None,
             id=self.response_id,
+            provider_items=tuple(self._items),
         )

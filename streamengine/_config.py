@@ -64,6 +64,8 @@ class OutputLimits:
         check_length("answer", len(response.content or ""), self.answer_chars, "EngineConfig.max_answer_chars")
         check_length("reasoning", len(response.reasoning or ""), self.reasoning_chars,
                       "EngineConfig.max_reasoning_chars")
+        check_length("reasoning items", sum(item.size for item in response.provider_items), self.reasoning_chars,
+                      "EngineConfig.max_reasoning_chars")
         check_length("refusal", len(response.refusal or ""), self.answer_chars, "EngineConfig.max_answer_chars")
         for call in response.tool_calls:
             check_length("tool arguments", len(call.arguments), self.tool_argument_chars,
@@ -76,12 +78,14 @@ def check_length(what: str, length: int, limit: int, setting: str) -> None:
 
 
 def output_chars(chunk: Chunk) -> int:
-    """Characters of model output in one chunk: text, reasoning, refusal and tool-call fragments.
+    """Characters of model output in one chunk: text, reasoning, refusal, provider items and tool-call fragments.
 
     A tool-call delta costs one character more than it carries: an empty one
     may open a call (memory), so a stream of them is not free.
     """
     total = len(chunk.content or "") + len(chunk.reasoning or "") + len(chunk.refusal or "")
+    for item in chunk.provider_items:
+        total += item.size
     for delta in chunk.tool_calls or ():
         total += 1 + len(delta.arguments_fragment or "") + len(delta.name or "") + len(delta.id or "")
     return total

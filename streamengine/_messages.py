@@ -153,12 +153,43 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ProviderItem:
+    """Something a provider sent that it needs back, verbatim, for a tool-using answer to go on.
+
+    Anthropic's ``thinking`` blocks (with their ``signature``) and
+    ``redacted_thinking`` blocks, the Responses API's ``reasoning`` items
+    (with ``encrypted_content`` when asked for): opaque to the engine, never
+    shown nor mixed into the answer, sent back only on the ``wire`` that made
+    them.  ``data`` is the JSON object as received; ``size`` its length in
+    characters, counted against ``EngineConfig.max_reasoning_chars``.
+    """
+
+    wire: str
+    data: Mapping[str, Any]
+    size: int = 0
+
+    @classmethod
+    def of(cls, wire: str, data: Mapping[str, Any]) -> ProviderItem:
+        """An item whose ``size`` is the length of ``data`` as JSON."""
+        return cls(wire, data, len(json.dumps(data, ensure_ascii=False)))
+
+
+def items_for(wire: str, items: Sequence[ProviderItem]) -> List[Dict[str, Any]]:
+    """The ``data`` of the items ``wire`` made, as fresh dicts to send back (another wire's are dropped)."""
+    return [dict(item.data) for item in items if item.wire == wire]
+
+
+@dataclass(frozen=True)
 class Message:
     """One message of a conversation.
 
     ``parts`` holds the content parts of a message sent as a list (text,
     images, audio, files: ``_parts``); ``content`` is then their text,
     joined, so whatever reads text reads it there.  Empty for a plain string.
+
+    ``provider_items`` (assistant turns the engine builds) are what the
+    provider must get back with this turn (:class:`ProviderItem`); each wire
+    sends its own and the Chat Completions wire none.
     """
 
     role: str
@@ -167,6 +198,7 @@ class Message:
     tool_call_id: Optional[str] = None
     name: Optional[str] = None
     parts: Tuple[Part, ...] = ()
+    provider_items: Tuple[ProviderItem, ...] = ()
 
     @property
     def has_media(self) -> bool:
@@ -272,6 +304,8 @@ class Chunk:
     a chunk with one test instead of one per field.  ``response_id`` is the
     provider's id for the whole answer (``chatcmpl-...``, ``msg_...``,
     ``resp_...``), on whichever chunk the wire carries it: not model output.
+    ``provider_items`` are what the provider needs back (:class:`ProviderItem`),
+    each on the chunk that completes it.
     """
 
     content: Optional[str] = None
@@ -283,6 +317,7 @@ class Chunk:
     model: Optional[str] = None
     refusal: Optional[str] = None
     response_id: Optional[str] = None
+    provider_items: Tuple[ProviderItem, ...] = ()
 
     # Written by hand, not generated: one chunk is built per provider frame
     # (100k+/s), and the generated frozen __init__ pays an object.__setattr__
@@ -292,7 +327,7 @@ class Chunk:
                  tool_calls: Tuple[ToolCallDelta, ...] = (), is_completed: bool = False,
                  usage: Optional[Usage] = None, finish_reason: Optional[str] = None,
                  model: Optional[str] = None, refusal: Optional[str] = None,
-                 response_id: Optional[str] = None) -> None:
+                 response_id: Optional[str] = None, provider_items: Tuple[ProviderItem, ...] = ()) -> None:
         d = self.__dict__
         d["content"] = content
         d["reasoning"] = reasoning
@@ -303,7 +338,8 @@ class Chunk:
         d["model"] = model
         d["refusal"] = refusal
         d["response_id"] = response_id
-        rest = reasoning or tool_calls or is_completed or refusal
+        d["provider_items"] = provider_items
+        rest = reasoning or tool_calls or is_completed or refusal or provider_items
         d["is_meaningful"] = bool(content or rest)
         d["text_only"] = bool(content) and not (rest or usage is not None or finish_reason or response_id)
 
@@ -320,7 +356,7 @@ _TEXT_FIELDS = dict(Chunk("text").__dict__)
 def text_chunk(content: str, model: Optional[str]) -> Chunk:
     """``Chunk(content, model=model)`` for a non-empty ``content``: the chunk of nearly every frame.
 
-    Built from a template in one dict update, without ``__init__``'s nine
+    Built from a template in one dict update, without ``__init__``'s ten
     stores and its ``is_meaningful`` test (text is meaningful): a third less
     work per frame, and an equal chunk.
     """
@@ -379,6 +415,8 @@ class Response:
     kept apart from ``content`` because it is not an answer to show as one.
     ``reasoning`` is what a thinking model thought (None without any).
     ``id`` is the provider's id for this answer (None when it sent none).
+    ``provider_items`` are what the provider needs back with this answer to
+    continue after its tool calls (:class:`ProviderItem`).
     """
 
     content: str = ""
@@ -389,6 +427,7 @@ class Response:
     refusal: Optional[str] = None
     reasoning: Optional[str] = None
     id: Optional[str] = None
+    provider_items: Tuple[ProviderItem, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,21 @@ def guessed_type(name: str) -> Optional[str]:
     return mimetypes.guess_type(path, strict=False)[0]
 
 
+
+def attachment_part(media_type: str, url: str, filename: Optional[str] = None) -> Dict[str, Any]:
+    """A frontend's attachment (a media type and a ``data:`` or web URL: useChat's file part, AG-UI's
+    binary content) as the OpenAI content part a request policy then judges like any other."""
+    if media_type.lower().startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": url}}
+    inline = split_data_url(url, f"the {media_type} attachment's url")
+    audio = {media: name for name, media in AUDIO_FORMATS.items()}.get(media_type.lower())
+    if audio is not None and inline is not None:
+        return {"type": "input_audio", "input_audio": {"data": inline[1], "format": audio}}
+    file: Dict[str, Any] = {"file_data": url} if inline is not None else {"file_url": url}
+    if filename:
+        file["filename"] = filename
+    return {"type": "file", "file": file}
+
 @dataclass(frozen=True)
 class TextPart:
     """Text, as ``{"type": "text", "text": ...}``."""

@@ -59,7 +59,7 @@ def test_all_holds_what_a_user_needs_not_the_building_blocks():
     user_needs = {"StreamingEngine", "EngineConfig", "EngineResult", "TokenEvent", "DoneEvent", "ToolStartEvent",
                   "OpenAICompatibleClient", "ScriptedClient", "tool", "ToolRegistry", "ConfigError", "LlmError",
                   "SqliteRagStore", "enable_logging", "CancelToken", "CompletionOptions", "Message",
-                  "ErrorClassifier", "ModelChunkEvent"}
+                  "ErrorClassifier", "ModelChunkEvent", "ReasoningEvent"}
     building_blocks = {"FeedResult", "ToolHandle", "make_call_strategy", "ToolCallAccumulator", "ResponseAggregator",
                        "EventEmitter", "XmlParseState", "InlineToolScanner", "ToolExecutor", "ModelFailover"}
     assert user_needs <= set(streamengine.__all__)

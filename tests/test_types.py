@@ -65,6 +65,8 @@ def describe(events: Iterable[Event]) -> List[str]:
             lines.append(f"{event.result.name} {event.skipped or ''}")
         elif event.name == "refusal":
             lines.append(f"{event.text} in round {event.round}")
+        elif event.name == "reasoning":
+            lines.append(f"({event.text} in round {event.round})")
         elif event.name == "round":
             lines.append(str(event.round + 1))
         elif event.name == "reset":

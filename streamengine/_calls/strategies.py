@@ -452,4 +452,5 @@ def _chunk_of(response: Response) -> Chunk:
                    for index, call in enumerate(response.tool_calls))
     return Chunk(content=response.content or None, tool_calls=deltas, is_completed=True,
                  usage=response.usage, finish_reason=response.finish_reason, model=response.model,
-                 refusal=response.refusal, reasoning=response.reasoning, response_id=response.id)
+                 refusal=response.refusal, reasoning=response.reasoning, response_id=response.id,
+                 provider_items=response.provider_items)

@@ -26,7 +26,11 @@ What goes where, so ``streamengine chat ... > answer.txt`` holds the answer:
   is written once the run knows it is final; otherwise it streams.
 * stderr: everything else -- tool activity, round markers, error lines, and
   (when stdout is not a terminal) each round's text as it streams.
-* ``--json``: every event as one JSON object per line on stdout, unchanged.
+* ``--json``: every event as one JSON object per line on stdout, unchanged
+  (a thinking model's ``reasoning`` events too).
+* a thinking model's reasoning: dimmed on stderr while it thinks, when stderr
+  is a terminal (``--no-reasoning`` hides it); never on stdout, never in a
+  pipe.  The run log keeps it beside the answer.
 
 On a terminal you watch every round as it is written, the draft included:
 the revised answer follows a ``[round 2: revised answer]`` line on stderr.
@@ -344,7 +348,8 @@ class _Chat:
             self.approval.before_asking = None
         else:
             printer = EventPrinter(out if live else err, err, color=use_color(out if live else err, err), t0=t0,
-                                   hide_markup=tools, models=models)
+                                   hide_markup=tools, models=models,
+                                   reasoning=is_terminal(err) and not getattr(args, "no_reasoning", False))
             self.approval.before_asking = printer.end_line
         events = engine.run(messages)
         try:
@@ -435,6 +440,11 @@ def final_answer(result: Optional[EngineResult]) -> str:
     return strip_markup(text).strip()
 
 
+def _joined_reasoning(result: EngineResult) -> Optional[str]:
+    """Every round's reasoning, a blank line between rounds; None without any."""
+    return "\n\n".join(text for text in result.reasoning_rounds if text) or None
+
+
 class Conversation:
     """The run log for this command: the history ``-c`` continues, and where each answer is recorded."""
 
@@ -471,6 +481,7 @@ class Conversation:
             self.conversation = self.log.record(
                 self.conversation, model=result.telemetry.model_used or self.model, system=self.system,
                 prompt=prompt, answer=answer, stop_reason=result.telemetry.stop_reason,
+                reasoning=_joined_reasoning(result),
                 finish_reason=reasons[-1] if reasons else None)
         except ConversationLogError as exc:  # the answer was given; a log that fails is only a warning
             write(self.err, f"{PROG}: warning: the answer was not recorded: {exc}\n")

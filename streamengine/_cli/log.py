@@ -9,6 +9,7 @@ One SQLite file under the user's data directory
 ``STREAMENGINE_LOG=0`` turns it off.  Each run is one row: the prompt, the
 final answer, the model and how the run ended; rows of one conversation
 share its ``conversation`` id, so ``-c`` rebuilds the messages in order.
+A thinking model's reasoning is kept beside the answer (never sent again by ``-c``).
 A log that cannot be written never fails the answer: it is a warning; one
 that ``-c`` or ``logs`` cannot read (locked, damaged, in the wrong place) is
 one error line saying what to do.  The log holds prompts and answers: it is
@@ -51,9 +52,12 @@ CREATE TABLE IF NOT EXISTS runs (
     prompt TEXT NOT NULL,
     answer TEXT NOT NULL,
     stop_reason TEXT,
-    finish_reason TEXT
+    finish_reason TEXT,
+    reasoning TEXT
 )
 """
+#: Columns added since the first log: a log an older version made gets them as it is opened.
+_ADDED_COLUMNS = {"reasoning": "TEXT"}
 _OFF = ("0", "false", "no", "off")
 #: How long a write by another streamengine may hold the log before reading or writing gives up.
 LOCK_WAIT_S = 5.0
@@ -91,6 +95,7 @@ class RunLog:
             self._make_private()
             with closing(sqlite3.connect(str(self.path), timeout=LOCK_WAIT_S)) as db:
                 db.execute(_SCHEMA)
+                _add_missing_columns(db)
                 yield db
 
     def _make_private(self) -> None:
@@ -157,13 +162,15 @@ class RunLog:
         return row[0] if row else None
 
     def record(self, conversation: Optional[str], *, model: Optional[str], system: Optional[str], prompt: str,
-               answer: str, stop_reason: Optional[str], finish_reason: Optional[str]) -> str:
+               answer: str, stop_reason: Optional[str], finish_reason: Optional[str],
+               reasoning: Optional[str] = None) -> str:
         """Add one run; returns its conversation id (a new one when ``conversation`` is None)."""
         conversation = conversation or uuid.uuid4().hex
         with self._open() as db, db:
             db.execute("INSERT INTO runs (conversation, at, model, system, prompt, answer, stop_reason, "
-                       "finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (conversation, time.time(), model, system, prompt, answer, stop_reason, finish_reason))
+                       "finish_reason, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (conversation, time.time(), model, system, prompt, answer, stop_reason, finish_reason,
+                        reasoning))
         return conversation
 
     def recent(self, count: int) -> List[Dict[str, Any]]:
@@ -174,6 +181,14 @@ class RunLog:
             db.row_factory = sqlite3.Row
             rows = db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (count,)).fetchall()
         return [dict(row) for row in reversed(rows)]
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Give a log made by an older version the columns it lacks (its rows read NULL there)."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in present:
+            db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
 
 def _tighten(path: Path, mode: int) -> None:
@@ -206,6 +221,7 @@ def cmd_logs(args: argparse.Namespace, hooks: Any) -> int:
             continue
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["at"]))
         ended = f", {run['finish_reason']}" if run.get("finish_reason") not in (None, StopReason.STOP) else ""
+        thought = f"[reasoning]\n{run['reasoning']}\n[/reasoning]\n\n" if run.get("reasoning") else ""
         write(out, shown(f"## {when}  {run['model'] or '?'}  conversation {run['conversation'][:8]}{ended}\n\n"
-                         f"> {one_line(run['prompt'])}\n\n{run['answer']}\n\n"))
+                         f"> {one_line(run['prompt'])}\n\n{thought}{run['answer']}\n\n"))
     return 0

@@ -359,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print one JSON object per event per line (done carries the telemetry)")
     chat.add_argument("-c", "--continue", dest="continue_", action="store_true",
                       help="continue the last conversation in the run log (with its model unless -m names one)")
+    chat.add_argument("--no-reasoning", action="store_true",
+                      help="do not show a thinking model's reasoning (shown dimmed on stderr at a terminal)")
     chat.add_argument("--no-log", action="store_true",
                       help="do not record this run in the run log (env STREAMENGINE_LOG=0 turns it off)")
     add_approval_flags(chat)

@@ -25,6 +25,7 @@ from .._engine.events import (
     DoneEvent,
     ErrorEvent,
     Event,
+    ReasoningEvent,
     RefusalEvent,
     ResetEvent,
     RoundEvent,
@@ -153,12 +154,16 @@ class EventPrinter:
     ``spans`` adds each tool's start and end offsets (the demo).
     ``hide_markup`` takes inline tool blocks out of the text.  ``models``
     lets an error line drop the failover bookkeeping (:func:`error_lines`).
+    ``reasoning`` shows a thinking model's reasoning on ``info`` as it
+    streams (dimmed with ``color``), ended by a line break before anything else.
     """
 
     def __init__(self, out: TextIO, info: TextIO, *, color: bool = False, spans: bool = False,
                  t0: Optional[float] = None, hide_llm_warning: bool = True, hide_markup: bool = False,
-                 models: Sequence[str] = ()) -> None:
+                 models: Sequence[str] = (), reasoning: bool = False) -> None:
         self.out, self.info_stream = out, info
+        self.show_reasoning = reasoning
+        self._thinking = False  # reasoning is being written on info: a line break ends it
         self._shown = for_terminal if is_terminal(out) else _as_is  # the answer: byte for byte into a pipe
         self.markup = MarkupFilter() if hide_markup else None
         self.models = tuple(models)
@@ -175,6 +180,13 @@ class EventPrinter:
         self._notices: List[str] = []
 
     def handle(self, event: Event, t: float) -> None:
+        if isinstance(event, ReasoningEvent):
+            if self.show_reasoning:
+                self._reasoning(event.text)
+            return
+        if self._thinking:
+            self._thinking = False
+            write(self.info_stream, "\n")
         held, self._held = self._held, None
         if held is not None and not isinstance(event, ErrorEvent):
             self._text(held)  # it was model text after all, not the engine's warning
@@ -207,6 +219,14 @@ class EventPrinter:
         elif isinstance(event, DoneEvent):
             self.result = event.result
             self._newline()
+
+    def _reasoning(self, text: str) -> None:
+        """Reasoning as it streams, on a line of its own: shown (never obeyed), dimmed with color."""
+        if not self._thinking:
+            self._newline()
+            self._thinking = True
+        shown = for_terminal(text)
+        write(self.info_stream, f"{_DIM}{shown}{_RESET}" if self.color else shown)
 
     def _result_line(self, event: ToolResultEvent) -> str:
         r = event.result
@@ -333,7 +353,7 @@ class JsonEventPrinter:
                     "started_s": self._offset(r.started_at), "ended_s": self._offset(r.ended_at)}
         if isinstance(event, RoundEvent):
             return {"round": event.round}
-        if isinstance(event, RefusalEvent):
+        if isinstance(event, (RefusalEvent, ReasoningEvent)):
             return {"text": event.text, "round": event.round}
         if isinstance(event, ResetEvent):
             return {"round": event.round, "reason": event.reason}
@@ -343,7 +363,8 @@ class JsonEventPrinter:
             return {"message": event.message, "fatal": event.fatal}
         if isinstance(event, DoneEvent):
             self.result = done = event.result
-            return {"answer": done.answer, "rounds": list(done.rounds), "error": done.error,
+            return {"answer": done.answer, "rounds": list(done.rounds), "reasoning_rounds": list(done.reasoning_rounds),
+                    "error": done.error,
                     "refusal": done.refusal, "finish_reasons": list(done.finish_reasons),
                     "telemetry": dataclasses.asdict(done.telemetry),
                     "usage": dataclasses.asdict(done.usage) if done.usage else None}

@@ -28,6 +28,11 @@ then ``message_delta`` (stop reason, final usage) and ``message_stop``;
 * text deltas become ``content``, thinking deltas ``reasoning`` (meaningful:
   a model that thinks is not idle); ``ping`` and the structural events yield
   nothing, so they never reset the idle timer;
+* a ``thinking`` block, at its stop, becomes a :class:`ProviderItem` with its
+  text and its ``signature`` (its ``signature_delta`` events joined, at most
+  ``max_event_bytes``); a ``redacted_thinking`` block is one as it starts.
+  The API wants them back, first and verbatim, in the assistant turn that
+  goes on after a tool call, so the request puts them there;
 * each ``tool_use`` block becomes one native call.  Its ToolCallDelta index
   is the block's position among the tool blocks (0, 1, ...), not the content
   block index, so calls are numbered as OpenAI numbers them; id and name
@@ -76,6 +81,7 @@ from .._messages import (
     CompletionOptions,
     Message,
     MessageLike,
+    ProviderItem,
     Response,
     StopReason,
     ToolCall,
@@ -83,6 +89,7 @@ from .._messages import (
     ToolSpec,
     Usage,
     as_messages,
+    items_for,
     text_chunk,
 )
 from .._parts import AudioPart, FilePart, ImagePart, Part, TextPart
@@ -103,6 +110,11 @@ FINISH_REASONS = {
     "model_context_window_exceeded": StopReason.LENGTH,
     "refusal": StopReason.CONTENT_FILTER,
 }
+
+#: The ``ProviderItem.wire`` of this wire's items.
+WIRE = "anthropic"
+#: Content blocks the API wants back as they came: the thinking that led to a tool call.
+THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 # Tool results the engine failed to produce start with this (continuation.result_content).
 _ERROR_RESULT_PREFIX = "ERROR: "
@@ -169,8 +181,9 @@ def _merged(messages: List[Message]) -> List[Dict[str, Any]]:
 
 def _blocks(message: Message) -> Tuple[str, List[Dict[str, Any]]]:
     text = [{"type": "text", "text": message.content}] if message.content else []
-    if message.role == "assistant":
-        return "assistant", text + [_tool_use(call) for call in message.tool_calls]
+    if message.role == "assistant":  # thinking blocks first, as the API wants them
+        thinking = items_for(WIRE, message.provider_items)
+        return "assistant", thinking + text + [_tool_use(call) for call in message.tool_calls]
     if message.role == "tool":
         if not message.tool_call_id:  # nothing to attach it to: keep it as text the model can read
             return "user", [{"type": "text", "text": f"Tool result: {message.content}"}]
@@ -311,11 +324,17 @@ def response_from_json(payload: Any, redact: Any) -> Response:
             f"an Anthropic answer must be a JSON object with a 'content' list, got "
             f"{redact(json.dumps(payload)[:300])}; is base_url the Anthropic API root (https://api.anthropic.com)?")
     text: List[str] = []
+    thinking: List[str] = []
+    items: List[ProviderItem] = []
     calls: List[ToolCall] = []
     for position, block in enumerate(payload["content"]):
         if not isinstance(block, dict):
             continue
-        if block.get("type") == "text" and isinstance(block.get("text"), str):
+        if block.get("type") in THINKING_BLOCKS:
+            items.append(ProviderItem.of(WIRE, block))
+            if isinstance(block.get("thinking"), str):
+                thinking.append(block["thinking"])
+        elif block.get("type") == "text" and isinstance(block.get("text"), str):
             text.append(block["text"])
         elif block.get("type") == "tool_use":
             arguments = block.get("input")
@@ -324,7 +343,8 @@ def response_from_json(payload: Any, redact: Any) -> Response:
                                   arguments=json.dumps(arguments if isinstance(arguments, dict) else {})))
     return Response(content="".join(text), tool_calls=tuple(calls),
                     usage=usage_of(merge_usage({}, payload.get("usage"))), model=_text(payload.get("model")),
-                    finish_reason=finish_reason(payload.get("stop_reason")), id=_text(payload.get("id")))
+                    finish_reason=finish_reason(payload.get("stop_reason")), id=_text(payload.get("id")),
+                    reasoning="".join(thinking) or None, provider_items=tuple(items))
 
 
 def _text(value: Any) -> Optional[str]:
@@ -398,6 +418,20 @@ class _ToolBlock:
         self.start_input = start_input
 
 
+class _ThinkingBlock:
+    """A ``thinking`` block as it streams: its text and signature, sent back whole after a tool call."""
+
+    __slots__ = ("signature", "thinking")
+
+    def __init__(self, start: Dict[str, Any]) -> None:
+        self.thinking = [start["thinking"]] if isinstance(start.get("thinking"), str) else []
+        self.signature = [start["signature"]] if isinstance(start.get("signature"), str) else []
+
+    def item(self) -> ProviderItem:
+        return ProviderItem.of(WIRE, {"type": "thinking", "thinking": "".join(self.thinking),
+                                      "signature": "".join(self.signature)})
+
+
 class AnthropicStreamParser(TypedEventParser):
     """The events of one streamed response -> chunks; ``run`` returns the completing chunk."""
 
@@ -409,6 +443,8 @@ class AnthropicStreamParser(TypedEventParser):
         self._counts: Dict[str, int] = {}  # token counts so far, by the API's names
         self._tools: Dict[int, _ToolBlock] = {}  # content block index -> its tool call
         self._tool_count = 0
+        self._thinking: Dict[int, _ThinkingBlock] = {}  # content block index -> its thinking block
+        self._signature_chars = 0
 
     def plain_error(self, text: str) -> Dict[str, Any]:
         return {"type": "error", "error": {"type": None, "message": text}}
@@ -458,7 +494,10 @@ class AnthropicStreamParser(TypedEventParser):
         if kind == "text":
             return _text_chunk(block.get("text"), None)
         if kind == "thinking":
+            self._thinking[index] = _ThinkingBlock(block)
             return _text_chunk(None, block.get("thinking"))
+        if kind == "redacted_thinking":
+            return Chunk(provider_items=(ProviderItem.of(WIRE, block),))
         if kind != "tool_use":
             return None
         tool = self._tools[index] = _ToolBlock(self._tool_count, block.get("input"))
@@ -475,9 +514,12 @@ class AnthropicStreamParser(TypedEventParser):
         if kind == "text_delta":
             return _text_chunk(delta.get("text"), None)
         if kind == "thinking_delta":
-            return _text_chunk(None, delta.get("thinking"))
+            return self._thought(frame, delta.get("thinking"))
+        if kind == "signature_delta":
+            self._signed(frame, delta.get("signature"))
+            return None
         if kind != "input_json_delta":
-            return None  # signature_delta, citations_delta...: nothing the caller reads
+            return None  # citations_delta...: nothing the caller reads
         tool = self._tool_at(frame)
         fragment = delta.get("partial_json")
         if tool is None or not isinstance(fragment, str) or not fragment:
@@ -485,11 +527,32 @@ class AnthropicStreamParser(TypedEventParser):
         tool.argued = tool.argued or bool(fragment.strip())
         return Chunk(tool_calls=(ToolCallDelta(tool.index, arguments_fragment=fragment),))
 
+    def _thought(self, frame: Dict[str, Any], text: Any) -> Optional[Chunk]:
+        block = self._thinking.get(frame["index"]) if _is_index(frame.get("index")) else None
+        if block is not None and isinstance(text, str):
+            block.thinking.append(text)  # bounded: the same text is counted as reasoning as it flows
+        return _text_chunk(None, text)
+
+    def _signed(self, frame: Dict[str, Any], signature: Any) -> None:
+        """Keep a thinking block's signature, within ``max_event_bytes`` (nothing else counts it yet)."""
+        block = self._thinking.get(frame["index"]) if _is_index(frame.get("index")) else None
+        if block is None or not isinstance(signature, str):
+            return
+        self._signature_chars += len(signature)
+        if self._signature_chars > self.max_event_bytes:
+            raise LlmProtocolError(
+                f"{self.url} sent thinking signatures of over {self.max_event_bytes} characters; a signature "
+                f"is a few hundred, so this is not the Anthropic API (or raise max_event_bytes)")
+        block.signature.append(signature)
+
     def _tool_at(self, frame: Dict[str, Any]) -> Optional[_ToolBlock]:
         index = frame.get("index")
         return self._tools.get(index) if _is_index(index) else None
 
     def _block_stop(self, frame: Dict[str, Any]) -> Optional[Chunk]:
+        thinking = self._thinking.pop(frame["index"], None) if _is_index(frame.get("index")) else None
+        if thinking is not None:
+            return Chunk(provider_items=(thinking.item(),))
         tool = self._tool_at(frame)
         if tool is None:
             return None

@@ -8,7 +8,9 @@ What the Responses client sends: our chat-shaped messages, tools and options as 
 Pure data, no I/O.  The translation follows what the API enforces:
 
 * system messages become ``instructions`` (joined), the rest ``input`` items;
-* an assistant turn is its text (a ``message`` item) followed by one
+* an assistant turn is its ``reasoning`` items (as the provider sent them;
+  with ``store: false`` only those with ``encrypted_content``, as OpenAI
+  keeps none to look up by id), its text (a ``message`` item) followed by one
   ``function_call`` item per call, with the call's id as ``call_id``; a tool
   result is a ``function_call_output`` item with that ``call_id``.  The API
   answers 400 to an output whose call it has not seen, so the calls are
@@ -39,7 +41,11 @@ per output item ``response.output_item.added``, its deltas and
 ``response.incomplete``); ``response.failed`` and ``error`` end it badly.
 
 * ``output_text.delta`` is content; ``reasoning_summary_text.delta`` and
-  ``reasoning_text.delta`` (vLLM, Ollama) are reasoning; ``refusal.delta``
+  ``reasoning_text.delta`` (vLLM, Ollama) are reasoning (a summary's second
+  part starts after a blank line); a finished ``reasoning`` item (with its
+  ``encrypted_content`` when the request's ``include`` asked for it) is a
+  :class:`ProviderItem`, sent back before the calls it led to as the API
+  wants; ``refusal.delta``
   is the refusal (``Chunk.refusal``: model output, not the answer).  Structural events
   (``created``, ``in_progress``, ``content_part.*``, ``*.done`` texts) yield
   nothing, so they never reset the idle timer -- nor do SSE comments;
@@ -92,6 +98,7 @@ from .._messages import (
     CompletionOptions,
     Message,
     MessageLike,
+    ProviderItem,
     Response,
     StopReason,
     ToolCall,
@@ -99,6 +106,7 @@ from .._messages import (
     ToolSpec,
     Usage,
     as_messages,
+    items_for,
 )
 from .._parts import AudioPart, FilePart, ImagePart, Part, TextPart
 from .http.options import sdk_settings
@@ -129,6 +137,9 @@ REFUSED_OPTIONS = {
     "messages": "messages are passed as the conversation, not as an option",
 }
 
+#: The ``ProviderItem.wire`` of this wire's items.
+WIRE = "responses"
+
 # A tool result without the id of its call: text the model can still read.
 _TOOL_RESULT_TEXT = "Tool result: {}"
 
@@ -137,7 +148,8 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
                    options: Optional[CompletionOptions], *, stream: bool) -> Dict[str, Any]:
     """The JSON body of ``POST {base_url}/responses``."""
     options = options or CompletionOptions()
-    instructions, items = _input(as_messages(messages))
+    stored = (options.extra or {}).get("store") is not False
+    instructions, items = _input(as_messages(messages), stored)
     body: Dict[str, Any] = {}
     if options.model is not None:
         body["model"] = options.model
@@ -163,24 +175,25 @@ def responses_body(messages: Sequence[MessageLike], tools: Optional[Sequence[Too
     return body
 
 
-def _input(messages: List[Message]) -> Tuple[str, List[Dict[str, Any]]]:
+def _input(messages: List[Message], stored: bool) -> Tuple[str, List[Dict[str, Any]]]:
     system = [m.content for m in messages if m.role == "system" and m.content]
     items: List[Dict[str, Any]] = []
     for message in messages:
         if message.role != "system":
-            items.extend(_items(message))
+            items.extend(_items(message, stored))
     return "\n\n".join(system), items
 
 
-def _items(message: Message) -> List[Dict[str, Any]]:
+def _items(message: Message, stored: bool = True) -> List[Dict[str, Any]]:
     role = message.role
     if role == "user":
         content: Any = [input_part(p) for p in message.parts] if message.parts else message.content
         return [{"type": "message", "role": "user", "content": content}]
     if role == "assistant":
         text = [{"type": "message", "role": "assistant", "content": message.content}] if message.content else []
-        return text + [{"type": "function_call", "call_id": call.id, "name": call.name,
-                        "arguments": call.arguments or "{}"} for call in message.tool_calls]
+        calls = [{"type": "function_call", "call_id": call.id, "name": call.name,
+                  "arguments": call.arguments or "{}"} for call in message.tool_calls]
+        return _reasoning_items(message, stored) + text + calls
     if role == "tool":
         if not message.tool_call_id:  # nothing to attach it to: keep it as text the model can read
             return [{"type": "message", "role": "user", "content": _TOOL_RESULT_TEXT.format(message.content)}]
@@ -212,6 +225,13 @@ def input_part(part: Part) -> Dict[str, Any]:
                 item[key] = value
         return item
     raise ConfigError(f"the {part.describe()} has no Responses form: {cannot_carry(part)}")
+
+
+def _reasoning_items(message: Message, stored: bool) -> List[Dict[str, Any]]:
+    """The turn's reasoning items to send back: all of them, but with ``store: false`` only those that carry
+    their ``encrypted_content`` (OpenAI kept none of them to find by id: it would answer 404)."""
+    items = items_for(WIRE, message.provider_items)
+    return items if stored else [item for item in items if item.get("encrypted_content")]
 
 
 def _tool(spec: ToolSpec) -> Dict[str, Any]:
@@ -304,7 +324,8 @@ def response_from_json(payload: Any, url: str, redact: Redact) -> Response:
     found = output_of(payload["output"])
     return Response(content=found.text, tool_calls=tuple(found.calls), usage=usage_of(payload.get("usage")),
                     model=_text(payload.get("model")), finish_reason=finish_reason_of(payload, bool(found.calls)),
-                    refusal=found.refusal or None, reasoning=found.reasoning or None, id=_text(payload.get("id")))
+                    refusal=found.refusal or None, reasoning=found.reasoning or None, id=_text(payload.get("id")),
+                    provider_items=found.items)
 
 
 class Output(NamedTuple):
@@ -314,12 +335,14 @@ class Output(NamedTuple):
     refusal: str
     reasoning: str
     calls: List[ToolCall]
+    items: Tuple[ProviderItem, ...] = ()
 
 
 def output_of(items: List[Any]) -> Output:
     """The ``message`` items' text and refusals, the ``reasoning`` items' summaries (or text), the calls."""
     parts: Dict[str, List[str]] = {"output_text": [], "refusal": [], "reasoning": []}
     calls: List[ToolCall] = []
+    kept: List[ProviderItem] = []
     for position, item in enumerate(items):
         if not isinstance(item, Mapping):
             continue
@@ -329,12 +352,14 @@ def output_of(items: List[Any]) -> Output:
                 if isinstance(part, Mapping) and part.get("type") in ("output_text", "refusal"):
                     _add_text(parts[part["type"]], part.get("text" if part["type"] == "output_text" else "refusal"))
         elif kind == "reasoning":
+            kept.append(ProviderItem.of(WIRE, item))
             for part in (item.get("summary") or item.get("content") or ()):
                 if isinstance(part, Mapping):
                     _add_text(parts["reasoning"], part.get("text"))
         elif kind == "function_call":
             calls.append(call_of(item, position))
-    return Output("".join(parts["output_text"]), "".join(parts["refusal"]), "".join(parts["reasoning"]), calls)
+    return Output("".join(parts["output_text"]), "".join(parts["refusal"]), "".join(parts["reasoning"]), calls,
+                  tuple(kept))
 
 
 def _add_text(into: List[str], value: Any) -> None:
@@ -359,6 +384,7 @@ def _text(value: Any) -> Optional[str]:
 _HOSTED_PROGRESS = re.compile(r"response\.(?!function_call_arguments\.)(?:\w+_call(?:_\w+)?|mcp_list_tools)\.\w+")
 _HOSTED_ITEM = re.compile(r"\w+_call|mcp_list_tools")
 _REASONING_DELTAS = frozenset({"response.reasoning_summary_text.delta", "response.reasoning_text.delta"})
+_PARAGRAPH = "\n\n"
 _LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
@@ -392,6 +418,7 @@ class ResponsesStreamParser(TypedEventParser):
         self._calls: Dict[Any, _Call] = {}  # item id and ("output", index) -> its call
         self._call_count = 0
         self._shown = False  # text or a call was streamed (else response.completed's output is the answer)
+        self._thought = False  # reasoning text or a reasoning item was streamed (not to be taken twice)
         self._response_id: Optional[str] = None  # the id told so far
 
     def plain_error(self, text: str) -> Dict[str, Any]:
@@ -407,6 +434,8 @@ class ResponsesStreamParser(TypedEventParser):
             return self._text(frame.get("delta"), None)
         if kind in _REASONING_DELTAS:
             return self._text(None, frame.get("delta"))
+        if kind == "response.reasoning_summary_part.added":
+            return self._summary_part(frame.get("summary_index"))
         if kind == "response.refusal.delta":
             return self._refusal(frame.get("delta"))
         if kind == "response.function_call_arguments.delta":
@@ -438,7 +467,12 @@ class ResponsesStreamParser(TypedEventParser):
         if content is None and reasoning is None:
             return None
         self._shown = self._shown or content is not None
+        self._thought = self._thought or reasoning is not None
         return Chunk(content=content, reasoning=reasoning)
+
+    def _summary_part(self, index: Any) -> Optional[Chunk]:
+        """A summary's parts are paragraphs: the second and later start after a blank line."""
+        return Chunk(reasoning=_PARAGRAPH) if _is_index(index) and index > 0 else None
 
     def _refusal(self, text: Any) -> Optional[Chunk]:
         if not isinstance(text, str) or not text:
@@ -509,6 +543,9 @@ class ResponsesStreamParser(TypedEventParser):
         if not isinstance(item, Mapping):
             return None
         kind = item.get("type")
+        if kind == "reasoning":
+            self._thought = True
+            return Chunk(provider_items=(ProviderItem.of(WIRE, item),))
         if kind != "function_call":
             return _PROGRESS if isinstance(kind, str) and _HOSTED_ITEM.fullmatch(kind) else None
         call = self._call_at({"item_id": item.get("id"), "output_index": frame.get("output_index")})
@@ -542,10 +579,11 @@ class ResponsesStreamParser(TypedEventParser):
         found = output_of(output)
         self.finish_reason = finish_reason_of(response, bool(found.calls), incomplete)
         deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments) for i, call in enumerate(found.calls))
-        if not (found.text or deltas or found.refusal):
+        reasoning, items = ("", ()) if self._thought else (found.reasoning, found.items)
+        if not (found.text or deltas or found.refusal or reasoning or items):
             return None
         return Chunk(content=found.text or None, tool_calls=deltas, refusal=found.refusal or None,
-                     response_id=self._response_id)
+                     response_id=self._response_id, reasoning=reasoning or None, provider_items=items)
 
 
 def _is_index(value: Any) -> bool:

@@ -75,6 +75,20 @@ class RefusalEvent:
 
 
 @dataclass(frozen=True)
+class ReasoningEvent:
+    """What a thinking model thinks, as it streams (a summary of it on some APIs): ``text`` of round ``round``.
+
+    Its own event, never a token: reasoning is not the answer, so a caller
+    that shows only tokens shows the answer alone, and one that shows this
+    too gives a person watching a sign of life while the model thinks.
+    """
+
+    name: ClassVar[Literal["reasoning"]] = "reasoning"
+    text: str
+    round: int = 1
+
+
+@dataclass(frozen=True)
 class RoundEvent:
     """A new model round began (round 1 is the first answer, 2 the first continuation)."""
 
@@ -98,10 +112,12 @@ class ErrorEvent:
 
 @dataclass(frozen=True)
 class ResetEvent:
-    """Discard the text of round ``round`` shown so far: it is streamed again on another model.
+    """Discard the text (and reasoning) of round ``round`` shown so far: it is streamed again on another model.
 
-    Only sent with ``EngineConfig(failover_after_tokens=True)``, when a model
-    failed mid-answer and another model is left; ``reason`` says which failed.
+    Sent with ``EngineConfig(failover_after_tokens=True)``, when a model
+    failed mid-answer and another model is left, and whenever a model that
+    had only shown reasoning failed and the round is asked again (a retry or
+    another model); ``reason`` says which failed.
     """
 
     name: ClassVar[Literal["reset"]] = "reset"
@@ -128,6 +144,6 @@ class HeartbeatEvent:
     name: ClassVar[Literal["heartbeat"]] = "heartbeat"
 
 
-Event = Union[TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent,
-              DoneEvent, HeartbeatEvent]
+Event = Union[TokenEvent, ReasoningEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent,
+              ErrorEvent, DoneEvent, HeartbeatEvent]
 

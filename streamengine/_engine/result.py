@@ -67,7 +67,11 @@ class EngineResult:
     the provider reported none (zeros would claim a free answer).
     ``refusal`` is what the model said when it refused (OpenAI's
     ``refusal``), None when it did not: apart from ``answer``, so an empty
-    answer is never mistaken for a finished one.
+    answer is never mistaken for a finished one.  ``reasoning`` is what a
+    thinking model thought in the last round (None without any), as
+    ``answer`` is that round's text; ``reasoning_rounds`` holds each round's
+    (``""`` for a round without), beside ``rounds``.  Neither is ever part of
+    ``answer``.
     """
 
     answer: str
@@ -77,6 +81,12 @@ class EngineResult:
     usage: Optional[Usage] = None
     error: Optional[str] = None
     refusal: Optional[str] = None
+    reasoning_rounds: Tuple[str, ...] = ()
+
+    @property
+    def reasoning(self) -> Optional[str]:
+        """The last round's reasoning, None when it had none."""
+        return self.reasoning_rounds[-1] or None if self.reasoning_rounds else None
 
     @property
     def finish_reasons(self) -> Tuple[Optional[str], ...]:

@@ -31,7 +31,7 @@ from .._inline import InlineToolScanner, tool_instructions
 from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, ToolSpec, Usage
 from .._wait import Wait
 from ..tools import ToolExecutor, ToolRegistry
-from .events import DoneEvent, ErrorEvent, Event, RefusalEvent, ResetEvent, RoundEvent, TokenEvent
+from .events import DoneEvent, ErrorEvent, Event, ReasoningEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent
 from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry, attempt_failure
 from .tool_calls import ToolCalls, continuation_messages
 
@@ -116,12 +116,15 @@ class RoundRunner:
         tried: List[str] = []
 
         def may_advance() -> bool:
+            failed = tried[-1] if tried else "the model"
             if stream.committed:
                 if not self.config.failover_after_tokens:
                     return False
-                failed = tried[-1] if tried else "the model"
                 self.state.emit(ResetEvent(round_no, f"model {failed} failed mid-answer; "
                                                      f"the round is streamed again on another model"))
+            elif stream.reasoning_parts:  # only thoughts were shown: they go, the round is asked again
+                self.state.emit(ResetEvent(round_no, f"model {failed} failed while thinking; "
+                                                     f"the round is asked again"))
             self.calls.reset_round()
             stream.reset()
             return True
@@ -166,7 +169,7 @@ class RoundRunner:
         if self.calls.untold_stopped:
             self.state.emit(ErrorEvent(self.calls.untold_summary(), fatal=False))
         text = stream.text
-        self.state.rounds.append(text)
+        self._keep_round(stream)
         results = yield from self.calls.results()
         if self.state.cancel.is_set():
             self._stop("cancelled")
@@ -178,7 +181,7 @@ class RoundRunner:
             self._stop("max_continuations_reached")
             self.state.answer = _joined(self.state.rounds)
             return False
-        self._continue_with(stream, results)
+        self._continue_with(stream, results, outcome.response)
         return True
 
     def _account(self, outcome: Any) -> None:
@@ -194,9 +197,15 @@ class RoundRunner:
             self.state.refusal = _joined([self.state.refusal or "", refusal])
             self.state.emit(RefusalEvent(refusal, self._round_no))
 
-    def _continue_with(self, stream: RoundStream, results: List[ToolResult]) -> None:
+    def _continue_with(self, stream: RoundStream, results: List[ToolResult], response: Response) -> None:
         self.messages.extend(continuation_messages(stream.text, stream.native_calls, results,
-                                                   self.calls.untold_stopped, stream.wire_ids))
+                                                   self.calls.untold_stopped, stream.wire_ids,
+                                                   response.provider_items))
+
+    def _keep_round(self, stream: RoundStream) -> None:
+        """The round's text and, beside it, its reasoning: kept for the result."""
+        self.state.rounds.append(stream.text)
+        self.state.reasoning_rounds.append(stream.reasoning)
 
     # --- endings ----------------------------------------------------------------------------
     def _count_parse_errors(self, stream: RoundStream) -> None:
@@ -212,7 +221,7 @@ class RoundRunner:
         self._count_parse_errors(stream)
         self.calls.abandon_round()
         if isinstance(exc, LlmCancelledError) or self.state.cancel.is_set():
-            self.state.rounds.append(stream.text)
+            self._keep_round(stream)
             self._stop("cancelled")
             return
         self.state.error = str(exc)
@@ -226,7 +235,7 @@ class RoundRunner:
         else:
             self.state.emit(ErrorEvent(f"the model's stream failed after a partial answer: {exc}"))
             self._stop("llm_error_after_tokens")
-        self.state.rounds.append(stream.text)
+        self._keep_round(stream)
         # Everything the person has read stays in the answer: earlier drafts too.
         self.state.answer = _joined(self.state.rounds)
 
@@ -243,7 +252,7 @@ class RoundRunner:
         answer = state.answer if state.answer is not None else _joined(state.rounds)
         result = EngineResult(answer=answer, rounds=tuple(state.rounds), tool_results=tuple(state.results),
                               telemetry=telemetry, usage=state.usage, error=state.error,
-                              refusal=state.refusal)
+                              refusal=state.refusal, reasoning_rounds=tuple(state.reasoning_rounds))
         state.done = True
         state.emit(DoneEvent(result))
 
@@ -299,6 +308,7 @@ class RunState:
     scope: str = ""  # the RAG scope this run files into and searches: its conversation, or itself
     telemetry: Telemetry = field(default_factory=Telemetry)
     rounds: List[str] = field(default_factory=list)
+    reasoning_rounds: List[str] = field(default_factory=list)  # beside ``rounds``: each round's reasoning
     results: List[ToolResult] = field(default_factory=list)
     usage: Optional[Usage] = None  # None until the provider reports usage
     answer: Optional[str] = None
@@ -343,6 +353,7 @@ class RoundStream:
         # What the person saw (tool blocks left out), joined every BLOCK pieces: memory follows the text.
         self.text_parts = TextBuffer()
         self._parts = self.text_parts.parts  # show() appends here directly
+        self.reasoning_parts = TextBuffer()  # what the model thought, apart from the text
         self._untimed = self._telemetry.time_to_first_token_s is None
         self.native_calls: List[ToolCall] = []  # as dispatched: under the id the run gave each
         #: A native call's run id -> the id its provider gave it, where the run renamed it (the id was taken
@@ -355,7 +366,12 @@ class RoundStream:
         """Called in the driving thread for every chunk: show text, dispatch inline calls at once."""
         content = chunk.content
         runner = self.runner
-        runner.output_left -= len(content or "") if chunk.text_only else output_chars(chunk)
+        if chunk.text_only:  # answer text alone: nearly every chunk, one test
+            runner.output_left -= len(content)  # type: ignore[arg-type]  # text_only: content is a str
+        else:
+            runner.output_left -= output_chars(chunk)
+            if chunk.reasoning and runner.output_left >= 0:
+                self.think(chunk.reasoning)
         if runner.output_left < 0:
             cap = runner.config.max_run_output_chars
             raise output_limit_error("run output", cap, "EngineConfig.max_run_output_chars")
@@ -377,6 +393,11 @@ class RoundStream:
             if self._telemetry.time_to_first_token_s is None:
                 self._telemetry.time_to_first_token_s = time.monotonic() - self._started
         self._emit(TokenEvent(text))
+
+    def think(self, text: str) -> None:
+        """Reasoning as it streams: kept apart from the text, sent as a ``reasoning`` event."""
+        self.reasoning_parts.append(text)
+        self._emit(ReasoningEvent(text, self.round_no))
 
     def _take(self, fed: Any) -> None:
         """What the scanner made of some text: show the visible part, report bad blocks, dispatch calls."""
@@ -420,6 +441,10 @@ class RoundStream:
     @property
     def text(self) -> str:
         return self.text_parts.text()
+
+    @property
+    def reasoning(self) -> str:
+        return self.reasoning_parts.text()
 
 # --- The run's side of OpenTelemetry: chat spans per model attempt (tool spans: ``tool_calls``). -------------------
 # Only used when the engine has an instrumentation (``opentelemetry-api``

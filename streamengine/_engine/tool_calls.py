@@ -40,7 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .._errors import ToolError
-from .._messages import Message, ToolCall, ToolResult
+from .._messages import Message, ProviderItem, ToolCall, ToolResult
 from .._wait import Flag, Wait
 from ..tools import Tool, ToolHandle
 from .events import ErrorEvent, ToolResultEvent, ToolStartEvent
@@ -659,8 +659,12 @@ def tool_result_messages(results: Sequence[ToolResult]) -> List[Message]:
 
 
 def continuation_messages(text: str, native_calls: Sequence[ToolCall], results: Sequence[ToolResult],
-                          untold: int, wire_ids: Mapping[str, str]) -> List[Message]:
+                          untold: int, wire_ids: Mapping[str, str],
+                          provider_items: Tuple[ProviderItem, ...] = ()) -> List[Message]:
     """What follows a round's messages: its answer with its native calls, their results, then the rest.
+
+    The answer carries the ``provider_items`` the provider needs back (its
+    thinking blocks, its reasoning items); its reasoning text is never sent.
 
     Native calls are answered in ``tool`` messages, the others (inline blocks,
     ``untold`` stopped calls) in one user message.  ``wire_ids`` maps a native
@@ -671,7 +675,7 @@ def continuation_messages(text: str, native_calls: Sequence[ToolCall], results: 
     native = [r for r in results if r.call_id in native_ids]
     inline = [r for r in results if r.call_id not in native_ids]
     sent_calls = tuple(dataclasses.replace(c, id=wire_ids[c.id]) if c.id in wire_ids else c for c in native_calls)
-    messages = [Message(role="assistant", content=text, tool_calls=sent_calls)]
+    messages = [Message(role="assistant", content=text, tool_calls=sent_calls, provider_items=provider_items)]
     messages.extend(tool_result_messages(
         [dataclasses.replace(r, call_id=wire_ids[r.call_id]) if r.call_id in wire_ids else r for r in native]))
     if inline or not native or untold:

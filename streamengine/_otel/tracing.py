@@ -238,8 +238,11 @@ def media_part(part: Part) -> Dict[str, Any]:
     return out
 
 
-def output_messages(text: str, calls: Iterable[ToolCall], finish_reason: Optional[str]) -> str:
-    parts: List[Dict[str, Any]] = [{"type": "text", "content": text}] if text else []
+def output_messages(text: str, calls: Iterable[ToolCall], finish_reason: Optional[str],
+                    reasoning: Optional[str] = None) -> str:
+    """The conventions' JSON form of an answer; a thinking model's reasoning is its first part (``reasoning``)."""
+    parts: List[Dict[str, Any]] = [{"type": "reasoning", "content": reasoning}] if reasoning else []
+    parts += [{"type": "text", "content": text}] if text else []
     parts += [_tool_call_part(call) for call in calls]
     return json.dumps([{"role": "assistant", "parts": parts, "finish_reason": finish_reason or StopReason.STOP}],
                       ensure_ascii=False)
@@ -434,7 +437,7 @@ class ChatTrace:
         capture = self.owner.capture
         if not capture.any:
             return
-        output = output_messages(response.content, response.tool_calls, response.finish_reason)
+        output = output_messages(response.content, response.tool_calls, response.finish_reason, response.reasoning)
         if capture.on_span:
             self.span.set_attribute(OUTPUT_MESSAGES, output)
         if capture.as_event:
@@ -712,7 +715,7 @@ class RunTrace:
             if stop_reason:
                 self.span.set_attribute("streamengine.stop_reason", stop_reason)
             if self.owner.capture.on_span and result is not None:
-                self.span.set_attribute(OUTPUT_MESSAGES, output_messages(result.answer, (), None))
+                self.span.set_attribute(OUTPUT_MESSAGES, output_messages(result.answer, (), None, result.reasoning))
         failure = _run_failure(result, error, stop_reason)
         if failure is not None:
             attributes[ERROR_TYPE] = failure[0]

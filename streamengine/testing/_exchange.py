@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from .._messages import StopReason
 from . import _steps as wire_steps
-from ._steps import Step, delay, raw
+from ._steps import Step, delay, raw, reasoning_of
 from ._wires import AnthropicEncoder, ResponsesEncoder, error_body, failed_body, message_body, response_body
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class Exchange:
         if self.provider.wire == "anthropic":
             self.anthropic = AnthropicEncoder(self.id, self.model, turn.steps)
         elif self.provider.wire == "responses":
-            self.responses = ResponsesEncoder(self.id, self.model, turn.steps)
+            self.responses = ResponsesEncoder(self.id, self.model, turn.steps, self._wants_encrypted())
         try:
             if self.payload.get("stream"):
                 self._stream(list(turn.steps))
@@ -62,6 +62,11 @@ class Exchange:
         except (OSError, ValueError):
             self.h.close_connection = True  # the client went away mid-answer
             self._client_left()
+
+    def _wants_encrypted(self) -> bool:
+        """Whether the request's ``include`` asks for reasoning items' ``encrypted_content``."""
+        include = self.payload.get("include")
+        return isinstance(include, list) and "reasoning.encrypted_content" in include
 
     def _client_left(self) -> None:
         """Count an answer cut short by its client (not by the provider closing)."""
@@ -114,6 +119,8 @@ class Exchange:
             return data
         if step.kind == "done":
             return b"data: [DONE]\n\n"
+        if step.kind == "redacted":  # Chat Completions has no hidden reasoning to send
+            return b""
         if step.kind == "error_frame":
             return _sse(step.value)
         chunk: Dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
@@ -252,11 +259,11 @@ class Exchange:
         if self.anthropic is not None:
             return self.h._send_json(200, message_body(
                 self.id, self.model, "".join(agg.content), "".join(agg.reasoning), agg.calls,
-                agg.finish_reason, agg.usage))
+                agg.finish_reason, agg.usage, agg.redacted))
         if self.responses is not None:
             return self.h._send_json(200, response_body(
                 self.id, self.model, self.created, "".join(agg.content), "".join(agg.reasoning), agg.calls,
-                agg.finish_reason, agg.usage))
+                agg.finish_reason, agg.usage, agg.redacted, self._wants_encrypted()))
         self.h._send_json(200, agg.completion(self.id, self.created, self.model))
 
 
@@ -266,6 +273,8 @@ class _Aggregate:
     def __init__(self) -> None:
         self.content: List[str] = []
         self.reasoning: List[str] = []
+        self.reasoning_field = "reasoning_content"
+        self.redacted: List[str] = []
         self.calls: Dict[int, Dict[str, Any]] = {}
         self.finish_reason: Optional[str] = None
         self.usage: Optional[Tuple[int, int]] = None
@@ -275,7 +284,9 @@ class _Aggregate:
         if step.kind == "delta":
             delta = step.value
             self.content.append(delta.get("content") or "")
-            self.reasoning.append(delta.get("reasoning_content") or "")
+            self.reasoning.append(reasoning_of(delta))
+            if delta.get("reasoning"):
+                self.reasoning_field = "reasoning"
             for call in delta.get("tool_calls", ()):
                 slot = self.calls.setdefault(call["index"], {"id": None, "name": None, "arguments": ""})
                 function = call.get("function", {})
@@ -286,13 +297,15 @@ class _Aggregate:
             self.finish_reason = step.value
         elif step.kind == "usage":
             self.usage = step.value
+        elif step.kind == "redacted":
+            self.redacted.append(step.value)
         elif step.kind == "raw":
             self.raw = (self.raw or b"") + step.value
 
     def completion(self, id: str, created: int, model: str) -> Dict[str, Any]:
         message: Dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
         if any(self.reasoning):
-            message["reasoning_content"] = "".join(self.reasoning)
+            message[self.reasoning_field] = "".join(self.reasoning)
         if self.calls:
             message["tool_calls"] = [
                 {"id": c["id"] or f"call_{i}", "type": "function",

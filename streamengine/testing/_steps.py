@@ -13,14 +13,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from .._messages import StopReason
 
 __all__ = ['Stamp', 'Step', 'comment', 'delay', 'done', 'drop', 'empty_delta', 'end', 'error_frame', 'finish',
-           'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'reply', 'signal', 'stall',
-           'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
+           'forever', 'http_error', 'ping_event', 'raw', 'reasoning', 'redacted_reasoning', 'reply', 'signal',
+           'stall', 'stall_before_headers', 'text', 'tool_call', 'trickle', 'usage', 'wait']
 
 _POLL_S = 0.02
 _TIMING = frozenset({"delay", "wait", "signal"})
 _PRE_HEADER = frozenset({"http_error", "stall_before_headers", "drop"})
 _TERMINAL = frozenset({"done", "end", "stall", "drop", "http_error", "stall_before_headers", "forever"})
-_FRAMES = frozenset({"delta", "finish", "usage", "done", "sse", "raw", "error_frame"})
+_FRAMES = frozenset({"delta", "finish", "usage", "done", "sse", "raw", "error_frame", "redacted"})
 _DROP_PHANTOM_BYTES = 1024  # declared but never sent, so a drop is visible on Content-Length bodies
 _FOREVER_PHANTOM_BYTES = 1 << 40  # a Content-Length that "forever" never reaches
 
@@ -42,9 +42,33 @@ def text(s: str) -> Step:
     return Step("delta", {"content": s})
 
 
-def reasoning(s: str) -> Step:
-    """A ``reasoning_content`` delta (as DeepSeek / vLLM send)."""
-    return Step("delta", {"reasoning_content": s})
+#: The Chat Completions delta fields reasoning comes in: DeepSeek's and vLLM's, and OpenRouter's (and newer vLLM's).
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def reasoning(s: str, field: str = "reasoning_content") -> Step:
+    """A reasoning delta: ``reasoning_content`` (DeepSeek, vLLM) or, with ``field="reasoning"``, ``reasoning``.
+
+    The Anthropic wire sends it as a ``thinking`` block (signed at its stop), the
+    Responses wire as a ``reasoning`` item's summary.
+    """
+    if field not in REASONING_FIELDS:
+        raise ValueError(f"reasoning(field=...) must be one of {', '.join(REASONING_FIELDS)}, got {field!r}")
+    return Step("delta", {field: s})
+
+
+def redacted_reasoning(data: str) -> Step:
+    """Reasoning the provider hides but needs back: an Anthropic ``redacted_thinking`` block with ``data``.
+
+    On the Responses wire, a ``reasoning`` item with no summary and ``data`` as its
+    ``encrypted_content``; Chat Completions has no such thing and sends nothing.
+    """
+    return Step("redacted", data)
+
+
+def reasoning_of(delta: Mapping[str, Any]) -> str:
+    """The reasoning text of a scripted delta, whichever field carries it."""
+    return str(delta.get("reasoning_content") or delta.get("reasoning") or "")
 
 
 def tool_call(index: int, id: Optional[str] = None, name: Optional[str] = None,

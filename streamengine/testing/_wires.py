@@ -13,6 +13,7 @@ step                   Anthropic events
 ``text``               a ``text`` block: ``content_block_start``, ``text_delta``
 ``reasoning``          a ``thinking`` block: ``thinking_delta``; a
                        ``signature_delta`` before its stop, as the API sends
+``redacted_reasoning`` a ``redacted_thinking`` block (``data``), started and stopped
 ``tool_call``          a ``tool_use`` block per call (a new OpenAI index or id
                        starts one), ``input_json_delta`` per arguments fragment
 ``empty_delta``        ``ping`` (nothing meaningful)
@@ -43,7 +44,11 @@ step                   Responses events
 ``text``               a ``message`` item: ``output_item.added``,
                        ``content_part.added``, ``output_text.delta``
 ``reasoning``          a ``reasoning`` item: ``reasoning_summary_part.added``,
-                       ``reasoning_summary_text.delta``
+                       ``reasoning_summary_text.delta``; the item has
+                       ``encrypted_content`` when the request's ``include``
+                       asked for ``reasoning.encrypted_content``
+``redacted_reasoning`` a ``reasoning`` item without summary, the data as its
+                       ``encrypted_content``
 ``{"refusal": ...}``   a ``message`` item with a ``refusal`` part: ``refusal.delta``
 ``tool_call``          a ``function_call`` item per call (a new OpenAI index or id
                        starts one; ``call_id`` is the id, the item id is
@@ -67,12 +72,13 @@ gets its own, and a length-framed answer measures itself with a fresh one.
 """
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .._messages import StopReason
-from ._steps import Step, continues_call
+from ._steps import Step, continues_call, reasoning_of
 
 #: OpenAI finish reasons (what ``s.finish`` takes) -> Anthropic ``stop_reason``.
 STOP_REASONS: Dict[str, str] = {StopReason.STOP: "end_turn", StopReason.TOOL_CALLS: "tool_use",
@@ -149,13 +155,17 @@ class AnthropicEncoder:
             error = step.value["error"]
             return [event("error", {"error": {"type": error.get("type") or "api_error",
                                               "message": error["message"]}})]
+        if kind == "redacted":
+            out = self._into(("redacted_thinking", None, None), {"type": "redacted_thinking", "data": step.value})
+            return out + self._close()
         raise ValueError(f"FakeProvider's Anthropic wire cannot encode a {kind!r} step")
 
     def _delta(self, delta: Dict[str, Any]) -> List[bytes]:
         out: List[bytes] = []
-        if delta.get("reasoning_content"):
+        thought = reasoning_of(delta)
+        if thought:
             out += self._into(("thinking", None, None), {"type": "thinking", "thinking": ""})
-            out.append(self._block_delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
+            out.append(self._block_delta({"type": "thinking_delta", "thinking": thought}))
         if delta.get("content"):
             out += self._into(("text", None, None), {"type": "text", "text": ""})
             out.append(self._block_delta({"type": "text_delta", "text": delta["content"]}))
@@ -202,11 +212,12 @@ class AnthropicEncoder:
 
 def message_body(message_id: str, model: str, content: str, reasoning: str,
                  calls: Dict[int, Dict[str, Any]], finish_reason: Optional[str],
-                 usage: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+                 usage: Optional[Tuple[int, int]], redacted: Sequence[str] = ()) -> Dict[str, Any]:
     """A non-streamed Anthropic ``message`` answer from a turn's aggregated steps."""
     blocks: List[Dict[str, Any]] = []
     if reasoning:
         blocks.append({"type": "thinking", "thinking": reasoning, "signature": _SIGNATURE})
+    blocks.extend({"type": "redacted_thinking", "data": data} for data in redacted)
     if content:
         blocks.append({"type": "text", "text": content})
     for position, call in sorted(calls.items()):
@@ -262,10 +273,11 @@ def _status_of(finish: Optional[str]) -> Tuple[str, Optional[str]]:
 class ResponsesEncoder:
     """Encodes one answer's frame steps; ``frame(step)`` returns the bytes for that step."""
 
-    def __init__(self, response_id: str, model: str, steps: Sequence[Step]) -> None:
+    def __init__(self, response_id: str, model: str, steps: Sequence[Step], encrypted: bool = False) -> None:
         self.response_id = response_id
         self.model = model
         self.steps = tuple(steps)
+        self.encrypted = encrypted  # the request asked for reasoning.encrypted_content
         self.usage = _responses_usage_of(self.steps)
         self.created_at = int(time.time())
         self.sequence = 0
@@ -278,7 +290,7 @@ class ResponsesEncoder:
 
     def fresh(self) -> ResponsesEncoder:
         """A new encoder for the same answer (to measure a Content-Length without spending this one)."""
-        return ResponsesEncoder(self.response_id, self.model, self.steps)
+        return ResponsesEncoder(self.response_id, self.model, self.steps, self.encrypted)
 
     def frame(self, step: Step) -> bytes:
         if step.kind == "raw":
@@ -319,7 +331,19 @@ class ResponsesEncoder:
             return [] if self.ended else self._end(StopReason.STOP)
         if kind == "error_frame":
             return self._error(step.value["error"])
+        if kind == "redacted":
+            return self._redacted(step.value)
         raise ValueError(f"FakeProvider's Responses wire cannot encode a {kind!r} step")
+
+    def _redacted(self, data: str) -> List[bytes]:
+        """A ``reasoning`` item with nothing to show: only its ``encrypted_content``."""
+        out = self._close()
+        index = len(self.output)
+        item = {"id": f"rs_fake_{index}", "type": "reasoning", "summary": [], "encrypted_content": data}
+        out.append(self.event("response.output_item.added", output_index=index, item=dict(item)))
+        out.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.output.append(item)
+        return out
 
     def _end(self, finish: str) -> List[bytes]:
         out = self._close()
@@ -338,11 +362,11 @@ class ResponsesEncoder:
 
     def _delta(self, delta: Dict[str, Any]) -> List[bytes]:
         out: List[bytes] = []
-        if delta.get("reasoning_content"):
+        thought = reasoning_of(delta)
+        if thought:
             out += self._into(("reasoning", None, None))
-            out.append(self._item_event("response.reasoning_summary_text.delta", summary_index=0,
-                                        delta=delta["reasoning_content"]))
-            self._open_item()["summary"][0]["text"] += delta["reasoning_content"]
+            out.append(self._item_event("response.reasoning_summary_text.delta", summary_index=0, delta=thought))
+            self._open_item()["summary"][0]["text"] += thought
         if delta.get("refusal"):
             out += self._into(("refusal", None, None))
             out.append(self._item_event("response.refusal.delta", content_index=0, delta=delta["refusal"]))
@@ -430,6 +454,8 @@ class ResponsesEncoder:
             part = item["summary"][0]
             out.append(self._item_event("response.reasoning_summary_text.done", summary_index=0, text=part["text"]))
             out.append(self._item_event("response.reasoning_summary_part.done", summary_index=0, part=part))
+            if self.encrypted:
+                item["encrypted_content"] = encrypted_content(part["text"])
         else:
             out.append(self._item_event("response.function_call_arguments.done", name=item["name"],
                                         arguments=item["arguments"]))
@@ -440,14 +466,25 @@ class ResponsesEncoder:
         return out
 
 
+def encrypted_content(summary: str) -> str:
+    """What stands for a reasoning item's ``encrypted_content`` here: opaque, but tied to its summary."""
+    return "gAAAAA-fake-" + base64.urlsafe_b64encode(summary.encode()).decode()
+
+
 def response_body(response_id: str, model: str, created_at: int, content: str, reasoning: str,
                   calls: Dict[int, Dict[str, Any]], finish_reason: Optional[str],
-                  usage: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+                  usage: Optional[Tuple[int, int]], redacted: Sequence[str] = (),
+                  encrypted: bool = False) -> Dict[str, Any]:
     """A non-streamed ``response`` object from a turn's aggregated steps."""
     output: List[Dict[str, Any]] = []
     if reasoning:
-        output.append({"id": "rs_fake_0", "type": "reasoning",
-                       "summary": [{"type": "summary_text", "text": reasoning}]})
+        item: Dict[str, Any] = {"id": "rs_fake_0", "type": "reasoning",
+                                "summary": [{"type": "summary_text", "text": reasoning}]}
+        if encrypted:
+            item["encrypted_content"] = encrypted_content(reasoning)
+        output.append(item)
+    output.extend({"id": f"rs_fake_{len(output) + i}", "type": "reasoning", "summary": [], "encrypted_content": data}
+                  for i, data in enumerate(redacted))
     if content:
         output.append({"id": f"msg_fake_{len(output)}", "type": "message", "status": "completed",
                        "role": "assistant",

@@ -18,12 +18,15 @@ Why it is built this way:
 from __future__ import annotations
 
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional, Tuple
 
+from .._errors import ConfigError
 from .._inline import BlockFilter
 from .._messages import Message, ToolCall
+from .._parts import attachment_part, guessed_type
 from .._validation import json_type
 from ._guard import Headers, RequestRejected, clip, messages_from_request
+from ._parts import PartsPolicy
 from ._sse import OK_FRAME, PublicErrors, data_frame
 
 #: The response headers of an AG-UI stream.
@@ -49,14 +52,16 @@ class RunInput(NamedTuple):
     messages: List[Message]
 
 
-def run_input(payload: Any, *, system_prompt: Optional[str] = None) -> RunInput:
+def run_input(payload: Any, *, system_prompt: Optional[str] = None, parts: Optional[PartsPolicy] = None) -> RunInput:
     """The run an AG-UI ``RunAgentInput`` asks for, under the app's message policy.
 
     ``threadId`` and ``runId`` are echoed in ``RUN_STARTED``/``RUN_FINISHED``;
     a user message's text (a string, or its text parts) and an assistant's
     ``content`` are kept; ``system``/``developer`` messages are refused (the
     system prompt is the application's); tool calls and tool, reasoning and
-    activity messages are dropped.  The last kept message must be the user's.
+    activity messages are dropped.  A user's images, audio and documents pass
+    as the app's ``parts`` policy allows (none by default).  The last kept message
+    must be the user's.
     """
     if not isinstance(payload, dict):
         raise RequestRejected(f"body must be a JSON object, got {json_type(payload)}; {_SEND}", "body")
@@ -67,7 +72,7 @@ def run_input(payload: Any, *, system_prompt: Optional[str] = None) -> RunInput:
     kept = [m for m in (_as_text_message(i, message) for i, message in enumerate(raw)) if m is not None]
     if not kept:
         raise RequestRejected(f"\"messages\" holds no user or assistant message; {_SEND}", "messages")
-    messages = messages_from_request({"messages": kept}, system_prompt=system_prompt)
+    messages = messages_from_request({"messages": kept}, system_prompt=system_prompt, parts=parts)
     return RunInput(thread_id, run_id, raw, [m for m in messages if m.role != "assistant" or m.content])
 
 
@@ -94,12 +99,66 @@ def _as_text_message(i: int, message: Any) -> Optional[Dict[str, Any]]:
     content = message.get("content")
     if role == "assistant" and content is None:  # only tool calls: dropped with them
         return {"role": role, "content": ""}
+    if isinstance(content, list) and role == "user":
+        return {"role": role, "content": _user_content(where, content)}
     if isinstance(content, list):
         content = "\n".join(_part_text(f"{where}.content[{j}]", part) for j, part in enumerate(content))
     if not isinstance(content, str):
         raise RequestRejected(f"{where}.content must be a string or a list of text parts, got "
                               f"{json_type(content)}; {_SEND}", f"{where}.content")
     return {"role": role, "content": content}
+
+
+def _user_content(where: str, content: List[Any]) -> Any:
+    """A user's content list: its text, or OpenAI content parts when it holds images, audio or documents."""
+    texts: List[str] = []
+    media: List[Dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") in _MEDIA_PARTS:
+            media.append(_media_part(f"{where}.content[{j}]", part))
+        else:
+            texts.append(_part_text(f"{where}.content[{j}]", part))
+    text = "\n".join(texts)
+    if not media:
+        return text
+    return ([{"type": "text", "text": text}] if text else []) + media
+
+
+#: AG-UI 1.0's media parts (a ``source``), and the older ``binary`` content its client still accepts.
+_MEDIA_PARTS = ("image", "audio", "document", "binary")
+
+
+def _media_part(where: str, part: Dict[str, Any]) -> Dict[str, Any]:
+    """An image, audio or document part (``source``: data or URL), or older ``binary`` content, as an
+    OpenAI content part.  A ``file`` source or an ``id`` names a file in some provider account: never
+    taken from a request, as the parts policy refuses a ``file_id``."""
+    media_type, data, url, filename = _media_fields(part)
+    if not isinstance(media_type, str) or not isinstance(filename, (str, type(None))) \
+            or not (isinstance(data, str) or isinstance(url, str)):
+        raise RequestRejected(f"{where} must carry a media type and its data (base64) or a URL: "
+                              "{\"type\": \"image\", \"source\": {\"type\": \"data\", \"value\": \"...\", "
+                              "\"mimeType\": \"image/png\"}}; a file id is not taken from a request", where)
+    source = f"data:{media_type};base64,{data}" if isinstance(data, str) else str(url)
+    try:
+        return attachment_part(media_type, source, filename)
+    except ConfigError as exc:
+        raise RequestRejected(f"{where}: {exc}", where) from exc
+
+
+def _media_fields(part: Dict[str, Any]) -> Tuple[Any, Any, Any, Any]:
+    """``(media type, base64 data, url, filename)`` of a media part in either of AG-UI's forms."""
+    if part.get("type") == "binary":
+        return part.get("mimeType"), part.get("data"), part.get("url"), part.get("filename")
+    source = part.get("source")
+    metadata = part.get("metadata")
+    filename = metadata.get("filename") if isinstance(metadata, dict) else None
+    if not isinstance(source, dict) or source.get("type") not in ("data", "url"):
+        return None, None, None, filename
+    value = source.get("value")
+    media_type = source.get("mimeType")
+    if source["type"] == "url" and media_type is None and isinstance(value, str):
+        media_type = guessed_type(value) or "application/octet-stream"
+    return (media_type, value, None, filename) if source["type"] == "data" else (media_type, None, value, filename)
 
 
 def _part_text(where: str, part: Any) -> str:

@@ -37,8 +37,10 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional
 from .._errors import ConfigError
 from .._inline import BlockFilter
 from .._messages import Message, ToolCall
+from .._parts import attachment_part
 from .._validation import json_type
 from ._guard import Headers, RequestRejected, clip, messages_from_request
+from ._parts import PartsPolicy
 from ._sse import OK_FRAME, PublicErrors, data_frame
 
 #: The ``ai`` major versions whose UI message stream the app can speak (``make_wsgi_app(ai_sdk_version=)``).
@@ -75,14 +77,16 @@ def check_ai_sdk_version(version: object, approvals: bool = False) -> int:
 
 # --- the request -------------------------------------------------------------------------------
 
-def chat_messages(payload: Any, *, system_prompt: Optional[str] = None) -> List[Message]:
+def chat_messages(payload: Any, *, system_prompt: Optional[str] = None,
+                  parts: Optional[PartsPolicy] = None) -> List[Message]:
     """The conversation to run for ``useChat``'s request body, under the app's message policy.
 
     Each ``UIMessage`` becomes its text: a user's text parts, an assistant's
     text parts (its tool, reasoning and ``data-*`` parts are dropped: a client
     could forge them).  ``system`` messages are refused (the system prompt is
-    the application's), and so are file parts, which this version cannot
-    send to the model.  The last message must be the user's.
+    the application's).  A user's file parts pass as the app's ``parts``
+    policy allows (none by default: a 400 that names the option).  The last
+    message must be the user's.
     """
     if not isinstance(payload, dict):
         raise RequestRejected(f"body must be a JSON object, got {json_type(payload)}; {_SEND}", "body")
@@ -95,7 +99,7 @@ def chat_messages(payload: Any, *, system_prompt: Optional[str] = None) -> List[
         raise RequestRejected(f"\"messages\" must be a non-empty list of UIMessages, got {json_type(raw)}; "
                               f"{_SEND}", "messages")
     simple = [_as_text_message(i, message) for i, message in enumerate(raw)]
-    messages = messages_from_request({"messages": simple}, system_prompt=system_prompt)
+    messages = messages_from_request({"messages": simple}, system_prompt=system_prompt, parts=parts)
     return [m for m in messages if m.role != "assistant" or m.content]
 
 
@@ -113,8 +117,31 @@ def _as_text_message(i: int, message: Any) -> Dict[str, Any]:
     if not isinstance(parts, list):
         raise RequestRejected(f"{where}.parts must be a list of parts, got {json_type(parts)}; {_SEND}",
                               f"{where}.parts")
-    texts = [_part_text(f"{where}.parts[{j}]", part, role) for j, part in enumerate(parts)]
-    return {"role": role, "content": "\n".join(t for t in texts if t is not None)}
+    texts: List[str] = []
+    media: List[Dict[str, Any]] = []
+    for j, part in enumerate(parts):
+        if role == "user" and isinstance(part, dict) and part.get("type") == "file":
+            media.append(_file_part(f"{where}.parts[{j}]", part))
+            continue
+        text = _part_text(f"{where}.parts[{j}]", part, role)
+        if text is not None:
+            texts.append(text)
+    text = "\n".join(texts)
+    if not media:
+        return {"role": role, "content": text}
+    return {"role": role, "content": ([{"type": "text", "text": text}] if text else []) + media}
+
+
+def _file_part(where: str, part: Dict[str, Any]) -> Dict[str, Any]:
+    """A user's file part as an OpenAI content part; the parts policy judges it with the others."""
+    media_type, url, filename = part.get("mediaType"), part.get("url"), part.get("filename")
+    if not isinstance(media_type, str) or not isinstance(url, str) or not isinstance(filename, (str, type(None))):
+        raise RequestRejected(f"{where} must be a file part with a string \"mediaType\" and \"url\" (a data: URL); "
+                              f"{_SEND}", where)
+    try:
+        return attachment_part(media_type, url, filename)
+    except ConfigError as exc:
+        raise RequestRejected(f"{where}: {exc}", where) from exc
 
 
 def _part_text(where: str, part: Any, role: str) -> Optional[str]:
@@ -127,9 +154,6 @@ def _part_text(where: str, part: Any, role: str) -> Optional[str]:
         if not isinstance(text, str):
             raise RequestRejected(f"{where}.text must be a string, got {json_type(text)}", f"{where}.text")
         return text
-    if kind == "file" and role == "user":
-        raise RequestRejected(f"{where} is a file part; this server takes text only: send the text, or "
-                              "remove the attachment", where)
     if kind in _DROPPED_PART or kind.startswith(("tool-", "data-")) or kind == "file":
         return None
     raise RequestRejected(f"{where}.type {clip(kind, 60)!r} is not a UIMessage part this server knows; send "

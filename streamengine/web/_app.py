@@ -416,7 +416,7 @@ class StreamApp:
         """``useChat``'s request, answered with the UI message stream of the app's ``ai_sdk_version``."""
         payload = self._checked_body(environ)
         try:
-            messages = chat_messages(payload, system_prompt=self.system_prompt)
+            messages = chat_messages(payload, system_prompt=self.system_prompt, parts=self.parts)
         except RequestRejected as exc:
             raise HttpError(str(exc), field=exc.field) from exc
         message_id = f"msg-{uuid.uuid4().hex}"
@@ -438,7 +438,7 @@ class StreamApp:
         """An AG-UI ``RunAgentInput``, answered with AG-UI events."""
         payload = self._checked_body(environ)
         try:
-            run = run_input(payload, system_prompt=self.system_prompt)
+            run = run_input(payload, system_prompt=self.system_prompt, parts=self.parts)
         except RequestRejected as exc:
             raise HttpError(str(exc), field=exc.field) from exc
         return self._stream(run.messages, environ, lambda errors: AgUiStream(errors, run), AGUI_HEADERS)

@@ -30,10 +30,11 @@ Frames::
     event: tool_result  data: {"call_id","name","ok","text","error","duration_s","skipped"}
                         (skipped: why the call never ran, e.g. "duplicate"; null when it ran)
     event: round        data: {"round": n}
+    event: reasoning    data: {"text": "...", "round": n}   (what a thinking model thinks; not the answer)
     event: refusal      data: {"text": "...", "round": n}   (the model refused; not the answer)
     event: reset        data: {"round": n, "reason": "..."}   (clear round n's text)
     event: error        data: {"message": "...", "request_id": "..."}   (request_id with PublicErrors)
-    event: done         data: {"answer", "refusal", "telemetry", "usage"}
+    event: done         data: {"answer", "refusal", "reasoning", "telemetry", "usage"}
     : ping                                           heartbeat
     data: [DONE]                                     DONE_FRAME (always last)
 
@@ -279,6 +280,12 @@ def _refusal(event: object) -> bytes:
                                                      "round": getattr(event, "round", None)})
 
 
+def _reasoning(event: object) -> bytes:
+    """What a thinking model thinks, as it streams: apart from the answer's tokens."""
+    return _named_frame(b"event: reasoning\ndata: ", {"text": getattr(event, "text", None),
+                                                       "round": getattr(event, "round", None)})
+
+
 def _reset(event: object) -> bytes:
     """The engine takes back a round's visible text (it will be written again); clients clear it."""
     return _named_frame(b"event: reset\ndata: ", {"round": getattr(event, "round", None),
@@ -300,6 +307,7 @@ def done_frame(result: object, answer: object, telemetry: object = None) -> byte
     return _named_frame(b"event: done\ndata: ", {
         "answer": answer,
         "refusal": getattr(result, "refusal", None),
+        "reasoning": getattr(result, "reasoning", None),
         "telemetry": telemetry if telemetry is not None else getattr(result, "telemetry", None),
         "usage": getattr(result, "usage", None),
     })
@@ -317,6 +325,7 @@ _ENCODERS: Dict[str, Callable[[object], bytes]] = {
     "tool_result": _tool_result,
     "round": _round,
     "refusal": _refusal,
+    "reasoning": _reasoning,
     "reset": _reset,
     "error": _error,
     "done": _done,

@@ -180,6 +180,20 @@ def test_usage_counts_cached_prompt_tokens_and_takes_the_last_cumulative_counts(
 # -- completion rules ---------------------------------------------------------------------
 
 
+def test_thinking_signatures_are_kept_within_max_event_bytes(fp, client):
+    """Signatures are opaque and counted by nothing else: many small ones may not grow memory without bound."""
+    client.max_event_bytes = 4096
+    start = ('event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","model":"m",'
+             '"usage":{"input_tokens":1}}}\n\n'
+             'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+             '"content_block":{"type":"thinking","thinking":""}}\n\n')
+    signature = ('event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 '"delta":{"type":"signature_delta","signature":"' + "s" * 1000 + '"}}\n\n')
+    fp.add_turn(s.raw(start), s.forever(s.raw(signature), every=0.001))
+    with pytest.raises(LlmProtocolError, match="thinking signatures of over 4096 characters"):
+        collect(client)
+
+
 @pytest.mark.parametrize("framing", FRAMINGS)
 def test_a_stop_reason_without_message_stop_completes(framing):
     with FakeProvider(framing=framing, wire="anthropic") as fp, AnthropicClient(fp.base_url) as client:

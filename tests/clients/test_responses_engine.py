@@ -282,3 +282,30 @@ def test_the_docs_testing_example_runs_as_written():
     namespace: dict = {}
     exec(compile(example, "docs/responses.md", "exec"), namespace)
     assert namespace["answer"].content == "Hello"
+
+
+def test_the_docs_reasoning_summary_example_shows_the_summary_then_the_answer(monkeypatch, capsys):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "responses.md").read_text(encoding="utf-8")
+    example = doc.split("## Reasoning summaries", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    with FakeProvider(wire="responses") as fp:
+        fp.add_turn(s.reasoning("7 times 11 times 13. "), s.text("No: 1001 = 7 \u00d7 11 \u00d7 13."))
+        for name in ("STREAMENGINE_BASE_URL", "STREAMENGINE_API_KEY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("OPENAI_BASE_URL", fp.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-docs")
+        exec(compile(example, "docs/responses.md", "exec"), {})
+        sent = fp.requests[0].json
+    assert sent["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert capsys.readouterr().out == "7 times 11 times 13. No: 1001 = 7 \u00d7 11 \u00d7 13."
+
+
+def test_the_readme_recipe_for_a_reasoning_summary(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    block = next(b for b in recipes("OpenAI") if '"summary": "auto"' in b)
+    with FakeProvider(wire="responses") as fp:
+        fp.add_turn(s.reasoning("7 times 11 times 13."), s.text("No."))
+        rc, out, err = run_recipe(block, root_of(fp), monkeypatch, capsys)
+        (request,) = fp.requests
+    assert (rc, out) == (0, "No.\n"), err
+    assert request.path == "/v1/responses" and request.json["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert "7 times 11" not in err  # stderr is a pipe here: the summary is shown only at a terminal

@@ -17,6 +17,7 @@ from streamengine import (
     HeartbeatEvent,
     ModelChunkEvent,
     Observer,
+    ReasoningEvent,
     RefusalEvent,
     ResetEvent,
     Response,
@@ -151,6 +152,7 @@ def test_observers_are_checked_and_a_failing_one_does_not_stop_the_rest(warnings
     (DoneEvent, "done", (object(),)),
     (HeartbeatEvent, "heartbeat", ()),
     (RefusalEvent, "refusal", ("I can't help with that", 1)),
+    (ReasoningEvent, "reasoning", ("Let me think", 1)),
 ])
 def test_engine_events_are_frozen_and_name_is_a_literal_class_attribute(cls, name, args):
     event = cls(*args)
@@ -168,5 +170,5 @@ def test_engine_events_are_frozen_and_name_is_a_literal_class_attribute(cls, nam
 
 def test_event_union_is_exactly_the_engine_events():
     assert set(typing.get_args(Event)) == {
-        TokenEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent, DoneEvent,
-        HeartbeatEvent}
+        TokenEvent, ReasoningEvent, ToolStartEvent, ToolResultEvent, RoundEvent, RefusalEvent, ResetEvent, ErrorEvent,
+        DoneEvent, HeartbeatEvent}

@@ -4,6 +4,7 @@ Every run here goes over real HTTP to a FakeProvider on 127.0.0.1.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -249,6 +250,27 @@ def test_content_is_captured_only_when_asked(otel, monkeypatch):
     assert "gen_ai.output.messages" not in chat.attributes
     (event,) = [e for e in chat.events if e.name == "gen_ai.client.inference.operation.details"]
     assert "Hello." in event.attributes["gen_ai.output.messages"]
+
+
+def test_reasoning_is_recorded_only_with_content_capture_on(otel):
+    thought = "The user wants the weather."
+    with FakeProvider() as fp:
+        for _ in range(2):
+            fp.add_turn(s.reasoning(thought), s.text("Sunny."))
+        with otel.engine(fp, capture_content=True) as engine:
+            engine.complete([{"role": "user", "content": "weather?"}])
+        hidden = Telemetry()
+        with hidden.engine(fp, capture_content=False) as engine:
+            assert engine.complete([{"role": "user", "content": "weather?"}]).reasoning == thought
+    (chat,) = otel.named("chat ")
+    [answer] = json.loads(chat.attributes["gen_ai.output.messages"])
+    assert answer["parts"] == [{"type": "reasoning", "content": thought}, {"type": "text", "content": "Sunny."}]
+    (run_span,) = otel.named("invoke_agent")
+    assert json.loads(run_span.attributes["gen_ai.output.messages"])[0]["parts"][0] == {
+        "type": "reasoning", "content": thought}
+    for span in hidden.finished():
+        shown = repr(dict(span.attributes)) + repr([dict(e.attributes or {}) for e in span.events])
+        assert "user wants" not in shown, span.name
 
 
 def test_the_run_span_follows_the_callers_context_onto_another_thread(otel):

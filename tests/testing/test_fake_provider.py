@@ -132,6 +132,22 @@ def test_non_stream_request_gets_the_aggregated_completion():
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
 
 
+def test_reasoning_in_either_chat_field_and_redacted_reasoning_that_chat_completions_cannot_carry():
+    with pytest.raises(ValueError, match="reasoning_content, reasoning"):
+        s.reasoning("x", field="thinking")
+    with FakeProvider() as fp:
+        turn = [s.reasoning("a", field="reasoning"), s.redacted_reasoning("opaque"), s.text("b")]
+        fp.add_turn(*turn)
+        fp.add_turn(*turn)
+        _, streamed = post(fp, STREAM)
+        _, whole = post(fp, WHOLE)
+    deltas = [f["choices"][0]["delta"] for f in frames(streamed) if isinstance(f, dict) and f.get("choices")]
+    assert deltas[:2] == [{"reasoning": "a"}, {"content": "b"}]  # nothing for the redacted step
+    assert b"opaque" not in streamed and b"opaque" not in whole
+    message = json.loads(whole)["choices"][0]["message"]
+    assert (message["reasoning"], message["content"]) == ("a", "b") and "reasoning_content" not in message
+
+
 def test_http_error_with_headers_and_no_turn_left():
     with FakeProvider() as fp:
         fp.add_turn(s.delay(0.01), s.http_error(429, {"error": {"message": "slow"}}, headers={"Retry-After": "2"}))

@@ -497,6 +497,52 @@ def test_a_cut_off_answer_and_a_refusal_are_told(browser):
     assert browser.js("document.getElementById('status').textContent").startswith("refused")
 
 
+def test_reasoning_shows_live_in_a_collapsed_block_above_the_answer(browser):
+    thinking = threading.Event()
+    with FakeProvider() as fp:
+        fp.add_turn(s.reasoning("Let me think "), s.reasoning(MARKUP), s.wait(thinking, timeout=30),
+                    s.text("It is "), s.text("sunny."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            # Live: the block shows the thinking while the answer has not begun.
+            live = browser.wait_for("(function () { var d = document.querySelector('details.reasoning');"
+                                    " return d && !d.hidden && d.textContent.indexOf('</pre>') >= 0"
+                                    " ? [d.open, d.querySelector('summary').textContent,"
+                                    " document.getElementById('status').textContent] : null; })()")
+            answer_while_thinking = browser.js("document.querySelector('.text').textContent")
+            thinking.set()
+            log = logged(browser)
+    assert live == [False, "Thinking\u2026", "thinking\u2026"]
+    assert answer_while_thinking == ""
+    assert log["state"] == "done" and log["events"].count("reasoning") == 2
+    assert log["tokens"] == ["It is ", "sunny."]  # reasoning is never a token
+    above = "document.querySelector('details.reasoning').compareDocumentPosition(document.querySelector('.text'))"
+    assert browser.js(f"{above} & Node.DOCUMENT_POSITION_FOLLOWING") != 0  # the block is above the answer
+    assert browser.js("document.querySelector('details.reasoning summary').textContent") == "Reasoning"
+    assert browser.js("document.querySelector('details.reasoning .thought').textContent") == "Let me think " + MARKUP
+    assert browser.js("document.querySelector('details.reasoning').open") is False
+    assert browser.js("document.querySelector('.text').textContent") == "It is sunny."
+    assert browser.js("document.querySelectorAll('#conversation script, #conversation img').length") == 0
+
+
+def test_each_round_keeps_its_own_reasoning_block(browser):
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    with FakeProvider() as fp:
+        fp.add_turn(s.reasoning("I need the weather."), s.text(block("lookup", {"city": "Oslo"})))
+        fp.add_turn(s.reasoning("Now I know."), s.text("Sunny."))
+        with make_engine(fp, [lookup]) as engine, serving(make_wsgi_app(engine)) as url:
+            browser.open(f"{url}/?autorun=weather")
+            log = logged(browser)
+    assert log["state"] == "done" and log["events"].count("reasoning") == 2
+    blocks = browser.js("Array.from(document.querySelectorAll('details.reasoning')).map(d => [d.hidden, "
+                        "d.querySelector('summary').textContent, d.querySelector('.thought').textContent])")
+    assert blocks == [[False, "Reasoning", "I need the weather."], [False, "Reasoning", "Now I know."]]
+
+
 @pytest.mark.parametrize("text", ["[" * 4_000_000, "<tool " * 800_000],
                          ids=["4M-open-brackets", "4MB-unclosed-tool-tags"])
 def test_the_renderers_are_linear_in_their_input(browser, text):

@@ -9,18 +9,18 @@ parts and the chat's status as the client built them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Iterator, List, Union
+from typing import Any, Dict, List, Union
 
 import pytest
 import requests
 from node_support import require_node, run_node
+from parts_support import PDF, PDF_URL, PNG_URL, b64
 from wsgi_support import make_engine, serving
 
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
-from streamengine.wsgi import make_wsgi_app
+from streamengine.wsgi import PartsPolicy, make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -134,43 +134,11 @@ def test_a_call_of_an_unknown_tool_is_a_card_that_was_never_run(node):
     assert extras["data"]["skipped"] == "not_allowed"
 
 
-@dataclass(frozen=True)
-class Reasoning:
-    """Stands in for the engine's reasoning event (name ``reasoning``, fields text and round): not emitted yet."""
-
-    name: ClassVar[str] = "reasoning"
-    text: str
-    round: int = 1
-
-
-class ThinkingFirst:
-    """A StreamingEngine whose runs show ``thoughts`` as reasoning events right after round 1 begins."""
-
-    def __init__(self, engine: Any, thoughts: List[str]) -> None:
-        self.engine = engine
-        self.thoughts = thoughts
-
-    def run(self, messages, cancel, *, heartbeat_s=None, **options) -> Iterator[Any]:
-        run = self.engine.run(messages, cancel, heartbeat_s=heartbeat_s, **options)
-
-        def events() -> Iterator[Any]:
-            try:
-                for event in run:
-                    yield event
-                    if event.name == "round" and event.round == 1:
-                        yield from (Reasoning(t) for t in self.thoughts)
-            finally:
-                run.close()
-
-        return events()
-
-
 @pytest.mark.parametrize("version", [5, 7])
 def test_reasoning_is_a_reasoning_part_before_the_text(node, version):
     with FakeProvider() as fp:
-        fp.add_turn(s.text("Forty-two."))
-        with make_engine(fp) as engine, serving(make_wsgi_app(ThinkingFirst(engine, ["Let me ", "think."]),
-                                                              ai_sdk_version=version)) as url:
+        fp.add_turn(s.reasoning("Let me "), s.reasoning("think."), s.text("Forty-two."))
+        with make_engine(fp) as engine, serving(make_wsgi_app(engine, ai_sdk_version=version)) as url:
             result = chat(node, url, version, "the answer?")
     assert result["status"] == "ready"
     parts = answer_parts(result)
@@ -252,6 +220,22 @@ def test_failover_after_tokens_without_a_model_left_is_an_error(node):
     assert texts(answer_parts(result)) == ["half an"]  # what was shown stays, marked failed by the status
 
 
+@pytest.mark.parametrize("client", [5, 7])
+def test_an_image_the_app_allows_reaches_the_provider_and_by_default_is_the_chats_error(node, client):
+    image = f"--file=image/png,{PNG_URL}"
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("A heron."))
+        with make_engine(fp) as engine:
+            with serving(make_wsgi_app(engine, parts=PartsPolicy(allow=("image",)))) as url:
+                result = chat(node, url, client, image, "What bird?")
+            assert result["status"] == "ready" and texts(answer_parts(result)) == ["A heron."]
+            assert fp.requests[0].parts == [{"type": "image_url", "image_url": {"url": PNG_URL}}]
+            with serving(make_wsgi_app(engine)) as url:
+                result = chat(node, url, client, image, "What bird?")
+            assert result["status"] == "error" and "PartsPolicy(allow=('image',))" in result["error"]
+            assert fp.request_count == 1
+
+
 def test_a_refused_request_is_the_chats_error(node):
     with FakeProvider() as fp, make_engine(fp) as engine, \
             serving(make_wsgi_app(engine, authorize=lambda environ: False)) as url:
@@ -295,7 +279,7 @@ def test_the_ui_message_stream_headers_and_its_last_frame():
 
 # --- AG-UI: HttpAgent ----------------------------------------------------------------------------------
 
-def agui(node: str, url: str, content: str = "hi") -> Dict[str, Any]:
+def agui(node: str, url: str, content: Union[str, List[Dict[str, Any]]] = "hi") -> Dict[str, Any]:
     return run_node(node, "agui.mjs", url + "/agui", json.dumps([{"id": "u1", "role": "user", "content": content}]))
 
 
@@ -325,11 +309,32 @@ def test_agui_text_and_a_tool_call_with_its_result(node):
     assert messages[3]["toolCallId"] == "call_1" and messages[3]["content"] == "sunny in Oslo"
 
 
+@pytest.mark.parametrize("document", [
+    {"type": "document", "source": {"type": "data", "value": b64(PDF), "mimeType": "application/pdf"},
+     "metadata": {"filename": "a.pdf"}},
+    {"type": "binary", "mimeType": "application/pdf", "data": b64(PDF), "filename": "a.pdf"},  # the older form
+])
+def test_agui_a_document_passes_as_the_apps_parts_policy_allows(node, document):
+    question = [{"type": "text", "text": "Read this."}, document]
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("One page."))
+        with make_engine(fp) as engine:
+            with serving(make_wsgi_app(engine, parts=PartsPolicy(allow=("file",)))) as url:
+                result = agui(node, url, question)
+            assert result["error"] is None and result["result"]["answer"] == "One page."
+            assert fp.requests[0].parts == [{"type": "file", "file": {"file_data": PDF_URL, "filename": "a.pdf"}}]
+            with serving(make_wsgi_app(engine)) as url:
+                result = agui(node, url, question)
+            assert result["error"] is not None and "PartsPolicy(allow=('file',))" in result["error"]
+            assert fp.request_count == 1
+
+
 def test_agui_a_failing_tool_and_reasoning(node):
     with FakeProvider() as fp:
-        weather_turns(fp, "broken")
-        with make_engine(fp, [broken]) as engine, \
-                serving(make_wsgi_app(ThinkingFirst(engine, ["Hmm, ", "the weather."]))) as url:
+        fp.add_turn(s.reasoning("Hmm, "), s.reasoning("the weather."), s.text("Let me check. "),
+                    s.tool_call(0, id="call_1", name="broken", arguments='{"city": "Oslo"}'), s.finish("tool_calls"))
+        fp.add_turn(s.text("It is "), s.text("sunny."))
+        with make_engine(fp, [broken]) as engine, serving(make_wsgi_app(engine)) as url:
             result = agui(node, url)
     assert result["error"] is None and kinds(result)[-1] == "RUN_FINISHED"
     assert kinds(result)[2:7] == ["REASONING_START", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",

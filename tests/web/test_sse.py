@@ -27,6 +27,7 @@ from streamengine import (
     ErrorEvent,
     HeartbeatEvent,
     LlmStreamError,
+    ReasoningEvent,
     RefusalEvent,
     ResetEvent,
     RoundEvent,
@@ -44,7 +45,7 @@ DONE_FRAME = b"data: [DONE]\n\n"
 PING_FRAME = b": ping\n\n"
 
 #: The event types a frame may carry on an ``event:`` line (tokens are plain messages, heartbeats comments).
-WIRE_EVENT_TYPES = {"tool_start", "tool_result", "round", "refusal", "reset", "error", "done"}
+WIRE_EVENT_TYPES = {"tool_start", "tool_result", "round", "refusal", "reasoning", "reset", "error", "done"}
 
 # -- stand-ins for tools.ToolResult and engine.EngineResult/Telemetry --------------
 # the encoder reads them duck-typed; these mirror the shared spec so this file runs
@@ -80,6 +81,7 @@ class EngineResult:
     telemetry: Telemetry
     usage: Usage = field(default_factory=Usage)
     refusal: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 # -- fixtures and helpers ------------------------------------------------------
@@ -367,6 +369,16 @@ def test_a_refusal_is_its_own_frame_and_is_in_the_done_record():
     assert json.loads(only_event(encode_event(DoneEvent(result))).data)["refusal"] == "no"
 
 
+def test_reasoning_is_its_own_frame_and_the_last_rounds_is_in_the_done_record():
+    frame = encode_event(ReasoningEvent("Hmm \n\nevent: done\ndata: [DONE]", 2))
+    assert_well_formed(frame)
+    event = only_event(frame)
+    assert event.type == "reasoning"
+    assert json.loads(event.data) == {"text": "Hmm \n\nevent: done\ndata: [DONE]", "round": 2}
+    result = EngineResult(answer="a", rounds=("a",), tool_results=(), telemetry=Telemetry(), reasoning="Hmm")
+    assert json.loads(only_event(encode_event(DoneEvent(result))).data)["reasoning"] == "Hmm"
+
+
 def test_done_frame_carries_answer_telemetry_and_usage():
     telemetry = Telemetry(rounds=2, tools_started=1, model_used="m\n1", time_to_first_token_s=0.5,
                           total_s=float("inf"), stop_reason=None)
@@ -382,6 +394,7 @@ def test_done_frame_carries_answer_telemetry_and_usage():
     assert json.loads(event.data) == {
         "answer": "\n\ndata: [DONE]\n\n",
         "refusal": None,
+        "reasoning": None,
         "telemetry": expected_telemetry,
         "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
                   "cached_tokens": 0, "reasoning_tokens": 0},
@@ -440,12 +453,12 @@ def test_every_engine_event_is_on_the_allowlist():
     call = ToolCall("c1", "t", "{}")
     events = [TokenEvent("a"), ToolStartEvent(call), ToolResultEvent(ToolResult("c1", "t", True, "x")),
               RoundEvent(1), RefusalEvent("no", 1), ResetEvent(1, "why"), ErrorEvent("e"), HeartbeatEvent(),
-              DoneEvent(EngineResult("a", (), (), Telemetry()))]
+              DoneEvent(EngineResult("a", (), (), Telemetry())), ReasoningEvent("hmm", 1)]
     assert {e.name for e in events} == {"token", "tool_start", "tool_result", "round", "refusal", "reset",
-                                        "error", "done", "heartbeat"}
+                                        "error", "done", "heartbeat", "reasoning"}
     types = [[e.type for e in parse(encode_event(event)).events] for event in events]
     assert types == [["message"], ["tool_start"], ["tool_result"], ["round"], ["refusal"], ["reset"], ["error"],
-                     [], ["done"]]
+                     [], ["done"], ["reasoning"]]
 
 
 # -- streams ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // Drives AbstractChat, the engine inside useChat, with its DefaultChatTransport against a streamengine app.
-// node chat.mjs <ai5|ai6|ai7> <api url> <prompt, --resume, --regenerate or --history=JSON> [...]  ->  one JSON line: status, error, messages.
+// node chat.mjs <ai5|ai6|ai7> <api url> <prompt, --resume, --regenerate, --history=JSON or --file=TYPE,URL> [...]  ->  one JSON line: status, error, messages.
 const [pkg, api, ...prompts] = process.argv.slice(2);
 const { AbstractChat, DefaultChatTransport } = await import(pkg);
 
@@ -24,15 +24,20 @@ const chat = new Chat({
   onError: (error) => errors.push(String(error?.message ?? error)),
   onFinish: (options) => finishes.push({ isError: options.isError ?? null, finishReason: options.finishReason ?? null }),
 });
+let files = [];
 for (const text of prompts) {
-  if (text === '--resume') {
+  if (text.startsWith('--file=')) {
+    const [mediaType, url] = text.slice('--file='.length).split(/,(.*)/s);
+    files.push({ type: 'file', mediaType, url });  // what useChat's sendMessage({ text, files }) sends
+  } else if (text === '--resume') {
     await chat.resumeStream();  // what useChat({ resume: true }) does on mount
   } else if (text.startsWith('--history=')) {
     chat.messages = JSON.parse(text.slice('--history='.length));  // what useChat({ messages }) starts from
   } else if (text === '--regenerate') {
     await chat.regenerate();  // useChat's regenerate(): the last answer again
   } else {
-    await chat.sendMessage({ text });
+    await chat.sendMessage(files.length ? { text, files } : { text });
+    files = [];
   }
 }
 process.stdout.write(JSON.stringify({
