@@ -17,6 +17,7 @@ import json
 import os
 import select
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -685,3 +686,27 @@ def test_approve_and_deny_buttons_answer_a_held_call(browser, tmp_path, choice):
             assert chip == ("tool ok" if choice == "yes" else "tool skipped")
             assert "approval_request" in logged(browser)["events"]
 
+
+def test_a_reattach_past_the_logs_cap_says_part_of_the_answer_is_gone(browser, tmp_path):
+    path = str(tmp_path / "runs.sqlite")
+    with FakeProvider() as fp:
+        answer = counting(fp, 30, 0.0)
+        with make_engine(fp) as engine, SqliteRunLog(path, max_events=5) as log, \
+                serving(make_wsgi_app(engine, runs=log)) as url:
+            browser.open(f"{url}/?autorun=count")
+            assert browser.wait_for(FINISHED) == "done"
+            assert browser.js(ANSWER_TEXT) == answer  # the live stream had every token
+            with sqlite3.connect(path) as db:  # the run's id, as the server keeps it
+                run_id = db.execute("SELECT run_id FROM runs").fetchone()[0]
+            # A reload in another tab of this run: only its last frames are kept.
+            browser.open_plain(f"{url}/healthz")
+            browser.wait_for("location.pathname === '/healthz'")
+            saved = json.dumps({"id": run_id, "url": f"/v1/runs/{run_id}", "question": "count"})
+            browser.js(f"sessionStorage.setItem('streamengine.run', {json.dumps(saved)})")
+            try:
+                browser.js("location.href = '/'")
+            except PageChanged:
+                pass
+            browser.wait_for("document.querySelector('.notice') !== null")
+            assert "no longer kept" in browser.js("document.querySelector('.notice').textContent")
+            browser.wait_for("document.getElementById('status').textContent.indexOf('done') === 0")
