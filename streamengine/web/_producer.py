@@ -36,7 +36,8 @@ from ..runs import _local as local
 
 #: How long appends wait to be joined with the next events (the first after a pause never waits).
 WINDOW_S = 0.02
-#: How often the producer looks at the stop flag, and a detached one at its readers.
+#: How often the producer looks at the stop flag, and a detached one at its readers; how long a quiet run
+#: (nothing waiting to be appended) sleeps between looks.
 STOP_POLL_S = 0.25
 ABANDON_POLL_S = 1.0
 
@@ -89,12 +90,29 @@ class RunProducer:
         self._ended = threading.Event()
         self._shutting_down = False
         self._terminal = False
+        self._beat: Optional[Callable[[Optional[float]], None]] = None
+        self._holding = True  # the run starts with the window's heartbeat (an engine of your own keeps it)
 
     @property
     def run_id(self) -> str:
         return self.lease.run_id
 
     # --- driving ----------------------------------------------------------------------------
+    def wake_with(self, set_heartbeat: Callable[[Optional[float]], None]) -> None:
+        """The run's ``set_heartbeat``: woken every ``window_s`` only while tokens wait, every STOP_POLL_S else.
+
+        A run waking every 20 ms while nothing waits costs a loop turn per
+        token at a chat's pace (bench section 16); so the short heartbeat is
+        on only while tokens are held back.
+        """
+        self._beat = set_heartbeat
+        self._hold(False)
+
+    def _hold(self, holding: bool) -> None:
+        if holding != self._holding and self._beat is not None:
+            self._beat(self._window_s if holding else min(STOP_POLL_S, self.lease.lease_s / 4))
+            self._holding = holding
+
     def drive(self, batches: Iterator[List[Event]]) -> Generator[List[Frame], None, None]:
         """The run's batches into the log; yields the frames appended since the last yield (often none).
 
@@ -142,6 +160,7 @@ class RunProducer:
             with self._lock:
                 if self._pending and (last or now - self._last_tokens >= self._window_s or not self._only_tokens()):
                     self._append_pending(now)
+                self._hold(bool(self._pending))
             if self._shutting_down:
                 self.cancel_run(local.WORKER_SHUTDOWN)
             if now - self._last_write >= self.lease.lease_s / 3:

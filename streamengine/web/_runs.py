@@ -205,6 +205,9 @@ class RunRoutes:
             raise
         batched = getattr(run, "batches", None)
         batches = batched() if callable(batched) else ([event] for event in run)
+        set_heartbeat = getattr(run, "set_heartbeat", None)
+        if callable(set_heartbeat):  # a StreamingEngine's Run: the short heartbeat only while tokens wait
+            producer.wake_with(set_heartbeat)
         response = AttachedRun(self, producer, producer.drive(batches), release, environ)
         self.stuck.add(response)
         self._log.info("request {}: run {} started for {}", errors.request_id, run_id, environ.get("REMOTE_ADDR", "?"))
