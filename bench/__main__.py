@@ -5,7 +5,8 @@
   --only 1,3     run some sections (1 throughput, 2 latency, 3 overlap, 4 scaling, 5 concurrency burst,
                  6 paced, 7 served steady state, 8 slow consumer, 9 many runs on one engine,
                  10 where a CPU-bound tool runs, 11 import cost, 12 MCP tools, 13 OpenTelemetry cost,
-                 14 instructions per served token, counted by callgrind, 15 a token in the frontends' framers)
+                 14 instructions per served token, counted by callgrind, 15 a token in the frontends' framers,
+                 16 served runs in a log)
   --quick        smaller inputs and fewer repeats: a smoke test, not figures to quote
   --out PATH     where to write the JSON (default bench/results.json)
 """
@@ -35,6 +36,7 @@ from . import (
     overlap,
     paced,
     report,
+    runs,
     scaling,
     served,
     slowconsumer,
@@ -44,8 +46,8 @@ from . import (
 SECTIONS = {"1": "throughput", "2": "latency", "3": "overlap", "4": "scaling", "5": "concurrency",
             "6": "paced", "7": "served", "8": "slowconsumer", "9": "multirun", "10": "executor",
             "11": "imports", "12": "mcp", "13": "otel",
-            "14": "instructions", "15": "frontends"}
-NEEDS_UPSTREAM = {"paced", "served", "slowconsumer", "instructions"}
+            "14": "instructions", "15": "frontends", "16": "runs"}
+NEEDS_UPSTREAM = {"paced", "served", "slowconsumer", "instructions", "runs"}
 
 
 def _environment() -> Dict[str, Any]:
@@ -136,6 +138,7 @@ def main(argv: List[str]) -> int:
                 "imports": lambda: imports.run(repeats=5 if q else 30),
                 "mcp": lambda: mcp_calls.run(quick=q),
                 "instructions": lambda: instructions.run(upstream.port, sizes=(60,) if q else instructions.SIZES),
+                "runs": lambda: (runs.run(upstream, quick=True, levels=(20,), tokens=30) if q else runs.run(upstream)),
                 "otel": lambda: otel.run(repeats=1 if q else 5, tokens=300 if q else 5000, streams=2 if q else 10),
                 "frontends": lambda: frontends.run(repeats=2 if q else 7, lengths=(2_000,) if q else frontends.LENGTHS),
             }

@@ -39,12 +39,14 @@ def render(r: Dict[str, Any]) -> str:
     from .otel import render as otel_lines
     from .report_steady import paced, served, slow_consumer
     from .report_tools import executor, multirun
+    from .runs import render as runs_lines
     other = r.get("other_load") or {}
     for name, fn in (("throughput", _throughput), ("latency", _latency), ("overlap", _overlap),
                      ("scaling", _scaling), ("concurrency", _concurrency), ("paced", paced),
                      ("served", served), ("slowconsumer", slow_consumer), ("multirun", multirun),
                      ("executor", executor), ("imports", imports), ("mcp", mcp_lines),
-                     ("otel", otel_lines), ("instructions", instruction_lines), ("frontends", frontend_lines)):
+                     ("otel", otel_lines), ("instructions", instruction_lines), ("frontends", frontend_lines),
+                     ("runs", runs_lines)):
         if name not in r:
             continue
         lines.append("")

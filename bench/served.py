@@ -52,9 +52,11 @@ _REQUEST = json.dumps({"messages": [{"role": "user", "content": "go"}]}).encode(
 class ServedApp:
     """``bench/served_app.py`` under waitress or gunicorn (gthread), in its own process."""
 
-    def __init__(self, server: str, kind: str, upstream: str, model: str, threads: int) -> None:
+    def __init__(self, server: str, kind: str, upstream: str, model: str, threads: int,
+                 runs_url: str = "") -> None:
         self.server = server
         self._gc_file = CollectorClock.new_file(f"bench-gc-{kind}-")
+        self._runs_url = runs_url
         try:
             self._start(server, kind, upstream, model, threads)
         except BaseException:  # an app that did not come up is not left running
@@ -67,7 +69,7 @@ class ServedApp:
 
     def _start(self, server: str, kind: str, upstream: str, model: str, threads: int) -> None:
         env = dict(os.environ, BENCH_UPSTREAM=upstream, BENCH_MODEL=model, BENCH_APP=kind,
-                   BENCH_GC_FILE=self._gc_file,
+                   BENCH_GC_FILE=self._gc_file, BENCH_RUNS_URL=self._runs_url,
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if server == "waitress":
             self.proc = subprocess.Popen([sys.executable, "-m", "bench.served_app", str(threads)],

@@ -5,7 +5,8 @@ Configured from the environment, so gunicorn can load it as ``bench.served_app:a
 * ``BENCH_UPSTREAM``: the upstream's base URL (bench/upstream.py), ``BENCH_MODEL``: what it streams;
 * ``BENCH_APP``: ``engine`` (``make_wsgi_app`` over ``StreamingEngine``, as ``streamengine serve``
   runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine);
-* ``BENCH_GC_FILE`` (optional): where :class:`CollectorClock` keeps the collector's CPU for the bench.
+* ``BENCH_GC_FILE`` (optional): where :class:`CollectorClock` keeps the collector's CPU for the bench;
+* ``BENCH_RUNS_URL`` (optional, section 16): the engine app with ``runs=open_run_log(url)``.
 
 The relay is the least a served stream can cost in this stack: one requests
 session per server thread, one read per upstream chunk, ``scan_once`` per
@@ -82,7 +83,7 @@ def make_relay(upstream: str, model: str) -> Callable[..., Iterable[bytes]]:
     return relay
 
 
-def make_engine_app(upstream: str, model: str) -> Any:
+def make_engine_app(upstream: str, model: str, runs_url: str = "") -> Any:
     from streamengine import EngineConfig, OpenAICompatibleClient, StreamingEngine, tool
     from streamengine.wsgi import make_wsgi_app
 
@@ -94,7 +95,21 @@ def make_engine_app(upstream: str, model: str) -> Any:
     engine = StreamingEngine(OpenAICompatibleClient(upstream), [lookup],
                              EngineConfig(models=[model], tool_mode="inline", pool_size=16))
     # every session comes from 127.0.0.1: the caps must admit the most sessions a level opens (200)
-    return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS)
+    options: Any = {}
+    if runs_url:  # section 16: the same app with its runs in a log (bench/runs.py)
+        from streamengine.runs import open_run_log
+        options = {"runs": open_run_log(runs_url, **_runs_namespace(runs_url)), "on_disconnect": "cancel"}
+    return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS,
+                         **options)
+
+
+def _runs_namespace(url: str) -> Any:
+    """A key prefix or table of this process's own, so apps of one bench run do not share runs."""
+    if url.startswith("redis"):
+        return {"prefix": f"bench:{os.getpid()}:"}
+    if url.startswith("postgres"):
+        return {"table": f"bench_runs_{os.getpid()}"}
+    return {}
 
 
 class CollectorClock:
@@ -147,7 +162,9 @@ def _make() -> Any:
     kind = os.environ.get("BENCH_APP", "engine")
     if os.environ.get("BENCH_GC_FILE"):
         gc.callbacks.append(CollectorClock(os.environ["BENCH_GC_FILE"]))
-    return make_relay(upstream, model) if kind == "relay" else make_engine_app(upstream, model)
+    if kind == "relay":
+        return make_relay(upstream, model)
+    return make_engine_app(upstream, model, os.environ.get("BENCH_RUNS_URL", ""))
 
 
 app = _make() if "BENCH_UPSTREAM" in os.environ else None

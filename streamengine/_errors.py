@@ -25,6 +25,11 @@
     ├── SseEventTooLarge (ValueError)       clients: an SSE event past its size or work limit
     ├── RequestRejected (ValueError)        web: a request's messages break the policy
     ├── HttpError                           web: a request refused before streaming
+    ├── RunLogError                         runs: the run log could not do what was asked
+    │   ├── RunNotFound (LookupError)       runs: unknown, expired or another owner's run
+    │   ├── RunFencedError                  runs: a producer's stale lease; nothing was written
+    │   └── RunExistsError                  runs: create() with a taken id
+    ├── RunClientError                      testing: a served run that could not be started or followed
     ├── UsageError                          CLI: a command line that cannot run as written
     └── ConversationLogError            CLI: the run log cannot be read or written
 

@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     from .._engine.events import Event
     from .._engine.run import StreamingEngine
     from .._messages import ToolCall
+    from ..runs import RunLog
     from ..testing._scenario import ScenarioResult
 
 COMMANDS = ("chat", "serve", "models", "demo", "harness", "logs", "mcp")
@@ -138,25 +139,39 @@ def cmd_serve(args: argparse.Namespace, hooks: _Hooks) -> int:
     if args.max_connections_per_client < 0:
         raise UsageError("--max-connections-per-client must be 0 (no cap) or more")
     everything = args.approve == "all"
+    runs: Optional[RunLog] = None
     engine = build_engine(args, approve=approve_all if everything else refuse)
     try:
         from ..web import make_wsgi_app
         from ..web._serve import serve_app
         _say_what_happens_to_side_effects(engine, everything)
         # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
+        runs = _run_log(args)
         app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
                             heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
-                            max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors)
+                            max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors,
+                            runs=runs, detach_grace_s=args.detach_grace)
         banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
-                  "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"]
+                  "  POST /v1/chat/stream (SSE), GET /healthz, GET / (a page)"
+                  + (f"; runs resume from {args.runs.split('://')[0]} (GET /v1/runs/<id>/events)" if runs else "")]
         serve_app(app, host=args.host, port=args.port, threads=args.threads, out=sys.stdout, banner=banner,
                   stop=hooks.stop, ready=hooks.ready,
                   max_connections_per_client=args.max_connections_per_client or None)
     finally:
         close_engine(engine)
+        if runs is not None:
+            runs.close()
     return 0
+
+
+def _run_log(args: argparse.Namespace) -> Optional[RunLog]:
+    """``--runs URL``: the log runs resume from (None: runs live and die with their connection)."""
+    if args.runs is None:
+        return None
+    from ..runs import open_run_log
+    return open_run_log(args.runs)
 
 
 def side_effect_tools(engine: StreamingEngine) -> List[str]:
@@ -381,6 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections-per-client", metavar="N", type=int, default=64,
                        help="open connections one address (an IPv6 /64) may hold; 429 past it (default 64; "
                             "0 = no cap, behind a proxy where every client has the proxy's address)")
+    serve.add_argument("--runs", metavar="URL",
+                       help="keep each run in a log so clients resume it (Last-Event-ID) and stop it: memory:, "
+                            "sqlite:///runs.sqlite, redis://host:6379/0 or postgresql://user@host/db")
+    serve.add_argument("--detach-grace", metavar="S", type=positive_seconds, default=60.0,
+                       help="with --runs: how long a run whose client went away goes on waiting for it to come "
+                            "back (default 60; memory: cancels at once)")
     serve.set_defaults(handler=cmd_serve)
 
     models = sub.add_parser("models", parents=[common], help="list the models the provider offers",

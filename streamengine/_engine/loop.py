@@ -53,6 +53,21 @@ def _never() -> float:
     return _NEVER
 
 
+class Heartbeat:
+    """A run's heartbeat, settable while it runs (``Run.set_heartbeat``): its loop's, once it has one."""
+
+    __slots__ = ("loop", "seconds")
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.seconds = seconds
+        self.loop: Optional[RunLoop] = None
+
+    def set(self, seconds: Optional[float]) -> None:
+        self.seconds = seconds
+        if self.loop is not None:
+            self.loop.set_heartbeat(seconds)
+
+
 class RunLoop:
     """The outbox, the wake-up pipe and the selector of one run; see the module doc.
 
@@ -116,6 +131,11 @@ class RunLoop:
             os.close(self._write_end)
 
     # --- the driving thread --------------------------------------------------------------
+    def set_heartbeat(self, seconds: Optional[float]) -> None:
+        """A heartbeat after ``seconds`` of silence from now on (None: none); the next wait counts with it."""
+        self.heartbeat_s = seconds
+        self._beat_s = _NEVER if seconds is None else seconds
+
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:
         """Drive ``steps`` to its end; yield the events that are ready each time it would wait.
 

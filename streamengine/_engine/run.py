@@ -39,7 +39,7 @@ from .._otel import instrumentation
 from ..tools import Tool, ToolExecutor, ToolRegistry
 from .events import DoneEvent, Event
 from .filing import FilingQueue, run_scope
-from .loop import HEARTBEAT, RunLoop
+from .loop import HEARTBEAT, Heartbeat, RunLoop
 from .result import EngineResult
 from .rounds import RoundRunner, RunDeps, RunState
 from .tool_calls import Approve
@@ -64,10 +64,11 @@ class Run:
     provider's stream is shut, the tools are cancelled, ``done`` is not sent.
     """
 
-    __slots__ = ("_batches", "_events")
+    __slots__ = ("_batches", "_beat", "_events")
 
-    def __init__(self, batches: Generator[List[Event], None, None]) -> None:
+    def __init__(self, batches: Generator[List[Event], None, None], beat: Optional[Heartbeat] = None) -> None:
         self._batches = batches
+        self._beat = beat
         self._events: Optional[Generator[Event, None, None]] = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -87,6 +88,17 @@ class Run:
         if self._events is not None:
             raise ConfigError("this run is being read event by event already; call batches() before iterating")
         return self._batches
+
+    def set_heartbeat(self, heartbeat_s: Optional[float]) -> None:
+        """From now on, a ``HeartbeatEvent`` after ``heartbeat_s`` of silence (None: none); from the driving thread.
+
+        For a consumer that needs waking only at times (the web layer's run-log
+        producer, while tokens wait to be appended), so a quiet run wakes no
+        more often than it must.  A ``read_ahead=True`` run keeps its own.
+        """
+        seconds = validation.seconds(heartbeat_s, "heartbeat_s", allow_none=True)
+        if self._beat is not None:
+            self._beat.set(seconds)
 
     def close(self) -> None:
         """Stop the run now (from the thread that iterates it); the same as leaving its loop early."""
@@ -247,7 +259,8 @@ class StreamingEngine:
                                   messages=conversation) if otel is not None and otel.live(parent) else None
         if read_ahead:
             return Run(self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace))
-        return Run(self._batches(conversation, cancel, heartbeat_s, deps, scope, trace))
+        beat = Heartbeat(heartbeat_s)
+        return Run(self._batches(conversation, cancel, beat, deps, scope, trace), beat)
 
     def _check_parts(self, conversation: List[Message], models: Sequence[str]) -> None:
         """Images, audio and files checked against the API of every model the run may fail over to, before
@@ -306,13 +319,13 @@ class StreamingEngine:
 
     # --- one run -------------------------------------------------------------------
     def _batches(self, conversation: List[Message], cancel: Optional[threading.Event],
-                 heartbeat_s: Optional[float], deps: RunDeps, scope: str,
+                 beat: Heartbeat, deps: RunDeps, scope: str,
                  trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
         """The run, driven by the thread that iterates this generator (``loop.RunLoop``)."""
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
-        loop = RunLoop(token, heartbeat_s)
+        loop = beat.loop = RunLoop(token, beat.seconds)
         state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
                          emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
         runner = RoundRunner(deps, state)
@@ -342,7 +355,7 @@ class StreamingEngine:
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel(cancel=token)
-        batches = self._batches(conversation, token, None, deps, scope, trace)
+        batches = self._batches(conversation, token, Heartbeat(None), deps, scope, trace)
 
         def read() -> None:
             try:

@@ -8,7 +8,8 @@ them between the processes of one host; ``RedisRunLog(url)`` and
   records (:class:`Lease`, :class:`Frame`, :class:`Gap`, :class:`RunStatus`,
   :class:`ApprovalAnswer`), the errors, and the trim and wake-up helpers the logs share;
 - ``_memory``, ``_sqlite``, ``_redis``, ``_postgres``: one log each (redis-py and
-  psycopg are imported only when their log is made).
+  psycopg are imported only when their log is made); ``_open``: a log from a URL;
+- ``_local``: the runs this process produces, ended by :func:`shutdown_runs`.
 
 Layering: this package depends only on ``_errors``, ``_validation``, ``_logs`` (redaction)
 and the standard library.
@@ -28,7 +29,9 @@ from ._contract import RunLogError as RunLogError
 from ._contract import RunNotFound as RunNotFound
 from ._contract import RunStatus as RunStatus
 from ._contract import new_run_id as new_run_id
+from ._local import shutdown_runs as shutdown_runs
 from ._memory import MemoryRunLog as MemoryRunLog
+from ._open import open_run_log as open_run_log
 from ._postgres import PostgresRunLog as PostgresRunLog
 from ._redis import RedisRunLog as RedisRunLog
 from ._sqlite import SqliteRunLog as SqliteRunLog
@@ -36,5 +39,5 @@ from ._sqlite import SqliteRunLog as SqliteRunLog
 __all__ = [
     "ApprovalAnswer", "FINISH_STATES", "Frame", "Gap", "LOST", "Lease", "MemoryRunLog", "PostgresRunLog", "RUNNING",
     "RedisRunLog", "RunExistsError", "RunFencedError", "RunLog", "RunLogError", "RunNotFound", "RunStatus",
-    "SqliteRunLog", "TERMINAL_STATES", "new_run_id",
+    "SqliteRunLog", "TERMINAL_STATES", "new_run_id", "open_run_log", "shutdown_runs",
 ]

@@ -107,6 +107,8 @@ class RunStatus:
     lease_expired: bool
     stop_requested: bool
     terminal: Optional[Frame] = None
+    #: Seconds since a reader last called :meth:`RunLog.mark_read` (the store's clock); None: never.
+    read_ago_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -409,6 +411,15 @@ class RunLog(abc.ABC):
         """Ask the run's producer, wherever it runs, to stop; idempotent."""
         self._do_request_stop(check_run_id(run_id), check_owner(owner))
 
+    def mark_read(self, run_id: str, owner: str) -> None:
+        """A reader is here, on whatever worker: a detached run's producer sees it as ``read_ago_s``.
+
+        Readers call it every second or so while they follow a run, so a
+        producer whose client went away knows whether someone came back
+        elsewhere (or cancels the run as abandoned after its grace).
+        """
+        self._do_mark_read(check_run_id(run_id), check_owner(owner))
+
     def answer_approval(self, run_id: str, owner: str, call_id: str, approved: bool,
                         reason: str = "") -> ApprovalAnswer:
         """Answer a held tool call; the first answer wins and is returned, whatever this one said."""
@@ -465,6 +476,9 @@ class RunLog(abc.ABC):
 
     @abc.abstractmethod
     def _do_request_stop(self, run_id: str, owner: str) -> None: ...
+
+    @abc.abstractmethod
+    def _do_mark_read(self, run_id: str, owner: str) -> None: ...
 
     @abc.abstractmethod
     def _do_answer_approval(self, run_id: str, owner: str, answer: ApprovalAnswer) -> ApprovalAnswer: ...

@@ -46,6 +46,7 @@ class _Run:
         "lease_until",
         "meta_json",
         "owner",
+        "read_at",
         "retain_s",
         "size",
         "sizes",
@@ -67,6 +68,7 @@ class _Run:
         self.last_seq = 0
         self.stop = False
         self.approvals: Dict[str, ApprovalAnswer] = {}
+        self.read_at: Optional[float] = None
         self.lease_until = self.expires_at = 0.0
         self.extend(now)
 
@@ -203,7 +205,8 @@ class MemoryRunLog(RunLog):
             run = self._owned(run_id, owner, now)
             return RunStatus(run_id, run.state, run.first_seq, run.last_seq, parse_meta(run.meta_json),
                              run.state == RUNNING and now >= run.lease_until, run.stop,
-                             None if run.state == RUNNING else run.frames[-1])
+                             None if run.state == RUNNING else run.frames[-1],
+                             None if run.read_at is None else max(0.0, now - run.read_at))
 
     def _do_close_lost(self, run_id: str, event: Event) -> bool:
         now = time.monotonic()
@@ -232,6 +235,11 @@ class MemoryRunLog(RunLog):
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         with self._lock:
             self._owned(run_id, owner, time.monotonic()).stop = True
+
+    def _do_mark_read(self, run_id: str, owner: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._owned(run_id, owner, now).read_at = now
 
     def _do_answer_approval(self, run_id: str, owner: str, answer: ApprovalAnswer) -> ApprovalAnswer:
         with self._lock:

@@ -49,6 +49,7 @@ _SCHEMA = (
     " state text NOT NULL, token text NOT NULL, first_seq bigint NOT NULL, last_seq bigint NOT NULL,"
     " size bigint NOT NULL, lease_s float8 NOT NULL, retain_s float8 NOT NULL, lease_until float8 NOT NULL,"
     " expires_at float8 NOT NULL, stop boolean NOT NULL DEFAULT false)",
+    "ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS read_at float8",
     "CREATE INDEX IF NOT EXISTS {runs_expires} ON {runs} (expires_at)",
     "CREATE TABLE IF NOT EXISTS {events} (run_id text NOT NULL REFERENCES {runs} ON DELETE CASCADE,"
     " seq bigint NOT NULL, name text NOT NULL, data text NOT NULL, size integer NOT NULL,"
@@ -302,17 +303,19 @@ class PostgresRunLog(RunLog):
         params = {"run_id": run_id, "owner": owner}
         with self._transaction("read a run's status") as conn:
             row = self._one(conn, "SELECT state, first_seq, last_seq, meta,"
-                                  f" state = 'running' AND lease_until <= {_NOW}, stop"
+                                  f" state = 'running' AND lease_until <= {_NOW}, stop,"
+                                  f" CASE WHEN read_at IS NOT NULL THEN greatest(0, {_NOW} - read_at) END"
                                   f" FROM {{runs}} WHERE {_LIVE} AND owner = %(owner)s", params)
             if row is None:
                 raise RunNotFound(run_id)
-            state, first, last, meta, expired, stop = row
+            state, first, last, meta, expired, stop, read_ago = row
             terminal = None
             if state != RUNNING:
                 event = self._one(conn, "SELECT name, data FROM {events} WHERE run_id = %s AND seq = %s",
                                   [run_id, last])
                 terminal = Frame(last, event[0], event[1], True)
-        return RunStatus(run_id, state, first, last, parse_meta(meta), bool(expired), bool(stop), terminal)
+        return RunStatus(run_id, state, first, last, parse_meta(meta), bool(expired), bool(stop), terminal,
+                         None if read_ago is None else float(read_ago))
 
     def _do_close_lost(self, run_id: str, event: Event) -> bool:
         sets = f"state = %(state)s, expires_at = {_NOW} + retain_s"
@@ -338,6 +341,13 @@ class PostgresRunLog(RunLog):
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         with self._transaction("set the stop flag") as conn:
             done = conn.execute(self._sql(f"UPDATE {{runs}} SET stop = true WHERE {_LIVE} AND owner = %(owner)s"),
+                                {"run_id": run_id, "owner": owner})
+            if done.rowcount == 0:
+                raise RunNotFound(run_id)
+
+    def _do_mark_read(self, run_id: str, owner: str) -> None:
+        with self._transaction("mark a run read") as conn:
+            done = conn.execute(self._sql(f"UPDATE {{runs}} SET read_at = {_NOW} WHERE {_LIVE} AND owner = %(owner)s"),
                                 {"run_id": run_id, "owner": owner})
             if done.rowcount == 0:
                 raise RunNotFound(run_id)

@@ -3,6 +3,7 @@
 Keys per run (one hash tag, so a cluster keeps them in one slot)::
 
     {prefix}{<run_id>}            hash: owner meta state token first last size lease_ms retain_ms lease_until stop
+                                  read_at
     {prefix}{<run_id>}:events     stream: entry id "<seq>-0", fields n (name), d (data), t (terminal)
     {prefix}{<run_id>}:approvals  hash: call_id -> {"approved", "reason"}
 
@@ -142,12 +143,21 @@ redis.call('HSET', KEYS[1], 'token', ARGV[1], 'lease_until', now + h.lease_ms)
 expire_all(h.lease_ms + h.retain_ms)
 return {1, h.lease_ms, h.retain_ms}
 """
-# ARGV: owner.  {state, first, last, stop, meta, lease expired 0/1}, or nil for no such run of this owner.
+# ARGV: owner.  {state, first, last, stop, meta, lease expired 0/1, ms since read or -1}, or nil for no such
+# run of this owner.
 _STATUS = _PRELUDE + """
-local h = redis.call('HMGET', KEYS[1], 'owner', 'state', 'first', 'last', 'stop', 'meta', 'lease_until')
+local h = redis.call('HMGET', KEYS[1], 'owner', 'state', 'first', 'last', 'stop', 'meta', 'lease_until', 'read_at')
 if h[1] ~= ARGV[1] then return nil end
-local expired = (h[2] == 'running' and now_ms() >= tonumber(h[7])) and 1 or 0
-return {h[2], h[3], h[4], h[5], h[6], expired}
+local now = now_ms()
+local expired = (h[2] == 'running' and now >= tonumber(h[7])) and 1 or 0
+local read_ago = h[8] and math.max(0, now - tonumber(h[8])) or -1
+return {h[2], h[3], h[4], h[5], h[6], expired, read_ago}
+"""
+# ARGV: owner.  1 marked, 0 no such run of this owner.
+_MARK_READ = _PRELUDE + """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'read_at', now_ms())
+return 1
 """
 # ARGV: owner.  1 set, 0 no such run of this owner.
 _REQUEST_STOP = """
@@ -208,7 +218,8 @@ class RedisRunLog(RunLog):
                               "write redis://host:port/db") from exc
         self._scripts = {name: self._redis.register_script(lua) for name, lua in (
             ("create", _CREATE), ("append", _APPEND), ("renew", _RENEW), ("close_lost", _CLOSE_LOST),
-            ("take_over", _TAKE_OVER), ("status", _STATUS), ("request_stop", _REQUEST_STOP), ("answer", _ANSWER))}
+            ("take_over", _TAKE_OVER), ("status", _STATUS), ("request_stop", _REQUEST_STOP), ("answer", _ANSWER),
+            ("mark_read", _MARK_READ))}
         self._call("reach the server", self._redis.ping)
 
     def close(self) -> None:
@@ -292,13 +303,13 @@ class RedisRunLog(RunLog):
         found = self._script("status", run_id, [owner], "read a run's status")
         if found is None:
             raise RunNotFound(run_id)
-        state, first, last, stop, meta, expired = found
+        state, first, last, stop, meta, expired, read_ago = found
         terminal = None
         if state != RUNNING:
             entries = self._call("read a run's status", self._redis.xrevrange, self._keys(run_id)[1], count=1)
             terminal = _frames(entries)[0] if entries else None
         return RunStatus(run_id, state, int(first), int(last), parse_meta(meta), bool(expired), stop == "1",
-                         terminal)
+                         terminal, None if int(read_ago) < 0 else int(read_ago) / 1000)
 
     def _do_close_lost(self, run_id: str, event: Event) -> bool:
         args = [self.limits.max_events, self.limits.max_bytes, LOST, *event]
@@ -315,6 +326,10 @@ class RedisRunLog(RunLog):
 
     def _do_request_stop(self, run_id: str, owner: str) -> None:
         if not self._script("request_stop", run_id, [owner], "set the stop flag"):
+            raise RunNotFound(run_id)
+
+    def _do_mark_read(self, run_id: str, owner: str) -> None:
+        if not self._script("mark_read", run_id, [owner], "mark a run read"):
             raise RunNotFound(run_id)
 
     def _do_answer_approval(self, run_id: str, owner: str, answer: ApprovalAnswer) -> ApprovalAnswer:

@@ -44,7 +44,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, owner TEXT NOT NULL, meta TEXT NOT NULL,"
     " state TEXT NOT NULL, token TEXT NOT NULL, first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,"
     " size INTEGER NOT NULL, lease_s REAL NOT NULL, retain_s REAL NOT NULL, lease_until REAL NOT NULL,"
-    " expires_at REAL NOT NULL, stop INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
+    " expires_at REAL NOT NULL, stop INTEGER NOT NULL DEFAULT 0, read_at REAL) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS runs_expires_at ON runs (expires_at)",
     "CREATE TABLE IF NOT EXISTS run_events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL,"
     " data TEXT NOT NULL, size INTEGER NOT NULL, terminal INTEGER NOT NULL, PRIMARY KEY (run_id, seq))"
@@ -190,7 +190,7 @@ class SqliteRunLog(RunLog):
             for table in ("run_events", "run_approvals", "runs"):  # an expired run of that id, not purged yet
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (lease.run_id,))
             until = now + lease.lease_s
-            conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, 0)",
+            conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, 0, NULL)",
                          (lease.run_id, owner, meta_json, RUNNING, lease.token, lease.lease_s, lease.retain_s,
                           until, until + lease.retain_s))
 
@@ -266,14 +266,14 @@ class SqliteRunLog(RunLog):
         with self._connection("read a run's status") as conn:
             now = time.time()
             state, first, last, _, _, _, until, stop = self._owned(conn, run_id, owner)
-            meta = conn.execute("SELECT meta FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+            meta, read_at = conn.execute("SELECT meta, read_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             terminal = None
             if state != RUNNING:
                 row = conn.execute("SELECT name, data FROM run_events WHERE run_id = ? AND seq = ?",
                                    (run_id, last)).fetchone()
                 terminal = Frame(last, row[0], row[1], True)
         return RunStatus(run_id, state, first, last, parse_meta(meta), state == RUNNING and now >= until,
-                         bool(stop), terminal)
+                         bool(stop), terminal, None if read_at is None else max(0.0, now - read_at))
 
     def _do_close_lost(self, run_id: str, event: Event) -> bool:
         with self._write("close a lost run") as (conn, now):
@@ -302,6 +302,14 @@ class SqliteRunLog(RunLog):
         with self._connection("set the stop flag") as conn:
             done = conn.execute("UPDATE runs SET stop = 1 WHERE run_id = ? AND owner = ? AND expires_at > ?",
                                 (run_id, owner, time.time()))
+            if done.rowcount == 0:
+                raise RunNotFound(run_id)
+
+    def _do_mark_read(self, run_id: str, owner: str) -> None:
+        with self._connection("mark a run read") as conn:
+            now = time.time()
+            done = conn.execute("UPDATE runs SET read_at = ? WHERE run_id = ? AND owner = ? AND expires_at > ?",
+                                (now, run_id, owner, now))
             if done.rowcount == 0:
                 raise RunNotFound(run_id)
 

@@ -9,7 +9,9 @@ Public, for streamengine's own tests, its demo and CLI harness, and your tests.
 - scenarios: JSON scenario files run against the engine (:func:`load_scenario`,
   :func:`run_scenario`; ``streamengine harness`` runs them and
   ``streamengine harness --format`` prints the format);
-- :func:`write_junit`: their results as JUnit XML for CI servers.
+- :func:`write_junit`: their results as JUnit XML for CI servers;
+- :class:`RunClient`: a client of served runs that resumes with Last-Event-ID
+  after the server's ``retry:`` until the terminal frame (docs/runs.md).
 
 ::
 
@@ -21,6 +23,9 @@ from ._provider import FakeProvider as FakeProvider
 from ._provider import RecordedRequest as RecordedRequest
 from ._provider import Turn as Turn
 from ._provider import fake_embedding as fake_embedding
+from ._run_client import RunClient as RunClient
+from ._run_client import RunClientError as RunClientError
+from ._run_client import RunEvent as RunEvent
 from ._scenario import Scenario as Scenario
 from ._scenario import ScenarioError as ScenarioError
 from ._scenario import ScenarioResult as ScenarioResult
@@ -31,6 +36,6 @@ from ._steps import Stamp as Stamp
 from ._steps import Step as Step
 from ._steps import StepLike as StepLike
 
-__all__ = ["FakeProvider", "RecordedRequest", "Scenario", "ScenarioError", "ScenarioResult", "Stamp", "Step",
-           "StepLike", "Turn", "fake_embedding", "load_scenario", "parse_scenario", "run_scenario", "steps",
-           "write_junit"]
+__all__ = ["FakeProvider", "RecordedRequest", "RunClient", "RunClientError", "RunEvent", "Scenario", "ScenarioError",
+           "ScenarioResult", "Stamp", "Step", "StepLike", "Turn", "fake_embedding", "load_scenario", "parse_scenario",
+           "run_scenario", "steps", "write_junit"]

@@ -17,7 +17,9 @@ readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
 ``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
 ``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's), ``_parts``
 (``PartsPolicy``: which images, audio and files a request may bring),
-``_aisdk`` (the AI SDK's UI message stream), ``_agui`` (AG-UI).
+``_aisdk`` (the AI SDK's UI message stream), ``_agui`` (AG-UI), ``_runs`` (the
+routes of runs in a log: resume, stop, status, approvals) and ``_producer``
+(one run driven into its log).
 """
 from __future__ import annotations
 

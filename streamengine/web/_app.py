@@ -43,6 +43,7 @@ from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
+from ..runs import RunLog
 from ._agui import AGUI_HEADERS, AgUiStream, run_input
 from ._aisdk import UI_STREAM_HEADERS, UiMessageStream, chat_messages, check_ai_sdk_version
 from ._guard import (
@@ -62,6 +63,7 @@ from ._guard import (
     with_system_prompt,
 )
 from ._parts import PartsPolicy, checked_policy
+from ._runs import RUNS_PATH, Owner, RunRoutes, last_event_id
 from ._sse import EngineLike, Framer, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
@@ -176,7 +178,14 @@ class AppOptions(TypedDict, total=False):
     scope: Optional[Scope]
     parts: Optional[PartsPolicy]
     ai_sdk_version: int
+    runs: Optional[RunLog]
+    owner: Optional[Owner]
+    on_disconnect: Optional[str]
+    detach_grace_s: float
+    lease_s: float
+    retain_s: float
     approvals: bool
+    max_detached_per_client: int
 
 
 class StreamApp:
@@ -205,8 +214,7 @@ class StreamApp:
     body cap grows by what it lets in.
     ``ai_sdk_version``: the major version of the ``ai`` package the
     frontend's ``useChat`` uses (5, 6 or 7): ``POST /api/chat`` writes only
-    the chunks that version accepts (docs/frontends.md).  ``approvals``:
-    approve side-effect calls from the browser (AI SDK 6 or 7 only).
+    the chunks that version accepts (docs/frontends.md).
 
     Side effects: ``approve(call, environ) -> bool`` is asked, on the thread
     driving the run (the server's), before each call of a tool with side
@@ -215,6 +223,22 @@ class StreamApp:
     depend on who asks.  False, or an exception, refuses the call: the model
     reads that it was not run.  Without ``approve`` the engine's own hook
     decides, and an engine without one refuses every such call.
+
+    Runs that outlive their connection (docs/runs.md): with ``runs`` (a
+    :class:`~streamengine.runs.RunLog`) every run gets an id and its frames
+    go to the log first; a client resumes with ``Last-Event-ID`` on any
+    worker sharing the log, stops a run with ``POST /v1/runs/<id>/stop`` and
+    reads its status at ``GET /v1/runs/<id>``.  ``owner(environ)`` says whose
+    runs a request may see (default: one owner for everyone; the 128-bit run
+    id is the secret).  ``on_disconnect``: ``"detach"`` (the default with a
+    shared log) drives a run on when its client goes away, cancelled as
+    ``abandoned`` when no reader came back within ``detach_grace_s``;
+    ``"cancel"`` (the default with ``MemoryRunLog``) ends it as today.
+    ``max_detached_per_client`` caps detached runs per client.  ``lease_s``
+    and ``retain_s`` are each run's (a dead worker is noticed within
+    ``lease_s`` + 1 s).  ``approvals=True`` asks the run's readers about
+    side-effect calls (``approval_request``, answered by ``POST
+    /v1/runs/<id>/approvals/<call_id>``) instead of an ``approve`` hook.
     """
 
     def __init__(self, engine: EngineLike, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
@@ -225,7 +249,9 @@ class StreamApp:
                  stuck_reader_timeout_s: Optional[float] = 60.0, heartbeat_s: Optional[float] = 15.0,
                  max_body_bytes: int = 1_000_000, scope: Optional[Scope] = None,
                  approve: Optional[Approve] = None, parts: Optional[PartsPolicy] = None,
-                 ai_sdk_version: int = 5, approvals: bool = False) -> None:
+                 ai_sdk_version: int = 5, approvals: bool = False, runs: Optional[RunLog] = None,
+                 owner: Optional[Owner] = None, on_disconnect: Optional[str] = None, detach_grace_s: float = 60.0,
+                 lease_s: float = 3.0, retain_s: float = 600.0, max_detached_per_client: int = 4) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -237,10 +263,9 @@ class StreamApp:
         if scope is not None and not callable(scope):
             raise ConfigError(f"scope must be a function environ -> str or None, got {type(scope).__name__}")
         _check_approve(engine, approve)
-        self.ai_sdk_version = check_ai_sdk_version(ai_sdk_version, bool(approvals))
-        if approvals:
-            raise ConfigError("approvals from the browser (approvals=True) are not available in this version; "
-                              "leave it off and pass approve=(call, environ) -> bool to decide on the server")
+        # approvals=True works on the run routes (runs=); useChat's approval chunks are not wired yet, so it
+        # asks nothing of the ai version.
+        self.ai_sdk_version = check_ai_sdk_version(ai_sdk_version)
         self.engine = engine
         self.system_prompt = system_prompt
         self.trusted_messages = bool(trusted_messages)
@@ -260,6 +285,10 @@ class StreamApp:
         self._log = component_logger("streamengine.web.StreamApp")
         self._stuck = StuckReaders(validation.seconds(stuck_reader_timeout_s, "stuck_reader_timeout_s",
                                                       allow_none=True), self._log)
+        self._runs = self._run_routes(runs, owner=owner, on_disconnect=on_disconnect, detach_grace_s=detach_grace_s,
+                                      lease_s=lease_s, retain_s=retain_s, approvals=approvals,
+                                      max_detached_per_client=max_detached_per_client,
+                                      limiter_key=client_key or client_address, retry_after_s=retry_after_s)
         self._page, self._page_csp = load_page()
         self._routes: Dict[str, Dict[str, Route]] = {
             PAGE_PATH: {"GET": self._page_response},
@@ -268,6 +297,26 @@ class StreamApp:
             CHAT_PATH: {"POST": self._chat_post},
             AGUI_PATH: {"POST": self._agui_post},
         }
+
+    def _run_routes(self, runs: Optional[RunLog], *, approvals: bool, **options: Any) -> Optional[RunRoutes]:
+        """The run routes over ``runs``, or None: without a log the app serves as it always did."""
+        if approvals is not False and approvals is not True:
+            raise ConfigError(f"approvals must be True or False, got {approvals!r}")
+        if runs is None:
+            if approvals:
+                raise ConfigError("approvals=True needs a run log to hold the answers: pass runs=MemoryRunLog() "
+                                  "(one process) or a shared one")
+            return None
+        if approvals and self._approve is not None:
+            raise ConfigError("pass approve= (a hook on the server) or approvals=True (the run's readers answer "
+                              "over the wire), not both")
+        config = getattr(self.engine, "config", None)
+        return RunRoutes(runs, approvals=approvals, limiter=self._limiter, heartbeat_s=self.heartbeat_s,
+                         stuck=self._stuck, logger=self._log,
+                         approval_timeout_s=float(getattr(config, "approval_timeout", 300.0)),
+                         max_detached_per_client=validation.count(
+                             options.pop("max_detached_per_client"), "max_detached_per_client", minimum=1),
+                         **options)
 
     @property
     def active_streams(self) -> int:
@@ -289,6 +338,8 @@ class StreamApp:
         return body
 
     def _dispatch(self, path: str, method: str, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        if self._runs is not None and path.startswith(RUNS_PATH):
+            return self._run_route(path, method, environ)
         methods = self._routes.get(path)
         if methods is None and path.startswith(CHAT_PATH + "/") and path.endswith(RESUME_SUFFIX) \
                 and len(path) > len(CHAT_PATH) + len(RESUME_SUFFIX) + 1:
@@ -309,6 +360,18 @@ class StreamApp:
         return handler(environ)
 
     # --- routes -------------------------------------------------------------------------
+    def _run_route(self, path: str, method: str, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
+        """``/v1/runs/...``: the same site and authorization checks as a run's start, then the run routes."""
+        assert self._runs is not None
+        if method == "OPTIONS" and self._sites.cors:
+            return status_line(204), self._sites.preflight_headers(["GET", "POST", "OPTIONS"]), []
+        if method == "POST":
+            self._sites.refuse_post(environ)
+        elif path.endswith("/events"):
+            self._sites.refuse_get(environ)
+        self._check_authorized(environ)
+        return self._runs.route(path, method, environ, lambda env: _decode_json(self._read_body(env)))
+
     def _page_response(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         stream_url = (environ.get("SCRIPT_NAME") or "").rstrip("/") + STREAM_PATH
         body = fill_page(self._page, stream_url, environ)
@@ -332,6 +395,9 @@ class StreamApp:
         if not values or not values[0].strip():
             raise HttpError(f"missing query parameter q; use GET {STREAM_PATH}?q=your+question, "
                             f"or POST {STREAM_PATH} with {SEND}", field="q")
+        resumed = last_event_id(environ) if self._runs is not None else None
+        if self._runs is not None and resumed is not None:  # EventSource reconnecting: the same run, not a new one
+            return self._runs.resume(resumed[0], resumed[1], environ)
         if len(values[0].encode("utf-8")) > self.max_body_bytes:
             raise HttpError(f"q is longer than {self.max_body_bytes} bytes; send a shorter question", field="q")
         return self._stream(with_system_prompt([Message(role="user", content=values[0])], self.system_prompt),
@@ -385,8 +451,11 @@ class StreamApp:
 
     def _stream(self, messages: List[Message], environ: WSGIEnvironment, framer: Optional[MakeFramer] = None,
                 headers: Optional[Headers] = None) -> Tuple[str, Headers, Iterable[bytes]]:
-        release = self._limiter.acquire(environ)
         request_id = uuid.uuid4().hex[:12]
+        if self._runs is not None and framer is None:  # the frontends' protocols are not kept in the log (yet)
+            return self._runs.start(self.engine, messages, environ, self._run_options(environ),
+                                    PublicErrors(request_id, expose=self.expose_errors, logger=self._log))
+        release = self._limiter.acquire(environ)
         probe = environ.get("waitress.client_disconnected")
         holder: List[SseResponse] = []
 

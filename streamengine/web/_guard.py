@@ -58,7 +58,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
@@ -73,7 +73,7 @@ StartResponse = Callable[..., Any]
 Headers = List[Tuple[str, str]]
 
 JSON_TYPE = "application/json; charset=utf-8"
-_REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+_REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 415: "Unsupported Media Type",
             429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -434,6 +434,18 @@ def _host_of(header: str) -> Optional[str]:
 
 def _bare(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class Watched(Protocol):
+    """A stream response the stuck-reader watch (``_sse.StuckReaders``) can give up on: an app's or a run's."""
+
+    @property
+    def writing_since(self) -> Optional[float]: ...
+
+    @property
+    def cancel(self) -> threading.Event: ...
+
+    def give_up(self) -> None: ...
 
 
 class StreamLimiter:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, TextI
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._messages import PROG
+from ..runs._local import local_runs, shutdown_runs
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -300,6 +301,10 @@ def _stop_on_sigterm(stop: threading.Event) -> Callable[[], None]:
     return restore
 
 
+#: How long a stopping server gives its runs to end (``shutdown_runs``) before it closes the connections.
+RUNS_SHUTDOWN_S = 5.0
+
+
 def _listen_socket(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -326,11 +331,15 @@ def _stop_when_set(stop: threading.Event, finished: threading.Event, server: Any
     makes its stream's next write, or the app's disconnect probe, end the
     run); the task threads are joined while the trigger still exists (a
     finishing task pulls it); only then does the loop lose its last
-    dispatcher and return.
+    dispatcher and return.  Runs this process produces (``runs=``) end
+    first, with ``done`` or ``error{worker_shutdown}``, while their clients
+    can still read it.
     """
     while not stop.wait(0.1):
         if finished.is_set():
             return
+    if local_runs():  # before the channels close: a closed channel would detach its run, not end it
+        shutdown_runs(RUNS_SHUTDOWN_S)
     trigger = next((d for d in list(socket_map.values()) if hasattr(d, "pull_trigger")), None)
     if trigger is None or finished.is_set():
         return

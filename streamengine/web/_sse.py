@@ -111,6 +111,7 @@ from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
+from ._guard import Watched
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -744,12 +745,12 @@ class StuckReaders:
     def __init__(self, timeout_s: Optional[float], logger: Logger) -> None:
         self.timeout_s = timeout_s
         self._log = logger
-        self._streams: set[SseResponse] = set()
+        self._streams: set[Watched] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def add(self, response: SseResponse) -> None:
+    def add(self, response: Watched) -> None:
         if self.timeout_s is None:
             return
         with self._lock:
@@ -758,7 +759,7 @@ class StuckReaders:
                 self._thread = threading.Thread(target=self._watch, name="streamengine-stuck-readers", daemon=True)
                 self._thread.start()
 
-    def remove(self, response: SseResponse) -> None:
+    def remove(self, response: Watched) -> None:
         with self._lock:
             self._streams.discard(response)
             if not self._streams:

@@ -240,3 +240,29 @@ def test_a_run_that_asked_approve_leaves_nothing_for_the_garbage_collector():
             assert isinstance(list(engine.run(MESSAGES))[-1], DoneEvent)
             ours = left_for_the_collector(lambda: list(engine.run(MESSAGES)))
     assert ours == []
+
+
+def test_set_heartbeat_changes_how_often_a_quiet_run_wakes_from_the_next_wait_on():
+    """``Run.set_heartbeat``: the run-log producer wakes a quiet run often only while tokens wait to be appended."""
+    seen = []
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("first"), s.delay(1.2), s.text("second"))
+        with make_engine(fp) as engine:
+            run = engine.run(MESSAGES, heartbeat_s=0.05)
+            for batch in run.batches():
+                seen.extend(batch)
+                if any(isinstance(e, TokenEvent) and e.text == "first" for e in batch):
+                    beats_before = sum(isinstance(e, HeartbeatEvent) for e in seen)
+                    run.set_heartbeat(None)  # from now on: no heartbeat while the model is silent
+    assert [e.text for e in seen if isinstance(e, TokenEvent)] == ["first", "second"]
+    assert sum(isinstance(e, HeartbeatEvent) for e in seen) == beats_before  # none in the 1.2 s silence
+
+    seen = []
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("first"), s.delay(0.6), s.text("second"))
+        with make_engine(fp) as engine:
+            run = engine.run(MESSAGES)  # no heartbeat asked for
+            run.set_heartbeat(0.05)  # before it starts: from its first wait on
+            for batch in run.batches():
+                seen.extend(batch)
+    assert sum(isinstance(e, HeartbeatEvent) for e in seen) >= 4  # the 0.6 s silence, at 0.05 s

@@ -246,6 +246,22 @@ def test_stop_is_a_flag_the_owner_sets_and_the_producer_polls(logs):
         log.request_stop(run_id, "mallory")
 
 
+def test_mark_read_is_a_reader_heartbeat_the_status_shows_on_the_store_clock(logs):
+    log = logs.new()
+    run_id, _ = started(log)
+    assert log.status(run_id, OWNER).read_ago_s is None
+    log.mark_read(run_id, OWNER)
+    assert 0.0 <= log.status(run_id, OWNER).read_ago_s < 1.0
+    time.sleep(0.3)
+    assert 0.25 <= log.status(run_id, OWNER).read_ago_s < 2.0
+    log.mark_read(run_id, OWNER)
+    assert log.status(run_id, OWNER).read_ago_s < 0.25
+    with pytest.raises(RunNotFound):
+        log.mark_read(run_id, "mallory")
+    with pytest.raises(RunNotFound):
+        log.mark_read(new_run_id(), OWNER)
+
+
 def test_the_first_approval_answer_wins(logs):
     log = logs.new()
     run_id, lease = started(log)

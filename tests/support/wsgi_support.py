@@ -169,3 +169,27 @@ class Unused:
     def run(self, *args, **kwargs):
         self.runs += 1
         raise AssertionError("run() must not be called for a refused request")
+
+
+class CutAfter:
+    """WSGI middleware ending every run stream after ``writes`` writes, the way a proxy's timeout would."""
+
+    def __init__(self, app, writes: int) -> None:
+        self.app, self.writes, self.cuts = app, writes, 0
+
+    def __call__(self, environ, start_response):
+        body = self.app(environ, start_response)
+        if "/v1/chat/stream" not in environ["PATH_INFO"] and not environ["PATH_INFO"].endswith("/events"):
+            return body
+        return self._cut(body)
+
+    def _cut(self, body):
+        try:
+            for index, chunk in enumerate(body):
+                yield chunk
+                if index + 1 >= self.writes:
+                    self.cuts += 1
+                    return
+        finally:
+            if hasattr(body, "close"):
+                body.close()

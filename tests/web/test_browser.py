@@ -17,6 +17,7 @@ import json
 import os
 import select
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -26,8 +27,9 @@ from urllib.parse import quote
 
 import pytest
 from conftest import wait_for
-from wsgi_support import HOSTILE, LONE_SURROGATE, LONE_SURROGATE_FRAME, block, make_engine, serving
+from wsgi_support import HOSTILE, LONE_SURROGATE, LONE_SURROGATE_FRAME, CutAfter, block, make_engine, serving
 
+from streamengine.runs import SqliteRunLog
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
@@ -582,3 +584,129 @@ def test_autorun_needs_a_same_origin_request(browser):
                 status = browser.js("document.getElementById('status').textContent")
             assert fp.request_count == 0
     assert "opened from a link" in status
+
+
+# --- runs that outlive their connection (make_wsgi_app(runs=...), issue 38) ---------------------------
+
+def counting(fp: FakeProvider, words: int, every_s: float) -> str:
+    fp.add_turn(*[step for i in range(words) for step in (s.text(f"w{i} "), s.delay(every_s))])
+    return "".join(f"w{i} " for i in range(words))
+
+
+ANSWER_TEXT = "Array.from(document.querySelectorAll('.text')).map(function (e) { return e.textContent; }).join('')"
+
+
+def test_a_plain_event_source_resumes_by_itself_after_the_server_drops_it(browser, tmp_path):
+    with FakeProvider() as fp:
+        answer = counting(fp, 40, 0.1)
+        with make_engine(fp) as engine, SqliteRunLog(str(tmp_path / "runs.sqlite")) as log:
+            cut = CutAfter(make_wsgi_app(engine, runs=log, on_disconnect="detach", heartbeat_s=0.2), writes=4)
+            with serving(cut) as url:
+                browser.open_plain(f"{url}/healthz")
+                browser.wait_for("document.readyState === 'complete'")
+                browser.js("""(function () {
+                    window.got = []; window.opens = 0;
+                    var es = new EventSource('/v1/chat/stream?q=count');
+                    es.onopen = function () { window.opens += 1; };
+                    es.onmessage = function (e) { if (e.data !== '[DONE]') { got.push([e.lastEventId, e.data]); } };
+                    es.addEventListener('done', function (e) { got.push([e.lastEventId, 'done']); });
+                    es.onerror = function () { if (es.readyState === 2) { window.closedByServer = true; } };
+                }())""")
+                browser.wait_for("window.closedByServer === true", timeout=30)
+                got = browser.js("window.got")
+                opens = browser.js("window.opens")
+        tokens = "".join(json.loads(data) for _, data in got if data != "done")
+        assert tokens == answer and got[-1][1] == "done"
+        seqs = [int(event_id.rpartition(".")[2]) for event_id, _ in got]
+        assert seqs == sorted(set(seqs))  # every frame once, in order (rounds are frames too, not shown here)
+        assert cut.cuts >= 2 and opens >= 3
+        assert fp.request_count == 1  # resumed each time, never asked again
+
+
+def test_the_page_reconnects_after_a_drop_and_reattaches_after_a_reload(browser, tmp_path):
+    with FakeProvider() as fp:
+        answer = counting(fp, 40, 0.05)
+        with make_engine(fp) as engine, SqliteRunLog(str(tmp_path / "runs.sqlite")) as log:
+            cut = CutAfter(make_wsgi_app(engine, runs=log, on_disconnect="detach", heartbeat_s=0.2), writes=6)
+            with serving(cut) as url:
+                browser.open_plain(f"{url}/")
+                browser.wait_for("document.getElementById('prompt') !== null")
+                browser.js("document.getElementById('prompt').value = 'count'; "
+                           "document.getElementById('ask').requestSubmit()")
+                browser.wait_for(f"{ANSWER_TEXT}.indexOf('w8 ') >= 0")
+                assert browser.js("JSON.parse(sessionStorage.getItem('streamengine.run')).question") == "count"
+                try:
+                    browser.js("location.reload()")
+                except PageChanged:
+                    pass
+                browser.wait_for(f"{ANSWER_TEXT} === {json.dumps(answer.strip())} || {ANSWER_TEXT} === "
+                                 f"{json.dumps(answer)}", timeout=30)
+                browser.wait_for("document.getElementById('status').textContent.indexOf('done') === 0")
+                assert browser.js("sessionStorage.getItem('streamengine.run')") is None
+        assert cut.cuts >= 2 and fp.request_count == 1
+
+
+def test_the_stop_button_stops_the_run_through_the_stop_route(browser, tmp_path):
+    with FakeProvider() as fp:
+        counting(fp, 400, 0.05)
+        with make_engine(fp) as engine, SqliteRunLog(str(tmp_path / "runs.sqlite")) as log:
+            app = make_wsgi_app(engine, runs=log, heartbeat_s=0.2)
+            with serving(app) as url:
+                browser.open(f"{url}/?autorun=count")
+                browser.wait_for(f"{ANSWER_TEXT}.indexOf('w3 ') >= 0")
+                run_id = browser.js("JSON.parse(sessionStorage.getItem('streamengine.run')).id")
+                browser.js("document.getElementById('stop').click()")
+                assert browser.wait_for(FINISHED) == "stopped"
+                status = log.status(run_id, "anonymous")
+                assert status.state == "cancelled"
+                assert json.loads(status.terminal.data)["cancel_reason"] == "stopped"
+                assert "stopped" in browser.js("document.getElementById('status').textContent")
+
+
+@tool(side_effects=True)
+def delete_file(path: str) -> str:
+    """Delete a file (asked about first)."""
+    return f"deleted {path}"
+
+
+@pytest.mark.parametrize("choice", ["yes", "no"])
+def test_approve_and_deny_buttons_answer_a_held_call(browser, tmp_path, choice):
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("On it. " + block("delete_file", {"path": "/tmp/x"})))
+        fp.add_turn(s.text("Handled."))
+        log = SqliteRunLog(str(tmp_path / "runs.sqlite"))
+        with make_engine(fp, tools=[delete_file]) as engine, log, \
+                serving(make_wsgi_app(engine, runs=log, approvals=True)) as url:
+            browser.open(f"{url}/?autorun=delete")
+            browser.wait_for("document.querySelector('.tool.held button[data-approve]') !== null")
+            assert "delete_file" in browser.js("document.querySelector('.tool.held').textContent")
+            browser.js(f"document.querySelector('.tool.held button[data-approve=\"{choice}\"]').click()")
+            assert browser.wait_for(FINISHED) == "done"
+            chip = browser.js("document.querySelector('.tool').className")
+            assert chip == ("tool ok" if choice == "yes" else "tool skipped")
+            assert "approval_request" in logged(browser)["events"]
+
+
+def test_a_reattach_past_the_logs_cap_says_part_of_the_answer_is_gone(browser, tmp_path):
+    path = str(tmp_path / "runs.sqlite")
+    with FakeProvider() as fp:
+        answer = counting(fp, 30, 0.0)
+        with make_engine(fp) as engine, SqliteRunLog(path, max_events=5) as log, \
+                serving(make_wsgi_app(engine, runs=log)) as url:
+            browser.open(f"{url}/?autorun=count")
+            assert browser.wait_for(FINISHED) == "done"
+            assert browser.js(ANSWER_TEXT) == answer  # the live stream had every token
+            with sqlite3.connect(path) as db:  # the run's id, as the server keeps it
+                run_id = db.execute("SELECT run_id FROM runs").fetchone()[0]
+            # A reload in another tab of this run: only its last frames are kept.
+            browser.open_plain(f"{url}/healthz")
+            browser.wait_for("location.pathname === '/healthz'")
+            saved = json.dumps({"id": run_id, "url": f"/v1/runs/{run_id}", "question": "count"})
+            browser.js(f"sessionStorage.setItem('streamengine.run', {json.dumps(saved)})")
+            try:
+                browser.js("location.href = '/'")
+            except PageChanged:
+                pass
+            browser.wait_for("document.querySelector('.notice') !== null")
+            assert "no longer kept" in browser.js("document.querySelector('.notice').textContent")
+            browser.wait_for("document.getElementById('status').textContent.indexOf('done') === 0")

@@ -1,0 +1,313 @@
+"""One engine run driven into a run log: coalesced appends, the lease, stop, detach, exactly one terminal.
+
+Why it is built this way:
+
+* **The log first.**  Every frame a client gets was appended before it is
+  sent (the attached response sends what :meth:`RunProducer.drive` hands it,
+  which is what the log accepted), so a reader on another worker never
+  sees less than the client that started the run.
+* **Coalesced appends.**  Appending each token costs more than the engine's
+  whole per-token work, so tokens within ``window_s`` of the last tokens
+  appended wait to go with the next events; the first token after a pause,
+  and every other event (a tool's start or result, an error), go out at
+  once, and the engine's heartbeat (every ``window_s`` of silence) flushes
+  what waits.
+* **Fenced.**  A ``RunFencedError`` (the run was closed as lost, or stopped
+  by a shutdown) means someone else wrote its terminal: the producer writes
+  nothing more and cancels the run and its tools.
+* **One thread a stream.**  While the client is attached the connection's
+  thread drives the run; on a disconnect :func:`detach` hands the same
+  generator to a thread of its own, which cancels the run as ``abandoned``
+  once no reader came back (``RunStatus.read_ago_s``) within the grace.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
+
+from .._cancel import CancelToken
+from .._engine.events import DoneEvent, Event, HeartbeatEvent
+from .._logs import component_logger
+from .._messages import ToolCall
+from ..runs import Frame, Lease, RunFencedError, RunLog, RunLogError
+from ..runs import _local as local
+
+#: How long appends wait to be joined with the next events (the first after a pause never waits).
+WINDOW_S = 0.02
+#: How often the producer looks at the stop flag, and a detached one at its readers; how long a quiet run
+#: (nothing waiting to be appended) sleeps between looks.
+STOP_POLL_S = 0.25
+ABANDON_POLL_S = 1.0
+
+Encode = Callable[[Event], bytes]
+LogEvent = Tuple[str, str]
+
+_log = component_logger("streamengine.web.runs")
+
+
+def log_event(frame: bytes) -> Optional[LogEvent]:
+    """An SSE frame as the web layer renders it, as a log event ``(name, json_text)``; None for a comment.
+
+    The log keeps what the browser would have got (errors already made
+    public), so a reader on any worker sends the same bytes.
+    """
+    text = frame.decode("ascii")
+    if text.startswith("data: "):
+        return "token", text[6:-2]
+    if text.startswith("event: "):
+        name, _, data = text[7:].partition("\ndata: ")
+        return name, data[:-2]
+    return None
+
+
+def error_event(code: str, message: str) -> LogEvent:
+    return "error", json.dumps({"message": message, "fatal": True, "code": code})
+
+
+class RunProducer:
+    """Drives one engine run into ``log`` under ``lease``; :meth:`drive` is the generator a thread iterates."""
+
+    def __init__(self, log: RunLog, lease: Lease, owner: str, encode: Encode, *, detach_grace_s: float,
+                 window_s: float = WINDOW_S) -> None:
+        self.log = log
+        self.lease = lease
+        self.owner = owner
+        self.cancel = CancelToken()
+        self.cancel_reason: Optional[str] = None
+        self.fenced = False
+        self.log_failed: Optional[RunLogError] = None
+        self.detached_at: Optional[float] = None
+        self._encode = encode
+        self._grace_s = detach_grace_s
+        self._window_s = window_s
+        self._lock = threading.Lock()  # the pending events and appends: the approve thread appends too
+        self._pending: List[LogEvent] = []
+        self._out: List[Frame] = []
+        self._last_write = self._last_tokens = -1e9
+        self._next_stop_poll = self._next_abandon_poll = 0.0
+        self._ended = threading.Event()
+        self._shutting_down = False
+        self._terminal = False
+        self._beat: Optional[Callable[[Optional[float]], None]] = None
+        self._holding = True  # the run starts with the window's heartbeat (an engine of your own keeps it)
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    # --- driving ----------------------------------------------------------------------------
+    def wake_with(self, set_heartbeat: Callable[[Optional[float]], None]) -> None:
+        """The run's ``set_heartbeat``: woken every ``window_s`` only while tokens wait, every STOP_POLL_S else.
+
+        A run waking every 20 ms while nothing waits costs a loop turn per
+        token at a chat's pace (bench section 16); so the short heartbeat is
+        on only while tokens are held back.
+        """
+        self._beat = set_heartbeat
+        self._hold(False)
+
+    def _hold(self, holding: bool) -> None:
+        if holding != self._holding and self._beat is not None:
+            self._beat(self._window_s if holding else min(STOP_POLL_S, self.lease.lease_s / 4))
+            self._holding = holding
+
+    def drive(self, batches: Iterator[List[Event]]) -> Generator[List[Frame], None, None]:
+        """The run's batches into the log; yields the frames appended since the last yield (often none).
+
+        The last frame yielded is the terminal one, unless the producer was
+        fenced or the log failed (then :attr:`fenced` / :attr:`log_failed` say so).
+        """
+        local.register(self)
+        try:
+            done: Optional[DoneEvent] = None
+            for batch in batches:
+                for event in batch:
+                    if event.__class__ is DoneEvent:
+                        done = event
+                    elif event.__class__ is not HeartbeatEvent:
+                        encoded = log_event(self._encode(event))
+                        if encoded is not None:
+                            self._pending.append(encoded)
+                if not self._step(done is not None):
+                    break
+                yield self._take()
+            else:
+                self._finish(done)
+                yield self._take()
+        except Exception as exc:  # the engine (or a hook) failed: the run's terminal says so
+            _log.opt(exception=exc).error("run {}: failed while producing: {}", self.run_id, exc)
+            self._finish_with(error_event("internal_error", "the run failed on the server; see its log"), "failed")
+            yield self._take()
+        finally:
+            if self.fenced or self.log_failed is not None:
+                self.cancel.set()
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # a run left early is cancelled and ended here (its tools, its socket)
+            if not (self._terminal or self.fenced or self.log_failed is not None):  # closed early: still one terminal
+                self.cancel_run("closed")
+                self._finish_with(("done", json.dumps({"answer": None, "cancel_reason": self.cancel_reason})),
+                                  "cancelled")
+            self._ended.set()
+            local.unregister(self)
+
+    def _step(self, last: bool) -> bool:
+        """Append, renew, poll the stop flag and the readers as due; False once the producer must stop writing."""
+        now = time.monotonic()
+        try:
+            with self._lock:
+                if self._pending and (last or now - self._last_tokens >= self._window_s or not self._only_tokens()):
+                    self._append_pending(now)
+                self._hold(bool(self._pending))
+            if self._shutting_down:
+                self.cancel_run(local.WORKER_SHUTDOWN)
+            if now - self._last_write >= self.lease.lease_s / 3:
+                self.log.renew(self.lease)
+                self._last_write = now
+            if now >= self._next_stop_poll:
+                self._next_stop_poll = now + min(STOP_POLL_S, self.lease.lease_s / 4)
+                if self.log.stop_requested(self.lease):
+                    self.cancel_run("stopped")
+            if self.detached_at is not None and now >= self._next_abandon_poll:
+                self._next_abandon_poll = now + ABANDON_POLL_S
+                self._check_abandoned(now)
+        except RunFencedError:
+            self.fenced = True
+        except RunLogError as exc:
+            self._log_failed(exc)
+        return not (self.fenced or self.log_failed is not None)
+
+    def _append_pending(self, now: float) -> None:
+        """Under the lock: the pending events become frames (fenced or failing: raised, nothing sent)."""
+        events, self._pending = self._pending, []
+        last = self.log.append(self.lease, events)
+        first = last - len(events) + 1
+        self._out.extend(Frame(first + index, name, data) for index, (name, data) in enumerate(events))
+        self._last_write = now
+        if events[-1][0] == "token":
+            self._last_tokens = now
+
+    def _only_tokens(self) -> bool:
+        """Whether every pending event is a token: only tokens wait for the window (a tool's result never does)."""
+        return all(name == "token" for name, _ in self._pending)
+
+    def _take(self) -> List[Frame]:
+        with self._lock:
+            out, self._out = self._out, []
+        return out
+
+    def _check_abandoned(self, now: float) -> None:
+        assert self.detached_at is not None
+        if now - self.detached_at < self._grace_s:
+            return
+        read_ago = self.log.status(self.run_id, self.owner).read_ago_s
+        if read_ago is None or read_ago >= self._grace_s:
+            _log.info("run {}: nobody came back for it within {:g}s; cancelling it (abandoned)", self.run_id,
+                      self._grace_s)
+            self.cancel_run("abandoned")
+
+    def cancel_run(self, reason: str) -> None:
+        """Cancel the run (provider and tools); its ``done`` will say why.  The first reason stays."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.cancel.set()
+
+    # --- the terminal -----------------------------------------------------------------------
+    def _finish(self, done: Optional[DoneEvent]) -> None:
+        if self._shutting_down and self.cancel_reason == local.WORKER_SHUTDOWN:
+            self._finish_with(local.shutdown_event(), "failed")
+            return
+        if done is None:
+            self._finish_with(error_event("internal_error", "the run ended without its done event"), "failed")
+            return
+        name, data = log_event(self._encode(done)) or ("done", "{}")
+        payload: Dict[str, Any] = json.loads(data)
+        stop_reason = getattr(getattr(done.result, "telemetry", None), "stop_reason", None)
+        state = "done"
+        if str(stop_reason) == "cancelled" or self.cancel.is_set():
+            state = "cancelled"
+            payload["cancel_reason"] = self.cancel_reason or "cancelled"
+        self._finish_with((name, json.dumps(payload, ensure_ascii=True, separators=(",", ":"))), state)
+
+    def _finish_with(self, terminal: LogEvent, state: str) -> None:
+        now = time.monotonic()
+        try:
+            with self._lock:
+                if self._pending:
+                    self._append_pending(now)
+                seq = self.log.finish(self.lease, terminal, state=state)
+                self._terminal = True
+                self._out.append(Frame(seq, terminal[0], terminal[1], True))
+        except RunFencedError:
+            self.fenced = True
+        except RunLogError as exc:
+            self._log_failed(exc)
+
+    def _log_failed(self, exc: RunLogError) -> None:
+        _log.opt(exception=exc).error("run {}: the run log failed, so the run is cancelled: {}", self.run_id, exc)
+        self.log_failed = exc
+        self.cancel_run("log_unavailable")
+
+    # --- approvals over the wire ------------------------------------------------------------
+    def ask(self, call: ToolCall, expires_in_s: float) -> bool:
+        """Ask the run's readers about a held call (``approval_request``); their first answer, False at expiry.
+
+        Runs on the engine's approval thread: the request is appended after
+        every pending event, and the answer read from the log, so any
+        worker's ``POST .../approvals/<call_id>`` reaches it.
+        """
+        request = ("approval_request", json.dumps({
+            "call": {"id": call.id, "name": call.name, "arguments": call.arguments},
+            "expires_in_s": expires_in_s}, ensure_ascii=True, separators=(",", ":")))
+        deadline = time.monotonic() + expires_in_s
+        try:
+            with self._lock:
+                self._pending.append(request)
+                self._append_pending(time.monotonic())
+            while not self.cancel.is_set():
+                answer = self.log.approval_answer(self.lease, call.id)
+                if answer is not None:
+                    return answer.approved
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cancel.wait(min(0.1, remaining))
+        except RunLogError as exc:  # fenced or failing: the run is ending anyway; the call is refused
+            _log.warning("run {}: could not ask about tool call {} ({}); refused", self.run_id, call.id, exc)
+        return False
+
+    # --- shutdown (runs._local) ---------------------------------------------------------------
+    def shut_down(self) -> None:
+        self._shutting_down = True
+        self.cancel_run(local.WORKER_SHUTDOWN)
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        return self._ended.wait(timeout_s)
+
+    def force_end(self, terminal: Optional[LogEvent] = None) -> None:
+        """Write the terminal (``worker_shutdown`` unless another is given) from this thread; fenced: nothing."""
+        try:
+            self.log.finish(self.lease, terminal or local.shutdown_event(), state="failed")
+        except RunLogError as exc:  # fenced: it ended meanwhile; failing: its readers see producer_lost
+            _log.info("run {}: no worker_shutdown terminal written ({})", self.run_id, exc)
+
+
+def detach(producer: RunProducer, driving: Generator[List[Frame], None, None],
+           on_end: Callable[[], None]) -> threading.Thread:
+    """Go on driving ``driving`` on a thread of its own (the client went away); ``on_end`` when it ends."""
+    producer.detached_at = time.monotonic()
+
+    def run() -> None:
+        try:
+            for _ in driving:
+                pass
+        except Exception as exc:  # pragma: no cover - drive() ends every run itself
+            _log.opt(exception=exc).error("run {}: detached producer failed: {}", producer.run_id, exc)
+        finally:
+            on_end()
+
+    thread = threading.Thread(target=run, name=f"streamengine-run-{producer.run_id[:8]}", daemon=True)
+    thread.start()
+    return thread
