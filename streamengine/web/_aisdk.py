@@ -39,8 +39,10 @@ from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._parts import attachment_part
 from .._validation import json_type
+from ..runs import Frame, Gap
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
+from ._producer import LoggedErrors, logged_event
 from ._sse import OK_FRAME, PublicErrors, data_frame
 
 #: The ``ai`` major versions whose UI message stream the app can speak (``make_wsgi_app(ai_sdk_version=)``).
@@ -101,6 +103,15 @@ def chat_messages(payload: Any, *, system_prompt: Optional[str] = None,
     simple = [_as_text_message(i, message) for i, message in enumerate(raw)]
     messages = messages_from_request({"messages": simple}, system_prompt=system_prompt, parts=parts)
     return [m for m in messages if m.role != "assistant" or m.content]
+
+
+def chat_id(payload: Any) -> str:
+    """The chat's id (``useChat``'s ``id``): what its resume asks by; printable, at most 200 characters."""
+    value = payload.get("id") if isinstance(payload, dict) else None
+    if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable() or "/" in value:
+        raise RequestRejected(f"\"id\" must be the chat's id (1-200 printable characters, no '/'), got "
+                              f"{clip(repr(value), 60)}; {_SEND}", "id")
+    return value
 
 
 def _as_text_message(i: int, message: Any) -> Dict[str, Any]:
@@ -216,6 +227,13 @@ class UiMessageStream:
             return b""
         self._ended = True
         return data_frame({"type": "error", "errorText": self._errors.failure_text(exc)})
+
+    def failure_text_frame(self, text: str) -> bytes:
+        """An ``error`` chunk with ``text`` (already public) that ends the stream."""
+        if self._ended:
+            return b""
+        self._ended = True
+        return data_frame({"type": "error", "errorText": text})
 
     def closing(self) -> bytes:
         if self._ended:
@@ -382,3 +400,33 @@ class UiMessageStream:
         "refusal": _refusal, "error": _error, "reset": _reset, "done": _done,
     }
 
+
+
+class UiLogRender:
+    """A run's log frames (the app's own events) as one UI message stream, encoded as they are read.
+
+    The log keeps one format for every protocol; a ``useChat`` response (the
+    one that started the run, or a resume on any worker) encodes its frames
+    here, on the message id the run was started with.
+    """
+
+    def __init__(self, message_id: str, version: int, request_id: str) -> None:
+        self._stream = UiMessageStream(LoggedErrors(request_id), message_id, version)
+
+    def head(self) -> bytes:
+        return self._stream.opening()
+
+    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
+        out: List[bytes] = []
+        for frame in frames:
+            event = logged_event(frame.name, frame.data)
+            if event is not None:
+                out.append(self._stream.encode(event))
+        return b"".join(out)
+
+    def gap(self, gap: Gap) -> bytes:
+        """The log no longer keeps the run's start: the message goes on from what it keeps."""
+        return b""
+
+    def error(self, code: str, message: str) -> bytes:
+        return self._stream.failure_text_frame(message)

@@ -17,7 +17,7 @@ Routes (relative to where the app is mounted, ``SCRIPT_NAME``)::
     POST /v1/chat/stream       body {"messages": [{"role": "user", "content": "..."}, ...]}
     GET  /v1/chat/stream?q=…   the same for one user message (get_runs=True)
     POST /api/chat             the AI SDK's useChat request, answered as a UI message stream (_aisdk)
-    GET  /api/chat/<id>/stream useChat's resume (resume: true): 204, no run of this app can be resumed yet
+    GET  /api/chat/<id>/stream useChat's resume (resume: true): the chat's active run (runs=), else 204
     POST /agui                 an AG-UI RunAgentInput, answered as AG-UI events (_agui)
     OPTIONS <any route>        CORS preflight, only when ``allow_origin`` is set
 
@@ -43,9 +43,9 @@ from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
-from ..runs import RunLog
+from ..runs import RunLog, RunStatus
 from ._agui import AGUI_HEADERS, AgUiStream, run_input
-from ._aisdk import UI_STREAM_HEADERS, UiMessageStream, chat_messages, check_ai_sdk_version
+from ._aisdk import UI_STREAM_HEADERS, UiLogRender, UiMessageStream, chat_id, chat_messages, check_ai_sdk_version
 from ._guard import (
     SEND,
     ClientKey,
@@ -63,7 +63,7 @@ from ._guard import (
     with_system_prompt,
 )
 from ._parts import PartsPolicy, checked_policy
-from ._runs import RUNS_PATH, Owner, RunRoutes, last_event_id
+from ._runs import RUNS_PATH, ChatRun, Owner, RunRoutes, last_event_id
 from ._sse import EngineLike, Framer, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
@@ -417,22 +417,41 @@ class StreamApp:
         payload = self._checked_body(environ)
         try:
             messages = chat_messages(payload, system_prompt=self.system_prompt, parts=self.parts)
+            chat = chat_id(payload) if self._runs is not None else ""
         except RequestRejected as exc:
             raise HttpError(str(exc), field=exc.field) from exc
         message_id = f"msg-{uuid.uuid4().hex}"
+        if self._runs is not None:  # a run in the log, encoded as the UI message stream as it is read
+            request_id = uuid.uuid4().hex[:12]
+            version = self.ai_sdk_version
+            run = ChatRun(chat, {"message_id": message_id},
+                          lambda request: UiLogRender(message_id, version, request), UI_STREAM_HEADERS)
+            return self._runs.start(self.engine, messages, environ, self._run_options(environ),
+                                    PublicErrors(request_id, expose=self.expose_errors, logger=self._log), run)
         return self._stream(messages, environ,
                             lambda errors: UiMessageStream(errors, message_id, self.ai_sdk_version),
                             UI_STREAM_HEADERS)
 
     def _chat_resume(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
-        """``useChat``'s reconnect after a reload: 204, "no active stream", since no run here outlives its request.
+        """``useChat``'s reconnect (``resume: true``): the chat's active run replayed, then live; 204 when none.
 
-        Resuming a run another request (or worker) started needs the run logs,
-        which this route does not read yet; a 204 is what the client expects
-        for a chat with nothing to resume, where a 404 would show as an error.
+        Without a run log no run outlives its request, so the answer is always
+        204, "no active stream" (a 404 would show as an error in ``useChat``).
         """
-        self._check_authorized(environ)
-        return status_line(204), [("Cache-Control", "no-store")], []
+        self._check_authorized(environ)  # it starts nothing: a cross-site page cannot read it without CORS
+        if self._runs is None:
+            return status_line(204), [("Cache-Control", "no-store")], []
+        path = environ.get("PATH_INFO") or ""
+        chat = path[len(CHAT_PATH) + 1:-len(RESUME_SUFFIX)]
+        version = self.ai_sdk_version
+
+        def render(status: RunStatus) -> UiLogRender:
+            message_id = status.meta.get("message_id")
+            request_id = status.meta.get("request_id")
+            return UiLogRender(message_id if isinstance(message_id, str) else f"msg-{status.run_id}", version,
+                               request_id if isinstance(request_id, str) else "?")
+
+        return self._runs.resume_chat(chat, environ, render, UI_STREAM_HEADERS)
 
     def _agui_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         """An AG-UI ``RunAgentInput``, answered with AG-UI events."""

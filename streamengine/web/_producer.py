@@ -25,14 +25,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
 
 from .._cancel import CancelToken
 from .._engine.events import DoneEvent, Event, HeartbeatEvent
+from .._engine.result import CUT_OFF_FINISH_REASONS
 from .._logs import component_logger
 from .._messages import ToolCall
 from ..runs import Frame, Lease, RunFencedError, RunLog, RunLogError
 from ..runs import _local as local
+from ._sse import PublicErrors
 
 #: How long appends wait to be joined with the next events (the first after a pause never waits).
 WINDOW_S = 0.02
@@ -60,6 +63,52 @@ def log_event(frame: bytes) -> Optional[LogEvent]:
         name, _, data = text[7:].partition("\ndata: ")
         return name, data[:-2]
     return None
+
+
+def logged_event(name: str, data: str) -> Optional[SimpleNamespace]:
+    """A log frame back as an object with its engine event's attributes, for another protocol's encoder.
+
+    The log keeps one format (the app's own events, :func:`log_event`); the
+    frontends' protocols encode a run's frames on read, with :class:`LoggedErrors`
+    since the texts in the log are already public.  None for a frame that is
+    not a JSON object (or a token's string).
+    """
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    if name == "token":
+        return SimpleNamespace(name=name, text=value) if isinstance(value, str) else None
+    if not isinstance(value, dict):
+        return None
+    if name == "tool_start":
+        call = ToolCall(str(value.get("id")), str(value.get("name")), str(value.get("arguments") or ""))
+        return SimpleNamespace(name=name, call=call)
+    if name == "tool_result":
+        result = SimpleNamespace(timed_out=False, **{key: value.get(key) for key in (
+            "call_id", "name", "ok", "text", "error", "duration_s")})
+        return SimpleNamespace(name=name, result=result, skipped=value.get("skipped"), call=None)
+    if name == "done":
+        telemetry = value.get("telemetry")
+        reasons = telemetry.get("finish_reasons") if isinstance(telemetry, dict) else None
+        last = reasons[-1] if isinstance(reasons, list) and reasons else None
+        return SimpleNamespace(name=name, result=SimpleNamespace(
+            answer=value.get("answer"), usage=value.get("usage"), telemetry=telemetry,
+            cut_off=last if last in CUT_OFF_FINISH_REASONS else None))
+    return SimpleNamespace(**{**value, "name": name})
+
+
+class LoggedErrors(PublicErrors):
+    """The texts of a run's log as they are: they were made public before they were appended."""
+
+    def public(self, what: str, detail: object) -> str:
+        return str(detail)
+
+    def token_text(self, text: str) -> str:
+        return text
+
+    def telemetry(self, telemetry: object) -> object:
+        return telemetry
 
 
 def error_event(code: str, message: str) -> LogEvent:

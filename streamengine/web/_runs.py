@@ -23,17 +23,44 @@ Why it is built this way:
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Protocol, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Tuple,
+)
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
 from .._errors import ConfigError
 from .._messages import Message
-from ..runs import Frame, Gap, MemoryRunLog, RunLog, RunLogError, RunNotFound, RunStatus, new_run_id
+from ..runs import (
+    Frame,
+    Gap,
+    Lease,
+    MemoryRunLog,
+    RunExistsError,
+    RunFencedError,
+    RunLog,
+    RunLogError,
+    RunNotFound,
+    RunStatus,
+    new_run_id,
+)
 from ._guard import ClientKey, HttpError, StreamLimiter, json_response, status_line
 from ._producer import WINDOW_S, RunProducer, detach, error_event
 from ._sse import (
@@ -59,6 +86,8 @@ RETRY_MS = 1000
 READ_WAIT_S = 1.0
 #: How often a reader tells the log it is there (a detached run's grace counts from the last time).
 MARK_READ_S = 1.0
+#: A chat index's lease: always out, so the chat's next request takes the index over (atomically) to append.
+CHAT_INDEX_LEASE_S = 0.01
 ON_DISCONNECT = ("cancel", "detach")
 
 _LAST_EVENT_ID = re.compile(r"([A-Za-z0-9_-]{8,64})\.([0-9]{1,18})\Z")
@@ -111,8 +140,55 @@ def status_payload(status: RunStatus) -> Dict[str, Any]:
     return payload
 
 
+def chat_index_id(owner: str, chat_id: str) -> str:
+    """The id of a chat's index in the log: the owner's and the chat's, hashed (43 URL-safe characters)."""
+    digest = hashlib.sha256(f"chat-index\0{owner}\0{chat_id}".encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+class ChatRun(NamedTuple):
+    """A run that answers a frontend's chat: its chat id, its run meta, its response's protocol and headers."""
+
+    chat_id: str
+    meta: Dict[str, Any]
+    render: Callable[[str], Render]  # the request id -> how its frames are written
+    headers: Headers
+
+
 def not_found() -> HttpError:
     return HttpError(_NOT_FOUND, 404)
+
+
+class Render(Protocol):
+    """How a reader writes a run's log frames: the app's own events, or a frontend's protocol (encoded on read)."""
+
+    def head(self) -> bytes:
+        """What a response sends first."""
+
+    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
+        """Frames as the client's protocol has them (the terminal one included; ``[DONE]`` follows)."""
+
+    def gap(self, gap: Gap) -> bytes:
+        """Frames the log trimmed before the reader's next."""
+
+    def error(self, code: str, message: str) -> bytes:
+        """A fatal error of the reader's own (the log cannot be read): the stream's last frame but ``[DONE]``."""
+
+
+class SseRender:
+    """The app's own events: ``retry:`` first, ``id: <run>.<seq>`` on every frame, ``event: gap``."""
+
+    def head(self) -> bytes:
+        return b"retry: %d\n\n%s" % (RETRY_MS, OK_FRAME)
+
+    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
+        return b"".join(frame_bytes(run_id, frame) for frame in frames)
+
+    def gap(self, gap: Gap) -> bytes:
+        return gap_bytes(gap)
+
+    def error(self, code: str, message: str) -> bytes:
+        return _error_frame(code, message)
 
 
 class RunRoutes:
@@ -179,15 +255,21 @@ class RunRoutes:
 
     # --- starting a run --------------------------------------------------------------------------
     def start(self, engine: EngineLike, messages: List[Message], environ: WSGIEnvironment, options: RunOptions,
-              errors: PublicErrors) -> Response:
-        """A new run in the log, driven by this connection's thread; its first reader is this response."""
+              errors: PublicErrors, chat: Optional[ChatRun] = None) -> Response:
+        """A new run in the log, driven by this connection's thread; its first reader is this response.
+
+        ``chat``: the run answers a frontend's chat (``useChat``): its response
+        is in that protocol, and the chat's index names it as its active run.
+        """
         owner = self.owner_of(environ)
         release = self.acquire(environ)
         producer: Optional[RunProducer] = None
         try:
             run_id = new_run_id()
-            lease = self.log.create(run_id, owner, {"request_id": errors.request_id}, lease_s=self.lease_s,
-                                    retain_s=self.retain_s)
+            meta = {"request_id": errors.request_id, **(chat.meta if chat is not None else {})}
+            lease = self.log.create(run_id, owner, meta, lease_s=self.lease_s, retain_s=self.retain_s)
+            if chat is not None:
+                self._index_chat(owner, chat.chat_id, run_id)
             producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s)
             if self.approvals:
                 asking, timeout = producer, self.approval_timeout_s
@@ -208,13 +290,71 @@ class RunRoutes:
         set_heartbeat = getattr(run, "set_heartbeat", None)
         if callable(set_heartbeat):  # a StreamingEngine's Run: the short heartbeat only while tokens wait
             producer.wake_with(set_heartbeat)
-        response = AttachedRun(self, producer, producer.drive(batches), release, environ)
+        render = chat.render(errors.request_id) if chat is not None else SseRender()
+        response = AttachedRun(self, producer, producer.drive(batches), release, environ, render)
         self.stuck.add(response)
         self._log.info("request {}: run {} started for {}", errors.request_id, run_id, environ.get("REMOTE_ADDR", "?"))
         prefix = (environ.get("SCRIPT_NAME") or "").rstrip("/")
-        return status_line(200), _stream_headers() + [
+        headers = chat.headers if chat is not None else _stream_headers()
+        return status_line(200), headers + [
             ("X-Run-Id", run_id), ("Location", f"{prefix}{RUNS_PATH}{run_id}/events"),
             ("X-Request-Id", errors.request_id)], response
+
+    # --- a chat's active run (useChat's resume) ---------------------------------------------------
+    def _index_chat(self, owner: str, chat_id: str, run_id: str) -> None:
+        """Name ``run_id`` as the chat's latest run, in the chat's index: a run of the log, found by its id.
+
+        The index's id is a hash of the owner and the chat id, so any worker
+        finds it and another owner's chat is another index.  Its lease is
+        always out (CHAT_INDEX_LEASE_S): whichever request comes next takes it
+        over, atomically, and appends; it is kept ``retain_s`` after that.
+        """
+        index = chat_index_id(owner, chat_id)
+        for _ in range(5):
+            try:
+                lease: Optional[Lease] = self.log.create(index, owner, {"chat_index": True},
+                                                         lease_s=CHAT_INDEX_LEASE_S, retain_s=self.retain_s)
+            except RunExistsError:
+                lease = self.log.take_over(index)
+            if lease is not None:
+                try:
+                    self.log.append(lease, [("run", json.dumps(run_id))])
+                    return
+                except RunFencedError:  # another request of the same chat took it over meanwhile
+                    pass
+            time.sleep(CHAT_INDEX_LEASE_S)
+        self._log.warning("run {}: the chat's index stayed busy; a resume of this chat will not find it", run_id)
+
+    def chat_run(self, chat_id: str, owner: str) -> Optional[RunStatus]:
+        """The chat's latest run while it runs; None when the chat has none (or it ended)."""
+        index = chat_index_id(owner, chat_id)
+        try:
+            status = self.log.status(index, owner)
+            named = [frame for frame in self.log.read(index, owner, max(0, status.last_seq - 1))
+                     if isinstance(frame, Frame)]
+            if not named:
+                return None
+            run_id = json.loads(named[-1].data)
+            if not isinstance(run_id, str):
+                return None
+            run = self.log.status(run_id, owner)
+        except RunNotFound:
+            return None
+        except RunLogError as exc:
+            raise HttpError(f"the run log cannot be read now ({exc}); retry later", 503) from exc
+        return run if run.state == "running" else None
+
+    def resume_chat(self, chat_id: str, environ: WSGIEnvironment, make_render: Callable[[RunStatus], Render],
+                    headers: Headers) -> Response:
+        """The chat's active run from its start, then live until its end; 204 when the chat has none."""
+        owner = self.owner_of(environ)
+        status = self.chat_run(chat_id, owner)
+        if status is None:
+            return status_line(204), [("Cache-Control", "no-store")], []
+        release = self.acquire(environ)
+        render = make_render(status)
+        body = Following(self.follow(status.run_id, owner, 0, _probe(environ), render), release, environ, self.stuck)
+        return status_line(200), headers + [("X-Run-Id", status.run_id)], body
 
     def detach(self, response: AttachedRun, environ: WSGIEnvironment) -> bool:
         """Hand a run whose client went away to a thread of its own; False when over the detached cap."""
@@ -244,12 +384,15 @@ class RunRoutes:
         return status_line(200), _stream_headers() + [("X-Run-Id", run_id)], body
 
     def follow(self, run_id: str, owner: str, after_seq: int, disconnected: Optional[Callable[[], bool]],
-               head: bytes = b"retry: %d\n\n%s" % (RETRY_MS, OK_FRAME)) -> Generator[bytes, None, None]:
+               render: Optional[Render] = None, head: Optional[bytes] = None) -> Generator[bytes, None, None]:
         """``head`` (``retry:``), every frame after ``after_seq`` as it is appended, ``[DONE]`` after the terminal.
 
         ``head`` goes out with the frames the log already has, in one write: a
-        reconnect costs one socket write, not two.
+        reconnect costs one socket write, not two.  ``render`` writes them
+        (default: the app's own events, an ``id:`` on each).
         """
+        render = render if render is not None else SseRender()
+        head = render.head() if head is None else head
         last_write = time.monotonic()
         next_mark = 0.0
         while True:
@@ -264,22 +407,22 @@ class RunRoutes:
                     yield DONE_FRAME
                     return
             except RunNotFound:
-                yield head + _error_frame("run_expired", "the run is gone (its retention ran out); start a new run") \
+                yield head + render.error("run_expired", "the run is gone (its retention ran out); start a new run") \
                     + DONE_FRAME
                 return
             except RunLogError as exc:
                 self._log.warning("run {}: reading the log failed: {}", run_id, exc)
-                yield head + _error_frame("log_unavailable", "the run log cannot be read now; reconnect later") \
+                yield head + render.error("log_unavailable", "the run log cannot be read now; reconnect later") \
                     + DONE_FRAME
                 return
             parts: List[bytes] = [head] if head else []
             head = b""
             for item in items:
                 if isinstance(item, Gap):
-                    parts.append(gap_bytes(item))
+                    parts.append(render.gap(item))
                     after_seq = item.next_seq - 1
                     continue
-                parts.append(frame_bytes(run_id, item))
+                parts.append(render.frames(run_id, [item]))
                 after_seq = item.seq
                 if item.terminal:
                     parts.append(DONE_FRAME)
@@ -355,8 +498,9 @@ class AttachedRun:
     """The response of the request that started a run: drives it, sends what the log took, detaches on a drop."""
 
     def __init__(self, routes: RunRoutes, producer: RunProducer, driving: Generator[List[Frame], None, None],
-                 release: Callable[[], None], environ: WSGIEnvironment) -> None:
+                 release: Callable[[], None], environ: WSGIEnvironment, render: Render) -> None:
         self.producer = producer
+        self._render = render
         self.driving = driving
         self._routes = routes
         self._release = release
@@ -383,14 +527,15 @@ class AttachedRun:
     def _writes(self) -> Generator[bytes, None, None]:
         run_id = self.producer.run_id
         routes = self._routes
-        yield f"retry: {RETRY_MS}\n\n".encode("ascii") + OK_FRAME
+        render = self._render
+        yield render.head()
         last_write = next_probe = time.monotonic()
         after = 0
         for frames in self.driving:
             now = time.monotonic()
             if frames:
                 after = frames[-1].seq
-                data = b"".join(frame_bytes(run_id, frame) for frame in frames)
+                data = render.frames(run_id, frames)
                 if frames[-1].terminal:
                     self._finished = True
                     self.driving.close()  # the producer's end (unregistered, its run's threads gone) before the write
@@ -408,10 +553,10 @@ class AttachedRun:
         self._finished = True
         self.driving.close()
         if self.producer.log_failed is not None:
-            yield _error_frame("log_unavailable", "the run log failed; the run was cancelled") + DONE_FRAME
+            yield render.error("log_unavailable", "the run log failed; the run was cancelled") + DONE_FRAME
             return
         # Fenced: another wrote the terminal (producer_lost, worker_shutdown): the client gets it from the log.
-        yield from routes.follow(run_id, self.producer.owner, after, self._disconnected, head=b"")
+        yield from routes.follow(run_id, self.producer.owner, after, self._disconnected, render, head=b"")
 
     def close(self) -> None:
         """After the last frame: free the slot.  Before it (client gone): detach or cancel, per the app."""

@@ -1,6 +1,9 @@
 // Drives AbstractChat, the engine inside useChat, with its DefaultChatTransport against a streamengine app.
-// node chat.mjs <ai5|ai6|ai7> <api url> <prompt, --resume, --regenerate, --history=JSON or --file=TYPE,URL> [...]  ->  one JSON line: status, error, messages.
-const [pkg, api, ...prompts] = process.argv.slice(2);
+// node chat.mjs <ai5|ai6|ai7> <api url> [--id=CHAT_ID] <prompt, --resume, --regenerate, --history=JSON or --file=TYPE,URL> [...]
+//   ->  one JSON line: status, error, messages.
+const [pkg, api, ...args] = process.argv.slice(2);
+const chatId = args.find((arg) => arg.startsWith('--id='))?.slice('--id='.length);  // useChat({ id })
+const prompts = args.filter((arg) => !arg.startsWith('--id='));
 const { AbstractChat, DefaultChatTransport } = await import(pkg);
 
 class State {
@@ -20,6 +23,7 @@ class Chat extends AbstractChat {
 const errors = [];
 const finishes = [];
 const chat = new Chat({
+  ...(chatId ? { id: chatId } : {}),
   transport: new DefaultChatTransport({ api }),
   onError: (error) => errors.push(String(error?.message ?? error)),
   onFinish: (options) => finishes.push({ isError: options.isError ?? null, finishReason: options.finishReason ?? null }),
