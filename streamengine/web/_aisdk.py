@@ -32,7 +32,7 @@ Why it is built this way:
 from __future__ import annotations
 
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, ClassVar, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional
 
 from .._errors import ConfigError
 from .._inline import BlockFilter
@@ -114,6 +114,39 @@ def chat_id(payload: Any) -> str:
     return value
 
 
+class ApprovalResponse(NamedTuple):
+    """An ``approval-responded`` tool part of the request's last (assistant) message: the user's answer."""
+
+    call_id: str
+    approved: bool
+    reason: str
+
+
+def approval_responses(payload: Any) -> List[ApprovalResponse]:
+    """The answers the request carries: the last message's tool parts in state ``approval-responded``.
+
+    Only when the last message is the assistant's (``addToolApprovalResponse``
+    then a request on that message); the caller accepts each only for a call
+    its run holds.  A part whose approval is not ``{id, approved, reason?}``
+    with the id of its call is no answer.
+    """
+    messages = payload.get("messages") if isinstance(payload, dict) else None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant" or not isinstance(last.get("parts"), list):
+        return []
+    answers: List[ApprovalResponse] = []
+    for part in last["parts"]:
+        if not isinstance(part, dict) or part.get("state") != "approval-responded":
+            continue
+        approval, call_id = part.get("approval"), part.get("toolCallId")
+        if not isinstance(approval, dict) or approval.get("id") != call_id or not isinstance(call_id, str) \
+                or not isinstance(approval.get("approved"), bool):
+            continue
+        reason = approval.get("reason")
+        answers.append(ApprovalResponse(call_id, approval["approved"], reason if isinstance(reason, str) else ""))
+    return answers
+
+
 def _as_text_message(i: int, message: Any) -> Dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(message, dict):
@@ -183,8 +216,10 @@ class UiMessageStream:
     Extras ride in ``data-streamengine-*`` parts and ``messageMetadata``.
     """
 
-    def __init__(self, errors: PublicErrors, message_id: str, version: int = 5) -> None:
+    def __init__(self, errors: PublicErrors, message_id: str, version: int = 5, held: Iterable[str] = ()) -> None:
         self.version = check_ai_sdk_version(version)
+        #: The stream ended at a held call's approval request (the answer comes in the next request).
+        self.parked = False
         self._errors = errors
         self._message_id = message_id
         self._count = 0
@@ -196,6 +231,10 @@ class UiMessageStream:
         self._ended = False
         self._refused = False
         self._shown: Dict[str, List[bytes]] = {}  # the round's tool parts (call id -> chunks), for reset-step
+        # Calls whose approval was asked (in this stream, or in the one ``held`` continues): a refusal of one is
+        # its card's output-denied, and a card the client has is not shown again.
+        self._asked = set(held)
+        self._shown.update((call_id, []) for call_id in self._asked)
 
     # --- Framer -----------------------------------------------------------------------------
     def opening(self) -> bytes:
@@ -298,7 +337,9 @@ class UiMessageStream:
 
     def _tool_start(self, event: object) -> bytes:
         call = getattr(event, "call", None)
-        return self._show_input(call) if isinstance(call, ToolCall) else b""
+        if not isinstance(call, ToolCall) or call.id in self._asked:  # an approved call's card is shown already
+            return b""
+        return self._show_input(call)
 
     def _show_input(self, call: ToolCall, invalid: Optional[str] = None) -> bytes:
         """The call's card: ``tool-input-start`` and its input (an input error from v6 for unreadable input)."""
@@ -336,6 +377,8 @@ class UiMessageStream:
         if getattr(result, "ok", False):
             chunk: Dict[str, Any] = {"type": "tool-output-available", "toolCallId": call_id,
                                      "output": getattr(result, "text", "")}
+        elif skipped == "not_approved" and call_id in self._asked:  # the card's approval-responded: denied
+            chunk = {"type": "tool-output-denied", "toolCallId": call_id}
         else:
             chunk = {"type": "tool-output-error", "toolCallId": call_id, "errorText": str(error or "failed")}
         frame = data_frame(chunk)
@@ -378,6 +421,26 @@ class UiMessageStream:
                              data_frame({"type": "data-streamengine-reset", "data": payload})])
         return self._close_parts() + data_frame({"type": "data-streamengine-reset", "data": payload})
 
+    def _approval_request(self, event: object) -> bytes:
+        """A held call (ai 6 and 7): its card, ``tool-approval-request``, and the message's ``finish``.
+
+        The stream ends here (:attr:`parked`); the run waits in its log, and
+        the client's next request carries the answer (``approval-responded``)
+        and gets the rest on the same message.  The approval's id is the
+        call's: the server checks it against the calls its run holds.
+        """
+        raw = getattr(event, "call", None)
+        if self.version < 6 or not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            return b""
+        call = ToolCall(raw["id"], str(raw.get("name")), str(raw.get("arguments") or ""))
+        head = b"" if call.id in self._shown else self._show_input(call)
+        self._asked.add(call.id)
+        self._ended = self.parked = True
+        finish: Dict[str, Any] = {"type": "finish", "finishReason": "tool-calls",
+                                  "messageMetadata": {"finishReason": "tool-calls"}}
+        return head + data_frame({"type": "tool-approval-request", "approvalId": call.id, "toolCallId": call.id}) \
+            + self._finish_step() + data_frame(finish)
+
     def _done(self, event: object) -> bytes:
         result = getattr(event, "result", None)
         self._ended = True
@@ -398,6 +461,7 @@ class UiMessageStream:
     _HANDLERS: ClassVar[Dict[str, Callable[[UiMessageStream, object], bytes]]] = {
         "round": _round, "reasoning": _reasoning_event, "tool_start": _tool_start, "tool_result": _tool_result,
         "refusal": _refusal, "error": _error, "reset": _reset, "done": _done,
+        "approval_request": _approval_request,
     }
 
 
@@ -410,8 +474,14 @@ class UiLogRender:
     here, on the message id the run was started with.
     """
 
-    def __init__(self, message_id: str, version: int, request_id: str) -> None:
-        self._stream = UiMessageStream(LoggedErrors(request_id), message_id, version)
+    def __init__(self, message_id: str, version: int, request_id: str, held: Iterable[str] = (),
+                 settled: Iterable[str] = ()) -> None:
+        """``held``: calls whose approval card the client has; ``settled``: answered calls a replay passes by."""
+        self._stream = UiMessageStream(LoggedErrors(request_id), message_id, version, held)
+        self._settled = frozenset(settled)
+
+    def parked(self) -> bool:
+        return self._stream.parked
 
     def head(self) -> bytes:
         return self._stream.opening()
@@ -420,9 +490,15 @@ class UiLogRender:
         out: List[bytes] = []
         for frame in frames:
             event = logged_event(frame.name, frame.data)
-            if event is not None:
+            if event is not None and not self._passed_by(event):
                 out.append(self._stream.encode(event))
         return b"".join(out)
+
+    def _passed_by(self, event: object) -> bool:
+        """An approval request of a call already answered: a replay shows the card's outcome, not the question."""
+        call = getattr(event, "call", None)
+        return getattr(event, "name", None) == "approval_request" and isinstance(call, dict) \
+            and call.get("id") in self._settled
 
     def gap(self, gap: Gap) -> bytes:
         """The log no longer keeps the run's start: the message goes on from what it keeps."""

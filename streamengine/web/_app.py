@@ -36,7 +36,20 @@ import json
 import pkgutil
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple, TypedDict, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+)
 from urllib.parse import parse_qs
 
 from .. import _validation as validation
@@ -45,7 +58,15 @@ from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
 from ..runs import RunLog, RunStatus
 from ._agui import AGUI_HEADERS, AgUiStream, run_input
-from ._aisdk import UI_STREAM_HEADERS, UiLogRender, UiMessageStream, chat_id, chat_messages, check_ai_sdk_version
+from ._aisdk import (
+    UI_STREAM_HEADERS,
+    UiLogRender,
+    UiMessageStream,
+    approval_responses,
+    chat_id,
+    chat_messages,
+    check_ai_sdk_version,
+)
 from ._guard import (
     SEND,
     ClientKey,
@@ -413,8 +434,19 @@ class StreamApp:
         return self._stream(messages, environ)
 
     def _chat_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
-        """``useChat``'s request, answered with the UI message stream of the app's ``ai_sdk_version``."""
+        """``useChat``'s request, answered with the UI message stream of the app's ``ai_sdk_version``.
+
+        With a run log, a request whose last message answers held calls
+        (``approval-responded``) continues the chat's parked run instead.
+        """
         payload = self._checked_body(environ)
+        answers = approval_responses(payload) if self._runs is not None else []
+        if answers and self._runs is not None:
+            try:
+                chat = chat_id(payload)
+            except RequestRejected as exc:
+                raise HttpError(str(exc), field=exc.field) from exc
+            return self._runs.answer_chat(chat, environ, answers, self._chat_render, UI_STREAM_HEADERS)
         try:
             messages = chat_messages(payload, system_prompt=self.system_prompt, parts=self.parts)
             chat = chat_id(payload) if self._runs is not None else ""
@@ -425,7 +457,7 @@ class StreamApp:
             request_id = uuid.uuid4().hex[:12]
             version = self.ai_sdk_version
             run = ChatRun(chat, {"message_id": message_id},
-                          lambda request: UiLogRender(message_id, version, request), UI_STREAM_HEADERS)
+                          lambda request: UiLogRender(message_id, version, request), UI_STREAM_HEADERS, version >= 6)
             return self._runs.start(self.engine, messages, environ, self._run_options(environ),
                                     PublicErrors(request_id, expose=self.expose_errors, logger=self._log), run)
         return self._stream(messages, environ,
@@ -443,15 +475,14 @@ class StreamApp:
             return status_line(204), [("Cache-Control", "no-store")], []
         path = environ.get("PATH_INFO") or ""
         chat = path[len(CHAT_PATH) + 1:-len(RESUME_SUFFIX)]
-        version = self.ai_sdk_version
+        return self._runs.resume_chat(chat, environ, self._chat_render, UI_STREAM_HEADERS)
 
-        def render(status: RunStatus) -> UiLogRender:
-            message_id = status.meta.get("message_id")
-            request_id = status.meta.get("request_id")
-            return UiLogRender(message_id if isinstance(message_id, str) else f"msg-{status.run_id}", version,
-                               request_id if isinstance(request_id, str) else "?")
-
-        return self._runs.resume_chat(chat, environ, render, UI_STREAM_HEADERS)
+    def _chat_render(self, status: RunStatus, held: Sequence[str], settled: Sequence[str]) -> UiLogRender:
+        """A chat run's frames as the UI message stream, on the message the run was started with."""
+        message_id = status.meta.get("message_id")
+        request_id = status.meta.get("request_id")
+        return UiLogRender(message_id if isinstance(message_id, str) else f"msg-{status.run_id}",
+                           self.ai_sdk_version, request_id if isinstance(request_id, str) else "?", held, settled)
 
     def _agui_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
         """An AG-UI ``RunAgentInput``, answered with AG-UI events."""

@@ -74,7 +74,7 @@ Headers = List[Tuple[str, str]]
 
 JSON_TYPE = "application/json; charset=utf-8"
 _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-            404: "Not Found", 405: "Method Not Allowed", 415: "Unsupported Media Type",
+            404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 415: "Unsupported Media Type",
             429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 

@@ -141,6 +141,7 @@ class RunProducer:
         self._terminal = False
         self._beat: Optional[Callable[[Optional[float]], None]] = None
         self._holding = True  # the run starts with the window's heartbeat (an engine of your own keeps it)
+        self._asking = 0  # held calls waiting for an answer (ask() runs on the engine's approval threads)
 
     @property
     def run_id(self) -> str:
@@ -249,8 +250,8 @@ class RunProducer:
 
     def _check_abandoned(self, now: float) -> None:
         assert self.detached_at is not None
-        if now - self.detached_at < self._grace_s:
-            return
+        if self._asking or now - self.detached_at < self._grace_s:
+            return  # a held call waits for its answer (bounded by the approval's own timeout), not for a reader
         read_ago = self.log.status(self.run_id, self.owner).read_ago_s
         if read_ago is None or read_ago >= self._grace_s:
             _log.info("run {}: nobody came back for it within {:g}s; cancelling it (abandoned)", self.run_id,
@@ -311,6 +312,8 @@ class RunProducer:
             "call": {"id": call.id, "name": call.name, "arguments": call.arguments},
             "expires_in_s": expires_in_s}, ensure_ascii=True, separators=(",", ":")))
         deadline = time.monotonic() + expires_in_s
+        with self._lock:
+            self._asking += 1
         try:
             with self._lock:
                 self._pending.append(request)
@@ -325,6 +328,9 @@ class RunProducer:
                 self.cancel.wait(min(0.1, remaining))
         except RunLogError as exc:  # fenced or failing: the run is ending anyway; the call is refused
             _log.warning("run {}: could not ask about tool call {} ({}); refused", self.run_id, call.id, exc)
+        finally:
+            with self._lock:
+                self._asking -= 1
         return False
 
     # --- shutdown (runs._local) ---------------------------------------------------------------

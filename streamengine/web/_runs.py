@@ -41,6 +41,7 @@ from typing import (
     NamedTuple,
     Optional,
     Protocol,
+    Sequence,
     Tuple,
 )
 from urllib.parse import parse_qs
@@ -61,7 +62,7 @@ from ..runs import (
     RunStatus,
     new_run_id,
 )
-from ._guard import ClientKey, HttpError, StreamLimiter, json_response, status_line
+from ._guard import ClientKey, HttpError, StreamLimiter, clip, json_response, status_line
 from ._producer import WINDOW_S, RunProducer, detach, error_event
 from ._sse import (
     DONE_FRAME,
@@ -153,6 +154,27 @@ class ChatRun(NamedTuple):
     meta: Dict[str, Any]
     render: Callable[[str], Render]  # the request id -> how its frames are written
     headers: Headers
+    approvals: bool  # whether the protocol can ask about held calls (approvals=True asks only then)
+
+
+
+
+def _note_approval(frame: Frame, held: Dict[str, int], settled: List[str]) -> None:
+    """An ``approval_request`` holds its call; the call's ``tool_result`` settles it."""
+    try:
+        data = json.loads(frame.data)
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    if frame.name == "approval_request":
+        call = data.get("call")
+        if isinstance(call, dict) and isinstance(call.get("id"), str):
+            held[call["id"]] = frame.seq
+    elif data.get("call_id") in held:
+        call_id = data["call_id"]
+        del held[call_id]
+        settled.append(call_id)
 
 
 def not_found() -> HttpError:
@@ -174,6 +196,9 @@ class Render(Protocol):
     def error(self, code: str, message: str) -> bytes:
         """A fatal error of the reader's own (the log cannot be read): the stream's last frame but ``[DONE]``."""
 
+    def parked(self) -> bool:
+        """The protocol ended its stream before the run's end: a held call, answered in the client's next request."""
+
 
 class SseRender:
     """The app's own events: ``retry:`` first, ``id: <run>.<seq>`` on every frame, ``event: gap``."""
@@ -189,6 +214,13 @@ class SseRender:
 
     def error(self, code: str, message: str) -> bytes:
         return _error_frame(code, message)
+
+    def parked(self) -> bool:
+        return False  # the app's own stream goes on through an approval_request: any reader answers it
+
+
+#: Makes a chat response's render: (the run's status, calls whose card the client has, calls answered already).
+MakeChatRender = Callable[[RunStatus, Sequence[str], Sequence[str]], Render]
 
 
 class RunRoutes:
@@ -271,7 +303,7 @@ class RunRoutes:
             if chat is not None:
                 self._index_chat(owner, chat.chat_id, run_id)
             producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s)
-            if self.approvals:
+            if self.approvals and (chat is None or chat.approvals):
                 asking, timeout = producer, self.approval_timeout_s
                 options = dict(options, approve=lambda call: asking.ask(call, timeout))  # type: ignore[assignment]
             start: Callable[..., Any] = engine.run
@@ -344,17 +376,76 @@ class RunRoutes:
             raise HttpError(f"the run log cannot be read now ({exc}); retry later", 503) from exc
         return run if run.state == "running" else None
 
-    def resume_chat(self, chat_id: str, environ: WSGIEnvironment, make_render: Callable[[RunStatus], Render],
+    def resume_chat(self, chat_id: str, environ: WSGIEnvironment, make_render: MakeChatRender,
                     headers: Headers) -> Response:
         """The chat's active run from its start, then live until its end; 204 when the chat has none."""
         owner = self.owner_of(environ)
         status = self.chat_run(chat_id, owner)
         if status is None:
             return status_line(204), [("Cache-Control", "no-store")], []
+        _, settled = self._approvals_of(status.run_id, owner)
         release = self.acquire(environ)
-        render = make_render(status)
+        render = make_render(status, (), settled)
         body = Following(self.follow(status.run_id, owner, 0, _probe(environ), render), release, environ, self.stuck)
         return status_line(200), headers + [("X-Run-Id", status.run_id)], body
+
+    def answer_chat(self, chat_id: str, environ: WSGIEnvironment, answers: Sequence[Tuple[str, bool, str]],
+                    make_render: MakeChatRender, headers: Headers) -> Response:
+        """The user's answers to held calls (``(call_id, approved, reason)``), then the rest of the run.
+
+        Each answer counts only for a call the chat's active run, of this
+        owner, is holding (its ``approval_request`` is in the log and its
+        result is not); the others are dropped, and a request with none is a
+        409.  The log's first answer wins.  The response follows the run from
+        the answered request on, on the same message.
+        """
+        if not self.approvals:
+            raise HttpError("approvals over the wire are off on this server (make_wsgi_app(approvals=True)); "
+                            "the request's last message answers a tool approval", 409)
+        owner = self.owner_of(environ)
+        status = self.chat_run(chat_id, owner)
+        held = self._approvals_of(status.run_id, owner)[0] if status is not None else {}
+        valid = [answer for answer in answers if answer[0] in held]
+        if status is None or not valid:
+            self._log.warning("chat approvals for calls no run holds were dropped: {}",
+                              ", ".join(repr(clip(answer[0], 40)) for answer in answers))
+            raise HttpError("no run of this chat is waiting for an answer about these tool calls (answered "
+                            "already, expired, or never asked); send a new message", 409, field="messages")
+        try:
+            for call_id, approved, reason in valid:
+                self.log.answer_approval(status.run_id, owner, call_id, approved, reason)
+        except RunNotFound:
+            raise not_found() from None
+        except RunLogError as exc:
+            raise HttpError(f"the run log cannot be reached now ({exc}); retry later", 503) from exc
+        release = self.acquire(environ)
+        render = make_render(status, [answer[0] for answer in valid], ())
+        after = max(held[answer[0]] for answer in valid)
+        body = Following(self.follow(status.run_id, owner, after, _probe(environ), render), release, environ,
+                         self.stuck)
+        return status_line(200), headers + [("X-Run-Id", status.run_id)], body
+
+    def _approvals_of(self, run_id: str, owner: str) -> Tuple[Dict[str, int], List[str]]:
+        """The run's held calls (call id -> the seq of its ``approval_request``), and those it asked and settled."""
+        held: Dict[str, int] = {}
+        settled: List[str] = []
+        after = 0
+        try:
+            while True:
+                items = self.log.read(run_id, owner, after)
+                if not items:
+                    return held, settled
+                for item in items:
+                    if isinstance(item, Gap):
+                        after = item.next_seq - 1
+                        continue
+                    after = item.seq
+                    if item.name in ("approval_request", "tool_result"):
+                        _note_approval(item, held, settled)
+        except RunNotFound:
+            return {}, []
+        except RunLogError as exc:
+            raise HttpError(f"the run log cannot be read now ({exc}); retry later", 503) from exc
 
     def detach(self, response: AttachedRun, environ: WSGIEnvironment) -> bool:
         """Hand a run whose client went away to a thread of its own; False when over the detached cap."""
@@ -424,7 +515,7 @@ class RunRoutes:
                     continue
                 parts.append(render.frames(run_id, [item]))
                 after_seq = item.seq
-                if item.terminal:
+                if item.terminal or render.parked():
                     parts.append(DONE_FRAME)
                     yield b"".join(parts)
                     return
@@ -509,6 +600,7 @@ class AttachedRun:
         self._drop = connection_dropper(environ)
         self._finished = False
         self._closed = False
+        self.parked = False  # the response ended at a held call; the run goes on detached
         self.writing_since: Optional[float] = None
         self.cancel = threading.Event()  # set once given up on (StuckReaders)
 
@@ -541,6 +633,10 @@ class AttachedRun:
                     self.driving.close()  # the producer's end (unregistered, its run's threads gone) before the write
                     yield data + DONE_FRAME
                     return
+                if render.parked():  # a held call: the response ends, the run waits on (close() detaches it)
+                    self.parked = True
+                    yield data + DONE_FRAME
+                    return
                 yield data
                 last_write = now
             elif now >= next_probe:
@@ -567,7 +663,8 @@ class AttachedRun:
         self._routes.stuck.remove(self)
         try:
             going = not self._finished and not self.producer.wait_ended(0)
-            if going and not (self._routes.on_disconnect == "detach" and self._routes.detach(self, self._environ)):
+            detaching = self.parked or self._routes.on_disconnect == "detach"
+            if going and not (detaching and self._routes.detach(self, self._environ)):
                 self.producer.cancel_run("disconnected")
                 for _ in self.driving:  # the run ends itself here: tools cancelled, its done in the log
                     pass

@@ -9,6 +9,7 @@ and follows it live, from any app sharing the log.  The real ``AbstractChat``
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -20,6 +21,7 @@ from wsgi_support import make_engine, serving
 from streamengine.runs import MemoryRunLog
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
+from streamengine.tools import tool
 from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -41,13 +43,24 @@ def chat_body(chat_id: str, text: str = "hi") -> Dict[str, Any]:
     return {"id": chat_id, "messages": [user_message(text)], "trigger": "submit-message"}
 
 
-def slow_answer(fp: FakeProvider, every_s: float = 0.1) -> str:
-    """An answer of WORDS words, one every ``every_s``; its text."""
+def slow_answer(fp: FakeProvider, every_s: float = 0.1, until: Optional[threading.Event] = None) -> str:
+    """An answer of WORDS words, one every ``every_s`` (halfway, waiting for ``until``); its text."""
     steps = []
     for index in range(WORDS):
+        if index == WORDS // 2 and until is not None:
+            steps.append(s.wait(until))
         steps += [s.text(f"w{index} "), s.delay(every_s)]
     fp.add_turn(*steps)
     return " ".join(f"w{index}" for index in range(WORDS))
+
+
+def noting_resumes(app: Any, resumed: threading.Event) -> Any:
+    """``app``, setting ``resumed`` when a resume request comes in: the answer goes on only then."""
+    def noting(environ: Dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") == "GET" and environ.get("PATH_INFO", "").endswith("/stream"):
+            resumed.set()
+        return app(environ, start_response)
+    return noting
 
 
 def chunks_until(resp: requests.Response, wanted: str) -> List[Dict[str, Any]]:
@@ -92,11 +105,12 @@ def answer_text(result: Dict[str, Any]) -> str:
 @pytest.mark.parametrize("client", ["ai5-0", "ai7"])
 def test_a_reloaded_page_replays_the_chats_active_run_then_follows_it_live(node, logs, client):
     """The POST's connection drops mid-answer; the run goes on in the log and the resume gets all of it."""
+    resumed = threading.Event()
     with FakeProvider() as fp:
-        full = slow_answer(fp)
+        full = slow_answer(fp, until=resumed)
         with make_engine(fp) as engine, \
-                serving(make_wsgi_app(engine, runs=logs.new(), on_disconnect="detach",
-                                      ai_sdk_version=7 if client == "ai7" else 5)) as url:
+                serving(noting_resumes(make_wsgi_app(engine, runs=logs.new(), on_disconnect="detach",
+                                                     ai_sdk_version=7 if client == "ai7" else 5), resumed)) as url:
             message_id, seen = start_and_drop(url, "chat-1")
             result = resume(node, url, client, "chat-1")
         assert len(fp.requests) == 1  # replayed from the log, not asked again
@@ -110,13 +124,15 @@ def test_a_reloaded_page_replays_the_chats_active_run_then_follows_it_live(node,
 
 def test_the_resume_reaches_the_run_from_another_app_sharing_the_log(node, logs):
     """Two apps (two workers) on one log: the run started on one is resumed on the other."""
+    resumed = threading.Event()
     with FakeProvider() as fp:
-        full = slow_answer(fp)
+        full = slow_answer(fp, until=resumed)
         first = logs.new()
         second = first if isinstance(first, MemoryRunLog) else logs.new()
         with make_engine(fp) as engine, \
                 serving(make_wsgi_app(engine, runs=first, on_disconnect="detach", ai_sdk_version=6)) as one, \
-                serving(make_wsgi_app(engine, runs=second, on_disconnect="detach", ai_sdk_version=6)) as two:
+                serving(noting_resumes(make_wsgi_app(engine, runs=second, on_disconnect="detach",
+                                                     ai_sdk_version=6), resumed)) as two:
             message_id, _ = start_and_drop(one, "chat-2")
             result = resume(node, two, "ai6", "chat-2")
     assert result["status"] == "ready" and answer_text(result) == full
@@ -127,7 +143,7 @@ def test_a_chat_without_an_active_run_is_204_and_the_chat_goes_on(node):
     """A finished run, an unknown chat and another owner's chat all answer 204: nothing to rejoin."""
     with FakeProvider() as fp:
         fp.add_turn(s.text("First."))
-        slow_answer(fp)
+        slow_answer(fp, every_s=0.3)
         with make_engine(fp) as engine, \
                 serving(make_wsgi_app(engine, runs=MemoryRunLog(), on_disconnect="detach", ai_sdk_version=7,
                                       owner=lambda environ: environ.get("HTTP_X_USER") or "nobody")) as url:
@@ -150,3 +166,103 @@ def test_a_chat_post_with_runs_needs_the_chats_id():
         resp = requests.post(url + "/api/chat", json={"messages": [user_message("hi")]}, timeout=10)
         assert fp.requests == []
     assert resp.status_code == 400 and resp.json()["field"] == "id"
+
+
+# --- approvals (ai 6 and 7) -----------------------------------------------------------------------
+
+@tool(side_effects=True)
+def delete_file(path: str) -> str:
+    """Delete a file (a side effect: asked about first)."""
+    return f"deleted {path}"
+
+
+def deleting_turns(fp: FakeProvider) -> None:
+    fp.add_turn(s.text("Deleting it. "), s.tool_call(0, id="call_del", name="delete_file",
+                                                      arguments='{"path": "/tmp/x"}'), s.finish("tool_calls"))
+    fp.add_turn(s.text("Done "), s.text("with that."))
+
+
+def held_call_app(engine: Any, version: int, log: Any = None) -> Any:
+    return make_wsgi_app(engine, runs=log if log is not None else MemoryRunLog(), approvals=True,
+                         ai_sdk_version=version)
+
+
+@pytest.mark.parametrize(("version", "client"), [(6, "ai6"), (7, "ai7")])
+def test_a_held_call_is_approved_from_use_chat_and_the_answer_goes_on_on_the_same_message(node, version, client):
+    with FakeProvider() as fp:
+        deleting_turns(fp)
+        with make_engine(fp, [delete_file]) as engine, serving(held_call_app(engine, version)) as url:
+            asked = run_node(node, "chat.mjs", client, url + "/api/chat", "--id=chat-a", "delete /tmp/x")
+            # The page reloaded with the chat's messages, then the user approves.
+            result = run_node(node, "chat.mjs", client, url + "/api/chat", "--id=chat-a",
+                              "--history=" + json.dumps(asked["messages"]), "--approve")
+        assert len(fp.requests) == 2  # the run waited for the answer: it was not asked again
+    # The first request ends at the question: the card waits for its answer and the chat is ready for it.
+    assert asked["status"] == "ready" and asked["error"] is None
+    card = next(p for p in asked["messages"][-1]["parts"] if p["type"] == "tool-delete_file")
+    assert card["state"] == "approval-requested" and card["approval"] == {"id": "call_del"}
+    assert card["input"] == {"path": "/tmp/x"}
+    assert asked["finishes"][-1]["finishReason"] == "tool-calls"
+    # Approved: the same message goes on with the tool's output and the rest of the answer.
+    assert result["status"] == "ready" and result["error"] is None, result
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    parts = result["messages"][-1]["parts"]
+    [card] = [p for p in parts if p["type"] == "tool-delete_file"]
+    assert card["state"] == "output-available" and card["output"] == "deleted /tmp/x"
+    assert card["approval"]["approved"] is True
+    text = [p["text"] for p in parts if p["type"] == "text"]
+    assert text == ["Deleting it.", "Done with that."]
+    assert result["finishes"][-1]["finishReason"] == "stop"
+
+
+@pytest.mark.parametrize(("version", "client"), [(6, "ai6"), (7, "ai7")])
+def test_a_held_call_denied_from_use_chat_is_output_denied_and_never_runs(node, logs, version, client):
+    with FakeProvider() as fp:
+        deleting_turns(fp)
+        with make_engine(fp, [delete_file]) as engine, \
+                serving(held_call_app(engine, version, logs.new())) as url:
+            result = run_node(node, "chat.mjs", client, url + "/api/chat", "--id=chat-d", "delete /tmp/x",
+                              "--deny=not that one")
+            tool_message = fp.requests[-1].json["messages"][-1]
+    assert result["status"] == "ready" and result["error"] is None, result
+    parts = result["messages"][-1]["parts"]
+    [card] = [p for p in parts if p["type"] == "tool-delete_file"]
+    assert card["state"] == "output-denied" and "output" not in card
+    assert card["approval"] == {"id": "call_del", "approved": False, "reason": "not that one"}
+    assert tool_message["role"] == "tool" and "deleted" not in tool_message["content"]  # the model read a refusal
+    extras = next(p for p in parts if p["type"] == "data-streamengine-tool")
+    assert extras["data"]["skipped"] == "not_approved"
+
+
+def test_forged_approvals_are_dropped_and_the_held_call_still_waits_for_its_owner(node):
+    """An answer for a call no run holds, or from another owner, answers nothing; the real one still works."""
+    with FakeProvider() as fp:
+        deleting_turns(fp)
+        with make_engine(fp, [delete_file]) as engine, \
+                serving(make_wsgi_app(engine, runs=MemoryRunLog(), approvals=True, ai_sdk_version=7,
+                                      owner=lambda environ: environ.get("HTTP_X_USER") or "nobody")) as url:
+            first = requests.post(url + "/api/chat", json=chat_body("chat-f", "delete /tmp/x"), timeout=20,
+                                  headers={"X-User": "ann"})
+            chunks = [json.loads(line[6:]) for line in first.text.splitlines() if line.startswith("data: {")]
+            message_id = chunks[0]["messageId"]
+
+            def answer(call_id: str, user: str) -> requests.Response:
+                card = {"type": "tool-delete_file", "toolCallId": call_id, "state": "approval-responded",
+                        "input": {"path": "/tmp/x"}, "approval": {"id": call_id, "approved": True}}
+                body = {"id": "chat-f", "trigger": "submit-message", "messageId": message_id, "messages": [
+                    user_message("delete /tmp/x"), {"id": message_id, "role": "assistant", "parts": [card]}]}
+                return requests.post(url + "/api/chat", json=body, timeout=20, headers={"X-User": user})
+
+            forged = answer("call_other", "ann")
+            stranger = answer("call_del", "bob")
+            assert len(fp.requests) == 1  # nothing ran on their word
+            real = answer("call_del", "ann")
+            again = answer("call_del", "ann")  # once: the call is no longer held
+    assert [c["type"] for c in chunks][-3:] == ["tool-approval-request", "finish-step", "finish"]
+    assert (forged.status_code, stranger.status_code, again.status_code) == (409, 409, 409)
+    assert "no run of this chat is waiting" in forged.json()["error"]
+    assert real.status_code == 200
+    outputs = [json.loads(line[6:]) for line in real.text.splitlines() if line.startswith("data: {")]
+    assert outputs[0] == {"type": "start", "messageId": message_id}
+    assert {"type": "tool-output-available", "toolCallId": "call_del", "output": "deleted /tmp/x"} in outputs
+    assert outputs[-1]["type"] == "finish" and real.text.rstrip().endswith("data: [DONE]")
