@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import requests
 from node_support import require_node, run_node
-from run_log_kinds import logs  # noqa: F401 - a fixture
+from run_log_kinds import logs, shared_logs  # noqa: F401 - fixtures
 from wsgi_support import make_engine, serving
 
 from streamengine.runs import MemoryRunLog
@@ -266,3 +266,22 @@ def test_forged_approvals_are_dropped_and_the_held_call_still_waits_for_its_owne
     assert outputs[0] == {"type": "start", "messageId": message_id}
     assert {"type": "tool-output-available", "toolCallId": "call_del", "output": "deleted /tmp/x"} in outputs
     assert outputs[-1]["type"] == "finish" and real.text.rstrip().endswith("data: [DONE]")
+
+
+def test_the_resume_reaches_the_run_on_another_gunicorn_worker(node, shared_logs, tmp_path):
+    """Two gunicorn workers behind a round-robin proxy: the POST on one, ``useChat``'s resume on the other."""
+    from test_runs_gunicorn import two_workers
+
+    with FakeProvider() as fp:
+        fp.add_turn(*[step for i in range(40) for step in (s.text(f"w{i} "), s.delay(0.1))])
+        with two_workers(tmp_path, fp, shared_logs.spec) as base:
+            resp = requests.post(base + "/api/chat", json=chat_body("chat-g"), stream=True, timeout=30)
+            producer = resp.headers["X-Worker-Pid"]
+            seen = chunks_until(resp, "text-delta")
+            resp.close()
+            result = resume(node, base, "ai5", "chat-g")
+            other = requests.get(base + "/api/chat/chat-g/stream", timeout=30)  # the next connection's worker
+        assert len(fp.requests) == 1
+    assert result["status"] == "ready" and result["messages"][-1]["id"] == seen[0]["messageId"]
+    assert answer_text(result) == " ".join(f"w{i}" for i in range(40))
+    assert other.status_code == 204 and other.headers["X-Worker-Pid"] == producer  # so the resume was the other's

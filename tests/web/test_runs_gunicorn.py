@@ -157,6 +157,10 @@ class RoundRobinProxy:
                     pass
 
     def close(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (a close alone does not, on Linux)
+        except OSError:
+            pass
         self.listener.close()
         for sock in self.sockets:
             try:
