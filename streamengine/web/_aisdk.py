@@ -13,12 +13,16 @@ Why it is built this way:
   knows (no ``finishReason`` on ``finish``: it rides in ``messageMetadata``);
   6 adds ``finishReason``, ``tool-input-error``, 7 ``reset-step``.
 * **Events are read by name**, and one this module has no chunk for is
-  skipped (an unknown chunk type would kill the client's stream).  Where
-  approvals slot in: an ``approval_request`` event maps, from version 6, to
-  the call's card (if not shown) plus ``tool-approval-request {approvalId,
-  toolCallId}``, then ``finish-step`` and ``finish``: one more entry in
-  ``_HANDLERS``; the next request's ``approval-responded`` tool part is the
-  one client part :func:`chat_messages` would then read instead of drop.
+  skipped (an unknown chunk type would kill the client's stream).  An
+  ``approval_request`` (a run log's, ``approvals=True``) maps, from version
+  6, to the call's card plus ``tool-approval-request {approvalId,
+  toolCallId}``, then ``finish-step`` and ``finish``: the stream parks there,
+  and the next request's ``approval-responded`` tool part
+  (:func:`approval_responses`) answers it.
+* **Over a run log, encoded on read.**  :class:`UiLogRender` turns the log's
+  frames (the app's own events, their texts already public) back into
+  events and through the same state machine, for the response that started
+  the run and for any resume.
 * **Every stream ends with ``finish`` or ``error``.**  A stream that just
   stops reads as success in ``useChat``, so a run that raised, or stopped
   without its ``done``, still ends with an ``error`` chunk; ``data: [DONE]``

@@ -235,7 +235,10 @@ class StreamApp:
     body cap grows by what it lets in.
     ``ai_sdk_version``: the major version of the ``ai`` package the
     frontend's ``useChat`` uses (5, 6 or 7): ``POST /api/chat`` writes only
-    the chunks that version accepts (docs/frontends.md).
+    the chunks that version accepts (docs/frontends.md).  With ``runs``,
+    a ``useChat`` run is a run in the log too: ``GET /api/chat/<id>/stream``
+    replays the chat's active run on any worker, and (from 6, with
+    ``approvals=True``) a held call is asked with ``tool-approval-request``.
 
     Side effects: ``approve(call, environ) -> bool`` is asked, on the thread
     driving the run (the server's), before each call of a tool with side
@@ -284,8 +287,8 @@ class StreamApp:
         if scope is not None and not callable(scope):
             raise ConfigError(f"scope must be a function environ -> str or None, got {type(scope).__name__}")
         _check_approve(engine, approve)
-        # approvals=True works on the run routes (runs=); useChat's approval chunks are not wired yet, so it
-        # asks nothing of the ai version.
+        # approvals=True asks over the run routes whatever the ai version; useChat's runs ask only from 6 (ai 5
+        # has no approval chunks), said once at start-up below.
         self.ai_sdk_version = check_ai_sdk_version(ai_sdk_version)
         self.engine = engine
         self.system_prompt = system_prompt
@@ -310,6 +313,10 @@ class StreamApp:
                                       lease_s=lease_s, retain_s=retain_s, approvals=approvals,
                                       max_detached_per_client=max_detached_per_client,
                                       limiter_key=client_key or client_address, retry_after_s=retry_after_s)
+        if approvals is True and self.ai_sdk_version == 5:
+            self._log.warning("approvals=True: useChat runs cannot ask about held calls with ai_sdk_version=5 (ai 5 "
+                              "has no approval chunks), so the engine's own approve decides there; pass "
+                              "ai_sdk_version=6 or 7 (and use that 'ai' version in the frontend)")
         self._page, self._page_csp = load_page()
         self._routes: Dict[str, Dict[str, Route]] = {
             PAGE_PATH: {"GET": self._page_response},

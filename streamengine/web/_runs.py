@@ -9,6 +9,11 @@ Routes (relative to the app's mount point)::
     POST /v1/runs/<run_id>/stop          202: the run is asked to stop, wherever it runs
     POST /v1/runs/<run_id>/approvals/<call_id>   {"approved": bool, "reason": "..."} (approvals=True)
 
+and, for ``useChat`` (the app's ``/api/chat`` routes call them): a chat run
+started with its chat's index (:meth:`RunRoutes.start`), its replay
+(:meth:`RunRoutes.resume_chat`) and the answers to its held calls
+(:meth:`RunRoutes.answer_chat`).
+
 Why it is built this way:
 
 * **An HTTP response is one reader of the log.**  The response that started
@@ -18,6 +23,14 @@ Why it is built this way:
   and an empty one looks at the run's lease: expired means the producer's
   worker died or froze, and the reader closes the run as ``producer_lost``
   (atomically: a producer that comes back is fenced).
+* **One log format, encoded on read.**  A chat run's frames are the app's
+  own events; its responses write them through a :class:`Render` (the UI
+  message stream for ``useChat``), so a resume on any worker sends what the
+  first response sent.
+* **A chat's index is a run of the log.**  Its id is a hash of the owner and
+  the chat id; its frames name the chat's runs, newest last.  Its lease is
+  always out, so the chat's next request takes it over (atomically) to
+  append: no store needs a table or key of its own for it.
 * **One 404.**  Unknown, expired and another owner's runs get the same body,
   so a run id reveals nothing about whose it is.
 """
@@ -412,6 +425,8 @@ class RunRoutes:
             raise HttpError("no run of this chat is waiting for an answer about these tool calls (answered "
                             "already, expired, or never asked); send a new message", 409, field="messages")
         try:
+            # A reader is here before the answer: a run parked past its detach grace is not taken as abandoned.
+            self.log.mark_read(status.run_id, owner)
             for call_id, approved, reason in valid:
                 self.log.answer_approval(status.run_id, owner, call_id, approved, reason)
         except RunNotFound:
