@@ -22,7 +22,8 @@ from streamengine._inline import FeedResult, InlineToolScanner
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
-from streamengine.web._sse import DONE_FRAME, OK_FRAME, PublicErrors, encode_event, frames
+from streamengine.web._frames import DONE_FRAME, OK_FRAME, encode_event
+from streamengine.web._sse import PublicErrors, frames
 from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
