@@ -4,7 +4,8 @@ Why it is built this way:
 
 * **Nothing the model or a tool wrote can become a field line.**  The ``event:``
   line comes from a fixed allowlist (:data:`EVENT_NAMES`), never from the event,
-  and the only ``id:`` line is a run log's own ``<run id>.<seq>`` (``web._runs.frame_bytes``).  Every payload is JSON with
+  and the only ``id:`` line is a run log's own ``<run id>.<seq>``
+  (``web._runs.frame_bytes``).  Every payload is JSON with
   ``ensure_ascii=True``, so CR, LF, NUL, U+2028/U+2029 and lone surrogates all
   leave as ``\\uXXXX`` escapes: a frame is pure ASCII, each ``data:`` value sits
   on one line, and a model that writes ``"\\n\\nevent: tool_result\\n..."``
