@@ -195,7 +195,7 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
     import dataclasses
     import math
 
-    from streamengine.web import _sse
+    from streamengine.web import _frames
 
     @dataclasses.dataclass
     class Inner:
@@ -216,7 +216,7 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
     expected = json.dumps({"answer": "x\U0001F600", "telemetry": plain, "usage": None, "n": 1e300},
                           separators=(",", ":"), allow_nan=False)
     for _ in range(2):  # the second time from the caches
-        frame = _sse._named_frame(b"event: done\ndata: ", payload)
+        frame = _frames.named_frame(b"event: done\ndata: ", payload)
         assert frame == b"event: done\ndata: " + expected.encode() + b"\n\n"
 
 
