@@ -52,31 +52,12 @@ def _reconnects(port: int, count: int) -> Dict[str, Any]:
     It resumes after frame 3, so its first frame is in the log already: the
     figure is the reconnect's cost, not the wait for the model's next token.
     """
-    body = b'{"messages": [{"role": "user", "content": "go"}]}'
     times: List[float] = []
     for _ in range(count):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
-            data = b""
-            while b".5\n" not in data:
-                piece = sock.recv(65536)
-                if not piece:
-                    break
-                data += piece
-        run_id = data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
+        run_id = _started_run(port)
         t0 = time.monotonic()
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.3\r\nConnection: close\r\n\r\n"
-                         .encode())
-            seen = b""
-            while b"id: " not in seen:
-                piece = sock.recv(65536)
-                if not piece:
-                    break
-                seen += piece
-            times.append(time.monotonic() - t0)
+        _resumed(port, run_id, 3, until=b"id: ")
+        times.append(time.monotonic() - t0)
     return {"n": len(times), "p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
 
 
@@ -120,15 +101,15 @@ def _started_run(port: int) -> str:
     return data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
 
 
-def _resumed(port: int, run_id: str, after: int) -> bytes:
-    """What a reconnect after frame ``after`` reads until the server ends it (b"" if nobody answered)."""
+def _resumed(port: int, run_id: str, after: int, until: bytes = b"data: [DONE]") -> bytes:
+    """What a reconnect after frame ``after`` reads until ``until`` or the end (b"" if nobody answered)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                          f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.{after}\r\nConnection: close\r\n\r\n"
                          .encode())
             seen = b""
-            while b"data: [DONE]" not in seen:
+            while until not in seen:
                 piece = sock.recv(65536)
                 if not piece:
                     break
