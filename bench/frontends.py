@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List
 
 from streamengine.web._agui import AgUiStream, RunInput
 from streamengine.web._aisdk import UiMessageStream
-from streamengine.web._sse import PublicErrors, data_frame, encode_token
+from streamengine.web._frames import data_frame, encode_token
+from streamengine.web._sse import PublicErrors
 
 from .common import median
 

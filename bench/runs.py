@@ -15,23 +15,27 @@ p99 lateness of a token (read time minus the upstream's write time: what
 the log and the coalescing window add), and TTFT p50.  Then, per log, the
 time from a reconnect (``GET /v1/runs/<id>/events`` with a Last-Event-ID in
 the middle of a run its client left after 5 frames) to its first frame, p50 and p99 over
-``RECONNECTS`` reconnects.
+``RECONNECTS`` reconnects; and, per shared log, the time from ``kill -9`` of
+the worker producing a run (gunicorn, one worker) to a reader's
+``error{producer_lost}`` (target: within the lease + 1 s).
 """
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from .common import Server, percentile
+from .common import Server, child_pids, percentile
 from .served import LoadRun, ServedApp, _level, _sessions_for
 
 TOKENS = 60
 RATE = 30.0
 LEVELS = (50, 100)
 RECONNECTS = 100
+LEASE_S = 3.0  # make_wsgi_app's default lease_s
 
 
 def _logs(folder: str) -> List[Tuple[str, str]]:
@@ -48,32 +52,71 @@ def _reconnects(port: int, count: int) -> Dict[str, Any]:
     It resumes after frame 3, so its first frame is in the log already: the
     figure is the reconnect's cost, not the wait for the model's next token.
     """
-    body = b'{"messages": [{"role": "user", "content": "go"}]}'
     times: List[float] = []
     for _ in range(count):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
-            data = b""
-            while b".5\n" not in data:
-                piece = sock.recv(65536)
-                if not piece:
-                    break
-                data += piece
-        run_id = data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
+        run_id = _started_run(port)
         t0 = time.monotonic()
-        with socket.create_connection(("127.0.0.1", port)) as sock:
+        _resumed(port, run_id, 3, until=b"id: ")
+        times.append(time.monotonic() - t0)
+    return {"n": len(times), "p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
+
+
+def _producer_lost(upstream: Server, url: str, repeats: int) -> List[float]:
+    """Seconds from ``kill -9`` of the worker producing a run to a reader's ``error{producer_lost}``.
+
+    gunicorn with one gthread worker; the run streams for 20 s, so it is
+    still going when its worker dies; the reader reconnects (gunicorn starts
+    a new worker) with the Last-Event-ID it had until the terminal frame.
+    """
+    app = ServedApp("gunicorn", "engine", upstream.base_url, f"paced:600:{RATE}:served:1", 16, runs_url=url)
+    times: List[float] = []
+    try:
+        for _ in range(repeats):
+            run_id = _started_run(app.port)
+            (worker,) = child_pids(app.proc.pid)
+            os.kill(worker, signal.SIGKILL)
+            t0 = time.monotonic()
+            while b"producer_lost" not in _resumed(app.port, run_id, 3):
+                if time.monotonic() - t0 > 30:
+                    raise RuntimeError(f"runs bench: no producer_lost within 30 s of kill -9 ({url.split(':')[0]})")
+                time.sleep(0.05)
+            times.append(time.monotonic() - t0)
+    finally:
+        app.close()
+    return times
+
+
+def _started_run(port: int) -> str:
+    """A run started and read up to its fifth frame; its id."""
+    body = b'{"messages": [{"role": "user", "content": "go"}]}'
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        data = b""
+        while b".5\n" not in data:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    return data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
+
+
+def _resumed(port: int, run_id: str, after: int, until: bytes = b"data: [DONE]") -> bytes:
+    """What a reconnect after frame ``after`` reads until ``until`` or the end (b"" if nobody answered)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.3\r\nConnection: close\r\n\r\n"
+                         f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.{after}\r\nConnection: close\r\n\r\n"
                          .encode())
             seen = b""
-            while b"id: " not in seen:
+            while until not in seen:
                 piece = sock.recv(65536)
                 if not piece:
                     break
                 seen += piece
-            times.append(time.monotonic() - t0)
-    return {"n": len(times), "p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
+            return seen
+    except OSError:  # the new worker is not listening yet
+        return b""
 
 
 def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS, tokens: int = TOKENS) -> Dict[str, Any]:
@@ -104,6 +147,8 @@ def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS, tokens: i
         finally:
             for app in apps.values():
                 app.close()
+        out["producer_lost"] = {name: _producer_lost(upstream, url, 1 if quick else 3)
+                                for name, url in logs if name in ("sqlite", "redis", "postgres")}
     return out
 
 
@@ -130,6 +175,9 @@ def render(r: Dict[str, Any], verdict: Callable[[bool], str]) -> List[str]:
     for name, rec in r.get("reconnect", {}).items():
         lines.append(f"  reconnect -> first frame, {name}: p50 {rec['p50_ms']:.1f} ms, p99 {rec['p99_ms']:.1f} ms "
                      f"({rec['n']} reconnects; target p99 < 250 ms: {verdict(rec['p99_ms'] < 250)})")
+    for name, times in r.get("producer_lost", {}).items():
+        lines.append(f"  kill -9 -> producer_lost, {name}: " + ", ".join(f"{t:.2f} s" for t in times)
+                     + f" (target <= lease 3 s + 1 s: {verdict(max(times) <= LEASE_S + 1)})")
     missing = {"memory", "sqlite", "redis", "postgres"} - set(r.get("logs", []))
     if missing:
         lines.append(f"  not measured (no server; run under scripts/test's services): {', '.join(sorted(missing))}")

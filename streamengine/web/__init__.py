@@ -10,13 +10,14 @@ the app does.  The same app speaks the frontends' own protocols:
 UI message stream, ``POST /agui`` (``AGUI_PATH``) an AG-UI client
 (docs/frontends.md).
 
-Modules (private): ``_app`` (routes, checks in order), ``_policy`` (which
-messages a request may bring), ``_guard`` (Host check, authorize, stream
-limits), ``_response`` (one stream: batching, cancel on disconnect, stuck
-readers), ``_sse`` (frames), ``_public_errors`` (what a browser may learn),
-``_sites`` (cross-site checks, CORS), ``_mount``, ``_http`` (JSON refusals),
-``_page`` (the page and its CSP), ``_serve`` (waitress: ``serve``, and the CLI's), ``_parts``
-(``PartsPolicy``: which images, audio and files a request may bring),
+Modules (private): ``_app`` (routes, checks in order, the page), ``_guard``
+(which messages a request may bring, Host check, cross-site, authorize,
+stream limits, JSON refusals), ``_frames`` (engine events as SSE frames),
+``_sse`` (what a browser may learn of a failure; one stream: batching,
+cancel on disconnect, stuck readers), ``_serve`` (waitress: ``serve``, and
+the CLI's), ``_parts`` (``PartsPolicy``: which images, audio and files a
+request may bring), ``_producer`` and ``_runs`` (runs in a log: the
+producer, the run routes),
 ``_aisdk`` (the AI SDK's UI message stream), ``_agui`` (AG-UI), ``_runs`` (the
 routes of runs in a log: resume, stop, status, approvals) and ``_producer``
 (one run driven into its log).

@@ -25,9 +25,10 @@ from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._parts import attachment_part, guessed_type
 from .._validation import json_type
+from ._frames import OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
-from ._sse import OK_FRAME, PublicErrors, data_frame
+from ._sse import PublicErrors
 
 #: The response headers of an AG-UI stream.
 AGUI_HEADERS: Headers = [

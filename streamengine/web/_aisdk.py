@@ -44,10 +44,11 @@ from .._messages import Message, ToolCall
 from .._parts import attachment_part
 from .._validation import json_type
 from ..runs import Frame, Gap
+from ._frames import OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
 from ._producer import LoggedErrors, logged_event
-from ._sse import OK_FRAME, PublicErrors, data_frame
+from ._sse import PublicErrors
 
 #: The ``ai`` major versions whose UI message stream the app can speak (``make_wsgi_app(ai_sdk_version=)``).
 AI_SDK_VERSIONS = (5, 6, 7)

@@ -75,19 +75,10 @@ from ..runs import (
     RunStatus,
     new_run_id,
 )
+from ._frames import DONE_FRAME, OK_FRAME, PING_FRAME
 from ._guard import ClientKey, HttpError, StreamLimiter, clip, json_response, status_line
 from ._producer import WINDOW_S, RunProducer, detach, error_event
-from ._sse import (
-    DONE_FRAME,
-    OK_FRAME,
-    PING_FRAME,
-    PROBE_S,
-    EngineLike,
-    PublicErrors,
-    RunOptions,
-    StuckReaders,
-    connection_dropper,
-)
+from ._sse import PROBE_S, EngineLike, PublicErrors, RunOptions, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment

@@ -22,7 +22,8 @@ from streamengine._inline import FeedResult, InlineToolScanner
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.tools import tool
-from streamengine.web._sse import DONE_FRAME, OK_FRAME, PublicErrors, encode_event, frames
+from streamengine.web._frames import DONE_FRAME, OK_FRAME, encode_event
+from streamengine.web._sse import PublicErrors, frames
 from streamengine.wsgi import make_wsgi_app
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -194,7 +195,7 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
     import dataclasses
     import math
 
-    from streamengine.web import _sse
+    from streamengine.web import _frames
 
     @dataclasses.dataclass
     class Inner:
@@ -215,7 +216,7 @@ def test_frames_with_a_payload_are_what_the_json_encoder_and_asdict_make():
     expected = json.dumps({"answer": "x\U0001F600", "telemetry": plain, "usage": None, "n": 1e300},
                           separators=(",", ":"), allow_nan=False)
     for _ in range(2):  # the second time from the caches
-        frame = _sse._named_frame(b"event: done\ndata: ", payload)
+        frame = _frames.named_frame(b"event: done\ndata: ", payload)
         assert frame == b"event: done\ndata: " + expected.encode() + b"\n\n"
 
 

@@ -8,6 +8,7 @@ end the run with exactly one terminal frame.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from typing import Dict, List, Optional, Tuple
@@ -525,3 +526,38 @@ def test_a_finished_run_is_gone_after_its_retention(provider):
             assert requests.get(f"{base}/v1/runs/{run_id}/events", headers=STREAM, timeout=5).status_code == 404
     finally:
         engine.close()
+
+
+def test_memory_stays_flat_over_a_100000_token_run(provider, closing):
+    """The log keeps no more of a long run than its caps; what grows is only the answer the engine keeps.
+
+    Between the 10,000th frame and the 99,000th, what streamengine's code
+    allocated and still holds grows by less than 2 MB: the 89,000 frames in
+    between (about 100 bytes each with their records) would be several times
+    that if the log kept them past ``max_events``/``max_bytes``.  (The
+    server's output buffer is waitress's, bounded by its own settings.)
+    """
+    import tracemalloc
+
+    provider.add_turn(*[s.text("w ") for _ in range(100_000)])
+    engine = make_engine(provider, idle_timeout=60.0, completion_timeout=120.0)  # tracemalloc slows the run
+    closing(engine)
+    log = MemoryRunLog(max_events=2_000, max_bytes=256 << 10)
+    with serving(make_wsgi_app(engine, runs=log)) as base:
+        resp = start(base)
+        run_id = resp.headers["X-Run-Id"]
+        seq, grown, ids = 0, None, re.compile(rb"id: [\w-]+\.(\d+)\n")
+        for piece in read1_pieces(resp):  # a frame's id says how far the run went (a reader past the cap skips)
+            before = seq
+            seq = max([seq, *map(int, ids.findall(piece))])
+            if before < 10_000 <= seq:
+                tracemalloc.start()
+            elif before < 99_000 <= seq and grown is None:
+                ours = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/streamengine/*")])
+                grown = sum(stat.size for stat in ours.statistics("filename"))
+                tracemalloc.stop()
+        assert seq > 100_000 and grown is not None, piece[-300:]  # the end of the stream says why
+        assert grown < 2_000_000, f"{grown:,} bytes still held after 90,000 more tokens"
+        late, _ = events_of(requests.get(f"{base}/v1/runs/{run_id}/events?last_event_id={run_id}.1",
+                                         headers=STREAM, stream=True, timeout=30))
+        assert late[0].kind == "gap" and len(late) <= 2_000 + 2  # the cap's frames, the gap, [DONE]
