@@ -18,16 +18,18 @@ Why it is built this way:
 from __future__ import annotations
 
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from .._errors import ConfigError
 from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._parts import attachment_part, guessed_type
 from .._validation import json_type
+from ..runs import Frame, Gap
 from ._frames import OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
+from ._producer import LoggedErrors, logged_event
 from ._sse import PublicErrors
 
 #: The response headers of an AG-UI stream.
@@ -75,6 +77,30 @@ def run_input(payload: Any, *, system_prompt: Optional[str] = None, parts: Optio
         raise RequestRejected(f"\"messages\" holds no user or assistant message; {_SEND}", "messages")
     messages = messages_from_request({"messages": kept}, system_prompt=system_prompt, parts=parts)
     return RunInput(thread_id, run_id, raw, [m for m in messages if m.role != "assistant" or m.content])
+
+
+def resume_entries(payload: Any) -> Optional[Tuple[RunInput, List[Tuple[str, bool, str]]]]:
+    """A ``RunAgentInput`` that resumes interrupted calls: its ids and the answers ``(call_id, approved, reason)``.
+
+    None when it carries no ``resume``.  An entry approves only when its
+    status is ``resolved`` and its payload says ``{"approved": true}``; a
+    ``cancelled`` one refuses.  The caller accepts each only for a call its
+    run holds; the messages are not run (the held run goes on).
+    """
+    entries = payload.get("resume") if isinstance(payload, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return None
+    thread_id, run_id = _identifier(payload, "threadId"), _identifier(payload, "runId")
+    answers: List[Tuple[str, bool, str]] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("interruptId"), str):
+            continue
+        answer = entry.get("payload")
+        approved = entry.get("status") == "resolved" and isinstance(answer, dict) and answer.get("approved") is True
+        reason = answer.get("reason") if isinstance(answer, dict) else None
+        answers.append((entry["interruptId"], approved, reason if isinstance(reason, str) else ""))
+    raw = payload.get("messages")
+    return RunInput(thread_id, run_id, raw if isinstance(raw, list) else [], []), answers
 
 
 def _identifier(payload: Dict[str, Any], key: str) -> str:
@@ -182,9 +208,11 @@ class AgUiStream:
     reason) are ``CUSTOM`` events named ``streamengine.*``.
     """
 
-    def __init__(self, errors: PublicErrors, run: RunInput) -> None:
+    def __init__(self, errors: PublicErrors, run: RunInput, held: Iterable[str] = ()) -> None:
         self._errors = errors
         self._run = run
+        #: The run ended at a held call's interrupt (the answer comes in the next run's ``resume``).
+        self.parked = False
         self._count = 0
         self._round = 0
         self._step: Optional[str] = None
@@ -194,7 +222,9 @@ class AgUiStream:
         self._content_prefix = ""
         self._reasoning: Optional[str] = None
         self._thoughts: List[str] = []  # the open reasoning message's deltas
-        self._shown: Dict[str, ToolCall] = {}
+        # Calls shown in the run this one resumes are not shown again: their results come alone.
+        self._held = frozenset(held)
+        self._shown: Dict[str, ToolCall] = {call_id: ToolCall(call_id, "", "") for call_id in self._held}
         self._ended = False
         # What the run said so far, for MESSAGES_SNAPSHOT: (round, message) with text as lists of deltas.
         self._said: List[Any] = []
@@ -228,12 +258,12 @@ class AgUiStream:
         return handler(self, event) if handler is not None else b""
 
     def failure(self, exc: BaseException) -> bytes:
-        return self._run_error(self._errors.failure_text(exc))
+        return self.run_error(self._errors.failure_text(exc))
 
     def closing(self) -> bytes:
         if self._ended:
             return b""
-        return self._run_error(self._errors.public("the answer ended without finishing",
+        return self.run_error(self._errors.public("the answer ended without finishing",
                                                    "the run stopped before its done event"))
 
     # --- messages ------------------------------------------------------------------------------
@@ -279,7 +309,8 @@ class AgUiStream:
         step, self._step = self._step, None
         return closed + data_frame({"type": "STEP_FINISHED", "stepName": step})
 
-    def _run_error(self, message: str) -> bytes:
+    def run_error(self, message: str) -> bytes:
+        """``RUN_ERROR`` with ``message`` (already public): the run's one terminal event."""
         if self._ended:
             return b""
         self._ended = True
@@ -313,7 +344,9 @@ class AgUiStream:
 
     def _tool_start(self, event: object) -> bytes:
         call = getattr(event, "call", None)
-        return self._show_call(call) if isinstance(call, ToolCall) else b""
+        if not isinstance(call, ToolCall) or call.id in self._held:  # an approved call was shown before it was held
+            return b""
+        return self._show_call(call)
 
     def _show_call(self, call: ToolCall) -> bytes:
         head = self._close_parts() + self._open_step()
@@ -365,7 +398,7 @@ class AgUiStream:
     def _error(self, event: object) -> bytes:
         message = self._errors.error_text(event)
         if getattr(event, "fatal", True):
-            return self._run_error(message)
+            return self.run_error(message)
         return self._custom("error", {"message": message, "requestId": self._errors.request_id})
 
     def _reset(self, event: object) -> bytes:
@@ -380,6 +413,25 @@ class AgUiStream:
         said = [dict(m, content="".join(m["content"])) if isinstance(m.get("content"), list) else m
                 for _, m in self._said]
         return [*self._run.raw_messages, *said]
+
+    def _approval_request(self, event: object) -> bytes:
+        """A held call: its tool call, then ``RUN_FINISHED`` with an ``interrupt`` outcome for it.
+
+        The AG-UI run ends there (:attr:`parked`); the engine's run waits in
+        its log, and the client's next run answers with a ``resume`` entry
+        whose ``interruptId`` is the call's id (:func:`resume_entries`).
+        """
+        raw = getattr(event, "call", None)
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            return b""
+        call = ToolCall(raw["id"], str(raw.get("name")), str(raw.get("arguments") or ""))
+        head = b"" if call.id in self._shown else self._show_call(call)
+        self._ended = self.parked = True
+        interrupt = {"id": call.id, "reason": "tool_approval", "toolCallId": call.id,
+                     "message": f"Allow the tool call {call.name}?"}
+        return head + self._finish_step() + data_frame({
+            "type": "RUN_FINISHED", "threadId": self._run.thread_id, "runId": self._run.run_id,
+            "outcome": {"type": "interrupt", "interrupts": [interrupt]}})
 
     def _done(self, event: object) -> bytes:
         if self._ended:
@@ -399,6 +451,7 @@ class AgUiStream:
     _HANDLERS: ClassVar[Dict[str, Callable[[AgUiStream, object], bytes]]] = {
         "round": _round_event, "reasoning": _reasoning_event, "tool_start": _tool_start,
         "tool_result": _tool_result, "refusal": _refusal, "error": _error, "reset": _reset, "done": _done,
+        "approval_request": _approval_request,
     }
 
 
@@ -410,3 +463,33 @@ def _usage(usage: object) -> Optional[Dict[str, int]]:
              ("cachedInputTokens", "cached_tokens"), ("reasoningTokens", "reasoning_tokens"))
     counts = {key: getattr(usage, name, None) for key, name in pairs}
     return {key: value for key, value in counts.items() if isinstance(value, int) and value >= 0}
+
+
+class AgUiLogRender:
+    """A run's log frames (the app's own events) as one AG-UI run's events, encoded as they are read."""
+
+    def __init__(self, run: RunInput, request_id: str, held: Iterable[str] = ()) -> None:
+        self._stream = AgUiStream(LoggedErrors(request_id), run, held)
+
+    def head(self) -> bytes:
+        return self._stream.opening()
+
+    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
+        out: List[bytes] = []
+        for frame in frames:
+            event = logged_event(frame.name, frame.data)
+            if event is not None:
+                out.append(self._stream.encode(event))
+        return b"".join(out)
+
+    def gap(self, gap: Gap) -> bytes:
+        return b""
+
+    def error(self, code: str, message: str) -> bytes:
+        return self._stream.run_error(message)
+
+    def parked(self) -> bool:
+        return self._stream.parked
+
+    def done(self) -> bytes:
+        return b""  # an AG-UI client would try to parse a [DONE]

@@ -488,6 +488,9 @@ class UiLogRender:
     def parked(self) -> bool:
         return self._stream.parked
 
+    def done(self) -> bytes:
+        return DONE_FRAME
+
     def head(self) -> bytes:
         return self._stream.opening()
 

@@ -57,7 +57,7 @@ from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
 from ..runs import RunLog, RunStatus
-from ._agui import AGUI_HEADERS, AgUiStream, run_input
+from ._agui import AGUI_HEADERS, AgUiLogRender, AgUiStream, resume_entries, run_input
 from ._aisdk import (
     UI_STREAM_HEADERS,
     UiLogRender,
@@ -492,13 +492,30 @@ class StreamApp:
                            self.ai_sdk_version, request_id if isinstance(request_id, str) else "?", held, settled)
 
     def _agui_post(self, environ: WSGIEnvironment) -> Tuple[str, Headers, Iterable[bytes]]:
-        """An AG-UI ``RunAgentInput``, answered with AG-UI events."""
+        """An AG-UI ``RunAgentInput``, answered with AG-UI events.
+
+        With a run log the run is a run in the log, its thread's latest; an
+        input with ``resume`` entries answers the thread's held calls and
+        continues that run instead.
+        """
         payload = self._checked_body(environ)
         try:
-            run = run_input(payload, system_prompt=self.system_prompt, parts=self.parts)
+            resuming = resume_entries(payload) if self._runs is not None else None
+            run = resuming[0] if resuming is not None else \
+                run_input(payload, system_prompt=self.system_prompt, parts=self.parts)
         except RequestRejected as exc:
             raise HttpError(str(exc), field=exc.field) from exc
-        return self._stream(run.messages, environ, lambda errors: AgUiStream(errors, run), AGUI_HEADERS)
+        if self._runs is None:
+            return self._stream(run.messages, environ, lambda errors: AgUiStream(errors, run), AGUI_HEADERS)
+        thread = f"agui\0{run.thread_id}"  # never a useChat chat's id (printable)
+        request_id = uuid.uuid4().hex[:12]
+        if resuming is not None:
+            return self._runs.answer_chat(thread, environ, resuming[1],
+                                          lambda status, held, settled: AgUiLogRender(run, request_id, held),
+                                          AGUI_HEADERS)
+        logged = ChatRun(thread, {}, lambda request: AgUiLogRender(run, request), AGUI_HEADERS, True)
+        return self._runs.start(self.engine, run.messages, environ, self._run_options(environ),
+                                PublicErrors(request_id, expose=self.expose_errors, logger=self._log), logged)
 
     def _checked_body(self, environ: WSGIEnvironment) -> Any:
         """A POST run's checks before its messages: cross-site, ``authorize``, then the JSON body."""

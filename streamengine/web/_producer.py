@@ -93,7 +93,7 @@ def logged_event(name: str, data: str) -> Optional[SimpleNamespace]:
         reasons = telemetry.get("finish_reasons") if isinstance(telemetry, dict) else None
         last = reasons[-1] if isinstance(reasons, list) and reasons else None
         return SimpleNamespace(name=name, result=SimpleNamespace(
-            answer=value.get("answer"), usage=value.get("usage"), telemetry=telemetry,
+            answer=value.get("answer"), refusal=value.get("refusal"), usage=value.get("usage"), telemetry=telemetry,
             cut_off=last if last in CUT_OFF_FINISH_REASONS else None))
     return SimpleNamespace(**{**value, "name": name})
 

@@ -203,6 +203,9 @@ class Render(Protocol):
     def parked(self) -> bool:
         """The protocol ended its stream before the run's end: a held call, answered in the client's next request."""
 
+    def done(self) -> bytes:
+        """What ends the response after its last frame (``data: [DONE]``; AG-UI: nothing)."""
+
 
 class SseRender:
     """The app's own events: ``retry:`` first, ``id: <run>.<seq>`` on every frame, ``event: gap``."""
@@ -221,6 +224,9 @@ class SseRender:
 
     def parked(self) -> bool:
         return False  # the app's own stream goes on through an approval_request: any reader answers it
+
+    def done(self) -> bytes:
+        return DONE_FRAME
 
 
 #: Makes a chat response's render: (the run's status, calls whose card the client has, calls answered already).
@@ -501,16 +507,16 @@ class RunRoutes:
                     next_mark = now + MARK_READ_S
                 items = self.log.read(run_id, owner, after_seq, timeout_s=wait)
                 if not items and not head and self._look(run_id, owner, after_seq):
-                    yield DONE_FRAME
+                    yield render.done()
                     return
             except RunNotFound:
                 yield head + render.error("run_expired", "the run is gone (its retention ran out); start a new run") \
-                    + DONE_FRAME
+                    + render.done()
                 return
             except RunLogError as exc:
                 self._log.warning("run {}: reading the log failed: {}", run_id, exc)
                 yield head + render.error("log_unavailable", "the run log cannot be read now; reconnect later") \
-                    + DONE_FRAME
+                    + render.done()
                 return
             parts: List[bytes] = [head] if head else []
             head = b""
@@ -522,7 +528,7 @@ class RunRoutes:
                 parts.append(render.frames(run_id, [item]))
                 after_seq = item.seq
                 if item.terminal or render.parked():
-                    parts.append(DONE_FRAME)
+                    parts.append(render.done())
                     yield b"".join(parts)
                     return
             now = time.monotonic()
@@ -637,11 +643,11 @@ class AttachedRun:
                 if frames[-1].terminal:
                     self._finished = True
                     self.driving.close()  # the producer's end (unregistered, its run's threads gone) before the write
-                    yield data + DONE_FRAME
+                    yield data + render.done()
                     return
                 if render.parked():  # a held call: the response ends, the run waits on (close() detaches it)
                     self.parked = True
-                    yield data + DONE_FRAME
+                    yield data + render.done()
                     return
                 yield data
                 last_write = now
@@ -655,7 +661,7 @@ class AttachedRun:
         self._finished = True
         self.driving.close()
         if self.producer.log_failed is not None:
-            yield render.error("log_unavailable", "the run log failed; the run was cancelled") + DONE_FRAME
+            yield render.error("log_unavailable", "the run log failed; the run was cancelled") + render.done()
             return
         # Fenced: another wrote the terminal (producer_lost, worker_shutdown): the client gets it from the log.
         yield from routes.follow(run_id, self.producer.owner, after, self._disconnected, render, head=b"")

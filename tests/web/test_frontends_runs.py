@@ -285,3 +285,47 @@ def test_the_resume_reaches_the_run_on_another_gunicorn_worker(node, shared_logs
     assert result["status"] == "ready" and result["messages"][-1]["id"] == seen[0]["messageId"]
     assert answer_text(result) == " ".join(f"w{i}" for i in range(40))
     assert other.status_code == 204 and other.headers["X-Worker-Pid"] == producer  # so the resume was the other's
+
+
+# --- AG-UI: a held call is an interrupt ----------------------------------------------------------
+
+def agui_answering(node: str, url: str, answer: str) -> Dict[str, Any]:
+    messages = [{"id": "u1", "role": "user", "content": "delete /tmp/x"}]
+    return run_node(node, "agui.mjs", url + "/agui", json.dumps(messages), answer)
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_agui_a_held_call_is_an_interrupt_the_next_run_resumes(node, logs, approved):
+    with FakeProvider() as fp:
+        deleting_turns(fp)
+        with make_engine(fp, [delete_file]) as engine, \
+                serving(make_wsgi_app(engine, runs=logs.new(), approvals=True, ai_sdk_version=7)) as url:
+            result = agui_answering(node, url, "--approve" if approved else "--deny")
+            tool_message = fp.requests[-1].json["messages"][-1]
+    assert result["error"] is None, result
+    # The first run ends at the question: RUN_FINISHED with an interrupt naming the call.
+    finished = result["events"][-1]
+    assert finished["type"] == "RUN_FINISHED" and finished["outcome"]["type"] == "interrupt"
+    assert result["interrupts"] == [{"id": "call_del", "reason": "tool_approval", "toolCallId": "call_del",
+                                     "message": "Allow the tool call delete_file?"}]
+    assert [e["type"] for e in result["events"]].count("TOOL_CALL_START") == 1
+    # The next run (resume) gets the call's result and the rest, and ends as a success.
+    resumed = result["resumed"]
+    assert resumed["error"] is None, resumed
+    kinds = [e["type"] for e in resumed["events"]]
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED" and "TOOL_CALL_START" not in kinds
+    assert resumed["events"][-1]["runId"] == "run-2" and "outcome" not in resumed["events"][-1]
+    [outcome] = [e for e in resumed["events"] if e["type"] == "TOOL_CALL_RESULT"]
+    assert (outcome["content"] == "deleted /tmp/x") is approved
+    assert resumed["messages"][-1]["content"] == "Done with that."
+    assert ("deleted" in tool_message["content"]) is approved
+
+
+def test_agui_a_resume_for_a_call_no_run_holds_is_a_409(node):
+    with FakeProvider() as fp, make_engine(fp, [delete_file]) as engine, \
+            serving(make_wsgi_app(engine, runs=MemoryRunLog(), approvals=True, ai_sdk_version=7)) as url:
+        body = {"threadId": "thread-1", "runId": "run-9", "messages": [{"id": "u1", "role": "user", "content": "x"}],
+                "resume": [{"interruptId": "call_del", "status": "resolved", "payload": {"approved": True}}]}
+        resp = requests.post(url + "/agui", json=body, timeout=10)
+        assert fp.requests == []
+    assert resp.status_code == 409 and "no run" in resp.json()["error"]
