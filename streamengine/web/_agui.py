@@ -461,7 +461,8 @@ def _usage(usage: object) -> Optional[Dict[str, int]]:
         return None
     pairs = (("inputTokens", "prompt_tokens"), ("outputTokens", "completion_tokens"), ("totalTokens", "total_tokens"),
              ("cachedInputTokens", "cached_tokens"), ("reasoningTokens", "reasoning_tokens"))
-    counts = {key: getattr(usage, name, None) for key, name in pairs}
+    fields: Dict[str, Any] = usage if isinstance(usage, dict) else {}  # a run log's done frame has a dict
+    counts = {key: fields.get(name) if fields else getattr(usage, name, None) for key, name in pairs}
     return {key: value for key, value in counts.items() if isinstance(value, int) and value >= 0}
 
 

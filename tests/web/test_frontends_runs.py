@@ -318,6 +318,7 @@ def test_agui_a_held_call_is_an_interrupt_the_next_run_resumes(node, logs, appro
     [outcome] = [e for e in resumed["events"] if e["type"] == "TOOL_CALL_RESULT"]
     assert (outcome["content"] == "deleted /tmp/x") is approved
     assert resumed["messages"][-1]["content"] == "Done with that."
+    assert resumed["events"][-1]["usage"][0]["totalTokens"] > 0  # read back from the log's done frame
     assert ("deleted" in tool_message["content"]) is approved
 
 
