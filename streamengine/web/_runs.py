@@ -419,8 +419,9 @@ class RunRoutes:
         if status is None or not valid:
             self._log.warning("chat approvals for calls no run holds were dropped: {}",
                               ", ".join(repr(clip(answer[0], 40)) for answer in answers))
-            raise HttpError("no run of this chat is waiting for an answer about these tool calls (answered "
-                            "already, expired, or never asked); send a new message", 409, field="messages")
+            raise HttpError("no run of this chat (or AG-UI thread) is waiting for an answer about these tool "
+                            "calls (answered already, expired, or never asked); send a new message", 409,
+                            field="messages")
         try:
             # A reader is here before the answer: a run parked past its detach grace is not taken as abandoned.
             self.log.mark_read(status.run_id, owner)
