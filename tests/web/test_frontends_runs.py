@@ -260,7 +260,7 @@ def test_forged_approvals_are_dropped_and_the_held_call_still_waits_for_its_owne
             again = answer("call_del", "ann")  # once: the call is no longer held
     assert [c["type"] for c in chunks][-3:] == ["tool-approval-request", "finish-step", "finish"]
     assert (forged.status_code, stranger.status_code, again.status_code) == (409, 409, 409)
-    assert "no run of this chat is waiting" in forged.json()["error"]
+    assert "is waiting for an answer about these tool calls" in forged.json()["error"]
     assert real.status_code == 200
     outputs = [json.loads(line[6:]) for line in real.text.splitlines() if line.startswith("data: {")]
     assert outputs[0] == {"type": "start", "messageId": message_id}
