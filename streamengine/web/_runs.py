@@ -545,12 +545,19 @@ class RunRoutes:
     def _look(self, run_id: str, owner: str, after_seq: int) -> bool:
         """Nothing new: close the run as producer_lost if its lease ran out; whether it ended under the reader."""
         status = self.log.status(run_id, owner)
-        if status.state == "running" and status.lease_expired:
-            if self.log.close_lost(run_id):
-                self._log.warning("run {}: its producer stopped renewing its lease; closed as producer_lost",
-                                  run_id)
+        if self._closed_as_lost(status):
             return False
         return status.state != "running" and after_seq >= status.last_seq
+
+    def _closed_as_lost(self, status: RunStatus) -> bool:
+        """Close a running run whose lease ran out as ``producer_lost``: whoever looks at it notices (a reader,
+        a status poll).  A chat's index is left alone: its lease is out by design (:meth:`_index_chat`)."""
+        if status.state != "running" or not status.lease_expired or status.meta.get("chat_index"):
+            return False
+        if self.log.close_lost(status.run_id):
+            self._log.warning("run {}: its producer stopped renewing its lease; closed as producer_lost",
+                              status.run_id)
+        return True
 
     # --- the other routes -----------------------------------------------------------------------
     def route(self, path: str, method: str, environ: WSGIEnvironment,
@@ -572,7 +579,10 @@ class RunRoutes:
         owner = self.owner_of(environ)
         try:
             if what == "":
-                return json_response(200, status_payload(self.log.status(run_id, owner)))
+                status = self.log.status(run_id, owner)
+                if self._closed_as_lost(status):
+                    status = self.log.status(run_id, owner)
+                return json_response(200, status_payload(status))
             if what == "/stop":
                 self.log.request_stop(run_id, owner)
                 return json_response(202, {"run_id": run_id, "stop_requested": True})

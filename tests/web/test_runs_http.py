@@ -225,6 +225,21 @@ def test_a_dead_producer_is_closed_as_producer_lost_within_its_lease(provider, l
         assert requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()["state"] == "lost"
 
 
+def test_a_status_poll_alone_notices_a_dead_producer(provider, logs, closing):
+    """A backend that only polls ``GET /v1/runs/<id>`` learns the run is lost, with no reader attached."""
+    log = logs.new()
+    engine = make_engine(provider)
+    closing(engine)
+    run_id = new_run_id()
+    lease = log.create(run_id, "anonymous", lease_s=0.5)
+    log.append(lease, [("token", '"partial "')])  # then its worker "dies": no more renewals
+    with serving(make_wsgi_app(engine, runs=log)) as base:
+        assert requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()["state"] == "running"
+        time.sleep(0.6)
+        status = requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()
+        assert status["state"] == "lost" and status["terminal"]["data"]["code"] == "producer_lost"
+
+
 def test_a_detached_run_nobody_comes_back_for_is_cancelled_as_abandoned(provider, logs, closing):
     slow_reply(provider, 400, 0.05)
     engine = make_engine(provider)
