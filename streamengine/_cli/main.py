@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from .._messages import ToolCall
     from ..runs import RunLog
     from ..testing._scenario import ScenarioResult
+    from ..web import PartsPolicy
 
 COMMANDS = ("chat", "serve", "models", "demo", "harness", "logs", "mcp")
 _TOP_LEVEL = ("-h", "--help", "--version")
@@ -139,18 +140,22 @@ def cmd_serve(args: argparse.Namespace, hooks: _Hooks) -> int:
     if args.max_connections_per_client < 0:
         raise UsageError("--max-connections-per-client must be 0 (no cap) or more")
     everything = args.approve == "all"
+    if args.approve == "ask" and args.runs is None:
+        raise UsageError("--approve ask needs --runs URL: the page's answer reaches the run through its log "
+                         "(one process: --runs memory:)")
     runs: Optional[RunLog] = None
     engine = build_engine(args, approve=approve_all if everything else refuse)
     try:
         from ..web import make_wsgi_app
         from ..web._serve import serve_app
-        _say_what_happens_to_side_effects(engine, everything)
+        _say_what_happens_to_side_effects(engine, args.approve)
         # Streams beyond threads - 4 get a 429, so health checks and the page always find a thread.
         runs = _run_log(args)
         app = make_wsgi_app(engine, system_prompt=args.system or None, allow_origin=args.allow_origin,
                             heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
                             max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors,
-                            runs=runs, detach_grace_s=args.detach_grace)
+                            runs=runs, detach_grace_s=args.detach_grace, approvals=args.approve == "ask",
+                            parts=_parts_policy(args), ai_sdk_version=args.ai_sdk_version)
         banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
@@ -166,6 +171,20 @@ def cmd_serve(args: argparse.Namespace, hooks: _Hooks) -> int:
     return 0
 
 
+def _parts_policy(args: argparse.Namespace) -> Optional[PartsPolicy]:
+    """``--parts image,file`` (``--part-urls``): which attachments a request may bring (None: text only)."""
+    if not args.parts:
+        if args.part_urls:
+            raise UsageError("--part-urls needs --parts KINDS (which attachments a request may bring)")
+        return None
+    from ..web import PartsPolicy
+    kinds = tuple(kind.strip() for kind in args.parts.split(",") if kind.strip())
+    try:
+        return PartsPolicy(allow=kinds, urls=args.part_urls)
+    except ConfigError as exc:
+        raise UsageError(f"--parts {args.parts}: {exc}") from exc
+
+
 def _run_log(args: argparse.Namespace) -> Optional[RunLog]:
     """``--runs URL``: the log runs resume from (None: runs live and die with their connection)."""
     if args.runs is None:
@@ -178,10 +197,14 @@ def side_effect_tools(engine: StreamingEngine) -> List[str]:
     return [name for name in engine.registry.names if getattr(engine.registry.get(name), "side_effects", False)]
 
 
-def _say_what_happens_to_side_effects(engine: StreamingEngine, everything: bool) -> None:
-    """On stderr at start: which tools are refused, or a WARNING that every call of them runs unasked."""
+def _say_what_happens_to_side_effects(engine: StreamingEngine, approve: str) -> None:
+    """On stderr at start: which tools are refused or asked about, or a WARNING that every call runs unasked."""
     names = side_effect_tools(engine)
-    if everything:
+    if approve == "ask":
+        if names:
+            write(sys.stderr, f"{PROG}: tools with side effects wait for the client's Approve or Deny (the page, "
+                              f"POST /v1/runs/<id>/approvals/<call id>): {', '.join(names)}\n")
+    elif approve == "all":
         which = f" ({', '.join(names)})" if names else " (none registered now)"
         write(sys.stderr, f"{PROG}: WARNING: --approve all: every call of a tool with side effects{which} "
                           f"runs without anyone approving it, for every client of this server\n")
@@ -390,9 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds of silence before a ': ping' frame (default 15)")
     serve.add_argument("--expose-errors", action="store_true",
                        help="send error details to the browser, not only to the log (development only)")
-    serve.add_argument("--approve", choices=("never", "all"), default="never",
-                       help="tools with side effects: refuse every call (default: a server has nobody to ask), "
-                            "or run every call for every client, unasked (a WARNING at start says so)")
+    serve.add_argument("--approve", choices=("never", "ask", "all"), default="never",
+                       help="tools with side effects: refuse every call (default), ask the client (the page's "
+                            "Approve/Deny, useChat with --ai-sdk-version 6 or 7; needs --runs), or run every "
+                            "call for every client, unasked (a WARNING at start says so)")
+    serve.add_argument("--parts", metavar="KINDS",
+                       help="attachments a request may bring: a comma list of image, audio, file (default: text "
+                            "only); inline data only unless --part-urls")
+    serve.add_argument("--part-urls", action="store_true",
+                       help="with --parts: a part may also point at an http(s) URL (the provider fetches it)")
+    serve.add_argument("--ai-sdk-version", type=int, choices=(5, 6, 7), default=5,
+                       help="the 'ai' major version of a useChat frontend on POST /api/chat (default 5)")
     serve.add_argument("--max-connections-per-client", metavar="N", type=int, default=64,
                        help="open connections one address (an IPv6 /64) may hold; 429 past it (default 64; "
                             "0 = no cap, behind a proxy where every client has the proxy's address)")

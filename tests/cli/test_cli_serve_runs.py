@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from streamengine import ConfigError
 from streamengine.runs import MemoryRunLog, SqliteRunLog, open_run_log
@@ -62,3 +63,70 @@ def test_open_run_log_reads_each_url_form(tmp_path):
     for bad in ("", "ftp://host/x", "sqlite://"):
         with pytest.raises(ConfigError, match="run log URL"):
             open_run_log(bad)
+
+
+TOOLS = '''
+from streamengine.tools import tool
+
+
+@tool(side_effects=True)
+def delete_file(path: str) -> str:
+    """Delete a file (a side effect: the client is asked)."""
+    return f"deleted {path}"
+'''
+
+
+def stopped(serve: subprocess.Popen) -> str:
+    serve.send_signal(signal.SIGTERM)
+    _, err = serve.communicate(timeout=30)
+    return err
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_approve_ask_lets_the_client_approve_or_deny_a_held_call(tmp_path, approved):
+    tools = tmp_path / "writes.py"
+    tools.write_text(TOOLS)
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("Deleting. "),
+                    s.tool_call(0, id="call_1", name="delete_file", arguments='{"path": "/tmp/x"}'),
+                    s.finish("tool_calls"))
+        fp.add_turn(s.text("Done."))
+        serve, base = start_serve(fp, "--runs", "memory:", "--approve", "ask", "--tools", str(tools))
+        try:
+            client = RunClient(base)
+            events = client.start([{"role": "user", "content": "delete /tmp/x"}])
+            asked = next(e for e in events if e.event == "approval_request").json()
+            assert asked["call"]["name"] == "delete_file" and asked["expires_in_s"] > 0
+            assert client.answer(asked["call"]["id"], approved, "not today") is approved
+            result = next(e for e in events if e.event == "tool_result").json()
+            assert result["ok"] is approved and (result["text"] == "deleted /tmp/x") is approved
+            assert result["skipped"] == (None if approved else "not_approved")
+            assert [e.event for e in events][-1] == "done"
+        finally:
+            err = stopped(serve)
+        assert "wait for the client's Approve or Deny" in err and "delete_file" in err
+
+
+def test_approve_ask_without_a_run_log_is_a_usage_error(capsys):
+    from streamengine._cli.main import main
+
+    assert main(["serve", "--approve", "ask", "-m", "m", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert "--approve ask needs --runs URL" in capsys.readouterr().err
+
+
+def test_parts_lets_a_request_bring_the_kinds_it_names():
+    from parts_support import PNG_URL
+
+    ask = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What bird?"},
+                                                      {"type": "image_url", "image_url": {"url": PNG_URL}}]}]}
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("A heron."))
+        for flags, status in ((["--parts", "image"], 200), ([], 400)):
+            serve, base = start_serve(fp, *flags)
+            try:
+                resp = requests.post(f"{base}/v1/chat/stream", json=ask, timeout=10)
+                assert resp.status_code == status, resp.text
+            finally:
+                stopped(serve)
+        assert [r.parts for r in fp.requests] == [[{"type": "image_url", "image_url": {"url": PNG_URL}}]]
+        assert "PartsPolicy(allow=('image',))" in resp.json()["error"]
