@@ -8,9 +8,10 @@ prompt), not flags, and each rewrite is a plain function of the words.
 
 ``streamengine serve``: the engine as SSE over HTTP, under waitress.
 
-A server has nobody to ask before a side-effect tool runs, so it refuses
-every such call unless started with ``--approve all``, which lets every one
-run for every client and says so in a WARNING at start.
+By default a server refuses every side-effect call; ``--approve ask`` (with
+``--runs``) asks the client, whose answer reaches the run through its log;
+``--approve all`` lets every one run for every client and says so in a
+WARNING at start.
 
 ``main(argv) -> int`` never lets a traceback reach the terminal for a user's
 mistake or an unreachable provider: those end as a line on stderr,
@@ -209,8 +210,8 @@ def _say_what_happens_to_side_effects(engine: StreamingEngine, approve: str) -> 
         write(sys.stderr, f"{PROG}: WARNING: --approve all: every call of a tool with side effects{which} "
                           f"runs without anyone approving it, for every client of this server\n")
     elif names:
-        write(sys.stderr, f"{PROG}: tools with side effects are refused (a server has nobody to ask): "
-                          f"{', '.join(names)}; --approve all lets them run\n")
+        write(sys.stderr, f"{PROG}: tools with side effects are refused: {', '.join(names)}; --approve ask "
+                          f"(with --runs) lets the client decide, --approve all lets them all run\n")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -301,7 +301,7 @@ def test_serve_refuses_side_effect_calls_by_default_and_says_so_at_start(capsys,
         rc, _out, err, replies = serve_one_stream(capsys, fp)
     assert rc == 0, err
     assert ran(workdir) == []
-    assert "create_branch" in err and "refused" in err and "--approve all" in err
+    assert "create_branch" in err and "refused" in err and "--approve all" in err and "--approve ask" in err
     assert "not run" in told_the_model(fp)
     assert "Done." in replies[0]
 
@@ -316,9 +316,10 @@ def test_serve_approve_all_runs_them_with_a_warning_at_start(capsys, workdir):
     assert "created x" in told_the_model(fp)
 
 
-def test_serve_cannot_ask(capsys):
+def test_serve_asks_only_with_a_run_log(capsys):
+    """The page's answer reaches a held call through the run log (tests/cli/test_cli_serve_runs.py has it asking)."""
     rc, _, err = run(capsys, "serve", "--approve", "ask", "-m", "m")
-    assert rc == 2 and "invalid choice" in err
+    assert rc == 2 and "--approve ask needs --runs URL" in err
 
 
 # --- harness -------------------------------------------------------------------------------------

@@ -107,13 +107,6 @@ def test_approve_ask_lets_the_client_approve_or_deny_a_held_call(tmp_path, appro
         assert "wait for the client's Approve or Deny" in err and "delete_file" in err
 
 
-def test_approve_ask_without_a_run_log_is_a_usage_error(capsys):
-    from streamengine._cli.main import main
-
-    assert main(["serve", "--approve", "ask", "-m", "m", "--base-url", "http://127.0.0.1:9/v1"]) == 2
-    assert "--approve ask needs --runs URL" in capsys.readouterr().err
-
-
 def test_parts_lets_a_request_bring_the_kinds_it_names():
     from parts_support import PNG_URL
 
