@@ -16,11 +16,10 @@ stream limits, JSON refusals), ``_frames`` (engine events as SSE frames),
 ``_sse`` (what a browser may learn of a failure; one stream: batching,
 cancel on disconnect, stuck readers), ``_serve`` (waitress: ``serve``, and
 the CLI's), ``_parts`` (``PartsPolicy``: which images, audio and files a
-request may bring), ``_producer`` and ``_runs`` (runs in a log: the
-producer, the run routes),
-``_aisdk`` (the AI SDK's UI message stream), ``_agui`` (AG-UI), ``_runs`` (the
-routes of runs in a log: resume, stop, status, approvals) and ``_producer``
-(one run driven into its log).
+request may bring), ``_aisdk`` (the AI SDK's UI message stream), ``_agui``
+(AG-UI), ``_runs`` (the routes of runs in a log: resume, stop, status,
+approvals) and ``_producer`` (one run driven into its log; a log read back
+by a frontend's framer).
 """
 from __future__ import annotations
 

@@ -18,19 +18,17 @@ Why it is built this way:
 from __future__ import annotations
 
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from .._errors import ConfigError
-from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._parts import attachment_part, guessed_type
 from .._validation import json_type
-from ..runs import Frame, Gap
 from ._frames import OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
-from ._producer import LoggedErrors, logged_event
-from ._sse import PublicErrors
+from ._producer import LoggedErrors, LogRender
+from ._sse import EventFramer, PublicErrors
 
 #: The response headers of an AG-UI stream.
 AGUI_HEADERS: Headers = [
@@ -197,7 +195,7 @@ def _part_text(where: str, part: Any) -> str:
                           "{\"type\": \"text\", \"text\": \"...\"}", where)
 
 
-class AgUiStream:
+class AgUiStream(EventFramer):
     """One response's AG-UI events: engine events in, ``data: {json}`` events out (a ``Framer``).
 
     ``RUN_STARTED`` first; a ``STEP_STARTED``/``STEP_FINISHED`` pair per
@@ -209,7 +207,7 @@ class AgUiStream:
     """
 
     def __init__(self, errors: PublicErrors, run: RunInput, held: Iterable[str] = ()) -> None:
-        self._errors = errors
+        super().__init__(errors)
         self._run = run
         #: The run ended at a held call's interrupt (the answer comes in the next run's ``resume``).
         self.parked = False
@@ -217,15 +215,13 @@ class AgUiStream:
         self._round = 0
         self._step: Optional[str] = None
         self._text: Optional[List[str]] = None  # the open text message's deltas
-        self._prose = BlockFilter()
         self._text_id = ""
         self._content_prefix = ""
         self._reasoning: Optional[str] = None
         self._thoughts: List[str] = []  # the open reasoning message's deltas
         # Calls shown in the run this one resumes are not shown again: their results come alone.
         self._held = frozenset(held)
-        self._shown: Dict[str, ToolCall] = {call_id: ToolCall(call_id, "", "") for call_id in self._held}
-        self._ended = False
+        self._shown: Set[str] = set(self._held)  # calls whose card the client has
         # What the run said so far, for MESSAGES_SNAPSHOT: (round, message) with text as lists of deltas.
         self._said: List[Any] = []
 
@@ -234,28 +230,11 @@ class AgUiStream:
         return OK_FRAME + data_frame({"type": "RUN_STARTED", "threadId": self._run.thread_id,
                                       "runId": self._run.run_id})
 
-    def token(self, text: str) -> bytes:
-        if self._ended or not text:
-            return b""
-        if text.startswith(self._errors.token_prefix):
-            text = self._errors.token_text(text)
-        else:  # an inline tool block is left out: the call is on its own card
-            text = self._prose.feed(text)
-            if not text:
-                return b""
+    def _text_delta(self, text: str) -> bytes:
         head = self._open_text() if self._text is None else b""
         assert self._text is not None
         self._text.append(text)
         return head + (self._content_prefix + _json_string(text) + "}\n\n").encode("ascii")
-
-    def encode(self, event: object) -> bytes:
-        if self._ended:
-            return b""
-        name = getattr(event, "name", None)
-        if name == "token":
-            return self.token(getattr(event, "text", ""))
-        handler = self._HANDLERS.get(name) if isinstance(name, str) else None
-        return handler(self, event) if handler is not None else b""
 
     def failure(self, exc: BaseException) -> bytes:
         return self.run_error(self._errors.failure_text(exc))
@@ -350,7 +329,7 @@ class AgUiStream:
 
     def _show_call(self, call: ToolCall) -> bytes:
         head = self._close_parts() + self._open_step()
-        self._shown[call.id] = call
+        self._shown.add(call.id)
         parent = self._new_id("call")
         self._said.append((0, {"id": parent, "role": "assistant", "toolCalls": [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]}))
@@ -466,31 +445,14 @@ def _usage(usage: object) -> Optional[Dict[str, int]]:
     return {key: value for key, value in counts.items() if isinstance(value, int) and value >= 0}
 
 
-class AgUiLogRender:
-    """A run's log frames (the app's own events) as one AG-UI run's events, encoded as they are read."""
+class AgUiLogRender(LogRender):
+    """A run's log frames as one AG-UI run's events."""
 
     def __init__(self, run: RunInput, request_id: str, held: Iterable[str] = ()) -> None:
-        self._stream = AgUiStream(LoggedErrors(request_id), run, held)
-
-    def head(self) -> bytes:
-        return self._stream.opening()
-
-    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
-        out: List[bytes] = []
-        for frame in frames:
-            event = logged_event(frame.name, frame.data)
-            if event is not None:
-                out.append(self._stream.encode(event))
-        return b"".join(out)
-
-    def gap(self, gap: Gap) -> bytes:
-        return b""
+        self._stream: AgUiStream = AgUiStream(LoggedErrors(request_id), run, held)
 
     def error(self, code: str, message: str) -> bytes:
         return self._stream.run_error(message)
-
-    def parked(self) -> bool:
-        return self._stream.parked
 
     def done(self) -> bytes:
         return b""  # an AG-UI client would try to parse a [DONE]

@@ -39,21 +39,17 @@ from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional
 
 from .._errors import ConfigError
-from .._inline import BlockFilter
 from .._messages import Message, ToolCall
 from .._parts import attachment_part
 from .._validation import json_type
-from ..runs import Frame, Gap
-from ._frames import OK_FRAME, data_frame
+from ._frames import DONE_FRAME, OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
-from ._producer import LoggedErrors, logged_event
-from ._sse import PublicErrors
+from ._producer import LoggedErrors, LogRender
+from ._sse import EventFramer, PublicErrors
 
 #: The ``ai`` major versions whose UI message stream the app can speak (``make_wsgi_app(ai_sdk_version=)``).
 AI_SDK_VERSIONS = (5, 6, 7)
-#: Always the last frame of a UI message stream.
-DONE_FRAME = b"data: [DONE]\n\n"
 #: The response headers ``DefaultChatTransport`` expects (no-transform: a proxy must not compress or buffer).
 UI_STREAM_HEADERS: Headers = [
     ("Content-Type", "text/event-stream; charset=utf-8"),
@@ -70,14 +66,11 @@ _TRIGGERS = ("submit-message", "regenerate-message")
 _DROPPED_PART = ("reasoning", "step-start", "source-url", "source-document", "dynamic-tool")
 
 
-def check_ai_sdk_version(version: object, approvals: bool = False) -> int:
-    """``version`` is one of :data:`AI_SDK_VERSIONS`, and it can carry approvals if they are asked for."""
+def check_ai_sdk_version(version: object) -> int:
+    """``version`` is one of :data:`AI_SDK_VERSIONS` (whether it can ask about held calls is ``_app``'s warning)."""
     if isinstance(version, bool) or version not in AI_SDK_VERSIONS:
         raise ConfigError(f"ai_sdk_version must be one of {', '.join(map(str, AI_SDK_VERSIONS))} (the major "
                           f"version of the 'ai' package your frontend uses), got {version!r}")
-    if approvals and version == 5:
-        raise ConfigError("approvals need the AI SDK's tool-approval chunks, which ai 5 does not know; pass "
-                          "ai_sdk_version=6 or ai_sdk_version=7 (and use that 'ai' version in the frontend)")
     assert isinstance(version, int)
     return version
 
@@ -211,7 +204,7 @@ def _part_text(where: str, part: Any, role: str) -> Optional[str]:
 
 # --- the stream ------------------------------------------------------------------------------------
 
-class UiMessageStream:
+class UiMessageStream(EventFramer):
     """One response's UI message stream: engine events in, ``data: {json}`` chunks out (a ``Framer``).
 
     Parts follow the run: a ``start-step`` per round, a text part per stretch
@@ -222,18 +215,16 @@ class UiMessageStream:
     """
 
     def __init__(self, errors: PublicErrors, message_id: str, version: int = 5, held: Iterable[str] = ()) -> None:
+        super().__init__(errors)
         self.version = check_ai_sdk_version(version)
         #: The stream ended at a held call's approval request (the answer comes in the next request).
         self.parked = False
-        self._errors = errors
         self._message_id = message_id
         self._count = 0
         self._step = False
         self._text: Optional[str] = None
-        self._prose = BlockFilter()
         self._delta_prefix = ""
         self._reasoning: Optional[str] = None
-        self._ended = False
         self._refused = False
         self._shown: Dict[str, List[bytes]] = {}  # the round's tool parts (call id -> chunks), for reset-step
         # Calls whose approval was asked (in this stream, or in the one ``held`` continues): a refusal of one is
@@ -245,32 +236,12 @@ class UiMessageStream:
     def opening(self) -> bytes:
         return OK_FRAME + data_frame({"type": "start", "messageId": self._message_id})
 
-    def token(self, text: str) -> bytes:
-        if self._ended or not text:
-            return b""
-        if text.startswith(self._errors.token_prefix):
-            text = self._errors.token_text(text)
-        else:  # an inline tool block is left out: the call is on its own card
-            text = self._prose.feed(text)
-            if not text:
-                return b""
+    def _text_delta(self, text: str) -> bytes:
         head = self._open_text() if self._text is None else b""
         return head + (self._delta_prefix + _json_string(text) + "}\n\n").encode("ascii")
 
-    def encode(self, event: object) -> bytes:
-        if self._ended:
-            return b""
-        name = getattr(event, "name", None)
-        if name == "token":
-            return self.token(getattr(event, "text", ""))
-        handler = self._HANDLERS.get(name) if isinstance(name, str) else None
-        return handler(self, event) if handler is not None else b""  # an event this protocol has no chunk for
-
     def failure(self, exc: BaseException) -> bytes:
-        if self._ended:
-            return b""
-        self._ended = True
-        return data_frame({"type": "error", "errorText": self._errors.failure_text(exc)})
+        return self.failure_text_frame(self._errors.failure_text(exc))  # logged even after the stream ended
 
     def failure_text_frame(self, text: str) -> bytes:
         """An ``error`` chunk with ``text`` (already public) that ends the stream."""
@@ -471,46 +442,23 @@ class UiMessageStream:
 
 
 
-class UiLogRender:
-    """A run's log frames (the app's own events) as one UI message stream, encoded as they are read.
-
-    The log keeps one format for every protocol; a ``useChat`` response (the
-    one that started the run, or a resume on any worker) encodes its frames
-    here, on the message id the run was started with.
-    """
+class UiLogRender(LogRender):
+    """A run's log frames as one UI message stream, on the message id the run was started with."""
 
     def __init__(self, message_id: str, version: int, request_id: str, held: Iterable[str] = (),
                  settled: Iterable[str] = ()) -> None:
         """``held``: calls whose approval card the client has; ``settled``: answered calls a replay passes by."""
-        self._stream = UiMessageStream(LoggedErrors(request_id), message_id, version, held)
+        self._stream: UiMessageStream = UiMessageStream(LoggedErrors(request_id), message_id, version, held)
         self._settled = frozenset(settled)
-
-    def parked(self) -> bool:
-        return self._stream.parked
 
     def done(self) -> bytes:
         return DONE_FRAME
-
-    def head(self) -> bytes:
-        return self._stream.opening()
-
-    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
-        out: List[bytes] = []
-        for frame in frames:
-            event = logged_event(frame.name, frame.data)
-            if event is not None and not self._passed_by(event):
-                out.append(self._stream.encode(event))
-        return b"".join(out)
 
     def _passed_by(self, event: object) -> bool:
         """An approval request of a call already answered: a replay shows the card's outcome, not the question."""
         call = getattr(event, "call", None)
         return getattr(event, "name", None) == "approval_request" and isinstance(call, dict) \
             and call.get("id") in self._settled
-
-    def gap(self, gap: Gap) -> bytes:
-        """The log no longer keeps the run's start: the message goes on from what it keeps."""
-        return b""
 
     def error(self, code: str, message: str) -> bytes:
         return self._stream.failure_text_frame(message)

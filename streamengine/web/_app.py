@@ -461,12 +461,11 @@ class StreamApp:
             raise HttpError(str(exc), field=exc.field) from exc
         message_id = f"msg-{uuid.uuid4().hex}"
         if self._runs is not None:  # a run in the log, encoded as the UI message stream as it is read
-            request_id = uuid.uuid4().hex[:12]
             version = self.ai_sdk_version
             run = ChatRun(chat, {"message_id": message_id},
                           lambda request: UiLogRender(message_id, version, request), UI_STREAM_HEADERS, version >= 6)
-            return self._runs.start(self.engine, messages, environ, self._run_options(environ),
-                                    PublicErrors(request_id, expose=self.expose_errors, logger=self._log), run)
+            return self._runs.start(self.engine, messages, environ, self._run_options(environ), self._new_errors(),
+                                    run)
         return self._stream(messages, environ,
                             lambda errors: UiMessageStream(errors, message_id, self.ai_sdk_version),
                             UI_STREAM_HEADERS)
@@ -508,14 +507,13 @@ class StreamApp:
         if self._runs is None:
             return self._stream(run.messages, environ, lambda errors: AgUiStream(errors, run), AGUI_HEADERS)
         thread = f"agui\0{run.thread_id}"  # never a useChat chat's id (printable)
-        request_id = uuid.uuid4().hex[:12]
+        errors = self._new_errors()
         if resuming is not None:
             return self._runs.answer_chat(thread, environ, resuming[1],
-                                          lambda status, held, settled: AgUiLogRender(run, request_id, held),
+                                          lambda status, held, settled: AgUiLogRender(run, errors.request_id, held),
                                           AGUI_HEADERS)
         logged = ChatRun(thread, {}, lambda request: AgUiLogRender(run, request), AGUI_HEADERS, True)
-        return self._runs.start(self.engine, run.messages, environ, self._run_options(environ),
-                                PublicErrors(request_id, expose=self.expose_errors, logger=self._log), logged)
+        return self._runs.start(self.engine, run.messages, environ, self._run_options(environ), errors, logged)
 
     def _checked_body(self, environ: WSGIEnvironment) -> Any:
         """A POST run's checks before its messages: cross-site, ``authorize``, then the JSON body."""
@@ -523,12 +521,18 @@ class StreamApp:
         self._check_authorized(environ)
         return _decode_json(self._read_body(environ))
 
+    def _new_errors(self) -> PublicErrors:
+        """What a client may learn of its request's failures, under a fresh request id."""
+        return PublicErrors(uuid.uuid4().hex[:12], expose=self.expose_errors, logger=self._log)
+
     def _stream(self, messages: List[Message], environ: WSGIEnvironment, framer: Optional[MakeFramer] = None,
                 headers: Optional[Headers] = None) -> Tuple[str, Headers, Iterable[bytes]]:
-        request_id = uuid.uuid4().hex[:12]
-        if self._runs is not None and framer is None:  # the frontends' protocols are not kept in the log (yet)
-            return self._runs.start(self.engine, messages, environ, self._run_options(environ),
-                                    PublicErrors(request_id, expose=self.expose_errors, logger=self._log))
+        """A run answered on this connection; with a run log, a run in the log (the frontends' routes start
+        theirs with their own render, so ``framer`` is only for a run without one)."""
+        errors = self._new_errors()
+        request_id = errors.request_id
+        if self._runs is not None:
+            return self._runs.start(self.engine, messages, environ, self._run_options(environ), errors)
         release = self._limiter.acquire(environ)
         probe = environ.get("waitress.client_disconnected")
         holder: List[SseResponse] = []
@@ -538,7 +542,6 @@ class StreamApp:
             if holder:
                 self._stuck.remove(holder[0])
 
-        errors = PublicErrors(request_id, expose=self.expose_errors, logger=self._log)
         try:
             response = SseResponse(self.engine, messages, heartbeat_s=self.heartbeat_s,
                                    disconnected=probe if callable(probe) else None, on_close=closed,

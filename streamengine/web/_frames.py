@@ -17,9 +17,9 @@ Why it is built this way:
   engine (``run(heartbeat_s=...)`` yields ``HeartbeatEvent``); this module only
   renders them as the comment ``: ping``.
 * **Duck-typed**: events are recognised by their ``name`` ClassVar and read
-  with ``getattr``, so this module depends only on the standard library, the
-  logger and ``LLM_WARNING`` (layering: ``sse`` sits beside
-  ``messages``/``errors``, below the engine whose events it renders).
+  with ``getattr``, so this module depends only on the standard library and
+  the engine's event types (layering: ``_frames`` sits below the engine's
+  runs it renders, beside ``_sse``).
 
 Frames::
 

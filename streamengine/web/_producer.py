@@ -33,7 +33,7 @@ from .._engine.events import DoneEvent, Event, HeartbeatEvent
 from .._engine.result import CUT_OFF_FINISH_REASONS
 from .._logs import component_logger
 from .._messages import ToolCall
-from ..runs import Frame, Lease, RunFencedError, RunLog, RunLogError
+from ..runs import Frame, Gap, Lease, RunFencedError, RunLog, RunLogError
 from ..runs import _local as local
 from ._sse import PublicErrors
 
@@ -96,6 +96,47 @@ def logged_event(name: str, data: str) -> Optional[SimpleNamespace]:
             answer=value.get("answer"), refusal=value.get("refusal"), usage=value.get("usage"), telemetry=telemetry,
             cut_off=last if last in CUT_OFF_FINISH_REASONS else None))
     return SimpleNamespace(**{**value, "name": name})
+
+
+class LogRender:
+    """A run's log frames, encoded on read by a frontend protocol's framer (``stream``).
+
+    The log keeps one format for every protocol; the response that started a
+    run and every resume on any worker read its frames through one of these.
+    A subclass says how the protocol ends (:meth:`done`, :meth:`error`) and
+    which logged events a replay passes by.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def parked(self) -> bool:
+        """The stream ended at a held call (its answer comes in the client's next request)."""
+        return bool(self._stream.parked)
+
+    def head(self) -> bytes:
+        return bytes(self._stream.opening())
+
+    def frames(self, run_id: str, frames: List[Frame]) -> bytes:
+        out: List[bytes] = []
+        for frame in frames:
+            event = logged_event(frame.name, frame.data)
+            if event is not None and not self._passed_by(event):
+                out.append(self._stream.encode(event))
+        return b"".join(out)
+
+    def _passed_by(self, event: object) -> bool:
+        return False
+
+    def gap(self, gap: Gap) -> bytes:
+        """The log no longer keeps the run's start: the stream goes on from what it keeps."""
+        return b""
+
+    def error(self, code: str, message: str) -> bytes:
+        raise NotImplementedError
+
+    def done(self) -> bytes:
+        raise NotImplementedError
 
 
 class LoggedErrors(PublicErrors):

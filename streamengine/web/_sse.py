@@ -64,6 +64,7 @@ from typing import (
 from .._cancel import CancelToken
 from .._engine.events import DoneEvent, Event, HeartbeatEvent, TokenEvent
 from .._errors import StreamEngineError
+from .._inline import BlockFilter
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
 from ._frames import (
@@ -151,6 +152,47 @@ class Framer(Protocol):
     def failure(self, exc: BaseException) -> bytes: ...
 
     def closing(self) -> bytes: ...
+
+
+class EventFramer:
+    """What the frontends' framers share: the text of a token a client may see, and events dispatched by name.
+
+    A token starting with the engine's warning has its detail made public;
+    any other has its inline tool blocks left out (the call is shown on its
+    own card).  A subclass writes :meth:`_text_delta` (a visible token's
+    frame) and ``_HANDLERS`` (every other event it has a frame for); after
+    ``_ended`` nothing more is written.
+    """
+
+    _HANDLERS: ClassVar[Dict[str, Callable[[Any, object], bytes]]] = {}
+
+    def __init__(self, errors: PublicErrors) -> None:
+        self._errors = errors
+        self._prose = BlockFilter()
+        self._ended = False
+
+    def token(self, text: str) -> bytes:
+        if self._ended or not text:
+            return b""
+        if text.startswith(self._errors.token_prefix):
+            text = self._errors.token_text(text)
+        else:
+            text = self._prose.feed(text)
+            if not text:
+                return b""
+        return self._text_delta(text)
+
+    def _text_delta(self, text: str) -> bytes:
+        raise NotImplementedError
+
+    def encode(self, event: object) -> bytes:
+        if self._ended:
+            return b""
+        name = getattr(event, "name", None)
+        if name == "token":
+            return self.token(getattr(event, "text", ""))
+        handler = self._HANDLERS.get(name) if isinstance(name, str) else None
+        return handler(self, event) if handler is not None else b""  # an event this protocol has no frame for
 
 
 def frames(batches: Iterator[List[Event]], heartbeat_s: Optional[float], disconnected: Optional[Callable[[], bool]],

@@ -127,7 +127,7 @@ def test_an_unknown_ai_sdk_version_is_refused_naming_the_known_ones(version):
 
 
 def test_approvals_need_a_run_log_whatever_the_ai_version():
-    # approvals=True is answered over the run routes (runs=, issue 38); useChat's approval chunks are not wired yet
+    # approvals=True is answered through the run log (runs=): without one there is nothing to wait in
     with pytest.raises(ConfigError, match="needs a run log"):
         make_wsgi_app(Silent(), approvals=True, ai_sdk_version=6)
 
