@@ -41,7 +41,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["CancellableAdapter"], "._clients.http.connection"),
     **dict.fromkeys(["AllModelsFailedError", "ConfigError", "LlmCancelledError", "LlmConnectionError", "LlmError",
                      "LlmHttpError", "LlmOutputLimitError", "LlmProtocolError", "LlmStreamError", "LlmTimeoutError",
-                     "RunFailedError", "StreamEngineError", "ToolError"], "._errors"),
+                     "PartNotCarriedError", "RunFailedError", "StreamEngineError", "ToolError"], "._errors"),
     **dict.fromkeys(["LLM_WARNING", "Chunk", "CompletionOptions", "Message", "ProviderItem", "Response",
                      "StopReason", "ToolCall", "ToolCallDelta", "ToolResult", "ToolSpec", "Usage"], "._messages"),
     **dict.fromkeys(["ToolContext"], "._messages"),
@@ -61,7 +61,8 @@ __all__ = [
     "ErrorEvent", "Event", "FilePart", "HashingEmbedder", "HeartbeatEvent", "ImagePart", "LLM_WARNING",
     "LlmCancelledError", "LlmClient", "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError",
     "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer",
-    "OpenAICompatibleClient", "OpenAIEmbedder", "OpenAIResponsesClient", "PostgresRagStore", "ProviderItem",
+    "OpenAICompatibleClient", "OpenAIEmbedder", "OpenAIResponsesClient", "PartNotCarriedError", "PostgresRagStore",
+    "ProviderItem",
     "ReasoningEvent", "RefusalEvent", "ResetEvent", "Response", "RoundEvent", "RoutedClient", "Run", "RunFailedError",
     "ScriptedClient", "SqliteRagStore", "StopReason", "StreamEngineError", "StreamingEngine", "StreamingLlmClient",
     "Telemetry", "TextPart", "TokenEvent", "Tool", "ToolCall", "ToolCallDelta", "ToolContext", "ToolError",
@@ -108,6 +109,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._errors import LlmProtocolError as LlmProtocolError
     from ._errors import LlmStreamError as LlmStreamError
     from ._errors import LlmTimeoutError as LlmTimeoutError
+    from ._errors import PartNotCarriedError as PartNotCarriedError
     from ._errors import RunFailedError as RunFailedError
     from ._errors import StreamEngineError as StreamEngineError
     from ._errors import ToolError as ToolError

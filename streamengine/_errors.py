@@ -4,7 +4,8 @@
 
     StreamEngineError
     ├── ConfigError (ValueError)
-    │   └── ScenarioError                   testing: a scenario file that cannot be run
+    │   ├── ScenarioError                   testing: a scenario file that cannot be run
+    │   └── PartNotCarriedError             an image, audio or file the model's API cannot take
     ├── LlmError
     │   ├── LlmHttpError                    status_code, body, retry_after
     │   ├── LlmTimeoutError (TimeoutError)  timeout_s, chunks_received, verb
@@ -51,6 +52,14 @@ class StreamEngineError(Exception):
 
 class ConfigError(StreamEngineError, ValueError):
     """A setting or argument is invalid; the message says which and how to fix it."""
+
+
+class PartNotCarriedError(ConfigError):
+    """A message's image, audio or file that a model's API cannot carry: the request's content, not a setting.
+
+    Raised before any request is sent; a web app answers it as the client's
+    (422), not as its own failure.
+    """
 
 
 class LlmError(StreamEngineError):

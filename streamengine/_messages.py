@@ -160,18 +160,20 @@ class ProviderItem:
     ``redacted_thinking`` blocks, the Responses API's ``reasoning`` items
     (with ``encrypted_content`` when asked for): opaque to the engine, never
     shown nor mixed into the answer, sent back only on the ``wire`` that made
-    them.  ``data`` is the JSON object as received; ``size`` its length in
-    characters, counted against ``EngineConfig.max_reasoning_chars``.
+    them.  ``data`` is the JSON object as received; ``size`` its length as
+    JSON in characters (computed when not given), counted against
+    ``EngineConfig.max_reasoning_chars``: the whole item is kept, its
+    thinking text included, so the text counts there as well as in
+    ``reasoning``.
     """
 
     wire: str
     data: Mapping[str, Any]
-    size: int = 0
+    size: int = -1
 
-    @classmethod
-    def of(cls, wire: str, data: Mapping[str, Any]) -> ProviderItem:
-        """An item whose ``size`` is the length of ``data`` as JSON."""
-        return cls(wire, data, len(json.dumps(data, ensure_ascii=False)))
+    def __post_init__(self) -> None:
+        if self.size < 0:  # an item made without its size still counts against the caps
+            object.__setattr__(self, "size", len(json.dumps(self.data, ensure_ascii=False)))
 
 
 def items_for(wire: str, items: Sequence[ProviderItem]) -> List[Dict[str, Any]]:

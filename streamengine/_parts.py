@@ -26,8 +26,6 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Unio
 
 from ._errors import ConfigError
 
-#: What kind of part a record is: the names a policy (``PartsPolicy(allow=...)``) uses.
-PART_KINDS = ("text", "image", "audio", "file")
 #: The audio formats OpenAI's ``input_audio`` takes, and their media types.
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 

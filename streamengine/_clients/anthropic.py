@@ -331,7 +331,7 @@ def response_from_json(payload: Any, redact: Any) -> Response:
         if not isinstance(block, dict):
             continue
         if block.get("type") in THINKING_BLOCKS:
-            items.append(ProviderItem.of(WIRE, block))
+            items.append(ProviderItem(WIRE, block))
             if isinstance(block.get("thinking"), str):
                 thinking.append(block["thinking"])
         elif block.get("type") == "text" and isinstance(block.get("text"), str):
@@ -428,7 +428,7 @@ class _ThinkingBlock:
         self.signature = [start["signature"]] if isinstance(start.get("signature"), str) else []
 
     def item(self) -> ProviderItem:
-        return ProviderItem.of(WIRE, {"type": "thinking", "thinking": "".join(self.thinking),
+        return ProviderItem(WIRE, {"type": "thinking", "thinking": "".join(self.thinking),
                                       "signature": "".join(self.signature)})
 
 
@@ -497,7 +497,7 @@ class AnthropicStreamParser(TypedEventParser):
             self._thinking[index] = _ThinkingBlock(block)
             return _text_chunk(None, block.get("thinking"))
         if kind == "redacted_thinking":
-            return Chunk(provider_items=(ProviderItem.of(WIRE, block),))
+            return Chunk(provider_items=(ProviderItem(WIRE, block),))
         if kind != "tool_use":
             return None
         tool = self._tools[index] = _ToolBlock(self._tool_count, block.get("input"))

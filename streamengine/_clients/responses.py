@@ -352,7 +352,7 @@ def output_of(items: List[Any]) -> Output:
                 if isinstance(part, Mapping) and part.get("type") in ("output_text", "refusal"):
                     _add_text(parts[part["type"]], part.get("text" if part["type"] == "output_text" else "refusal"))
         elif kind == "reasoning":
-            kept.append(ProviderItem.of(WIRE, item))
+            kept.append(ProviderItem(WIRE, item))
             for part in (item.get("summary") or item.get("content") or ()):
                 if isinstance(part, Mapping):
                     _add_text(parts["reasoning"], part.get("text"))
@@ -418,7 +418,9 @@ class ResponsesStreamParser(TypedEventParser):
         self._calls: Dict[Any, _Call] = {}  # item id and ("output", index) -> its call
         self._call_count = 0
         self._shown = False  # text or a call was streamed (else response.completed's output is the answer)
-        self._thought = False  # reasoning text or a reasoning item was streamed (not to be taken twice)
+        # reasoning text, and reasoning items, were streamed: the final object's are not taken again
+        self._thought_text = False
+        self._thought_items = False
         self._response_id: Optional[str] = None  # the id told so far
 
     def plain_error(self, text: str) -> Dict[str, Any]:
@@ -467,7 +469,7 @@ class ResponsesStreamParser(TypedEventParser):
         if content is None and reasoning is None:
             return None
         self._shown = self._shown or content is not None
-        self._thought = self._thought or reasoning is not None
+        self._thought_text = self._thought_text or reasoning is not None
         return Chunk(content=content, reasoning=reasoning)
 
     def _summary_part(self, index: Any) -> Optional[Chunk]:
@@ -544,8 +546,8 @@ class ResponsesStreamParser(TypedEventParser):
             return None
         kind = item.get("type")
         if kind == "reasoning":
-            self._thought = True
-            return Chunk(provider_items=(ProviderItem.of(WIRE, item),))
+            self._thought_items = True
+            return Chunk(provider_items=(ProviderItem(WIRE, item),))
         if kind != "function_call":
             return _PROGRESS if isinstance(kind, str) and _HOSTED_ITEM.fullmatch(kind) else None
         call = self._call_at({"item_id": item.get("id"), "output_index": frame.get("output_index")})
@@ -579,7 +581,8 @@ class ResponsesStreamParser(TypedEventParser):
         found = output_of(output)
         self.finish_reason = finish_reason_of(response, bool(found.calls), incomplete)
         deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments) for i, call in enumerate(found.calls))
-        reasoning, items = ("", ()) if self._thought else (found.reasoning, found.items)
+        reasoning = "" if self._thought_text else found.reasoning
+        items = () if self._thought_items else found.items
         if not (found.text or deltas or found.refusal or reasoning or items):
             return None
         return Chunk(content=found.text or None, tool_calls=deltas, refusal=found.refusal or None,

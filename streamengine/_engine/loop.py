@@ -79,7 +79,6 @@ class RunLoop:
 
     def __init__(self, cancel: CancelToken, heartbeat_s: Optional[float]) -> None:
         self.cancel = cancel
-        self.heartbeat_s = heartbeat_s
         self._beat_s = _NEVER if heartbeat_s is None else heartbeat_s
         self.outbox: Deque[Event] = collections.deque()
         self.tools_due: Callable[[], float] = _never
@@ -133,7 +132,6 @@ class RunLoop:
     # --- the driving thread --------------------------------------------------------------
     def set_heartbeat(self, seconds: Optional[float]) -> None:
         """A heartbeat after ``seconds`` of silence from now on (None: none); the next wait counts with it."""
-        self.heartbeat_s = seconds
         self._beat_s = _NEVER if seconds is None else seconds
 
     def batches(self, steps: Generator[Wait, None, Any]) -> Iterator[List[Event]]:

@@ -169,7 +169,7 @@ class RoundRunner:
         if self.calls.untold_stopped:
             self.state.emit(ErrorEvent(self.calls.untold_summary(), fatal=False))
         text = stream.text
-        self._keep_round(stream)
+        self._keep_round(stream, text)
         results = yield from self.calls.results()
         if self.state.cancel.is_set():
             self._stop("cancelled")
@@ -202,9 +202,9 @@ class RoundRunner:
                                                    self.calls.untold_stopped, stream.wire_ids,
                                                    response.provider_items))
 
-    def _keep_round(self, stream: RoundStream) -> None:
-        """The round's text and, beside it, its reasoning: kept for the result."""
-        self.state.rounds.append(stream.text)
+    def _keep_round(self, stream: RoundStream, text: Optional[str] = None) -> None:
+        """The round's text (``text`` when the caller joined it already) and its reasoning: kept for the result."""
+        self.state.rounds.append(stream.text if text is None else text)
         self.state.reasoning_rounds.append(stream.reasoning)
 
     # --- endings ----------------------------------------------------------------------------

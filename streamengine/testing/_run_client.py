@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import requests
 
@@ -68,6 +68,7 @@ class RunClient:
         self.last_event_id: Optional[str] = None
         self.retry_ms = DEFAULT_RETRY_MS
         self.reconnects = 0
+        self._last_problem: Union[BaseException, str, None] = None  # why the last reconnect brought nothing
 
     # --- runs ---------------------------------------------------------------------------------
     def start(self, messages: List[Mapping[str, Any]]) -> Iterator[RunEvent]:
@@ -124,15 +125,17 @@ class RunClient:
                         yield event
                         if event.terminal:
                             return
-                except requests.RequestException:
-                    pass  # the connection broke: reconnect below
+                except requests.RequestException as exc:  # the connection broke: reconnect below
+                    self._last_problem = exc
                 finally:
                     response.close()
             response = None
             fruitless = 0 if got_any else fruitless + 1
             if fruitless > self.max_reconnects:
-                raise RunClientError(f"run {self.run_id}: {fruitless} reconnects in a row brought nothing; the "
-                                     "server may be down; follow it again later with RunClient.follow()")
+                last = self._last_problem
+                raise RunClientError(f"run {self.run_id}: {fruitless} reconnects in a row brought nothing (the last: "
+                                     f"{last}); the server may be down; follow it again later with "
+                                     "RunClient.follow()") from (last if isinstance(last, BaseException) else None)
             time.sleep(self.retry_ms / 1000)
 
     def _reconnect(self) -> Tuple[Optional[requests.Response], bool]:
@@ -144,12 +147,14 @@ class RunClient:
         try:
             response = self.session.get(self._run_url(None, "/events"), headers=headers, stream=True,
                                         timeout=self.timeout_s)
-        except requests.RequestException:
+        except requests.RequestException as exc:
+            self._last_problem = exc
             return None, False
         if response.status_code == 204:
             response.close()
             return None, True
         if response.status_code >= 500 or response.status_code == 429:
+            self._last_problem = f"HTTP {response.status_code}"
             response.close()
             return None, False
         self._check(response, "resume the run")

@@ -77,6 +77,7 @@ from ._guard import (
     RequestRejected,
     StreamLimiter,
     client_address,
+    engine_refusal,
     json_response,
     may_autorun,
     messages_from_request,
@@ -548,9 +549,9 @@ class StreamApp:
                                    errors=errors, logger=self._log, run_options=self._run_options(environ),
                                    drop_connection=connection_dropper(environ),
                                    framer=framer(errors) if framer is not None else None)
-        except ConfigError as exc:  # the messages were checked: this is the engine refusing (closed)
+        except ConfigError as exc:  # the messages were checked: the engine refuses them (or is closed)
             release()
-            raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
+            raise engine_refusal(exc) from exc
         except BaseException:
             release()
             raise

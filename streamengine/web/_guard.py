@@ -61,7 +61,7 @@ import threading
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .. import _validation as validation
-from .._errors import ConfigError, StreamEngineError
+from .._errors import ConfigError, PartNotCarriedError, StreamEngineError
 from .._messages import Message, as_message, message_content
 from .._validation import json_type
 from ._parts import PartsPolicy, checked_policy
@@ -75,7 +75,16 @@ Headers = List[Tuple[str, str]]
 JSON_TYPE = "application/json; charset=utf-8"
 _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 415: "Unsupported Media Type",
-            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+            422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+
+
+def engine_refusal(exc: ConfigError) -> HttpError:
+    """The engine refusing a run at its start: the request's own content (a part the model's API cannot take,
+    422) or the engine's state (closed, misconfigured: 503)."""
+    if isinstance(exc, PartNotCarriedError):
+        return HttpError(f"{exc}; send it as text or as a kind of part this model takes", 422)
+    return HttpError(f"the engine cannot take requests: {exc}", 503)
 
 
 def status_line(status: int) -> str:

@@ -178,7 +178,6 @@ class RunProducer:
         self._last_write = self._last_tokens = -1e9
         self._next_stop_poll = self._next_abandon_poll = 0.0
         self._ended = threading.Event()
-        self._shutting_down = False
         self._terminal = False
         self._beat: Optional[Callable[[Optional[float]], None]] = None
         self._holding = True  # the run starts with the window's heartbeat (an engine of your own keeps it)
@@ -232,17 +231,23 @@ class RunProducer:
             self._finish_with(error_event("internal_error", "the run failed on the server; see its log"), "failed")
             yield self._take()
         finally:
-            if self.fenced or self.log_failed is not None:
-                self.cancel.set()
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()  # a run left early is cancelled and ended here (its tools, its socket)
-            if not (self._terminal or self.fenced or self.log_failed is not None):  # closed early: still one terminal
-                self.cancel_run("closed")
-                self._finish_with(("done", json.dumps({"answer": None, "cancel_reason": self.cancel_reason})),
-                                  "cancelled")
-            self._ended.set()
-            local.unregister(self)
+            try:
+                self._end(batches)
+            finally:  # whatever ending the run raised, the producer is not left registered (shutdown waits on it)
+                self._ended.set()
+                local.unregister(self)
+
+    def _end(self, batches: Iterator[List[Event]]) -> None:
+        """The run's engine closed (a run left early is cancelled here), and its one terminal written."""
+        if self.fenced or self.log_failed is not None:
+            self.cancel.set()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # a run left early is cancelled and ended here (its tools, its socket)
+        if not (self._terminal or self.fenced or self.log_failed is not None):  # closed early: still one terminal
+            self.cancel_run("closed")
+            self._finish_with(("done", json.dumps({"answer": None, "cancel_reason": self.cancel_reason})),
+                              "cancelled")
 
     def _step(self, last: bool) -> bool:
         """Append, renew, poll the stop flag and the readers as due; False once the producer must stop writing."""
@@ -252,8 +257,6 @@ class RunProducer:
                 if self._pending and (last or now - self._last_tokens >= self._window_s or not self._only_tokens()):
                     self._append_pending(now)
                 self._hold(bool(self._pending))
-            if self._shutting_down:
-                self.cancel_run(local.WORKER_SHUTDOWN)
             if now - self._last_write >= self.lease.lease_s / 3:
                 self.log.renew(self.lease)
                 self._last_write = now
@@ -307,7 +310,7 @@ class RunProducer:
 
     # --- the terminal -----------------------------------------------------------------------
     def _finish(self, done: Optional[DoneEvent]) -> None:
-        if self._shutting_down and self.cancel_reason == local.WORKER_SHUTDOWN:
+        if self.cancel_reason == local.WORKER_SHUTDOWN:  # only shut_down gives that reason
             self._finish_with(local.shutdown_event(), "failed")
             return
         if done is None:
@@ -367,8 +370,10 @@ class RunProducer:
                 if remaining <= 0:
                     return False
                 self.cancel.wait(min(0.1, remaining))
-        except RunLogError as exc:  # fenced or failing: the run is ending anyway; the call is refused
-            _log.warning("run {}: could not ask about tool call {} ({}); refused", self.run_id, call.id, exc)
+        except RunFencedError:  # someone else ended the run: the call is refused, the driver stops writing
+            self.fenced = True
+        except RunLogError as exc:  # the log failed: the run is cancelled with its cause, the call refused
+            self._log_failed(exc)
         finally:
             with self._lock:
                 self._asking -= 1
@@ -376,7 +381,6 @@ class RunProducer:
 
     # --- shutdown (runs._local) ---------------------------------------------------------------
     def shut_down(self) -> None:
-        self._shutting_down = True
         self.cancel_run(local.WORKER_SHUTDOWN)
 
     def wait_ended(self, timeout_s: float) -> bool:

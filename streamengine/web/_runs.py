@@ -76,7 +76,7 @@ from ..runs import (
     new_run_id,
 )
 from ._frames import DONE_FRAME, OK_FRAME, PING_FRAME
-from ._guard import ClientKey, HttpError, StreamLimiter, clip, json_response, status_line
+from ._guard import ClientKey, HttpError, StreamLimiter, clip, engine_refusal, json_response, status_line
 from ._producer import WINDOW_S, RunProducer, detach, error_event
 from ._sse import PROBE_S, EngineLike, PublicErrors, RunOptions, StuckReaders, connection_dropper
 
@@ -310,14 +310,15 @@ class RunRoutes:
             run_id = new_run_id()
             meta = {"request_id": errors.request_id, **(chat.meta if chat is not None else {})}
             lease = self.log.create(run_id, owner, meta, lease_s=self.lease_s, retain_s=self.retain_s)
+            producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s)
             if chat is not None:
                 self._index_chat(owner, chat.chat_id, run_id)
-            producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s)
             if self.approvals and (chat is None or chat.approvals):
                 asking, timeout = producer, self.approval_timeout_s
                 options = dict(options, approve=lambda call: asking.ask(call, timeout))  # type: ignore[assignment]
             start: Callable[..., Any] = engine.run
             run = start(messages, producer.cancel, heartbeat_s=WINDOW_S, **options)
+            response = self._attached(producer, run, environ, release, errors, chat)
         except BaseException as exc:
             release()
             if producer is not None:  # the run is in the log: it gets its one terminal, not a lost lease later
@@ -325,15 +326,8 @@ class RunRoutes:
             if isinstance(exc, RunLogError):
                 raise HttpError(f"the run log cannot take runs now ({exc}); retry later", 503) from exc
             if isinstance(exc, ConfigError):
-                raise HttpError(f"the engine cannot take requests: {exc}", 503) from exc
+                raise engine_refusal(exc) from exc
             raise
-        batched = getattr(run, "batches", None)
-        batches = batched() if callable(batched) else ([event] for event in run)
-        set_heartbeat = getattr(run, "set_heartbeat", None)
-        if callable(set_heartbeat):  # a StreamingEngine's Run: the short heartbeat only while tokens wait
-            producer.wake_with(set_heartbeat)
-        render = chat.render(errors.request_id) if chat is not None else SseRender()
-        response = AttachedRun(self, producer, producer.drive(batches), release, environ, render)
         self.stuck.add(response)
         self._log.info("request {}: run {} started for {}", errors.request_id, run_id, environ.get("REMOTE_ADDR", "?"))
         prefix = (environ.get("SCRIPT_NAME") or "").rstrip("/")
@@ -341,6 +335,17 @@ class RunRoutes:
         return status_line(200), headers + [
             ("X-Run-Id", run_id), ("Location", f"{prefix}{RUNS_PATH}{run_id}/events"),
             ("X-Request-Id", errors.request_id)], response
+
+    def _attached(self, producer: RunProducer, run: Any, environ: WSGIEnvironment, release: Callable[[], None],
+                  errors: PublicErrors, chat: Optional[ChatRun]) -> AttachedRun:
+        """The response that drives ``run`` into the log and reads it to its first client."""
+        batched = getattr(run, "batches", None)
+        batches = batched() if callable(batched) else ([event] for event in run)
+        set_heartbeat = getattr(run, "set_heartbeat", None)
+        if callable(set_heartbeat):  # a StreamingEngine's Run: the short heartbeat only while tokens wait
+            producer.wake_with(set_heartbeat)
+        render = chat.render(errors.request_id) if chat is not None else SseRender()
+        return AttachedRun(self, producer, producer.drive(batches), release, environ, render)
 
     # --- a chat's active run (useChat's resume) ---------------------------------------------------
     def _index_chat(self, owner: str, chat_id: str, run_id: str) -> None:

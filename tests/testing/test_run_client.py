@@ -69,3 +69,19 @@ def test_run_client_says_when_the_server_does_not_serve_runs(provider, engine):
     with serving(make_wsgi_app(engine)) as base, RunClient(base) as client, \
             pytest.raises(RunClientError, match="runs="):
         client.start([{"role": "user", "content": "hi"}])
+
+
+def test_run_client_gives_up_after_its_reconnects_naming_the_last_cause():
+    import socket
+
+    import requests
+
+    with socket.socket() as probe:  # a port nobody listens on: every reconnect is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = RunClient(f"http://127.0.0.1:{port}", max_reconnects=2)
+    client.retry_ms = 10
+    with pytest.raises(RunClientError, match="3 reconnects in a row brought nothing") as caught:
+        list(client.follow("r" * 22, "r" * 22 + ".3"))
+    assert isinstance(caught.value.__cause__, requests.ConnectionError)
+    assert "Connection refused" in str(caught.value) or "Max retries" in str(caught.value)

@@ -15,7 +15,8 @@ import requests
 from parts_support import IMAGE_BY_URL, PDF_URL, PNG, PNG_URL, WAV, b64, data_url
 from wsgi_support import make_engine, serving, sse, tokens_of
 
-from streamengine import ConfigError
+from streamengine import AnthropicClient, ConfigError, EngineConfig, StreamingEngine
+from streamengine.runs import MemoryRunLog
 from streamengine.testing import FakeProvider
 from streamengine.testing import steps as s
 from streamengine.web import PartsPolicy, RequestRejected, make_wsgi_app, messages_from_request
@@ -159,3 +160,19 @@ def test_a_trusted_backend_sends_any_part_without_a_policy():
         fp.add_turn(s.text("Read."))
         assert answered(url, ask(IMAGE, stored)) == "Read."
         assert fp.requests[0].parts == [IMAGE, stored]
+
+
+@pytest.mark.parametrize("runs", [None, MemoryRunLog])
+def test_a_part_the_models_api_cannot_take_is_the_clients_422_not_the_servers_503(runs):
+    """The policy lets audio in, the model behind it (Anthropic) takes none: the request's fault, said before
+    anything is sent, so a client does not retry it as it would a 503."""
+    audio = {"type": "input_audio", "input_audio": {"data": b64(WAV), "format": "wav"}}
+    with FakeProvider(wire="anthropic") as fp, \
+            StreamingEngine(AnthropicClient(fp.base_url, api_key="sk-parts"), [], EngineConfig(models=["claude"])) \
+            as engine:
+        app = make_wsgi_app(engine, parts=PartsPolicy(allow=("audio",)), runs=runs() if runs else None)
+        with serving(app) as url:
+            resp = post(url, ask(audio))
+            assert resp.status_code == 422, resp.text
+            assert "cannot be sent" in resp.json()["error"] and "send it as text" in resp.json()["error"]
+        assert fp.request_count == 0

@@ -67,7 +67,15 @@ import requests
 import requests.utils
 
 from ..._cancel import cancel_flag, on_cancel
-from ..._errors import ConfigError, LlmCancelledError, LlmConnectionError, LlmError, LlmProtocolError, LlmStreamError
+from ..._errors import (
+    ConfigError,
+    LlmCancelledError,
+    LlmConnectionError,
+    LlmError,
+    LlmProtocolError,
+    LlmStreamError,
+    PartNotCarriedError,
+)
 from ..._logs import Redactor, component_logger, redact_urls
 from ..._messages import Chunk, CompletionOptions, Message, MessageLike, Response, ToolSpec, Usage, as_messages
 from ..._parts import Part
@@ -320,14 +328,15 @@ class Wire:
 
 
 def refuse_uncarried(wire: Wire, messages: Sequence[Message], model: Optional[str]) -> None:
-    """Raise :class:`ConfigError` for the first part of ``messages`` that ``wire`` cannot carry, before any request."""
+    """Raise :class:`PartNotCarriedError` for the first part of ``messages`` that ``wire`` cannot carry, before any
+    request."""
     for i, message in enumerate(messages):
         for part in message.parts:
             why = wire.cannot_carry(part)
             if why is not None:
                 to = f" to model {model!r}" if model else ""
-                raise ConfigError(f"the {part.describe()} in messages[{i}] cannot be sent{to} over {wire.name}: "
-                                  f"{why}")
+                raise PartNotCarriedError(f"the {part.describe()} in messages[{i}] cannot be sent{to} over "
+                                          f"{wire.name}: {why}")
 
 
 class HttpProviderClient(StreamingLlmClient):
