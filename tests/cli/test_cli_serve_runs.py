@@ -25,7 +25,10 @@ def start_serve(fp: FakeProvider, *args: str) -> tuple:
                               "--base-url", fp.base_url, *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     first = serve.stdout.readline()
-    assert "serving on" in first, first + serve.stderr.read()
+    if "serving on" not in first:  # it did not start: end it before reading what it said (read would block)
+        serve.kill()
+        _, err = serve.communicate(timeout=30)
+        raise AssertionError(first + err)
     return serve, first.split("serving on ")[1].split()[0].rstrip("/")
 
 

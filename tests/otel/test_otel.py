@@ -268,6 +268,7 @@ def test_reasoning_is_recorded_only_with_content_capture_on(otel):
     (run_span,) = otel.named("invoke_agent")
     assert json.loads(run_span.attributes["gen_ai.output.messages"])[0]["parts"][0] == {
         "type": "reasoning", "content": thought}
+    assert hidden.finished(), "the run without content capture exported no spans to look into"
     for span in hidden.finished():
         shown = repr(dict(span.attributes)) + repr([dict(e.attributes or {}) for e in span.events])
         assert "user wants" not in shown, span.name

@@ -7,7 +7,6 @@ its ``done``, and the chunk types and keys each version is allowed.
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any, Dict, Iterator, List
 
 import pytest
@@ -166,8 +165,7 @@ def test_a_client_gone_mid_stream_cancels_the_run_and_frees_its_slot(path, paylo
                 assert app.active_streams == 1
                 response.close()  # the tab is closed
                 assert wait_for(lambda: app.active_streams == 0), "the stream's slot was never released"
-                assert wait_for(lambda: not [t for t in threading.enumerate()
-                                             if t.name == f"FakeProvider-{fp.port}-conn"]), "the provider call stayed"
+                assert fp.wait_for_client_disconnects(1), "the provider call stayed"
 
 
 @pytest.mark.parametrize(("path", "payload"), [("/api/chat", CHAT), ("/agui", AGUI)])

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 import requests
+from conftest import wait_for
 from run_log_kinds import logs  # noqa: F401 - a fixture
 from serve_support import served
 from wsgi_support import block, make_engine, read1_pieces, serving
@@ -231,13 +232,16 @@ def test_a_status_poll_alone_notices_a_dead_producer(provider, logs, closing):
     engine = make_engine(provider)
     closing(engine)
     run_id = new_run_id()
-    lease = log.create(run_id, "anonymous", lease_s=0.5)
+    lease = log.create(run_id, "anonymous", lease_s=2.0)
     log.append(lease, [("token", '"partial "')])  # then its worker "dies": no more renewals
     with serving(make_wsgi_app(engine, runs=log)) as base:
         assert requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()["state"] == "running"
-        time.sleep(0.6)
-        status = requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()
-        assert status["state"] == "lost" and status["terminal"]["data"]["code"] == "producer_lost"
+
+        def polled() -> dict:
+            return requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()
+
+        assert wait_for(lambda: polled()["state"] == "lost", timeout=10)
+        assert polled()["terminal"]["data"]["code"] == "producer_lost"
 
 
 def test_a_detached_run_nobody_comes_back_for_is_cancelled_as_abandoned(provider, logs, closing):
