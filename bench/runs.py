@@ -21,12 +21,13 @@ the worker producing a run (gunicorn, one worker) to a reader's
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 from .common import Server, child_pids, percentile
 from .served import LoadRun, ServedApp, _level, _sessions_for
@@ -43,6 +44,8 @@ def _logs(folder: str) -> List[Tuple[str, str]]:
     for name, env in (("redis", "STREAMENGINE_TEST_REDIS_URL"), ("postgres", "STREAMENGINE_TEST_PG_DSN")):
         if os.environ.get(env):
             logs.append((name, os.environ[env]))
+    if os.environ.get("STREAMENGINE_TEST_REDIS_URL"):  # no wait to group: grouped only with appends already queued
+        logs.append(("redis-0ms", os.environ["STREAMENGINE_TEST_REDIS_URL"] + "#group_delay_s=0"))
     return logs
 
 
@@ -72,10 +75,10 @@ def _producer_lost(upstream: Server, url: str, repeats: int) -> List[float]:
     times: List[float] = []
     try:
         for _ in range(repeats):
-            run_id = _started_run(app.port)
-            (worker,) = child_pids(app.proc.pid)
-            os.kill(worker, signal.SIGKILL)
-            t0 = time.monotonic()
+            with _starting_run(app.port) as run_id:  # killed while its client is there: not a disconnect first
+                (worker,) = child_pids(app.proc.pid)
+                os.kill(worker, signal.SIGKILL)
+                t0 = time.monotonic()
             while b"producer_lost" not in _resumed(app.port, run_id, 3):
                 if time.monotonic() - t0 > 30:
                     raise RuntimeError(f"runs bench: no producer_lost within 30 s of kill -9 ({url.split(':')[0]})")
@@ -87,7 +90,14 @@ def _producer_lost(upstream: Server, url: str, repeats: int) -> List[float]:
 
 
 def _started_run(port: int) -> str:
-    """A run started and read up to its fifth frame; its id."""
+    """A run started and read up to its fifth frame; its id (its client then leaves)."""
+    with _starting_run(port) as run_id:
+        return run_id
+
+
+@contextlib.contextmanager
+def _starting_run(port: int) -> Iterator[str]:
+    """A run started and read up to its fifth frame; its id, while its client is still there."""
     body = b'{"messages": [{"role": "user", "content": "go"}]}'
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"POST /v1/chat/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -98,7 +108,7 @@ def _started_run(port: int) -> str:
             if not piece:
                 break
             data += piece
-    return data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
+        yield data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
 
 
 def _resumed(port: int, run_id: str, after: int, until: bytes = b"data: [DONE]") -> bytes:

@@ -6,7 +6,8 @@ Configured from the environment, so gunicorn can load it as ``bench.served_app:a
 * ``BENCH_APP``: ``engine`` (``make_wsgi_app`` over ``StreamingEngine``, as ``streamengine serve``
   runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine);
 * ``BENCH_GC_FILE`` (optional): where :class:`CollectorClock` keeps the collector's CPU for the bench;
-* ``BENCH_RUNS_URL`` (optional, section 16): the engine app with ``runs=open_run_log(url)``.
+* ``BENCH_RUNS_URL`` (optional, section 16): the engine app with ``runs=open_run_log(url)``; a fragment
+  ``#name=number,...`` passes options to the log (``#group_delay_s=0``).
 
 The relay is the least a served stream can cost in this stack: one requests
 session per server thread, one read per upstream chunk, ``scan_once`` per
@@ -19,6 +20,7 @@ and serves until stdin closes.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import mmap
 import os
@@ -98,17 +100,24 @@ def make_engine_app(upstream: str, model: str, runs_url: str = "") -> Any:
     options: Any = {}
     if runs_url:  # section 16: the same app with its runs in a log (bench/runs.py)
         from streamengine.runs import open_run_log
-        options = {"runs": open_run_log(runs_url, **_runs_namespace(runs_url)), "on_disconnect": "cancel"}
+        url, _, extra = runs_url.partition("#")  # bench/runs.py's variants: "#group_delay_s=0"
+        kwargs = {key: float(value) for key, _, value in (item.partition("=") for item in extra.split(",") if item)}
+        options = {"runs": open_run_log(url, **_runs_namespace(url), **kwargs), "on_disconnect": "cancel"}
     return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS,
                          **options)
 
 
 def _runs_namespace(url: str) -> Any:
-    """A key prefix or table of this process's own, so apps of one bench run do not share runs."""
+    """A key prefix or table of this app's own, so apps of one bench run do not share runs.
+
+    Named after the app's clock file, not the process: a gunicorn worker
+    that replaces a killed one must find the runs its predecessor left.
+    """
+    app = hashlib.sha256(os.environ.get("BENCH_GC_FILE", str(os.getpid())).encode()).hexdigest()[:12]
     if url.startswith("redis"):
-        return {"prefix": f"bench:{os.getpid()}:"}
+        return {"prefix": f"bench:{app}:"}
     if url.startswith("postgres"):
-        return {"table": f"bench_runs_{os.getpid()}"}
+        return {"table": f"bench_runs_{app}"}
     return {}
 
 

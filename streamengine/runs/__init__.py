@@ -6,9 +6,10 @@ them between the processes of one host; ``RedisRunLog(url)`` and
 
 - ``_contract``: :class:`RunLog` (the contract, its argument checks), the
   records (:class:`Lease`, :class:`Frame`, :class:`Gap`, :class:`RunStatus`,
-  :class:`ApprovalAnswer`), the errors, and the trim and wake-up helpers the logs share;
+  :class:`ApprovalAnswer`, :class:`Appended`), the errors, and the trim and wake-up helpers the logs share;
 - ``_memory``, ``_sqlite``, ``_redis``, ``_postgres``: one log each (redis-py and
   psycopg are imported only when their log is made); ``_open``: a log from a URL;
+- ``_group_commit``: the appends of many producers written in one round trip (Redis);
 - ``_local``: the runs this process produces, ended by :func:`shutdown_runs`.
 
 Layering: this package depends only on ``_errors``, ``_validation``, ``_logs`` (redaction)
@@ -18,6 +19,7 @@ from ._contract import FINISH_STATES as FINISH_STATES
 from ._contract import LOST as LOST
 from ._contract import RUNNING as RUNNING
 from ._contract import TERMINAL_STATES as TERMINAL_STATES
+from ._contract import Appended as Appended
 from ._contract import ApprovalAnswer as ApprovalAnswer
 from ._contract import Frame as Frame
 from ._contract import Gap as Gap
@@ -37,7 +39,7 @@ from ._redis import RedisRunLog as RedisRunLog
 from ._sqlite import SqliteRunLog as SqliteRunLog
 
 __all__ = [
-    "ApprovalAnswer", "FINISH_STATES", "Frame", "Gap", "LOST", "Lease", "MemoryRunLog", "PostgresRunLog", "RUNNING",
-    "RedisRunLog", "RunExistsError", "RunFencedError", "RunLog", "RunLogError", "RunNotFound", "RunStatus",
+    "Appended", "ApprovalAnswer", "FINISH_STATES", "Frame", "Gap", "LOST", "Lease", "MemoryRunLog", "PostgresRunLog",
+    "RUNNING", "RedisRunLog", "RunExistsError", "RunFencedError", "RunLog", "RunLogError", "RunNotFound", "RunStatus",
     "SqliteRunLog", "TERMINAL_STATES", "new_run_id", "open_run_log", "shutdown_runs",
 ]

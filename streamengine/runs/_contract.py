@@ -15,7 +15,7 @@ import secrets
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
@@ -80,6 +80,13 @@ class Frame:
     name: str
     data: str
     terminal: bool = False
+
+
+class Appended(NamedTuple):
+    """What :meth:`RunLog.append_and_poll` reports: the batch's last seq, and the stop flag as that write saw it."""
+
+    last_seq: int
+    stop_requested: bool
 
 
 @dataclass(frozen=True)
@@ -344,6 +351,14 @@ class RunLog(abc.ABC):
 
     def append(self, lease: Lease, events: Sequence[Event]) -> int:
         """Append a batch as seq last+1, last+2 ...; the last seq.  Renews the lease.  Fenced."""
+        return self.append_and_poll(lease, events).last_seq
+
+    def append_and_poll(self, lease: Lease, events: Sequence[Event]) -> Appended:
+        """:meth:`append`, also reporting the stop flag: a producer that appends often need not poll it.
+
+        Every log reads the flag in the same atomic step as the write, so it
+        costs no extra round trip.
+        """
         return self._do_append(check_lease(lease), check_events(events))
 
     def renew(self, lease: Lease) -> None:
@@ -448,7 +463,7 @@ class RunLog(abc.ABC):
     def _do_create(self, lease: Lease, owner: str, meta_json: str) -> None: ...
 
     @abc.abstractmethod
-    def _do_append(self, lease: Lease, events: List[Event]) -> int: ...
+    def _do_append(self, lease: Lease, events: List[Event]) -> Appended: ...
 
     @abc.abstractmethod
     def _do_renew(self, lease: Lease) -> None: ...

@@ -13,6 +13,7 @@ from typing import Any, Deque, Dict, List, Optional
 from ._contract import (
     LOST,
     RUNNING,
+    Appended,
     ApprovalAnswer,
     Event,
     Frame,
@@ -155,14 +156,14 @@ class MemoryRunLog(RunLog):
                 raise RunExistsError(f"run {lease.run_id!r} already exists; make a fresh id with new_run_id()")
             self._runs[lease.run_id] = _Run(lease, owner, meta_json, now)
 
-    def _do_append(self, lease: Lease, events: List[Event]) -> int:
+    def _do_append(self, lease: Lease, events: List[Event]) -> Appended:
         now = time.monotonic()
         with self._lock:
             run = self._leased(lease, now, "append to")
             run.extend(now)
-            seq = self._push(run, events, terminal=False)
+            appended = Appended(self._push(run, events, terminal=False), run.stop)
         self._waker.wake(lease.run_id)
-        return seq
+        return appended
 
     def _do_renew(self, lease: Lease) -> None:
         now = time.monotonic()

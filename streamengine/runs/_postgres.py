@@ -24,6 +24,7 @@ from .._logs import Redactor
 from ._contract import (
     LOST,
     RUNNING,
+    Appended,
     ApprovalAnswer,
     Event,
     Frame,
@@ -63,12 +64,12 @@ _LEASED = f"{_LIVE} AND token = %(token)s AND state = 'running'"
 # written), the events numbered after its new last seq, and the notification (sent at commit).
 # {sets} and {where} are this module's own SQL text, never a caller's.
 _WRITE = ("WITH run AS (UPDATE {{runs}} SET last_seq = last_seq + %(n)s, size = size + %(size)s, {sets}"
-          " WHERE {where} RETURNING first_seq, last_seq, size),"
+          " WHERE {where} RETURNING first_seq, last_seq, size, stop),"
           " added AS (INSERT INTO {{events}} (run_id, seq, name, data, size, terminal)"
           " SELECT %(run_id)s, run.last_seq - %(n)s + t.o, t.n, t.d, t.s, t.o = %(n)s AND %(final)s"
           " FROM run, unnest(%(names)s::text[], %(datas)s::text[], %(sizes)s::int[]) WITH ORDINALITY AS t(n, d, s, o))"
-          " SELECT first_seq, last_seq, size, CASE WHEN %(n)s > 0 THEN pg_notify(%(channel)s, %(run_id)s)::text END"
-          " FROM run")
+          " SELECT first_seq, last_seq, size, stop,"
+          " CASE WHEN %(n)s > 0 THEN pg_notify(%(channel)s, %(run_id)s)::text END FROM run")
 _TRIM_PAGE = 256
 _PURGE_EVERY_S = 10.0
 
@@ -182,8 +183,9 @@ class PostgresRunLog(RunLog):
         return conn.execute(self._sql(template), params).fetchone()
 
     def _write(self, run_id: str, events: List[Event], sets: str, where: str, params: Dict[str, Any],
-               doing: str) -> Optional[int]:
-        """Append ``events`` where the guard holds, trimmed to the caps; the last seq, or None if it did not."""
+               doing: str) -> Optional[Appended]:
+        """Append ``events`` where the guard holds, trimmed to the caps; the last seq and the stop flag, or None
+        if it did not."""
         sizes = [event_size(name, data) for name, data in events]
         params = {**params, "run_id": run_id, "n": len(events), "size": sum(sizes), "channel": self.table,
                   "names": [name for name, _ in events], "datas": [data for _, data in events], "sizes": sizes}
@@ -191,10 +193,10 @@ class PostgresRunLog(RunLog):
             written = self._one(conn, _WRITE.format(sets=sets, where=where), params)
             if written is None:
                 return None
-            first, last, size = written[:3]
+            first, last, size, stop = written[:4]
             if over_caps(first, last, size, self.limits):
                 self._trim(conn, run_id, first, last, size)
-        return int(last)
+        return Appended(int(last), bool(stop))
 
     def _trim(self, conn: Any, run_id: str, first: int, last: int, size: int) -> None:
         new_first, freed = plan_trim(self._oldest(conn, run_id, first), first, last, size, self.limits)
@@ -212,15 +214,15 @@ class PostgresRunLog(RunLog):
                 return
             first = page[-1][0] + 1
 
-    def _produce(self, lease: Lease, events: List[Event], final_state: Optional[str], doing: str) -> int:
+    def _produce(self, lease: Lease, events: List[Event], final_state: Optional[str], doing: str) -> Appended:
         """A producer's write, fenced by its token: an append (with a renewal), a renewal, or the terminal."""
         sets = (f"state = %(state)s, expires_at = {_NOW} + retain_s" if final_state else
                 f"lease_until = {_NOW} + lease_s, expires_at = {_NOW} + lease_s + retain_s")
         params = {"token": lease.token, "state": final_state, "final": final_state is not None}
-        last = self._write(lease.run_id, events, sets, _LEASED, params, doing)
-        if last is None:
+        written = self._write(lease.run_id, events, sets, _LEASED, params, doing)
+        if written is None:
             raise RunFencedError(lease.run_id, doing)
-        return last
+        return written
 
     def _purge(self, conn: Any) -> None:
         now = time.monotonic()
@@ -244,14 +246,14 @@ class PostgresRunLog(RunLog):
         if made is None:
             raise RunExistsError(f"run {lease.run_id!r} already exists; make a fresh id with new_run_id()")
 
-    def _do_append(self, lease: Lease, events: List[Event]) -> int:
+    def _do_append(self, lease: Lease, events: List[Event]) -> Appended:
         return self._produce(lease, events, None, "append to")
 
     def _do_renew(self, lease: Lease) -> None:
         self._produce(lease, [], None, "renew the lease of")
 
     def _do_finish(self, lease: Lease, terminal: Event, state: str) -> int:
-        return self._produce(lease, [terminal], state, "finish")
+        return self._produce(lease, [terminal], state, "finish").last_seq
 
     def _do_stop_requested(self, lease: Lease) -> bool:
         with self._transaction("read the stop flag") as conn:

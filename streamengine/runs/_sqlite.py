@@ -21,6 +21,7 @@ from .._errors import ConfigError
 from ._contract import (
     LOST,
     RUNNING,
+    Appended,
     ApprovalAnswer,
     Event,
     Frame,
@@ -194,7 +195,7 @@ class SqliteRunLog(RunLog):
                          (lease.run_id, owner, meta_json, RUNNING, lease.token, lease.lease_s, lease.retain_s,
                           until, until + lease.retain_s))
 
-    def _do_append(self, lease: Lease, events: List[Event]) -> int:
+    def _do_append(self, lease: Lease, events: List[Event]) -> Appended:
         with self._write("append events") as (conn, now):
             header = self._leased(conn, lease, now, "append to")
             first, last, size = self._push(conn, lease.run_id, header, events, terminal=False)
@@ -202,7 +203,7 @@ class SqliteRunLog(RunLog):
             conn.execute("UPDATE runs SET first_seq = ?, last_seq = ?, size = ?, lease_until = ?, expires_at = ?"
                          " WHERE run_id = ?", (first, last, size, until, until + header[5], lease.run_id))
         self._waker.wake(lease.run_id)
-        return last
+        return Appended(last, bool(header[7]))
 
     def _do_renew(self, lease: Lease) -> None:
         with self._write("renew a lease") as (conn, now):

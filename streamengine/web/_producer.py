@@ -198,9 +198,13 @@ class RunProducer:
         self._beat = set_heartbeat
         self._hold(False)
 
+    @property
+    def _stop_poll_s(self) -> float:
+        return min(STOP_POLL_S, self.lease.lease_s / 4)
+
     def _hold(self, holding: bool) -> None:
         if holding != self._holding and self._beat is not None:
-            self._beat(self._window_s if holding else min(STOP_POLL_S, self.lease.lease_s / 4))
+            self._beat(self._window_s if holding else self._stop_poll_s)
             self._holding = holding
 
     def drive(self, batches: Iterator[List[Event]]) -> Generator[List[Frame], None, None]:
@@ -261,7 +265,7 @@ class RunProducer:
                 self.log.renew(self.lease)
                 self._last_write = now
             if now >= self._next_stop_poll:
-                self._next_stop_poll = now + min(STOP_POLL_S, self.lease.lease_s / 4)
+                self._next_stop_poll = now + self._stop_poll_s
                 if self.log.stop_requested(self.lease):
                     self.cancel_run("stopped")
             if self.detached_at is not None and now >= self._next_abandon_poll:
@@ -276,10 +280,13 @@ class RunProducer:
     def _append_pending(self, now: float) -> None:
         """Under the lock: the pending events become frames (fenced or failing: raised, nothing sent)."""
         events, self._pending = self._pending, []
-        last = self.log.append(self.lease, events)
+        last, stop = self.log.append_and_poll(self.lease, events)
         first = last - len(events) + 1
         self._out.extend(Frame(first + index, name, data) for index, (name, data) in enumerate(events))
         self._last_write = now
+        self._next_stop_poll = now + self._stop_poll_s  # the append read the stop flag: no poll of its own
+        if stop:
+            self.cancel_run("stopped")
         if events[-1][0] == "token":
             self._last_tokens = now
 

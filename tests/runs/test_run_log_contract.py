@@ -246,6 +246,18 @@ def test_stop_is_a_flag_the_owner_sets_and_the_producer_polls(logs):
         log.request_stop(run_id, "mallory")
 
 
+def test_an_append_reports_the_stop_flag_so_a_producer_that_appends_need_not_poll(logs):
+    log = logs.new()
+    run_id, lease = started(log)
+    assert log.append_and_poll(lease, [token("a")]) == (1, False)
+    log.request_stop(run_id, OWNER)
+    appended = log.append_and_poll(lease, [token("b"), token("c")])
+    assert (appended.last_seq, appended.stop_requested) == (3, True)
+    log.finish(lease, ("done", "{}"), state="cancelled")
+    with pytest.raises(RunFencedError):
+        log.append_and_poll(lease, [token("d")])
+
+
 def test_mark_read_is_a_reader_heartbeat_the_status_shows_on_the_store_clock(logs):
     log = logs.new()
     run_id, _ = started(log)

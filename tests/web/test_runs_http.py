@@ -447,15 +447,46 @@ def test_detached_runs_count_in_the_stream_limits_and_have_their_own_per_client_
 
 
 class CountingLog(MemoryRunLog):
-    """A memory log that keeps each append's event names (how the producer batched them)."""
+    """A memory log that keeps each append's event names (how the producer batched them) and counts stop polls."""
 
     def __init__(self, **limits) -> None:
         super().__init__(**limits)
         self.appends: List[List[str]] = []
+        self.stop_polls = 0
 
-    def append(self, lease, events):
+    def append_and_poll(self, lease, events):
         self.appends.append([name for name, _ in events])
-        return super().append(lease, events)
+        return super().append_and_poll(lease, events)
+
+    def stop_requested(self, lease):
+        self.stop_polls += 1
+        return super().stop_requested(lease)
+
+
+def test_a_producer_that_appends_learns_of_a_stop_from_its_appends_and_polls_only_when_quiet(provider):
+    provider.add_turn(*[step for i in range(40) for step in (s.text(f"t{i} "), s.delay(0.03))], s.delay(1.0),
+                      *[step for i in range(200) for step in (s.text("x "), s.delay(0.03))])
+    engine = make_engine(provider)
+    log = CountingLog()
+    try:
+        with serving(make_wsgi_app(engine, runs=log)) as base:
+            resp = start(base)
+            run_id = resp.headers["X-Run-Id"]
+            events, polls_at = [], {}
+            for event in iter_events(resp):
+                events.append(event)
+                tokens = sum(1 for e in events if e.kind == "message" and e.data != "[DONE]")
+                polls_at.setdefault(tokens, log.stop_polls)
+                if tokens == 41 and "quiet" not in polls_at:
+                    polls_at["quiet"] = log.stop_polls
+                    requests.post(f"{base}/v1/runs/{run_id}/stop", timeout=5)
+        assert polls_at[40] == polls_at[1]  # 1.2 s of tokens 30 ms apart: each append read the flag
+        assert polls_at["quiet"] - polls_at[40] >= 2  # the second of quiet: polled every 0.25 s
+        done = json.loads(log.status(run_id, "anonymous").terminal.data)
+        assert done["cancel_reason"] == "stopped"
+        assert answer_tokens(events).count("x ") < 30  # stopped by the next append's flag, not at the end
+    finally:
+        engine.close()
 
 
 def test_tokens_close_together_share_an_append_and_the_first_after_a_pause_goes_alone(provider):
