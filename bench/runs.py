@@ -44,8 +44,9 @@ def _logs(folder: str) -> List[Tuple[str, str]]:
     for name, env in (("redis", "STREAMENGINE_TEST_REDIS_URL"), ("postgres", "STREAMENGINE_TEST_PG_DSN")):
         if os.environ.get(env):
             logs.append((name, os.environ[env]))
-    if os.environ.get("STREAMENGINE_TEST_REDIS_URL"):  # no wait to group: grouped only with appends already queued
-        logs.append(("redis-0ms", os.environ["STREAMENGINE_TEST_REDIS_URL"] + "#group_delay_s=0"))
+    redis = os.environ.get("STREAMENGINE_TEST_REDIS_URL")
+    if redis:  # no wait to group (grouped only with appends already queued); a 100 ms window (fewer appends)
+        logs += [("redis-0ms", redis + "#group_delay_s=0"), ("redis-w100", redis + "#append_window_s=0.1")]
     return logs
 
 

@@ -85,6 +85,7 @@ from ._guard import (
     with_system_prompt,
 )
 from ._parts import PartsPolicy, checked_policy
+from ._producer import APPEND_WINDOW_S
 from ._runs import RUNS_PATH, ChatRun, Owner, RunRoutes, last_event_id
 from ._sse import EngineLike, Framer, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
 
@@ -208,6 +209,7 @@ class AppOptions(TypedDict, total=False):
     retain_s: float
     approvals: bool
     max_detached_per_client: int
+    append_window_s: float
 
 
 class StreamApp:
@@ -264,6 +266,9 @@ class StreamApp:
     ``lease_s`` + 1 s).  ``approvals=True`` asks the run's readers about
     side-effect calls (``approval_request``, answered by ``POST
     /v1/runs/<id>/approvals/<call_id>``) instead of an ``approve`` hook.
+    ``append_window_s``: tokens this close to the last append wait to go
+    with the next (the first after a pause goes at once); a longer window
+    means fewer appends (CPU) for later tokens (docs/runs.md).
     """
 
     def __init__(self, engine: EngineLike, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
@@ -276,7 +281,8 @@ class StreamApp:
                  approve: Optional[Approve] = None, parts: Optional[PartsPolicy] = None,
                  ai_sdk_version: int = 5, approvals: bool = False, runs: Optional[RunLog] = None,
                  owner: Optional[Owner] = None, on_disconnect: Optional[str] = None, detach_grace_s: float = 60.0,
-                 lease_s: float = 3.0, retain_s: float = 600.0, max_detached_per_client: int = 4) -> None:
+                 lease_s: float = 3.0, retain_s: float = 600.0, max_detached_per_client: int = 4,
+                 append_window_s: float = APPEND_WINDOW_S) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -313,7 +319,8 @@ class StreamApp:
         self._runs = self._run_routes(runs, owner=owner, on_disconnect=on_disconnect, detach_grace_s=detach_grace_s,
                                       lease_s=lease_s, retain_s=retain_s, approvals=approvals,
                                       max_detached_per_client=max_detached_per_client,
-                                      limiter_key=client_key or client_address, retry_after_s=retry_after_s)
+                                      limiter_key=client_key or client_address, retry_after_s=retry_after_s,
+                                      append_window_s=append_window_s)
         if approvals is True and self.ai_sdk_version == 5:
             self._log.warning("approvals=True: useChat runs cannot ask about held calls with ai_sdk_version=5 (ai 5 "
                               "has no approval chunks), so the engine's own approve decides there; pass "

@@ -37,8 +37,9 @@ from ..runs import Frame, Gap, Lease, RunFencedError, RunLog, RunLogError
 from ..runs import _local as local
 from ._sse import PublicErrors
 
-#: How long appends wait to be joined with the next events (the first after a pause never waits).
-WINDOW_S = 0.02
+#: How long appends wait to be joined with the next events (the first after a pause never waits):
+#: make_wsgi_app's default ``append_window_s``.
+APPEND_WINDOW_S = 0.02
 #: How often the producer looks at the stop flag, and a detached one at its readers; how long a quiet run
 #: (nothing waiting to be appended) sleeps between looks.
 STOP_POLL_S = 0.25
@@ -160,7 +161,7 @@ class RunProducer:
     """Drives one engine run into ``log`` under ``lease``; :meth:`drive` is the generator a thread iterates."""
 
     def __init__(self, log: RunLog, lease: Lease, owner: str, encode: Encode, *, detach_grace_s: float,
-                 window_s: float = WINDOW_S) -> None:
+                 window_s: float = APPEND_WINDOW_S) -> None:
         self.log = log
         self.lease = lease
         self.owner = owner

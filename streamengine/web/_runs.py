@@ -77,7 +77,7 @@ from ..runs import (
 )
 from ._frames import DONE_FRAME, OK_FRAME, PING_FRAME
 from ._guard import ClientKey, HttpError, StreamLimiter, clip, engine_refusal, json_response, status_line
-from ._producer import WINDOW_S, RunProducer, detach, error_event
+from ._producer import APPEND_WINDOW_S, RunProducer, detach, error_event
 from ._sse import PROBE_S, EngineLike, PublicErrors, RunOptions, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ class RunRoutes:
                  lease_s: float, retain_s: float, approvals: bool, max_detached_per_client: int,
                  limiter: StreamLimiter, limiter_key: ClientKey, retry_after_s: int,
                  heartbeat_s: Optional[float], approval_timeout_s: float, stuck: StuckReaders,
-                 logger: Logger) -> None:
+                 logger: Logger, append_window_s: float = APPEND_WINDOW_S) -> None:
         if not isinstance(log, RunLog):
             raise ConfigError(f"runs must be a RunLog (MemoryRunLog(), SqliteRunLog(path), RedisRunLog(url), "
                               f"PostgresRunLog(dsn)), got {type(log).__name__}")
@@ -259,6 +259,7 @@ class RunRoutes:
         self.lease_s = validation.seconds(lease_s, "lease_s")
         self.retain_s = validation.seconds(retain_s, "retain_s")
         self.heartbeat_s = heartbeat_s
+        self.append_window_s = validation.seconds(append_window_s, "append_window_s")
         self.approval_timeout_s = approval_timeout_s
         self._owner = owner
         self._limiter = limiter
@@ -310,14 +311,15 @@ class RunRoutes:
             run_id = new_run_id()
             meta = {"request_id": errors.request_id, **(chat.meta if chat is not None else {})}
             lease = self.log.create(run_id, owner, meta, lease_s=self.lease_s, retain_s=self.retain_s)
-            producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s)
+            producer = RunProducer(self.log, lease, owner, errors.encode, detach_grace_s=self.detach_grace_s,
+                                   window_s=self.append_window_s)
             if chat is not None:
                 self._index_chat(owner, chat.chat_id, run_id)
             if self.approvals and (chat is None or chat.approvals):
                 asking, timeout = producer, self.approval_timeout_s
                 options = dict(options, approve=lambda call: asking.ask(call, timeout))  # type: ignore[assignment]
             start: Callable[..., Any] = engine.run
-            run = start(messages, producer.cancel, heartbeat_s=WINDOW_S, **options)
+            run = start(messages, producer.cancel, heartbeat_s=self.append_window_s, **options)
             response = self._attached(producer, run, environ, release, errors, chat)
         except BaseException as exc:
             release()
