@@ -63,6 +63,7 @@ class RoundRunner:
         self.output_left = self.config.max_run_output_chars  # spent chunk by chunk by each RoundStream
         self.resume = resume
         self.on_checkpoint = on_checkpoint
+        self._quiet_round = 0  # a resumed run's first round: announced by its reset, not a second ``round``
         if resume is not None:
             restore_state(self, resume)  # before ToolCalls: it counts into the restored telemetry
         self.calls = ToolCalls(deps, state)
@@ -132,7 +133,7 @@ class RoundRunner:
             if self.on_checkpoint is not None:
                 self._checkpoint(0)
             return 1
-        interrupted = self.resume.round + 1
+        interrupted = self._quiet_round = self.resume.round + 1
         self.state.emit(ResetEvent(interrupted, f"the run was taken over after round {self.resume.round}; round "
                                                 f"{interrupted} is asked again"))
         return interrupted
@@ -150,7 +151,8 @@ class RoundRunner:
         """Run one round; True when another round should follow."""
         self._round_no = round_no
         self.state.telemetry.rounds = round_no
-        self.state.emit(RoundEvent(round_no))
+        if round_no != self._quiet_round:
+            self.state.emit(RoundEvent(round_no))
         self.calls.begin_round()
         stream = RoundStream(self, round_no)  # reset in place on a failover: its callbacks stay bound
         tried: List[str] = []

@@ -17,7 +17,9 @@ Why it is built this way:
   the ``tool_result`` logged for them; the resumed round answers an equal
   side-effect call with that result, or with an error saying it may have
   taken effect (``Checkpoint.interrupted``).  A gap there (frames trimmed)
-  means the log cannot say: the run is closed as ``producer_lost``.
+  means the log cannot say: the run is closed as ``producer_lost``.  A call
+  left without a result gets one first (``skipped: interrupted``), so no
+  frontend shows its card running for ever; then the engine's ``reset``.
 * **Same app, same options.**  The checkpoint holds the run's RAG scope and
   whether it asked its readers about side-effect calls; the app's own
   ``approve(call, environ)`` is asked with the environ of the request that
@@ -30,11 +32,13 @@ import json
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
 from .._engine.checkpoint import Checkpoint, InterruptedCall
+from .._engine.events import ToolResultEvent
+from .._engine.tool_calls import INTERRUPTED
 from .._errors import ConfigError
-from .._messages import ToolResult
-from ..runs import Frame, Gap, RunLogError, RunStatus
+from .._messages import ToolCall, ToolResult
+from ..runs import Frame, Gap, Lease, RunLogError, RunStatus
 from ._guard import HttpError
-from ._producer import WINDOW_S, RunProducer, detach, error_event
+from ._producer import WINDOW_S, RunProducer, detach, error_event, log_event
 from ._sse import EngineLike, PublicErrors, RunOptions
 
 if TYPE_CHECKING:
@@ -94,7 +98,8 @@ class Taker:
             return True
         errors = self._make_errors(str(status.meta.get("request_id") or ""))
         try:
-            calls, last_seq = interrupted_calls(routes, run_id, owner, saved.after_seq)
+            calls, open_calls, last_seq = interrupted_calls(routes, run_id, owner, saved.after_seq)
+            last_seq = close_open_calls(routes, lease, errors, open_calls) or last_seq
             producer = RunProducer(routes.log, lease, owner, errors.encode, detach_grace_s=routes.detach_grace_s,
                                    last_seq=last_seq)
             driving = self._resume(producer, checkpoint.after_interruption(calls), record, environ)
@@ -131,8 +136,9 @@ class Taker:
 
 
 def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int
-                      ) -> Tuple[List[InterruptedCall], int]:
-    """The calls the log shows started after ``after_seq`` (with their logged results), and the run's last seq.
+                      ) -> Tuple[List[InterruptedCall], List[ToolCall], int]:
+    """The calls the log shows started after ``after_seq`` (with their logged results), those without a
+    result, and the run's last seq.
 
     Raises :class:`RunLogError` when frames there were trimmed: what started cannot be known.
     """
@@ -150,7 +156,24 @@ def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int
             last = item.seq
             _note(item, started, results)
     calls = [InterruptedCall(name, arguments, results.get(call_id)) for call_id, (name, arguments) in started.items()]
-    return calls, last
+    open_calls = [ToolCall(call_id, name, arguments) for call_id, (name, arguments) in started.items()
+                  if call_id not in results]
+    return calls, open_calls, last
+
+
+def close_open_calls(routes: RunRoutes, lease: Lease, errors: PublicErrors, calls: List[ToolCall]) -> int:
+    """One ``tool_result`` (``skipped: interrupted``) for each call the dead worker left without one; the last seq.
+
+    So every frontend closes the call's card (it would spin for ever); 0 when there was none.
+    """
+    events = []
+    for call in calls:
+        result = ToolResult.error_result(call, f"interrupted: the worker running '{call.name}' stopped before its "
+                                               "result was logged; it may have taken effect, and is not run again")
+        event = log_event(errors.encode(ToolResultEvent(result, INTERRUPTED, call)))
+        if event is not None:
+            events.append(event)
+    return routes.log.append(lease, events) if events else 0
 
 
 def _note(frame: Frame, started: Dict[str, Tuple[str, str]], results: Dict[str, ToolResult]) -> None:

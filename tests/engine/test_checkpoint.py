@@ -106,7 +106,7 @@ def test_a_resumed_run_sends_the_same_request_and_gives_the_result_of_an_uninter
         events, resumed = run_all(other, Checkpoint.from_json(text), on_checkpoint=again.append)
         assert fp.requests[0].json["messages"] == round_two
     assert events[0] == ResetEvent(2, "the run was taken over after round 1; round 2 is asked again")
-    assert [e.round for e in events if isinstance(e, RoundEvent)] == [2]
+    assert not any(isinstance(e, RoundEvent) for e in events)  # round 2 goes on, announced by its reset
     assert not any(isinstance(e, ToolResultEvent) for e in events)  # round 1's tool is not run again
     assert again == []  # round 2 had no tools: no boundary after it
     assert (resumed.answer, resumed.rounds, resumed.tool_results) == (whole.answer, whole.rounds, whole.tool_results)

@@ -101,11 +101,13 @@ def test_kill_9_during_round_two_is_taken_over_and_the_side_effect_tool_ran_once
     assert last.event == "done", last
     assert answer_of(events) == "x is 42; the message may have gone to bob."
     assert sent.read_text() == "bob\n"  # ran once, by the killed worker; not again after the takeover
+    closed = events[events.index(reset) - 1].json()  # the killed worker's send: closed, not left spinning
+    assert (closed["call_id"], closed["skipped"]) == ("c2", "interrupted")
     after = events[events.index(reset) + 1:]
-    assert [e.event for e in after if e.event != "message"] == ["round", "tool_result", "round", "done"]
+    assert [e.event for e in after if e.event != "message"] == ["tool_result", "round", "done"]
     told = next(e.json() for e in after if e.event == "tool_result")
-    assert (told["name"], told["skipped"]) == ("send", "interrupted")
-    assert [e.json()["round"] for e in after if e.event == "round"] == [2, 3]
+    assert (told["call_id"], told["name"], told["skipped"]) == ("c7", "send", "interrupted")
+    assert [e.json()["round"] for e in after if e.event == "round"] == [3]
     seqs = [int(e.id.rpartition(".")[2]) for e in events]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # one log, contiguous, across both producers
     assert sum(1 for e in events if e.terminal) == 1
