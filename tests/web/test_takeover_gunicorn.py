@@ -144,3 +144,43 @@ def requests_status(base: str, run_id: str) -> dict:
         if status["state"] != "running" or time.monotonic() > deadline:
             return status
         time.sleep(0.1)
+
+
+def test_a_usechat_run_taken_over_reads_right_through_the_ui_message_stream(tmp_path, shared_logs, monkeypatch):
+    sent = tmp_path / "sent.txt"
+    monkeypatch.setenv("SE_SENT", str(sent))
+    monkeypatch.setenv("SE_SEND_S", "20")
+    with FakeProvider() as fp:
+        tool_turn(fp, "Looking it up. ", "c1", "lookup", {"q": "x"})
+        tool_turn(fp, "Sending. ", "c2", "send", {"to": "bob"})
+        tool_turn(fp, "Sending again. ", "c7", "send", {"to": "bob"})
+        fp.add_turn(s.text("It may have gone to bob."), s.finish())
+        with two_workers(tmp_path, fp, shared_logs.spec, APP) as base:
+            body = {"id": "chat-1", "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text",
+                                                                                        "text": "tell bob"}]}],
+                    "trigger": "submit-message"}
+            started = requests.post(f"{base}/api/chat", json=body, stream=True, timeout=30)
+            assert started.status_code == 200, started.text
+            pid = int(started.headers["X-Worker-Pid"])
+            resumed = requests.get(f"{base}/api/chat/chat-1/stream", stream=True, timeout=30)  # the other worker
+            assert resumed.status_code == 200 and int(resumed.headers["X-Worker-Pid"]) != pid
+            chunks = []
+            for line in resumed.iter_lines():
+                if not line.startswith(b"data: {"):
+                    continue
+                chunks.append(json.loads(line[6:]))
+                if chunks[-1]["type"] == "tool-input-available" and chunks[-1]["toolCallId"] == "c2":
+                    os.kill(pid, signal.SIGKILL)
+                if chunks[-1]["type"] == "finish":
+                    break
+            started.close()
+            resumed.close()
+    types = [chunk["type"] for chunk in chunks]
+    assert types.count("finish") == 1 and types[-1] == "finish" and "error" not in types
+    reset = types.index("data-streamengine-reset")
+    assert chunks[reset]["data"]["round"] == 2
+    closed = [c for c in chunks if c["type"] == "tool-output-error"]
+    assert [c["toolCallId"] for c in closed] == ["c2", "c7"]  # the killed worker's card closed; the re-ask answered
+    after = "".join(c["delta"] for c in chunks[reset:] if c["type"] == "text-delta")
+    assert after.endswith("It may have gone to bob.")
+    assert sent.read_text() == "bob\n"
