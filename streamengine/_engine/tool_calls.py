@@ -333,8 +333,8 @@ class ToolCalls:
         assert entry.key is not None
         logged = self._interrupted[entry.key].pop(0)
         self._started[entry.key] = self._round_started[entry.key] = entry
-        self.counters.tools_started += 1
-        if logged is not None:
+        if logged is not None:  # it ran (counted as an uninterrupted run would); without a result: unknown
+            self.counters.tools_started += 1
             self._tell(entry, dataclasses.replace(logged, call_id=entry.call.id), None)
             return
         self._tell(entry, ToolResult.error_result(entry.call, (

@@ -209,6 +209,7 @@ class AppOptions(TypedDict, total=False):
     retain_s: float
     approvals: bool
     max_detached_per_client: int
+    take_over: Optional[bool]
 
 
 class StreamApp:

@@ -94,6 +94,10 @@ def test_kill_9_during_round_two_is_taken_over_and_the_side_effect_tool_ran_once
             os.kill(pid, signal.SIGKILL)
             reset = wait_for(events, lambda e: e.event == "reset", timeout_s=LEASE_S + 5)
             assert reset.json()["round"] == 2 and "taken over" in reset.json()["reason"]
+            # Noticed as a lost producer would be (lease + a reader's 1 s wait), then taken over at once.
+            taken_after = times[events.index(reset)] - killed
+            assert taken_after <= LEASE_S + 1.5, f"reset {taken_after:.2f}s after the kill"
+            print(f"\ntakeover: reset {taken_after:.2f}s after kill -9 (lease {LEASE_S:g}s)")
             last = terminal_after(events, times, killed, LEASE_S + 8)
             thread.join(10)
             resp.close()
