@@ -98,7 +98,7 @@ class Taker:
             return True
         errors = self._make_errors(str(status.meta.get("request_id") or ""))
         try:
-            calls, open_calls, last_seq = interrupted_calls(routes, run_id, owner, saved.after_seq)
+            calls, open_calls, last_seq = interrupted_calls(routes, run_id, owner, saved.after_seq, lease)
             last_seq = close_open_calls(routes, lease, errors, open_calls) or last_seq
             producer = RunProducer(routes.log, lease, owner, errors.encode, detach_grace_s=routes.detach_grace_s,
                                    last_seq=last_seq)
@@ -135,14 +135,17 @@ class Taker:
         return producer.drive(run.batches())
 
 
-def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int
+def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int, lease: Lease
                       ) -> Tuple[List[InterruptedCall], List[ToolCall], int]:
     """The calls the log shows started after ``after_seq`` (with their logged results), those without a
     result, and the run's last seq.
 
+    A call only asked about (``approval_request``, no ``tool_start``) that no
+    answer reached never ran: it is left out, so the resumed round asks again.
     Raises :class:`RunLogError` when frames there were trimmed: what started cannot be known.
     """
     started: Dict[str, Tuple[str, str]] = {}
+    asked: Dict[str, bool] = {}  # call id -> whether a tool_start came too
     results: Dict[str, ToolResult] = {}
     last = after_seq
     while True:
@@ -155,7 +158,13 @@ def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int
                                   "interrupted round started cannot be known")
             last = item.seq
             _note(item, started, results)
-    calls = [InterruptedCall(name, arguments, results.get(call_id)) for call_id, (name, arguments) in started.items()]
+            call_id = _call_id(item) if item.name in ("tool_start", "approval_request") else ""
+            if call_id:
+                asked[call_id] = asked.get(call_id, False) or item.name == "tool_start"
+    never_ran = {call_id for call_id, ran in asked.items()
+                 if not ran and call_id not in results and routes.log.approval_answer(lease, call_id) is None}
+    calls = [InterruptedCall(name, arguments, results.get(call_id)) for call_id, (name, arguments) in started.items()
+             if call_id not in never_ran]
     open_calls = [ToolCall(call_id, name, arguments) for call_id, (name, arguments) in started.items()
                   if call_id not in results]
     return calls, open_calls, last
@@ -191,6 +200,16 @@ def _note(frame: Frame, started: Dict[str, Tuple[str, str]], results: Dict[str, 
         started.setdefault(call["id"], (str(call.get("name")), str(call.get("arguments") or "{}")))
     elif frame.name == "tool_result" and isinstance(data.get("call_id"), str):
         results[data["call_id"]] = _logged_result(data)
+
+
+def _call_id(frame: Frame) -> str:
+    """The call id of a ``tool_start`` or ``approval_request`` frame ("" when it has none)."""
+    try:
+        data = json.loads(frame.data)
+    except ValueError:
+        return ""
+    call = data.get("call") if isinstance(data, dict) and frame.name == "approval_request" else data
+    return str(call.get("id") or "") if isinstance(call, dict) else ""
 
 
 def _logged_result(data: Dict[str, Any]) -> ToolResult:

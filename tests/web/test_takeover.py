@@ -40,15 +40,18 @@ def sender():
     return send, sent
 
 
-def abandoned_run(log, record: str = "", lease_s: float = 0.3) -> str:
-    """A run as a worker that died in round 1 left it: the start checkpoint, round 1's frames, a started send."""
+def abandoned_run(log, record: str = "", lease_s: float = 0.3, asks: bool = False) -> str:
+    """A run as a worker that died in round 1 left it: the start checkpoint, round 1's frames, a started send
+    (``asks``: a send asked about, with no answer yet)."""
     run_id = new_run_id()
     lease = log.create(run_id, OWNER, {"request_id": "r1"}, lease_s=lease_s)
     log.append(lease, [("round", '{"round":1}'), ("token", json.dumps("Sending. "))])
     start = Checkpoint(round=0, messages=(Message(role="user", content="tell bob"),))
     if record != "none":
-        log.save_checkpoint(lease, 2, record or checkpoint_record({"conversation_id": None, "asks": False}, start))
-    log.append(lease, [("tool_start", json.dumps({"id": "c1", "name": "send", "arguments": '{"to":"bob"}'}))])
+        log.save_checkpoint(lease, 2, record or checkpoint_record({"conversation_id": None, "asks": asks}, start))
+    call = {"id": "c1", "name": "send", "arguments": '{"to":"bob"}'}
+    log.append(lease, [("approval_request", json.dumps({"call": call, "expires_in_s": 60})) if asks else
+                       ("tool_start", json.dumps(call))])
     time.sleep(lease_s + 0.05)
     return run_id
 
@@ -80,6 +83,31 @@ def test_a_reader_takes_over_a_run_whose_producer_died_and_its_started_side_effe
     assert [int(e.id.rpartition(".")[2]) for e in events if e.id] == list(range(4, 4 + len(events) - 1))
     assert status["state"] == "done" and status["answer"] == "It may have gone to bob."
     assert provider.requests[0].json["messages"] == [{"role": "user", "content": "tell bob"}]
+
+
+def test_a_call_only_asked_about_is_asked_again_by_the_taker_and_runs_once_approved(provider, logs):
+    send, sent = sender()
+    provider.add_turn(s.tool_call(0, id="c9", name="send", arguments='{"to": "bob"}'), s.finish("tool_calls"))
+    provider.add_turn(s.text("Sent to bob."), s.finish())
+    log = logs.new()
+    with make_engine(provider, [send], tool_mode="native") as engine, \
+            serving(make_wsgi_app(engine, runs=log, take_over=True, approvals=True)) as base:
+        run_id = abandoned_run(log, asks=True)
+        resp = requests.get(f"{base}/v1/runs/{run_id}/events", headers={**STREAM, "Last-Event-ID": f"{run_id}.3"},
+                            stream=True, timeout=20)
+        seen = []
+        for line in resp.iter_lines(decode_unicode=True):
+            seen.append(line)
+            if line.startswith("event: approval_request"):
+                answered = requests.post(f"{base}/v1/runs/{run_id}/approvals/c9", json={"approved": True}, timeout=5)
+                assert answered.status_code == 200
+            if line == "data: [DONE]":
+                break
+    events = [line[7:] for line in seen if line.startswith("event: ")]
+    assert events == ["tool_result", "reset", "approval_request", "tool_start", "tool_result", "round", "done"]
+    assert sent == ["bob"]  # asked again (nobody had answered c1, so it never ran), approved, run once
+    done = json.loads(next(line for line in reversed(seen) if line.startswith("data: {"))[6:])
+    assert done["answer"] == "Sent to bob."
 
 
 @pytest.mark.parametrize("record, take_over", [
