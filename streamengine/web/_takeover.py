@@ -14,7 +14,8 @@ Why it is built this way:
 
 * **The log says what the interrupted round started.**  Its frames after
   the checkpoint's seq hold each ``tool_start`` and ``approval_request`` and
-  the ``tool_result`` logged for them; the resumed round answers an equal
+  the ``tool_result`` logged for them (a call only asked about, with no
+  answer in the log, never ran: it is asked again); the resumed round answers an equal
   side-effect call with that result, or with an error saying it may have
   taken effect (``Checkpoint.interrupted``).  A gap there (frames trimmed)
   means the log cannot say: the run is closed as ``producer_lost``.  A call
