@@ -188,3 +188,29 @@ def test_a_usechat_run_taken_over_reads_right_through_the_ui_message_stream(tmp_
     after = "".join(c["delta"] for c in chunks[reset:] if c["type"] == "text-delta")
     assert after.endswith("It may have gone to bob.")
     assert sent.read_text() == "bob\n"
+
+
+def test_a_frozen_producer_whose_run_was_taken_over_is_fenced_and_its_client_reads_the_rest_from_the_log(
+        tmp_path, shared_logs, monkeypatch):
+    monkeypatch.setenv("SE_SENT", str(tmp_path / "sent.txt"))
+    with FakeProvider() as fp:
+        fp.add_turn(*[step for i in range(400) for step in (s.text(f"w{i} "), s.delay(0.05))])
+        fp.add_turn(s.text("A short answer."), s.finish())
+        with two_workers(tmp_path, fp, shared_logs.spec, APP) as base:
+            resp, run_id, pid = start_run(base)
+            events, thread, times = follower(base, run_id, pid)
+            wait_for(events, lambda e: e.event == "message" and e.json() == "w3 ")
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                last = terminal_after(events, times, time.monotonic(), LEASE_S + 5)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert fp.wait_for_client_disconnects(1, timeout=10)  # revived and fenced: it cancels its provider call
+            own = [line for line in resp.iter_lines(decode_unicode=True) if line.startswith(("id: ", "event: "))]
+            thread.join(10)
+    assert last.event == "done" and last.json()["answer"] == "A short answer."
+    ids = [line[4:] for line in own if line.startswith("id: ")]
+    assert ids[-1] == last.id  # the frozen worker's own client ends with the same terminal, read from the log
+    assert [line for line in own if line.startswith("event: ")].count("event: done") == 1
+    seqs = [int(i.rpartition(".")[2]) for i in ids]
+    assert seqs == list(range(1, len(seqs) + 1))  # nothing of the revived producer after the takeover
