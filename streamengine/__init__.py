@@ -28,6 +28,7 @@ _HOMES: _Dict[str, str] = {
     **dict.fromkeys(["Run", "StreamingEngine"], "._engine.run"),
     **dict.fromkeys(["EngineConfig"], "._config"),
     **dict.fromkeys(["EngineResult", "Telemetry"], "._engine.result"),
+    **dict.fromkeys(["Checkpoint", "InterruptedCall"], "._engine.checkpoint"),
     **dict.fromkeys(["DoneEvent", "ErrorEvent", "Event", "HeartbeatEvent", "ReasoningEvent", "RefusalEvent",
                      "ResetEvent", "RoundEvent", "TokenEvent", "ToolResultEvent", "ToolStartEvent"], "._engine.events"),
     **dict.fromkeys(["ModelChunkEvent", "Observer"], "._calls.hooks"),
@@ -56,9 +57,10 @@ _HOMES: _Dict[str, str] = {
 
 #: Literal, so type checkers and IDEs read it; tests/test_public_api.py checks it against ``_HOMES``.
 __all__ = [
-    "AllModelsFailedError", "AnthropicClient", "AudioPart", "CancelToken", "CancellableAdapter", "Chunk",
-    "CompletionOptions", "ConfigError", "DoneEvent", "EngineConfig", "EngineResult", "ErrorClass", "ErrorClassifier",
-    "ErrorEvent", "Event", "FilePart", "HashingEmbedder", "HeartbeatEvent", "ImagePart", "LLM_WARNING",
+    "AllModelsFailedError", "AnthropicClient", "AudioPart", "CancelToken", "CancellableAdapter", "Checkpoint",
+    "Chunk", "CompletionOptions", "ConfigError", "DoneEvent", "EngineConfig", "EngineResult", "ErrorClass",
+    "ErrorClassifier", "ErrorEvent", "Event", "FilePart", "HashingEmbedder", "HeartbeatEvent", "ImagePart",
+    "InterruptedCall", "LLM_WARNING",
     "LlmCancelledError", "LlmClient", "LlmConnectionError", "LlmError", "LlmHttpError", "LlmOutputLimitError",
     "LlmProtocolError", "LlmStreamError", "LlmTimeoutError", "Message", "ModelChunkEvent", "Observer",
     "OpenAICompatibleClient", "OpenAIEmbedder", "OpenAIResponsesClient", "PartNotCarriedError", "PostgresRagStore",
@@ -84,6 +86,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see ordinary imports
     from ._clients.routed import RoutedClient as RoutedClient
     from ._clients.scripted import ScriptedClient as ScriptedClient
     from ._config import EngineConfig as EngineConfig
+    from ._engine.checkpoint import Checkpoint as Checkpoint
+    from ._engine.checkpoint import InterruptedCall as InterruptedCall
     from ._engine.events import DoneEvent as DoneEvent
     from ._engine.events import ErrorEvent as ErrorEvent
     from ._engine.events import Event as Event

@@ -156,7 +156,8 @@ def cmd_serve(args: argparse.Namespace, hooks: _Hooks) -> int:
                             heartbeat_s=args.heartbeat, allowed_hosts=args.allowed_host or None,
                             max_streams=max(1, args.threads - 4), expose_errors=args.expose_errors,
                             runs=runs, detach_grace_s=args.detach_grace, approvals=args.approve == "ask",
-                            parts=_parts_policy(args), ai_sdk_version=args.ai_sdk_version)
+                            parts=_parts_policy(args), ai_sdk_version=args.ai_sdk_version,
+                            take_over=False if args.no_take_over else None)
         banner = [f"  models {', '.join(engine.config.models)} at {getattr(engine.client, 'base_url', '?')}; "
                   f"tools: {', '.join(engine.registry.names) or 'none'}"
                   + ("; with a system prompt" if args.system else ""),
@@ -434,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--detach-grace", metavar="S", type=positive_seconds, default=60.0,
                        help="with --runs: how long a run whose client went away goes on waiting for it to come "
                             "back (default 60; memory: cancels at once)")
+    serve.add_argument("--no-take-over", action="store_true",
+                       help="with a shared --runs log: close a run whose server died as producer_lost instead of "
+                            "going on with it here from its last round checkpoint (docs/runs.md, Takeover)")
     serve.set_defaults(handler=cmd_serve)
 
     models = sub.add_parser("models", parents=[common], help="list the models the provider offers",

@@ -47,7 +47,9 @@ class ToolResultEvent:
     (which a web app may redact): ``"duplicate"``, ``"not_approved"`` (a side-effect
     call nothing said yes to), ``"not_allowed"`` (not in ``allowed_tools``, or no
     such tool), ``"round_cap"``, ``"request_cap"``, ``"invalid"`` (a block or
-    arguments that could not be read), ``"pool_busy"``, ``"cancelled"``.
+    arguments that could not be read), ``"pool_busy"``, ``"cancelled"``,
+    ``"interrupted"`` (a side-effect call a resumed run's interrupted round
+    had started: not run again, it may have taken effect).
 
     ``call`` is the call as the model wrote it (None from an engine of your
     own): a skipped call had no ``tool_start``, yet a frontend's tool card
@@ -117,7 +119,9 @@ class ResetEvent:
     Sent with ``EngineConfig(failover_after_tokens=True)``, when a model
     failed mid-answer and another model is left, and whenever a model that
     had only shown reasoning failed and the round is asked again (a retry or
-    another model); ``reason`` says which failed.
+    another model); ``reason`` says which failed.  A run resumed from a
+    :class:`~streamengine.Checkpoint` starts with one for the round that was
+    interrupted (no second ``round`` event: the round goes on, asked again).
     """
 
     name: ClassVar[Literal["reset"]] = "reset"

@@ -31,11 +31,16 @@ from .._inline import InlineToolScanner, tool_instructions
 from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, ToolSpec, Usage
 from .._wait import Wait
 from ..tools import ToolExecutor, ToolRegistry
+from .checkpoint import Checkpoint, restore_state, snapshot
 from .events import DoneEvent, ErrorEvent, Event, ReasoningEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent
 from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry, attempt_failure
 from .tool_calls import ToolCalls, continuation_messages
 
 Steps = Generator[Wait, None, Any]
+
+
+def _at_once() -> bool:
+    return True
 
 
 def _joined(parts: Iterable[str]) -> str:
@@ -45,7 +50,8 @@ def _joined(parts: Iterable[str]) -> str:
 class RoundRunner:
     """Runs the rounds of one request; ``run()`` (a generator of waits) ends with a ``DoneEvent``."""
 
-    def __init__(self, deps: RunDeps, state: RunState) -> None:
+    def __init__(self, deps: RunDeps, state: RunState, resume: Optional[Checkpoint] = None,
+                 on_checkpoint: Optional[Callable[[Checkpoint], None]] = None) -> None:
         self.deps = deps
         self.config = deps.config
         self.state = state
@@ -53,10 +59,21 @@ class RoundRunner:
         self.use_inline = has_tools and self.config.uses_inline_tools
         self.use_native = has_tools and self.config.uses_native_tools
         self._round_no = 0
-        self.calls = ToolCalls(deps, state)
-        self.messages = self._initial_messages(state.conversation)
         self._parser_errors = 0
         self.output_left = self.config.max_run_output_chars  # spent chunk by chunk by each RoundStream
+        self.resume = resume
+        self.on_checkpoint = on_checkpoint
+        self._quiet_round = 0  # a resumed run's first round: announced by its reset, not a second ``round``
+        if resume is not None:
+            restore_state(self, resume)  # before ToolCalls: it counts into the restored telemetry
+        self.calls = ToolCalls(deps, state)
+        if resume is not None and resume.round > 0:
+            self.messages = list(resume.messages)  # the continuation of round ``resume.round`` included
+        else:
+            self.messages = self._initial_messages(state.conversation)
+        if resume is not None:
+            self.calls.restore(resume.call_ids, resume.started, resume.tools_total,
+                               [(call.name, call.arguments, call.result) for call in resume.interrupted])
 
     # --- set-up -------------------------------------------------------------------
     def _tool_specs(self) -> List[ToolSpec]:
@@ -91,12 +108,16 @@ class RoundRunner:
         """The rounds, then ``done``; a bug in them (not a provider's fault) still ends the run with ``done``."""
         try:
             last_round = self.config.max_continuations + 1
-            for round_no in range(1, last_round + 1):
+            first = self._begin()
+            for round_no in range(first, last_round + 1):
                 if self.state.cancel.is_set():
                     self._stop("cancelled")
                     break
                 if not (yield from self._round(round_no, is_last=round_no == last_round)):
                     break
+                if self.on_checkpoint is not None:
+                    yield Wait(ready=_at_once)  # the round's events go to the consumer before its checkpoint
+                    self._checkpoint(round_no)
             self._finish()
         except GeneratorExit:
             raise
@@ -106,11 +127,32 @@ class RoundRunner:
             if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the caller's to handle
                 raise
 
+    def _begin(self) -> int:
+        """The first round to run: 1, or the one after a resumed checkpoint's (announced with ``reset``)."""
+        if self.resume is None:
+            if self.on_checkpoint is not None:
+                self._checkpoint(0)
+            return 1
+        interrupted = self._quiet_round = self.resume.round + 1
+        self.state.emit(ResetEvent(interrupted, f"the run was taken over after round {self.resume.round}; round "
+                                                f"{interrupted} is asked again"))
+        return interrupted
+
+    def _checkpoint(self, completed: int) -> None:
+        """Hand the run's checkpoint after ``completed`` rounds to ``on_checkpoint``; a hook that fails is logged."""
+        assert self.on_checkpoint is not None
+        checkpoint = snapshot(self, completed, time.monotonic() - self.state.started)
+        try:
+            self.on_checkpoint(checkpoint)
+        except Exception as exc:  # the run goes on; only a takeover from this round is lost
+            self.deps.log.opt(exception=exc).warning("on_checkpoint failed after round {}: {}", completed, exc)
+
     def _round(self, round_no: int, *, is_last: bool) -> Steps:
         """Run one round; True when another round should follow."""
         self._round_no = round_no
         self.state.telemetry.rounds = round_no
-        self.state.emit(RoundEvent(round_no))
+        if round_no != self._quiet_round:
+            self.state.emit(RoundEvent(round_no))
         self.calls.begin_round()
         stream = RoundStream(self, round_no)  # reset in place on a failover: its callbacks stay bound
         tried: List[str] = []

@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .. import _validation as validation
 from .._calls.failover import ErrorClassifier, ModelFailover
@@ -37,6 +37,7 @@ from .._logs import component_logger
 from .._messages import LLM_WARNING, CompletionOptions, Message, MessageLike, ToolCall, as_messages
 from .._otel import instrumentation
 from ..tools import Tool, ToolExecutor, ToolRegistry
+from .checkpoint import Checkpoint
 from .events import DoneEvent, Event
 from .filing import FilingQueue, run_scope
 from .loop import HEARTBEAT, Heartbeat, RunLoop
@@ -48,6 +49,8 @@ from .tool_calls import Approve
 _READER_JOIN_S = 5.0
 #: Stop reasons of a run that produced no answer: ``complete()`` raises for them.
 _NOTHING_PRODUCED = frozenset({"llm_error", "internal_error", "output_limit"})
+#: How a run starts: from a checkpoint or not, and who gets its checkpoints.
+Plan = Tuple[Optional[Checkpoint], Optional[Callable[[Checkpoint], None]]]
 
 
 def _produced_nothing(result: EngineResult) -> bool:
@@ -206,10 +209,11 @@ class StreamingEngine:
         return scoped_tools(self.registry, self._registered_search, self.rag, scope)
 
     # --- public API --------------------------------------------------------------
-    def run(self, messages: Sequence[MessageLike], cancel: Optional[threading.Event] = None, *,
+    def run(self, messages: Union[Sequence[MessageLike], Checkpoint], cancel: Optional[threading.Event] = None, *,
             heartbeat_s: Optional[float] = None, model: Optional[str] = None,
             options: Any = None, conversation_id: Optional[str] = None, read_ahead: bool = False,
-            approve: Optional[Callable[[ToolCall], object]] = None) -> Run:
+            approve: Optional[Callable[[ToolCall], object]] = None,
+            on_checkpoint: Optional[Callable[[Checkpoint], None]] = None) -> Run:
         """Start a run: iterate the :class:`Run` for its events as they happen; ``DoneEvent`` is always last.
 
         The run happens in the thread that iterates it.  Stopping iteration
@@ -236,6 +240,16 @@ class StreamingEngine:
         (e.g. asking the person of this request): only ``True`` lets a
         side-effect call run.
 
+        ``on_checkpoint(checkpoint)`` is called, on the thread that drives the
+        run, before the first round and after each round whose tool results
+        are all in, with a :class:`~._engine.checkpoint.Checkpoint` (JSON with
+        ``to_json()``), once the events before it were handed out.  Passing a
+        ``Checkpoint`` as ``messages`` goes on from it, on any engine with the
+        same configuration: the run starts with a ``ResetEvent`` for the round
+        that was interrupted and counts rounds, usage and limits on
+        (``_engine/checkpoint.py`` says what is and is not the same as an
+        uninterrupted run).
+
         The arguments are checked here, before the first event: a
         :class:`ConfigError` is raised by this call, not by the iteration.
         """
@@ -245,8 +259,14 @@ class StreamingEngine:
         if not isinstance(read_ahead, bool):
             raise ConfigError(f"read_ahead must be True or False, got {read_ahead!r}")
         # A run's own scope is a fresh uuid: only worth making when a store can use it.
+        resume = messages if isinstance(messages, Checkpoint) else None
+        if on_checkpoint is not None and not callable(on_checkpoint):
+            raise ConfigError(f"on_checkpoint must be a callable taking a Checkpoint, got "
+                              f"{type(on_checkpoint).__name__}")
         scope = run_scope(conversation_id) if conversation_id is not None or self.rag is not None else ""
-        conversation = as_messages(messages)
+        if resume is not None and conversation_id is None and resume.scope:
+            scope = resume.scope  # the run files into and searches the scope it had
+        conversation = list(resume.messages) if resume is not None else as_messages(messages)  # type: ignore[arg-type]
         if not conversation:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
@@ -257,10 +277,11 @@ class StreamingEngine:
         parent = otel.current_context() if otel is not None else None
         trace = functools.partial(otel.start_run, parent=parent, conversation_id=conversation_id,
                                   messages=conversation) if otel is not None and otel.live(parent) else None
+        plan = (resume, on_checkpoint)
         if read_ahead:
-            return Run(self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace))
+            return Run(self._read_ahead(conversation, cancel, heartbeat_s, deps, scope, trace, plan))
         beat = Heartbeat(heartbeat_s)
-        return Run(self._batches(conversation, cancel, beat, deps, scope, trace), beat)
+        return Run(self._batches(conversation, cancel, beat, deps, scope, trace, plan), beat)
 
     def _check_parts(self, conversation: List[Message], models: Sequence[str]) -> None:
         """Images, audio and files checked against the API of every model the run may fail over to, before
@@ -320,15 +341,21 @@ class StreamingEngine:
     # --- one run -------------------------------------------------------------------
     def _batches(self, conversation: List[Message], cancel: Optional[threading.Event],
                  beat: Heartbeat, deps: RunDeps, scope: str,
-                 trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
-        """The run, driven by the thread that iterates this generator (``loop.RunLoop``)."""
+                 trace: Optional[Callable[[], Any]] = None, plan: Plan = (None, None)
+                 ) -> Generator[List[Event], None, None]:
+        """The run, driven by the thread that iterates this generator (``loop.RunLoop``).
+
+        ``plan``: the checkpoint it resumes (or None) and its ``on_checkpoint``.
+        """
         # The run's own token: the caller's event cancels it, never the other way round.
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         loop = beat.loop = RunLoop(token, beat.seconds)
-        state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=time.monotonic(),
+        resume, on_checkpoint = plan
+        started = time.monotonic() - (resume.elapsed_s if resume is not None else 0.0)
+        state = RunState(conversation=conversation, cancel=token, emit=loop.emit, started=started,
                          emit_here=loop.outbox.append, scope=scope, trace=trace() if trace is not None else None)
-        runner = RoundRunner(deps, state)
+        runner = RoundRunner(deps, state, resume, on_checkpoint)
         loop.tools_due = runner.calls.next_deadline
         loop.on_tools_due = runner.calls.poll_deadlines
         loop.tools_pending = runner.calls.pending
@@ -350,12 +377,13 @@ class StreamingEngine:
 
     def _read_ahead(self, conversation: List[Message], cancel: Optional[threading.Event],
                     heartbeat_s: Optional[float], deps: RunDeps, scope: str,
-                    trace: Optional[Callable[[], Any]] = None) -> Generator[List[Event], None, None]:
+                    trace: Optional[Callable[[], Any]] = None, plan: Plan = (None, None)
+                    ) -> Generator[List[Event], None, None]:
         """The same run, driven by a reader thread into a bounded channel (``run(read_ahead=True)``)."""
         token = CancelToken()
         stop_watch = on_cancel(cancel, token.set)
         channel = EventChannel(cancel=token)
-        batches = self._batches(conversation, token, Heartbeat(None), deps, scope, trace)
+        batches = self._batches(conversation, token, Heartbeat(None), deps, scope, trace, plan)
 
         def read() -> None:
             try:

@@ -57,8 +57,10 @@ HELD, STARTED, TOLD = "held", "started", "told"
 #: Why a held side-effect call never ran because its round's stream did not end normally.
 STREAM_NOT_FINISHED = "stream_not_finished"
 #: Skip reasons of calls that never reached the pool: no tool outcome (``tools_ok``/``failed``/``timed_out``).
+#: Why a side-effect call of a resumed run's round was not run: its interrupted round had started it.
+INTERRUPTED = "interrupted"
 GATE_SKIPS = frozenset({"invalid", "duplicate", "round_cap", "request_cap", "not_allowed", "not_approved",
-                        STREAM_NOT_FINISHED})
+                        STREAM_NOT_FINISHED, INTERRUPTED})
 #: Calls a gate stopped that are told one by one per round; past it they are counted and summed up in
 #: one line (5,000 blocks in an answer must not become 5,000 events and a megabyte of continuation).
 MAX_TOLD_STOPPED = 10
@@ -134,6 +136,8 @@ class ToolCalls:
         self._replayable: Dict[Key, Call] = {}
         self._ids: Set[str] = set()
         self._total = 0
+        #: Side-effect calls a resumed run's interrupted round had started, by key: answered, never run again.
+        self._interrupted: Dict[Key, List[Optional[ToolResult]]] = {}
         #: Started calls whose result may not be fixed yet: the run's loop asks for tool deadlines only
         #: while this is non-empty (one list for the run, changed in place).
         self.pending: List[ToolHandle] = []
@@ -141,6 +145,39 @@ class ToolCalls:
         self._deadlines_moved = False
         self.counters = state.telemetry
         self.begin_round()
+
+    # --- a checkpoint's part (checkpoint.py) ----------------------------------------------------------
+    @property
+    def taken_ids(self) -> Set[str]:
+        return set(self._ids)
+
+    @property
+    def started_keys(self) -> List[Key]:
+        return [key for key, entry in self._started.items() if not entry.never_started]
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    def restore(self, ids: Sequence[str], started: Sequence[Key], total: int,
+                interrupted: Sequence[Tuple[str, str, Optional[ToolResult]]]) -> None:
+        """A resumed run's calls so far: their ids stay taken, their repeats are duplicates, the caps count on.
+
+        ``interrupted``: (name, arguments, logged result or None) of the calls its
+        interrupted round started; a side-effect call equal to one is answered, not run.
+        """
+        self._ids.update(ids)
+        for key in started:
+            done = Call(ToolCall("", key[0], key[1]), key)
+            done.state = TOLD
+            self._started[key] = done
+        self._total = self._total_at_round_start = total
+        for name, arguments, result in interrupted:
+            try:
+                key = canonical_key(ToolCall("", name, arguments))
+            except ToolError:
+                continue
+            self._interrupted.setdefault(key, []).append(result)
 
     # --- per round ---------------------------------------------------------------------------------
     def begin_round(self) -> None:
@@ -213,7 +250,9 @@ class ToolCalls:
         self._total += 1
         entry = Call(call, key, tool)
         self._round.append(entry)
-        if not tool.side_effects:
+        if tool.side_effects and self._interrupted.get(key):
+            self._answer_interrupted(entry)
+        elif not tool.side_effects:
             self._start(entry, wanted)
         else:
             self._held.append(entry)
@@ -288,6 +327,20 @@ class ToolCalls:
         def tell(done: ToolHandle) -> None:
             self._tell(entry, done.result(), done.skipped)
         handle.add_done_callback(tell)
+
+    def _answer_interrupted(self, entry: Call) -> None:
+        """A side-effect call its interrupted round had started: its logged result, or an error; never run again."""
+        assert entry.key is not None
+        logged = self._interrupted[entry.key].pop(0)
+        self._started[entry.key] = self._round_started[entry.key] = entry
+        if logged is not None:  # it ran (counted as an uninterrupted run would); without a result: unknown
+            self.counters.tools_started += 1
+            self._tell(entry, dataclasses.replace(logged, call_id=entry.call.id), None)
+            return
+        self._tell(entry, ToolResult.error_result(entry.call, (
+            f"not run again: the call to '{entry.call.name}' was started by a worker that stopped before its "
+            "result was logged, so it may have taken effect; do not retry it, answer with what is known")),
+            INTERRUPTED)
 
     def _reuse(self, entry: Call, attempt: Call, wanted: str) -> None:
         """A replay's call answered by its failed attempt's; an exact repeat (same id too) keeps that id."""

@@ -6,7 +6,8 @@ them between the processes of one host; ``RedisRunLog(url)`` and
 
 - ``_contract``: :class:`RunLog` (the contract, its argument checks), the
   records (:class:`Lease`, :class:`Frame`, :class:`Gap`, :class:`RunStatus`,
-  :class:`ApprovalAnswer`, :class:`Appended`), the errors, and the trim and wake-up helpers the logs share;
+  :class:`ApprovalAnswer`, :class:`Appended`, :class:`SavedCheckpoint`), the errors, and the trim and wake-up
+  helpers the logs share;
 - ``_memory``, ``_sqlite``, ``_redis``, ``_postgres``: one log each (redis-py and
   psycopg are imported only when their log is made); ``_open``: a log from a URL;
 - ``_group_commit``: the appends of many producers written in one round trip (Redis);
@@ -30,6 +31,7 @@ from ._contract import RunLog as RunLog
 from ._contract import RunLogError as RunLogError
 from ._contract import RunNotFound as RunNotFound
 from ._contract import RunStatus as RunStatus
+from ._contract import SavedCheckpoint as SavedCheckpoint
 from ._contract import new_run_id as new_run_id
 from ._local import shutdown_runs as shutdown_runs
 from ._memory import MemoryRunLog as MemoryRunLog
@@ -41,5 +43,5 @@ from ._sqlite import SqliteRunLog as SqliteRunLog
 __all__ = [
     "Appended", "ApprovalAnswer", "FINISH_STATES", "Frame", "Gap", "LOST", "Lease", "MemoryRunLog", "PostgresRunLog",
     "RUNNING", "RedisRunLog", "RunExistsError", "RunFencedError", "RunLog", "RunLogError", "RunNotFound", "RunStatus",
-    "SqliteRunLog", "TERMINAL_STATES", "new_run_id", "open_run_log", "shutdown_runs",
+    "SavedCheckpoint", "SqliteRunLog", "TERMINAL_STATES", "new_run_id", "open_run_log", "shutdown_runs",
 ]

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Opt
 
 from .. import _validation as validation
 from .._errors import ConfigError, StreamEngineError
+from .._logs import component_logger
 
 #: A run's states: ``running`` until exactly one terminal event, then one of the others.
 RUNNING = "running"
@@ -33,6 +34,8 @@ MAX_REASON_CHARS = 1000
 MAX_READ_FRAMES = 1000
 #: The longest a read blocks; a longer wait is a loop of reads (each server connection's timeout exceeds it).
 MAX_READ_WAIT_S = 30.0
+
+_log = component_logger("streamengine.runs")
 
 
 class RunLogError(StreamEngineError):
@@ -132,6 +135,14 @@ Event = Tuple[str, str]
 
 
 @dataclass(frozen=True)
+class SavedCheckpoint:
+    """A run's latest checkpoint (``data``, the producer's JSON text), saved when frame ``after_seq`` was its last."""
+
+    after_seq: int
+    data: str
+
+
+@dataclass(frozen=True)
 class Limits:
     """What every run of a log may hold, and for how long (each checked once, in :class:`RunLog`)."""
 
@@ -140,6 +151,7 @@ class Limits:
     max_events: int
     max_bytes: int
     max_approvals: int
+    max_checkpoint_bytes: int = 2 << 20
 
 
 def new_run_id() -> str:
@@ -312,13 +324,16 @@ def check_meta(meta: Any) -> str:
         raise ConfigError(f"meta must hold JSON values only ({exc})") from exc
 
 
-def make_limits(lease_s: Any, retain_s: Any, max_events: Any, max_bytes: Any, max_approvals: Any) -> Limits:
+def make_limits(lease_s: Any, retain_s: Any, max_events: Any, max_bytes: Any, max_approvals: Any,
+                max_checkpoint_bytes: Any = Limits.max_checkpoint_bytes) -> Limits:
     return Limits(
         lease_s=validation.seconds(lease_s, "lease_s (how long a producer's lease lasts unrenewed)"),
         retain_s=validation.seconds(retain_s, "retain_s (how long a run is kept after it ends)"),
         max_events=validation.count(max_events, "max_events (events kept per run)", minimum=1),
         max_bytes=validation.count(max_bytes, "max_bytes (bytes of events kept per run)", minimum=1),
         max_approvals=validation.count(max_approvals, "max_approvals (answers kept per run)", minimum=1),
+        max_checkpoint_bytes=validation.count(max_checkpoint_bytes, "max_checkpoint_bytes (the largest checkpoint "
+                                              "kept per run; 0: none)"),
     )
 
 
@@ -332,8 +347,9 @@ class RunLog(abc.ABC):
     """
 
     def __init__(self, *, lease_s: float = 3.0, retain_s: float = 600.0, max_events: int = 10_000,
-                 max_bytes: int = 8 << 20, max_approvals: int = 256) -> None:
-        self.limits = make_limits(lease_s, retain_s, max_events, max_bytes, max_approvals)
+                 max_bytes: int = 8 << 20, max_approvals: int = 256,
+                 max_checkpoint_bytes: int = Limits.max_checkpoint_bytes) -> None:
+        self.limits = make_limits(lease_s, retain_s, max_events, max_bytes, max_approvals, max_checkpoint_bytes)
 
     # -- the producer ----------------------------------------------------------------------
 
@@ -381,6 +397,34 @@ class RunLog(abc.ABC):
     def approval_answer(self, lease: Lease, call_id: str) -> Optional[ApprovalAnswer]:
         """The answer given to ``call_id``, or None while there is none.  Fenced."""
         return self._do_approval_answer(check_lease(lease), check_call_id(call_id))
+
+    def save_checkpoint(self, lease: Lease, after_seq: int, data: Optional[str]) -> bool:
+        """Keep ``data`` as the run's checkpoint, taken when frame ``after_seq`` was the last; whether it was kept.
+
+        It replaces the one before, atomically.  ``data`` None, or longer than
+        ``max_checkpoint_bytes``, clears it instead (a takeover then finds
+        none, and the run can only be closed as producer_lost): an older
+        checkpoint must not outlive a round that was not saved.  Fenced.
+        """
+        after_seq = check_after(after_seq)
+        if data is not None and not isinstance(data, str):
+            raise ConfigError(f"a checkpoint is JSON text or None, got {validation.short_repr(data)}")
+        size = 0 if data is None else len(data.encode("utf-8", "surrogatepass"))
+        if size > self.limits.max_checkpoint_bytes:
+            _log.warning("run {}: its checkpoint after seq {} is {} bytes, over max_checkpoint_bytes={}: none is "
+                         "kept, so if its worker dies the run is closed as producer_lost, not taken over",
+                         lease.run_id, after_seq, size, self.limits.max_checkpoint_bytes)
+            data = None
+        return self._do_save_checkpoint(check_lease(lease), after_seq, data or "") and data is not None
+
+    def checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
+        """The run's latest checkpoint, None when it has none (never saved, cleared, or a log that keeps none).
+
+        For the worker that takes a run over (:meth:`take_over`); the run's
+        owner was checked by whoever found the run.
+        """
+        found = self._do_checkpoint(check_run_id(run_id))
+        return found if found is not None and found.data else None
 
     # -- readers ----------------------------------------------------------------------------
 
@@ -497,6 +541,14 @@ class RunLog(abc.ABC):
 
     @abc.abstractmethod
     def _do_answer_approval(self, run_id: str, owner: str, answer: ApprovalAnswer) -> ApprovalAnswer: ...
+
+    # A log of your own that keeps no checkpoints still works: its runs are closed as producer_lost.
+    def _do_save_checkpoint(self, lease: Lease, after_seq: int, data: str) -> bool:
+        """Replace the run's checkpoint with ``data`` ("" clears it) under the lease; whether it was kept."""
+        return False
+
+    def _do_checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
+        return None
 
 
 def parse_meta(meta_json: str) -> Dict[str, Any]:

@@ -24,6 +24,7 @@ from ._contract import (
     RunLogError,
     RunNotFound,
     RunStatus,
+    SavedCheckpoint,
     Waker,
     event_size,
     over_caps,
@@ -40,6 +41,7 @@ class _Run:
 
     __slots__ = (
         "approvals",
+        "checkpoint",
         "expires_at",
         "frames",
         "last_seq",
@@ -70,6 +72,7 @@ class _Run:
         self.stop = False
         self.approvals: Dict[str, ApprovalAnswer] = {}
         self.read_at: Optional[float] = None
+        self.checkpoint: Optional[SavedCheckpoint] = None
         self.lease_until = self.expires_at = 0.0
         self.extend(now)
 
@@ -250,3 +253,13 @@ class MemoryRunLog(RunLog):
                     raise RunLogError(too_many_approvals(run_id, self.limits.max_approvals))
                 approvals[answer.call_id] = answer
             return approvals[answer.call_id]
+
+    def _do_save_checkpoint(self, lease: Lease, after_seq: int, data: str) -> bool:
+        with self._lock:
+            self._leased(lease, time.monotonic(), "save a checkpoint of").checkpoint = SavedCheckpoint(after_seq, data)
+        return True
+
+    def _do_checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
+        with self._lock:
+            run = self._live(run_id, time.monotonic())
+            return run.checkpoint if run is not None else None

@@ -35,6 +35,7 @@ from ._contract import (
     RunLogError,
     RunNotFound,
     RunStatus,
+    SavedCheckpoint,
     Waker,
     event_size,
     over_caps,
@@ -51,6 +52,8 @@ _SCHEMA = (
     " size bigint NOT NULL, lease_s float8 NOT NULL, retain_s float8 NOT NULL, lease_until float8 NOT NULL,"
     " expires_at float8 NOT NULL, stop boolean NOT NULL DEFAULT false)",
     "ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS read_at float8",
+    "ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS cp_seq bigint",  # the run's checkpoint: the seq it follows,
+    "ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS cp_data text",  # and its JSON text
     "CREATE INDEX IF NOT EXISTS {runs_expires} ON {runs} (expires_at)",
     "CREATE TABLE IF NOT EXISTS {events} (run_id text NOT NULL REFERENCES {runs} ON DELETE CASCADE,"
     " seq bigint NOT NULL, name text NOT NULL, data text NOT NULL, size integer NOT NULL,"
@@ -372,6 +375,19 @@ class PostgresRunLog(RunLog):
             conn.execute(self._sql("INSERT INTO {approvals} VALUES (%(run_id)s, %(call_id)s, %(approved)s,"
                                    " %(reason)s)"), params)
         return answer
+
+    def _do_save_checkpoint(self, lease: Lease, after_seq: int, data: str) -> bool:
+        with self._transaction("save a checkpoint") as conn:
+            done = conn.execute(self._sql(f"UPDATE {{runs}} SET cp_seq = %(seq)s, cp_data = %(data)s WHERE {_LEASED}"),
+                                {"run_id": lease.run_id, "token": lease.token, "seq": after_seq, "data": data})
+            if done.rowcount == 0:
+                raise RunFencedError(lease.run_id, "save a checkpoint of")
+        return True
+
+    def _do_checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
+        with self._transaction("read a checkpoint") as conn:
+            row = self._one(conn, f"SELECT cp_seq, cp_data FROM {{runs}} WHERE {_LIVE}", {"run_id": run_id})
+        return None if row is None or row[0] is None or row[1] is None else SavedCheckpoint(int(row[0]), row[1])
 
 
 class _Listener:

@@ -3,7 +3,7 @@
 Keys per run (one hash tag, so a cluster keeps them in one slot)::
 
     {prefix}{<run_id>}            hash: owner meta state token first last size lease_ms retain_ms lease_until stop
-                                  read_at
+                                  read_at cp_seq cp_data (the run's checkpoint)
     {prefix}{<run_id>}:events     stream: entry id "<seq>-0", fields n (name), d (data), t (terminal)
     {prefix}{<run_id>}:approvals  hash: call_id -> {"approved", "reason"}
 
@@ -38,6 +38,7 @@ from ._contract import (
     RunLogError,
     RunNotFound,
     RunStatus,
+    SavedCheckpoint,
     parse_meta,
     too_many_approvals,
 )
@@ -211,6 +212,13 @@ redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[3], redis.call('PTTL', KEYS[1]))
 return {1, ARGV[3]}
 """
+# ARGV: token after_seq data ('' clears).  1 saved, -1 fenced.  In the run's hash: it expires with the run.
+_SAVE_CHECKPOINT = """
+local h = redis.call('HMGET', KEYS[1], 'token', 'state')
+if h[1] ~= ARGV[1] or h[2] ~= 'running' then return -1 end
+redis.call('HSET', KEYS[1], 'cp_seq', ARGV[2], 'cp_data', ARGV[3])
+return 1
+"""
 
 
 #: How long an append waits for others to join its round trip, while appends keep coming (bench section 16).
@@ -263,7 +271,7 @@ class RedisRunLog(RunLog):
         self._scripts = {name: self._redis.register_script(lua) for name, lua in (
             ("create", _CREATE), ("append", _APPEND), ("renew", _RENEW), ("close_lost", _CLOSE_LOST),
             ("take_over", _TAKE_OVER), ("status", _STATUS), ("request_stop", _REQUEST_STOP), ("answer", _ANSWER),
-            ("mark_read", _MARK_READ))}
+            ("mark_read", _MARK_READ), ("save_checkpoint", _SAVE_CHECKPOINT))}
         self._scripts["append_many"] = self._redis.register_script(_APPEND_MANY)
         self._appends: GroupCommit[Tuple[Lease, List[Event]], Appended] = GroupCommit(
             self._append_all, delay_s=validation.seconds(group_delay_s, "group_delay_s", allow_zero=True),
@@ -417,6 +425,16 @@ class RedisRunLog(RunLog):
         if found[0] == 2:
             raise RunLogError(too_many_approvals(run_id, self.limits.max_approvals))
         return _answer(answer.call_id, found[1])
+
+    def _do_save_checkpoint(self, lease: Lease, after_seq: int, data: str) -> bool:
+        args = [lease.token, after_seq, data]
+        if int(self._script("save_checkpoint", lease.run_id, args, "save a checkpoint of")) < 0:
+            raise RunFencedError(lease.run_id, "save a checkpoint of")
+        return True
+
+    def _do_checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
+        seq, data = self._call("read a checkpoint", self._redis.hmget, self._keys(run_id)[0], "cp_seq", "cp_data")
+        return None if seq is None or data is None else SavedCheckpoint(int(seq), data)
 
 
 def _frames(entries: Sequence[Tuple[str, Dict[str, str]]]) -> List[Frame]:

@@ -32,6 +32,7 @@ from ._contract import (
     RunLogError,
     RunNotFound,
     RunStatus,
+    SavedCheckpoint,
     Waiters,
     Waker,
     event_size,
@@ -52,10 +53,13 @@ _SCHEMA = (
     " WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS run_approvals (run_id TEXT NOT NULL, call_id TEXT NOT NULL,"
     " approved INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (run_id, call_id)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS run_checkpoints (run_id TEXT PRIMARY KEY, after_seq INTEGER NOT NULL,"
+    " data TEXT NOT NULL) WITHOUT ROWID",
 )
 _PURGE = (
     "DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM runs WHERE expires_at <= ?)",
     "DELETE FROM run_approvals WHERE run_id IN (SELECT run_id FROM runs WHERE expires_at <= ?)",
+    "DELETE FROM run_checkpoints WHERE run_id IN (SELECT run_id FROM runs WHERE expires_at <= ?)",
     "DELETE FROM runs WHERE expires_at <= ?",
 )
 _PURGE_EVERY_S = 10.0
@@ -188,7 +192,8 @@ class SqliteRunLog(RunLog):
             self._purge(conn, now)
             if conn.execute(_HEADER, (lease.run_id, now)).fetchone() is not None:
                 raise RunExistsError(f"run {lease.run_id!r} already exists; make a fresh id with new_run_id()")
-            for table in ("run_events", "run_approvals", "runs"):  # an expired run of that id, not purged yet
+            # An expired run of that id, not purged yet:
+            for table in ("run_events", "run_approvals", "run_checkpoints", "runs"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (lease.run_id,))
             until = now + lease.lease_s
             conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, 0, NULL)",
@@ -327,6 +332,18 @@ class SqliteRunLog(RunLog):
             conn.execute("INSERT INTO run_approvals VALUES (?, ?, ?, ?)",
                          (run_id, answer.call_id, int(answer.approved), answer.reason))
         return answer
+
+    def _do_save_checkpoint(self, lease: Lease, after_seq: int, data: str) -> bool:
+        with self._write("save a checkpoint") as (conn, now):
+            self._leased(conn, lease, now, "save a checkpoint of")
+            conn.execute("INSERT OR REPLACE INTO run_checkpoints VALUES (?, ?, ?)", (lease.run_id, after_seq, data))
+        return True
+
+    def _do_checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
+        with self._connection("read a checkpoint") as conn:
+            row = conn.execute("SELECT c.after_seq, c.data FROM run_checkpoints c JOIN runs r USING (run_id)"
+                               " WHERE run_id = ? AND r.expires_at > ?", (run_id, time.time())).fetchone()
+        return None if row is None else SavedCheckpoint(int(row[0]), row[1])
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

@@ -56,7 +56,7 @@ from .. import _validation as validation
 from .._errors import ConfigError
 from .._logs import component_logger
 from .._messages import LLM_WARNING, Message, ToolCall
-from ..runs import RunLog, RunStatus
+from ..runs import MemoryRunLog, RunLog, RunStatus
 from ._agui import AGUI_HEADERS, AgUiLogRender, AgUiStream, resume_entries, run_input
 from ._aisdk import (
     UI_STREAM_HEADERS,
@@ -88,6 +88,7 @@ from ._parts import PartsPolicy, checked_policy
 from ._producer import APPEND_WINDOW_S
 from ._runs import RUNS_PATH, ChatRun, Owner, RunRoutes, last_event_id
 from ._sse import EngineLike, Framer, PublicErrors, RunOptions, SseResponse, StuckReaders, connection_dropper
+from ._takeover import Taker, takes_checkpoints
 
 if TYPE_CHECKING:  # typeshed's PEP 3333 types (wsgiref.types is Python 3.11+)
     from _typeshed.wsgi import InputStream, StartResponse, WSGIApplication, WSGIEnvironment
@@ -210,6 +211,7 @@ class AppOptions(TypedDict, total=False):
     approvals: bool
     max_detached_per_client: int
     append_window_s: float
+    take_over: Optional[bool]
 
 
 class StreamApp:
@@ -269,6 +271,10 @@ class StreamApp:
     ``append_window_s``: tokens this close to the last append wait to go
     with the next (the first after a pause goes at once); a longer window
     means fewer appends (CPU) for later tokens (docs/runs.md).
+    ``take_over`` (default: on with a shared log): the worker that notices a
+    dead producer goes on with its run from the last round checkpoint
+    (announced with ``reset``; side-effect calls of the interrupted round are
+    not run again) instead of closing it as ``producer_lost``.
     """
 
     def __init__(self, engine: EngineLike, *, system_prompt: Optional[str] = None, trusted_messages: bool = False,
@@ -282,7 +288,7 @@ class StreamApp:
                  ai_sdk_version: int = 5, approvals: bool = False, runs: Optional[RunLog] = None,
                  owner: Optional[Owner] = None, on_disconnect: Optional[str] = None, detach_grace_s: float = 60.0,
                  lease_s: float = 3.0, retain_s: float = 600.0, max_detached_per_client: int = 4,
-                 append_window_s: float = APPEND_WINDOW_S) -> None:
+                 append_window_s: float = APPEND_WINDOW_S, take_over: Optional[bool] = None) -> None:
         if not callable(getattr(engine, "run", None)):
             raise ConfigError(f"make_wsgi_app needs a StreamingEngine (something with .run()), "
                               f"got {type(engine).__name__}")
@@ -321,6 +327,7 @@ class StreamApp:
                                       max_detached_per_client=max_detached_per_client,
                                       limiter_key=client_key or client_address, retry_after_s=retry_after_s,
                                       append_window_s=append_window_s)
+        self._set_take_over(take_over)
         if approvals is True and self.ai_sdk_version == 5:
             self._log.warning("approvals=True: useChat runs cannot ask about held calls with ai_sdk_version=5 (ai 5 "
                               "has no approval chunks), so the engine's own approve decides there; pass "
@@ -333,6 +340,22 @@ class StreamApp:
             CHAT_PATH: {"POST": self._chat_post},
             AGUI_PATH: {"POST": self._agui_post},
         }
+
+    def _set_take_over(self, take_over: Optional[bool]) -> None:
+        """Runs taken over from their last checkpoint when their worker dies (``web._takeover``): by default with
+        a shared log and an engine whose runs take checkpoints."""
+        if take_over is not None and not isinstance(take_over, bool):
+            raise ConfigError(f"take_over must be True, False or None (on with a shared run log), got {take_over!r}")
+        able = takes_checkpoints(self.engine)
+        if take_over and (self._runs is None or not able):
+            raise ConfigError("take_over=True needs a shared run log (runs=SqliteRunLog(path), RedisRunLog(url) or "
+                              "PostgresRunLog(dsn)) and an engine whose run() takes on_checkpoint= (StreamingEngine)")
+        if self._runs is None or not (take_over or (take_over is None and able
+                                                    and not isinstance(self._runs.log, MemoryRunLog))):
+            return
+        expose, log = self.expose_errors, self._log
+        self._runs.taker = Taker(self._runs, self.engine, self._run_options,
+                                 lambda request_id: PublicErrors(request_id, expose=expose, logger=log))
 
     def _run_routes(self, runs: Optional[RunLog], *, approvals: bool, **options: Any) -> Optional[RunRoutes]:
         """The run routes over ``runs``, or None: without a log the app serves as it always did."""

@@ -153,6 +153,11 @@ class LoggedErrors(PublicErrors):
         return telemetry
 
 
+def checkpoint_record(context: Dict[str, Any], checkpoint: Any) -> str:
+    """What the log keeps as a run's checkpoint: the engine's, and the run's options a taker needs (web._takeover)."""
+    return json.dumps({**context, "checkpoint": checkpoint.to_json()}, ensure_ascii=True, separators=(",", ":"))
+
+
 def error_event(code: str, message: str) -> LogEvent:
     return "error", json.dumps({"message": message, "fatal": True, "code": code})
 
@@ -161,7 +166,7 @@ class RunProducer:
     """Drives one engine run into ``log`` under ``lease``; :meth:`drive` is the generator a thread iterates."""
 
     def __init__(self, log: RunLog, lease: Lease, owner: str, encode: Encode, *, detach_grace_s: float,
-                 window_s: float = APPEND_WINDOW_S) -> None:
+                 window_s: float = APPEND_WINDOW_S, last_seq: int = 0) -> None:
         self.log = log
         self.lease = lease
         self.owner = owner
@@ -183,6 +188,9 @@ class RunProducer:
         self._beat: Optional[Callable[[Optional[float]], None]] = None
         self._holding = True  # the run starts with the window's heartbeat (an engine of your own keeps it)
         self._asking = 0  # held calls waiting for an answer (ask() runs on the engine's approval threads)
+        self._last_seq = last_seq  # the seq of the last frame this producer's run has in the log
+        #: What a worker taking the run over needs besides the engine's checkpoint (web._takeover); None: no saves.
+        self.checkpoint_context: Optional[Dict[str, Any]] = None
 
     @property
     def run_id(self) -> str:
@@ -282,6 +290,7 @@ class RunProducer:
         """Under the lock: the pending events become frames (fenced or failing: raised, nothing sent)."""
         events, self._pending = self._pending, []
         last, stop = self.log.append_and_poll(self.lease, events)
+        self._last_seq = last
         first = last - len(events) + 1
         self._out.extend(Frame(first + index, name, data) for index, (name, data) in enumerate(events))
         self._last_write = now
@@ -346,6 +355,28 @@ class RunProducer:
             self.fenced = True
         except RunLogError as exc:
             self._log_failed(exc)
+
+    def save_checkpoint(self, checkpoint: Any) -> None:
+        """The engine's ``on_checkpoint``: the frames before it appended, then it saved after the last one.
+
+        Runs on the driving thread, at a round boundary (the round's events
+        were handed over already).  A fenced producer stops writing; a log that
+        failed to save it is only logged: the run goes on, and if its worker
+        died before the next save, the run is taken over from the one before.
+        """
+        if self.checkpoint_context is None:
+            return
+        record = checkpoint_record(self.checkpoint_context, checkpoint)
+        try:
+            with self._lock:
+                if self._pending:
+                    self._append_pending(time.monotonic())
+                self.log.save_checkpoint(self.lease, self._last_seq, record)
+        except RunFencedError:
+            self.fenced = True
+        except RunLogError as exc:
+            _log.opt(exception=exc).warning("run {}: its checkpoint after round {} was not saved: {}", self.run_id,
+                                            checkpoint.round, exc)
 
     def _log_failed(self, exc: RunLogError) -> None:
         _log.opt(exception=exc).error("run {}: the run log failed, so the run is cancelled: {}", self.run_id, exc)

@@ -84,6 +84,8 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
     from loguru import Logger
 
+    from ._takeover import Taker
+
 RUNS_PATH = "/v1/runs/"
 #: How long a browser waits before it reconnects (the ``retry:`` line of every run's stream).
 RETRY_MS = 1000
@@ -266,7 +268,8 @@ class RunRoutes:
         self._detached = StreamLimiter(limiter.max_streams, max_detached_per_client, limiter_key, retry_after_s)
         self._retry_after = str(retry_after_s)
         self.stuck = stuck
-        self._log = logger
+        self.logger = self._log = logger
+        self.taker: Optional[Taker] = None  # set by the app when its runs may be taken over (web._takeover)
 
     @property
     def detached(self) -> int:
@@ -287,6 +290,10 @@ class RunRoutes:
             raise HttpError("not authorized: this request has no owner for its runs (the owner hook returned "
                             f"{type(owner).__name__}); sign in and retry", 401)
         return owner
+
+    def detached_slot(self, environ: WSGIEnvironment) -> Callable[[], None]:
+        """A detached run's slot (HttpError over the caps); the release."""
+        return self._detached.acquire(environ)
 
     def acquire(self, environ: WSGIEnvironment) -> Callable[[], None]:
         """A stream slot; detached runs count against the app's total too."""
@@ -315,9 +322,12 @@ class RunRoutes:
                                    window_s=self.append_window_s)
             if chat is not None:
                 self._index_chat(owner, chat.chat_id, run_id)
-            if self.approvals and (chat is None or chat.approvals):
+            asks = self.approvals and (chat is None or chat.approvals)
+            if asks:
                 asking, timeout = producer, self.approval_timeout_s
                 options = dict(options, approve=lambda call: asking.ask(call, timeout))  # type: ignore[assignment]
+            if self.taker is not None:
+                options = self.taker.checkpointed(producer, options, asks)
             start: Callable[..., Any] = engine.run
             run = start(messages, producer.cancel, heartbeat_s=self.append_window_s, **options)
             response = self._attached(producer, run, environ, release, errors, chat)
@@ -403,7 +413,8 @@ class RunRoutes:
         _, settled = self._approvals_of(status.run_id, owner)
         release = self.acquire(environ)
         render = make_render(status, (), settled)
-        body = Following(self.follow(status.run_id, owner, 0, _probe(environ), render), release, environ, self.stuck)
+        body = Following(self.follow(status.run_id, owner, 0, _probe(environ), render, environ=environ), release,
+                         environ, self.stuck)
         return status_line(200), headers + [("X-Run-Id", status.run_id)], body
 
     def answer_chat(self, chat_id: str, environ: WSGIEnvironment, answers: Sequence[Tuple[str, bool, str]],
@@ -441,8 +452,8 @@ class RunRoutes:
         release = self.acquire(environ)
         render = make_render(status, [answer[0] for answer in valid], ())
         after = max(held[answer[0]] for answer in valid)
-        body = Following(self.follow(status.run_id, owner, after, _probe(environ), render), release, environ,
-                         self.stuck)
+        body = Following(self.follow(status.run_id, owner, after, _probe(environ), render, environ=environ), release,
+                         environ, self.stuck)
         return status_line(200), headers + [("X-Run-Id", status.run_id)], body
 
     def _approvals_of(self, run_id: str, owner: str) -> Tuple[Dict[str, int], List[str]]:
@@ -491,11 +502,13 @@ class RunRoutes:
         if status.state != "running" and after_seq >= status.last_seq:
             return status_line(204), [("Cache-Control", "no-cache")], []
         release = self.acquire(environ)
-        body = Following(self.follow(run_id, owner, after_seq, _probe(environ)), release, environ, self.stuck)
+        body = Following(self.follow(run_id, owner, after_seq, _probe(environ), environ=environ), release, environ,
+                         self.stuck)
         return status_line(200), _stream_headers() + [("X-Run-Id", run_id)], body
 
     def follow(self, run_id: str, owner: str, after_seq: int, disconnected: Optional[Callable[[], bool]],
-               render: Optional[Render] = None, head: Optional[bytes] = None) -> Generator[bytes, None, None]:
+               render: Optional[Render] = None, head: Optional[bytes] = None,
+               environ: Optional[WSGIEnvironment] = None) -> Generator[bytes, None, None]:
         """``head`` (``retry:``), every frame after ``after_seq`` as it is appended, ``[DONE]`` after the terminal.
 
         ``head`` goes out with the frames the log already has, in one write: a
@@ -514,7 +527,7 @@ class RunRoutes:
                     self.log.mark_read(run_id, owner)
                     next_mark = now + MARK_READ_S
                 items = self.log.read(run_id, owner, after_seq, timeout_s=wait)
-                if not items and not head and self._look(run_id, owner, after_seq):
+                if not items and not head and self._look(run_id, owner, after_seq, environ):
                     yield render.done()
                     return
             except RunNotFound:
@@ -549,18 +562,20 @@ class RunRoutes:
                 yield PING_FRAME
                 last_write = now
 
-    def _look(self, run_id: str, owner: str, after_seq: int) -> bool:
+    def _look(self, run_id: str, owner: str, after_seq: int, environ: Optional[WSGIEnvironment]) -> bool:
         """Nothing new: close the run as producer_lost if its lease ran out; whether it ended under the reader."""
         status = self.log.status(run_id, owner)
-        if self._closed_as_lost(status):
+        if self._closed_as_lost(status, owner, environ):
             return False
         return status.state != "running" and after_seq >= status.last_seq
 
-    def _closed_as_lost(self, status: RunStatus) -> bool:
-        """Close a running run whose lease ran out as ``producer_lost``: whoever looks at it notices (a reader,
-        a status poll).  A chat's index is left alone: its lease is out by design (:meth:`_index_chat`)."""
+    def _closed_as_lost(self, status: RunStatus, owner: str, environ: Optional[WSGIEnvironment]) -> bool:
+        """Take over (``self.taker``) or close as ``producer_lost`` a running run whose lease ran out: whoever looks
+        at it notices (a reader, a status poll).  A chat's index is left alone: its lease is out by design."""
         if status.state != "running" or not status.lease_expired or status.meta.get("chat_index"):
             return False
+        if self.taker is not None and environ is not None and self.taker.take_over(status, owner, environ):
+            return True
         if self.log.close_lost(status.run_id):
             self._log.warning("run {}: its producer stopped renewing its lease; closed as producer_lost",
                               status.run_id)
@@ -587,7 +602,7 @@ class RunRoutes:
         try:
             if what == "":
                 status = self.log.status(run_id, owner)
-                if self._closed_as_lost(status):
+                if self._closed_as_lost(status, owner, environ):
                     status = self.log.status(run_id, owner)
                 return json_response(200, status_payload(status))
             if what == "/stop":
@@ -682,7 +697,8 @@ class AttachedRun:
             yield render.error("log_unavailable", "the run log failed; the run was cancelled") + render.done()
             return
         # Fenced: another wrote the terminal (producer_lost, worker_shutdown): the client gets it from the log.
-        yield from routes.follow(run_id, self.producer.owner, after, self._disconnected, render, head=b"")
+        yield from routes.follow(run_id, self.producer.owner, after, self._disconnected, render, head=b"",
+                                 environ=self._environ)
 
     def close(self) -> None:
         """After the last frame: free the slot.  Before it (client gone): detach or cancel, per the app."""

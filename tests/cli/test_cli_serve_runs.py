@@ -58,6 +58,35 @@ def test_sigterm_ends_a_running_run_with_worker_shutdown_and_the_log_keeps_it(tm
                 serve.communicate(timeout=30)
 
 
+@pytest.mark.parametrize("flags, ending", [((), "done"), (("--no-take-over",), "error")])
+def test_a_run_of_a_killed_serve_is_taken_over_by_another_sharing_its_log_unless_told_not_to(tmp_path, flags,
+                                                                                            ending):
+    url = f"sqlite:///{tmp_path}/runs.sqlite"
+    with FakeProvider() as fp:
+        fp.add_turn(*[step for i in range(400) for step in (s.text(f"w{i} "), s.delay(0.05))])
+        fp.add_turn(s.text("Again, briefly."), s.finish())
+        first, base = start_serve(fp, "--runs", url, *flags)
+        second, other = start_serve(fp, "--runs", url, *flags)
+        try:
+            client = RunClient(base)
+            events = client.start([{"role": "user", "content": "count"}])
+            assert next(e for e in events if e.event == "message")
+            first.kill()  # kill -9: no shutdown, its lease runs out
+            first.communicate(timeout=30)
+            rest = list(RunClient(other, timeout_s=30).follow(client.run_id, client.last_event_id))
+        finally:
+            for serve in (first, second):
+                if serve.poll() is None:
+                    serve.send_signal(signal.SIGTERM)
+                    serve.communicate(timeout=30)
+    assert rest[-1].event == ending
+    if ending == "done":
+        assert [e.json()["round"] for e in rest if e.event == "reset"] == [1]
+        assert rest[-1].json()["answer"] == "Again, briefly."
+    else:
+        assert rest[-1].json()["code"] == "producer_lost" and fp.request_count == 1
+
+
 def test_open_run_log_reads_each_url_form(tmp_path):
     assert isinstance(open_run_log("memory:"), MemoryRunLog)
     log = open_run_log(f"sqlite:///{tmp_path}/a.sqlite")

@@ -13,7 +13,16 @@ import pytest
 from run_log_kinds import logs  # noqa: F401 - a fixture
 
 from streamengine import ConfigError
-from streamengine.runs import ApprovalAnswer, Frame, Gap, RunExistsError, RunFencedError, RunNotFound, new_run_id
+from streamengine.runs import (
+    ApprovalAnswer,
+    Frame,
+    Gap,
+    RunExistsError,
+    RunFencedError,
+    RunNotFound,
+    SavedCheckpoint,
+    new_run_id,
+)
 
 OWNER = "alice"
 
@@ -33,6 +42,20 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+@pytest.fixture
+def caplog_lines():
+    """Every line streamengine logs during the test."""
+    from loguru import logger
+
+    from streamengine import enable_logging
+
+    lines: list = []
+    handler = enable_logging(level="INFO", sink=lines.append)
+    yield lines
+    logger.remove(handler)
+    logger.disable("streamengine")
 
 
 def started(log, **create) -> tuple:
@@ -404,6 +427,54 @@ def _gone(log, run_id: str) -> bool:
     except RunNotFound:
         return True
     return False
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+
+def test_a_checkpoint_is_saved_under_the_lease_replaced_by_the_next_and_read_by_a_taker(logs):
+    log = logs.new()
+    run_id, lease = started(log, lease_s=0.2)
+    assert log.checkpoint(run_id) is None
+    assert log.save_checkpoint(lease, 0, '{"round":0}') is True
+    log.append(lease, [token("a"), token("b")])
+    assert log.save_checkpoint(lease, 2, '{"round":1}') is True
+    other = log if logs.kind == "memory" else logs.new()  # another worker's log on the same store
+    assert other.checkpoint(run_id) == SavedCheckpoint(2, '{"round":1}')
+    assert wait_until(lambda: other.status(run_id, OWNER).lease_expired, timeout_s=3)
+    successor = other.take_over(run_id)
+    assert successor is not None
+    with pytest.raises(RunFencedError):
+        log.save_checkpoint(lease, 3, '{"round":2}')  # the old producer writes nothing
+    assert other.checkpoint(run_id) == SavedCheckpoint(2, '{"round":1}')
+    assert other.save_checkpoint(successor, 2, '{"round":1,"again":true}') is True
+    other.finish(successor, ("done", "{}"))
+    with pytest.raises(RunFencedError):
+        other.save_checkpoint(successor, 3, "{}")  # ended: nothing after the terminal
+
+
+def test_a_checkpoint_over_its_cap_or_none_clears_the_one_before(logs, caplog_lines):
+    log = logs.new(max_checkpoint_bytes=64)
+    run_id, lease = started(log)
+    assert log.save_checkpoint(lease, 0, '{"round":0}') is True
+    assert log.save_checkpoint(lease, 0, json.dumps({"big": "x" * 100})) is False
+    assert log.checkpoint(run_id) is None  # an older checkpoint must not outlive a round that was not saved
+    assert any("over max_checkpoint_bytes=64" in line and "producer_lost" in line for line in caplog_lines)
+    assert log.save_checkpoint(lease, 0, '{"round":0}') is True
+    assert log.save_checkpoint(lease, 0, None) is False
+    assert log.checkpoint(run_id) is None
+
+
+def test_checkpoint_arguments_are_checked(logs):
+    log = logs.new()
+    _, lease = started(log)
+    with pytest.raises(ConfigError, match="JSON text or None"):
+        log.save_checkpoint(lease, 0, b"{}")
+    with pytest.raises(ConfigError, match="after_seq"):
+        log.save_checkpoint(lease, -1, "{}")
+    with pytest.raises(ConfigError, match="run id"):
+        log.checkpoint("no")
+    with pytest.raises(ConfigError, match="max_checkpoint_bytes"):
+        logs.new(max_checkpoint_bytes=-1)
 
 
 # -- take-over ---------------------------------------------------------------------------------

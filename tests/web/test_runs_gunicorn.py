@@ -45,7 +45,7 @@ APP = textwrap.dedent("""
     engine = StreamingEngine(OpenAICompatibleClient(os.environ["SE_PROVIDER"]), [],
                              EngineConfig(models=["m"], idle_timeout=30, completion_timeout=120))
     inner = make_wsgi_app(engine, runs=open_log(json.loads(os.environ["SE_LOG"])), heartbeat_s=0.2,
-                          lease_s=float(os.environ["SE_LEASE"]), detach_grace_s=30)
+                          lease_s=float(os.environ["SE_LEASE"]), detach_grace_s=30, take_over=False)
 
     def app(environ, start_response):
         def start(status, headers, exc_info=None):
@@ -71,8 +71,8 @@ CONF = textwrap.dedent("""
 
 
 @contextmanager
-def gunicorn_worker(tmp_path: Path, provider_url: str, log_spec: dict) -> Iterator[str]:
-    (tmp_path / "se_runs_app.py").write_text(APP)
+def gunicorn_worker(tmp_path: Path, provider_url: str, log_spec: dict, app: str = APP) -> Iterator[str]:
+    (tmp_path / "se_runs_app.py").write_text(app)
     (tmp_path / "se_runs_conf.py").write_text(CONF)
     env = dict(os.environ, SE_PROVIDER=provider_url, SE_LOG=json.dumps(log_spec), SE_LEASE=str(LEASE_S),
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(SUPPORT), str(ROOT)]))
@@ -173,13 +173,13 @@ class RoundRobinProxy:
 
 
 @contextmanager
-def two_workers(tmp_path: Path, fp: FakeProvider, spec: dict) -> Iterator[str]:
+def two_workers(tmp_path: Path, fp: FakeProvider, spec: dict, app: str = APP) -> Iterator[str]:
     with ExitStack() as stack:
         urls = []
         for index in range(2):
             folder = tmp_path / f"w{index}"
             folder.mkdir()
-            urls.append(stack.enter_context(gunicorn_worker(folder, fp.base_url, spec)))
+            urls.append(stack.enter_context(gunicorn_worker(folder, fp.base_url, spec, app)))
         proxy = RoundRobinProxy([(u.split("//")[1].split(":")[0], int(u.rsplit(":", 1)[1])) for u in urls])
         stack.callback(proxy.close)
         yield f"http://127.0.0.1:{proxy.port}"
