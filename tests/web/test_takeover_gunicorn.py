@@ -130,7 +130,7 @@ def test_a_run_killed_in_its_first_round_is_taken_over_from_its_start(tmp_path, 
             wait_for(events, lambda e: e.event == "message" and e.json() == "w3 ")
             killed = time.monotonic()
             os.kill(pid, signal.SIGKILL)
-            last = terminal_after(events, times, killed, LEASE_S + 5)
+            last = terminal_after(events, times, killed, LEASE_S + 10)
             thread.join(10)
             resp.close()
     assert last.event == "done" and answer_of(events) == "A short answer."
@@ -202,7 +202,7 @@ def test_a_frozen_producer_whose_run_was_taken_over_is_fenced_and_its_client_rea
             wait_for(events, lambda e: e.event == "message" and e.json() == "w3 ")
             os.kill(pid, signal.SIGSTOP)
             try:
-                last = terminal_after(events, times, time.monotonic(), LEASE_S + 5)
+                last = terminal_after(events, times, time.monotonic(), LEASE_S + 10)
             finally:
                 os.kill(pid, signal.SIGCONT)
             assert fp.wait_for_client_disconnects(1, timeout=10)  # revived and fenced: it cancels its provider call
