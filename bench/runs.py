@@ -17,7 +17,8 @@ time from a reconnect (``GET /v1/runs/<id>/events`` with a Last-Event-ID in
 the middle of a run its client left after 5 frames) to its first frame, p50 and p99 over
 ``RECONNECTS`` reconnects; and, per shared log, the time from ``kill -9`` of
 the worker producing a run (gunicorn, one worker) to a reader's
-``error{producer_lost}`` (target: within the lease + 1 s).
+``error{producer_lost}`` with ``take_over=False`` (target: within the lease + 1 s), and to the
+``reset`` of the worker that took the run over (the default).
 """
 from __future__ import annotations
 
@@ -60,17 +61,19 @@ def _reconnects(port: int, count: int) -> Dict[str, Any]:
     for _ in range(count):
         run_id = _started_run(port)
         t0 = time.monotonic()
-        _resumed(port, run_id, 3, until=b"id: ")
+        _resumed(port, run_id, 3, until=(b"id: ",))
         times.append(time.monotonic() - t0)
     return {"n": len(times), "p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
 
 
-def _producer_lost(upstream: Server, url: str, repeats: int) -> List[float]:
-    """Seconds from ``kill -9`` of the worker producing a run to a reader's ``error{producer_lost}``.
+def _producer_lost(upstream: Server, url: str, repeats: int, marker: bytes) -> List[float]:
+    """Seconds from ``kill -9`` of the worker producing a run to a reader's ``marker`` frame.
 
     gunicorn with one gthread worker; the run streams for 20 s, so it is
     still going when its worker dies; the reader reconnects (gunicorn starts
-    a new worker) with the Last-Event-ID it had until the terminal frame.
+    a new worker) with the Last-Event-ID it had until ``marker``: the
+    ``producer_lost`` error (``take_over=False``) or the ``reset`` a
+    takeover announces (the default with a shared log).
     """
     app = ServedApp("gunicorn", "engine", upstream.base_url, f"paced:600:{RATE}:served:1", 16, runs_url=url)
     times: List[float] = []
@@ -80,9 +83,9 @@ def _producer_lost(upstream: Server, url: str, repeats: int) -> List[float]:
                 (worker,) = child_pids(app.proc.pid)
                 os.kill(worker, signal.SIGKILL)
                 t0 = time.monotonic()
-            while b"producer_lost" not in _resumed(app.port, run_id, 3):
+            while marker not in _resumed(app.port, run_id, 3, until=(marker, b"data: [DONE]")):
                 if time.monotonic() - t0 > 30:
-                    raise RuntimeError(f"runs bench: no producer_lost within 30 s of kill -9 ({url.split(':')[0]})")
+                    raise RuntimeError(f"runs bench: no {marker!r} within 30 s of kill -9 ({url.split(':')[0]})")
                 time.sleep(0.05)
             times.append(time.monotonic() - t0)
     finally:
@@ -112,15 +115,15 @@ def _starting_run(port: int) -> Iterator[str]:
         yield data.split(b"X-Run-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
 
 
-def _resumed(port: int, run_id: str, after: int, until: bytes = b"data: [DONE]") -> bytes:
-    """What a reconnect after frame ``after`` reads until ``until`` or the end (b"" if nobody answered)."""
+def _resumed(port: int, run_id: str, after: int, until: Tuple[bytes, ...] = (b"data: [DONE]",)) -> bytes:
+    """What a reconnect after frame ``after`` reads until one of ``until`` or the end (b"" if nobody answered)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                          f"Accept: text/event-stream\r\nLast-Event-ID: {run_id}.{after}\r\nConnection: close\r\n\r\n"
                          .encode())
             seen = b""
-            while until not in seen:
+            while not any(marker in seen for marker in until):
                 piece = sock.recv(65536)
                 if not piece:
                     break
@@ -158,8 +161,11 @@ def run(upstream: Server, quick: bool = False, levels: tuple = LEVELS, tokens: i
         finally:
             for app in apps.values():
                 app.close()
-        out["producer_lost"] = {name: _producer_lost(upstream, url, 1 if quick else 3)
-                                for name, url in logs if name in ("sqlite", "redis", "postgres")}
+        shared = [(name, url) for name, url in logs if name in ("sqlite", "redis", "postgres")]
+        out["producer_lost"] = {name: _producer_lost(upstream, url + "#take_over=0", 1 if quick else 3,
+                                                     b"producer_lost") for name, url in shared}
+        out["taken_over"] = {name: _producer_lost(upstream, url, 1 if quick else 3, b"event: reset")
+                             for name, url in shared}
     return out
 
 
@@ -186,8 +192,10 @@ def render(r: Dict[str, Any], verdict: Callable[[bool], str]) -> List[str]:
     for name, rec in r.get("reconnect", {}).items():
         lines.append(f"  reconnect -> first frame, {name}: p50 {rec['p50_ms']:.1f} ms, p99 {rec['p99_ms']:.1f} ms "
                      f"({rec['n']} reconnects; target p99 < 250 ms: {verdict(rec['p99_ms'] < 250)})")
+    for name, times in r.get("taken_over", {}).items():
+        lines.append(f"  kill -9 -> reset (taken over), {name}: " + ", ".join(f"{t:.2f} s" for t in times))
     for name, times in r.get("producer_lost", {}).items():
-        lines.append(f"  kill -9 -> producer_lost, {name}: " + ", ".join(f"{t:.2f} s" for t in times)
+        lines.append(f"  kill -9 -> producer_lost (take_over=False), {name}: " + ", ".join(f"{t:.2f} s" for t in times)
                      + f" (target <= lease 3 s + 1 s: {verdict(max(times) <= LEASE_S + 1)})")
     missing = {"memory", "sqlite", "redis", "postgres"} - set(r.get("logs", []))
     if missing:

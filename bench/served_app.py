@@ -7,7 +7,8 @@ Configured from the environment, so gunicorn can load it as ``bench.served_app:a
   runs it) or ``relay`` (the baseline: requests -> a WSGI generator yielding SSE bytes, no engine);
 * ``BENCH_GC_FILE`` (optional): where :class:`CollectorClock` keeps the collector's CPU for the bench;
 * ``BENCH_RUNS_URL`` (optional, section 16): the engine app with ``runs=open_run_log(url)``; a fragment
-  ``#name=number,...`` passes options to the log (``#group_delay_s=0``), ``append_window_s`` to the app.
+  ``#name=number,...`` passes options to the log (``#group_delay_s=0``), ``append_window_s`` and
+  ``take_over`` to the app.
 
 The relay is the least a served stream can cost in this stack: one requests
 session per server thread, one read per upstream chunk, ``scan_once`` per
@@ -102,8 +103,11 @@ def make_engine_app(upstream: str, model: str, runs_url: str = "") -> Any:
         from streamengine.runs import open_run_log
         url, _, extra = runs_url.partition("#")  # bench/runs.py's variants: "#group_delay_s=0"
         kwargs = {key: float(value) for key, _, value in (item.partition("=") for item in extra.split(",") if item)}
-        window = {"append_window_s": kwargs.pop("append_window_s")} if "append_window_s" in kwargs else {}
-        options = {"runs": open_run_log(url, **_runs_namespace(url), **kwargs), "on_disconnect": "cancel", **window}
+        app_options = {key: kwargs.pop(key) for key in ("append_window_s", "take_over") if key in kwargs}
+        if "take_over" in app_options:
+            app_options["take_over"] = bool(app_options["take_over"])
+        options = {"runs": open_run_log(url, **_runs_namespace(url), **kwargs), "on_disconnect": "cancel",
+                   **app_options}
     return make_wsgi_app(engine, heartbeat_s=15.0, max_streams=MAX_SESSIONS, max_streams_per_client=MAX_SESSIONS,
                          **options)
 

@@ -20,6 +20,7 @@ from run_log_kinds import logs  # noqa: F401 - a fixture
 from serve_support import served
 from wsgi_support import block, make_engine, read1_pieces, serving
 
+from streamengine import ConfigError
 from streamengine.runs import MemoryRunLog, new_run_id, shutdown_runs
 from streamengine.testing import steps as s
 from streamengine.tools import tool
@@ -461,6 +462,26 @@ class CountingLog(MemoryRunLog):
     def stop_requested(self, lease):
         self.stop_polls += 1
         return super().stop_requested(lease)
+
+
+def test_a_longer_append_window_joins_a_chats_paced_tokens_into_fewer_appends(provider):
+    provider.add_turn(*[step for i in range(30) for step in (s.text(f"t{i} "), s.delay(0.03))])
+    provider.add_turn(*[step for i in range(30) for step in (s.text(f"t{i} "), s.delay(0.03))])
+    engine = make_engine(provider)
+    counts = {}
+    try:
+        for window in (0.02, 0.1):
+            log = CountingLog()
+            with serving(make_wsgi_app(engine, runs=log, append_window_s=window)) as base:
+                events, _ = events_of(start(base))
+            assert answer_tokens(events) == "".join(f"t{i} " for i in range(30))
+            counts[window] = sum(1 for names in log.appends if "token" in names)
+        assert counts[0.02] >= 25  # 30 ms apart: past a 20 ms window, nearly every token is its own append
+        assert counts[0.1] <= 15, counts  # a 100 ms window joins about three of them
+        with pytest.raises(ConfigError, match="append_window_s"):
+            make_wsgi_app(engine, runs=MemoryRunLog(), append_window_s=0)
+    finally:
+        engine.close()
 
 
 def test_a_producer_that_appends_learns_of_a_stop_from_its_appends_and_polls_only_when_quiet(provider):
