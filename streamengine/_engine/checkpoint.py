@@ -49,12 +49,17 @@ class InterruptedCall:
     """A call the interrupted round had started (its ``tool_start`` or ``approval_request`` was logged).
 
     ``result`` is the result logged for it, None when none was: the worker
-    stopped while it ran (it may have taken effect) or was asked about.
+    stopped while it ran, or after it was approved (it may have taken
+    effect).  ``skipped`` is the logged result's reason when the call was
+    not run (``"not_approved"`` ...).  ``call_id`` stays taken, so the resumed
+    round never hands the same id to another call.
     """
 
     name: str
     arguments: str
     result: Optional[ToolResult] = None
+    call_id: str = ""
+    skipped: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ class Checkpoint:
             "started": [list(key) for key in self.started], "tools_total": self.tools_total,
             "output_left": self.output_left, "scope": self.scope,
             "interrupted": [{"name": call.name, "arguments": call.arguments,
-                             "result": dataclasses.asdict(call.result) if call.result is not None else None}
+                             "result": dataclasses.asdict(call.result) if call.result is not None else None,
+                             "call_id": call.call_id, "skipped": call.skipped}
                             for call in self.interrupted],
         }
         return json.dumps(payload, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
@@ -134,7 +140,9 @@ class Checkpoint:
         usage = raw.get("usage")
         output_left = raw.get("output_left")
         interrupted = tuple(InterruptedCall(str(item["name"]), str(item["arguments"]),
-                                            _result_of(item["result"]) if item.get("result") else None)
+                                            _result_of(item["result"]) if item.get("result") else None,
+                                            str(item.get("call_id") or ""),
+                                            str(item["skipped"]) if item.get("skipped") else None)
                             for item in _list(raw, "interrupted"))
         return cls(round=round_no, messages=messages, rounds=tuple(map(_text, _list(raw, "rounds"))),
                    reasoning_rounds=tuple(map(_text, _list(raw, "reasoning_rounds"))),
@@ -154,7 +162,8 @@ def snapshot(runner: RoundRunner, completed: int, elapsed_s: float) -> Checkpoin
     """The run's state now, after ``completed`` rounds (0: before the first, the request as given)."""
     state, calls = runner.state, runner.calls
     telemetry = dataclasses.replace(state.telemetry, finish_reasons=list(state.telemetry.finish_reasons),
-                                    failed_attempts=list(state.telemetry.failed_attempts))
+                                    failed_attempts=list(state.telemetry.failed_attempts),
+                                    parse_errors=state.telemetry.parse_errors + runner.parse_errors_pending)
     return Checkpoint(
         round=completed, messages=tuple(state.conversation if completed == 0 else runner.messages),
         rounds=tuple(state.rounds), reasoning_rounds=tuple(state.reasoning_rounds), tool_results=tuple(state.results),

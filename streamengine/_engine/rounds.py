@@ -72,8 +72,7 @@ class RoundRunner:
         else:
             self.messages = self._initial_messages(state.conversation)
         if resume is not None:
-            self.calls.restore(resume.call_ids, resume.started, resume.tools_total,
-                               [(call.name, call.arguments, call.result) for call in resume.interrupted])
+            self.calls.restore(resume.call_ids, resume.started, resume.tools_total, resume.interrupted)
 
     # --- set-up -------------------------------------------------------------------
     def _tool_specs(self) -> List[ToolSpec]:
@@ -250,6 +249,12 @@ class RoundRunner:
         self.state.reasoning_rounds.append(stream.reasoning)
 
     # --- endings ----------------------------------------------------------------------------
+    @property
+    def parse_errors_pending(self) -> int:
+        """The inline scanner's errors not in the telemetry yet (they go in when the run ends; a checkpoint adds
+        them)."""
+        return self._parser_errors
+
     def _count_parse_errors(self, stream: RoundStream) -> None:
         if stream.parser is not None:
             self._parser_errors += stream.parser.parse_errors

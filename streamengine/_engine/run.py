@@ -205,6 +205,11 @@ class StreamingEngine:
                              run_tools=self._scoped_tools if rag is not None else None, approve=approve)
         self._closed = False
 
+    @property
+    def approve(self) -> Optional[Callable[[ToolCall], object]]:
+        """The engine's ``approve`` hook (None: side-effect calls are refused unless a run brings its own)."""
+        return self._deps.approve
+
     def _scoped_tools(self, scope: str) -> Dict[str, Tool]:
         return scoped_tools(self.registry, self._registered_search, self.rag, scope)
 

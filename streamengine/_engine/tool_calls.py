@@ -47,6 +47,7 @@ from .events import ErrorEvent, ToolResultEvent, ToolStartEvent
 from .filing import wait_filed
 
 if TYPE_CHECKING:  # pragma: no cover - rounds.py imports this module
+    from .checkpoint import InterruptedCall
     from .rounds import RunDeps, RunState
 
 Key = Tuple[str, str]
@@ -137,7 +138,7 @@ class ToolCalls:
         self._ids: Set[str] = set()
         self._total = 0
         #: Side-effect calls a resumed run's interrupted round had started, by key: answered, never run again.
-        self._interrupted: Dict[Key, List[Optional[ToolResult]]] = {}
+        self._interrupted: Dict[Key, List[InterruptedCall]] = {}
         #: Started calls whose result may not be fixed yet: the run's loop asks for tool deadlines only
         #: while this is non-empty (one list for the run, changed in place).
         self.pending: List[ToolHandle] = []
@@ -160,24 +161,25 @@ class ToolCalls:
         return self._total
 
     def restore(self, ids: Sequence[str], started: Sequence[Key], total: int,
-                interrupted: Sequence[Tuple[str, str, Optional[ToolResult]]]) -> None:
+                interrupted: Sequence[InterruptedCall]) -> None:
         """A resumed run's calls so far: their ids stay taken, their repeats are duplicates, the caps count on.
 
-        ``interrupted``: (name, arguments, logged result or None) of the calls its
-        interrupted round started; a side-effect call equal to one is answered, not run.
+        ``interrupted``: the calls its interrupted round started (their ids stay
+        taken too); a side-effect call equal to one is answered, not run.
         """
         self._ids.update(ids)
+        self._ids.update(call.call_id for call in interrupted if call.call_id)
         for key in started:
             done = Call(ToolCall("", key[0], key[1]), key)
             done.state = TOLD
             self._started[key] = done
         self._total = self._total_at_round_start = total
-        for name, arguments, result in interrupted:
+        for call in interrupted:
             try:
-                key = canonical_key(ToolCall("", name, arguments))
+                key = canonical_key(ToolCall("", call.name, call.arguments))
             except ToolError:
                 continue
-            self._interrupted.setdefault(key, []).append(result)
+            self._interrupted.setdefault(key, []).append(call)
 
     # --- per round ---------------------------------------------------------------------------------
     def begin_round(self) -> None:
@@ -331,11 +333,13 @@ class ToolCalls:
     def _answer_interrupted(self, entry: Call) -> None:
         """A side-effect call its interrupted round had started: its logged result, or an error; never run again."""
         assert entry.key is not None
-        logged = self._interrupted[entry.key].pop(0)
+        interrupted = self._interrupted[entry.key].pop(0)
+        logged = interrupted.result
         self._started[entry.key] = self._round_started[entry.key] = entry
-        if logged is not None:  # it ran (counted as an uninterrupted run would); without a result: unknown
-            self.counters.tools_started += 1
-            self._tell(entry, dataclasses.replace(logged, call_id=entry.call.id), None)
+        if logged is not None:  # its logged outcome (counted as an uninterrupted run would); without one: unknown
+            if interrupted.skipped is None:
+                self.counters.tools_started += 1
+            self._tell(entry, dataclasses.replace(logged, call_id=entry.call.id), interrupted.skipped)
             return
         self._tell(entry, ToolResult.error_result(entry.call, (
             f"not run again: the call to '{entry.call.name}' was started by a worker that stopped before its "

@@ -418,6 +418,28 @@ class RunProducer:
                 self._asking -= 1
         return False
 
+    def note_approved(self, call: ToolCall) -> bool:
+        """Log ``tool_approved`` for a side-effect call before it runs; False (refuse it) when the log did not
+        take it.
+
+        A tool's ``tool_start`` reaches the log only with the producer's next
+        append: a worker killed in between would leave a call that ran with no
+        trace, and a taker (web._takeover) would run it again.
+        """
+        approved = ("tool_approved", json.dumps({"call": {"id": call.id, "name": call.name,
+                                                          "arguments": call.arguments}},
+                                                ensure_ascii=True, separators=(",", ":")))
+        try:
+            with self._lock:
+                self._pending.append(approved)
+                self._append_pending(time.monotonic())
+            return True
+        except RunFencedError:  # someone else ended the run: the call is refused, the driver stops writing
+            self.fenced = True
+        except RunLogError as exc:  # the log failed: the run is cancelled with its cause, the call refused
+            self._log_failed(exc)
+        return False
+
     # --- shutdown (runs._local) ---------------------------------------------------------------
     def shut_down(self) -> None:
         self.cancel_run(local.WORKER_SHUTDOWN)

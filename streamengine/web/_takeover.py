@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .._engine.checkpoint import Checkpoint, InterruptedCall
 from .._engine.events import ToolResultEvent
@@ -47,6 +47,15 @@ if TYPE_CHECKING:
 
     from ._runs import RunRoutes
 
+#: Frames that start a call (``tool_approved``: logged before an approved side-effect call runs), and those
+#: whose call sits under ``"call"``.
+_STARTS = ("tool_start", "tool_approved", "approval_request")
+_WRAPPED = ("tool_approved", "approval_request")
+#: A round whose every taker died in turn is not taken over again (a tool that kills its worker would take
+#: down every worker in turn): its run is closed as producer_lost.
+MAX_TAKEOVERS = 2
+#: What the engine's ``reset`` of a resumed run says (counted to bound takeovers).
+TAKEN_OVER = "taken over"
 #: The terminal of a run that had a checkpoint but could not be taken over.
 _NOT_TAKEN = "the worker producing this run stopped, and the run could not be taken over from its checkpoint"
 
@@ -71,9 +80,23 @@ class Taker:
         self._make_errors = make_errors
 
     def checkpointed(self, producer: RunProducer, options: RunOptions, asks: bool) -> RunOptions:
-        """``options`` with the producer's checkpoints on; what a taker needs besides them goes in each one."""
+        """``options`` with the producer's checkpoints on, and every approval logged before its call runs; what a
+        taker needs besides them goes in each checkpoint."""
         producer.checkpoint_context = {"conversation_id": options.get("conversation_id"), "asks": asks}
-        return dict(options, on_checkpoint=producer.save_checkpoint)  # type: ignore[return-value]
+        return dict(options, on_checkpoint=producer.save_checkpoint,  # type: ignore[return-value]
+                    **self._logged_approve(producer, options.get("approve")))
+
+    def _logged_approve(self, producer: RunProducer, approve: Optional[Callable[[ToolCall], object]]
+                        ) -> Dict[str, Callable[[ToolCall], bool]]:
+        """``{"approve": ...}``: the run's approve (or the engine's), with a yes logged before the call runs."""
+        approve = approve if approve is not None else getattr(self._engine, "approve", None)
+        if approve is None:  # every side-effect call is refused: nothing can run unlogged
+            return {}
+        asked = approve
+
+        def approve_and_log(call: ToolCall) -> bool:
+            return bool(asked(call)) and producer.note_approved(call)
+        return {"approve": approve_and_log}
 
     def take_over(self, status: RunStatus, owner: str, environ: WSGIEnvironment) -> bool:
         """Take over the run whose lease ran out and drive it on here; False when it is to be closed as lost."""
@@ -93,7 +116,11 @@ class Taker:
         except HttpError:
             routes.logger.warning("run {}: no detached slot free to take it over; closing it as producer_lost", run_id)
             return False
-        lease = routes.log.take_over(run_id)
+        try:
+            lease = routes.log.take_over(run_id)
+        except BaseException:  # the store failed (or the run is gone): the slot is not kept
+            release()
+            raise
         if lease is None:  # another worker took it, or it ended: not lost
             release()
             return True
@@ -104,18 +131,18 @@ class Taker:
             producer = RunProducer(routes.log, lease, owner, errors.encode, detach_grace_s=routes.detach_grace_s,
                                    window_s=routes.append_window_s, last_seq=last_seq)
             driving = self._resume(producer, checkpoint.after_interruption(calls), record, environ)
+            detach(producer, driving, release)
         except Exception as exc:
             release()
             routes.logger.opt(exception=exc).error("run {}: taking it over failed, so it is closed as producer_lost: "
                                                    "{}", run_id, exc)
             try:
                 routes.log.finish(lease, error_event("producer_lost", _NOT_TAKEN), state="failed")
-            except RunLogError:  # fenced or failing: its readers close it as lost after this lease
-                pass
+            except RunLogError as failed:  # fenced or failing: its readers close it as lost after this lease
+                routes.logger.info("run {}: no producer_lost terminal written ({})", run_id, failed)
             return True
         routes.logger.warning("run {}: its worker stopped; taken over here from its checkpoint after round {}",
                               run_id, checkpoint.round)
-        detach(producer, driving, release)
         return True
 
     def _resume(self, producer: RunProducer, checkpoint: Checkpoint, record: Dict[str, Any],
@@ -128,6 +155,7 @@ class Taker:
         if record.get("asks") and self._routes.approvals:
             timeout = self._routes.approval_timeout_s
             options["approve"] = lambda call: producer.ask(call, timeout)
+        options.update(self._logged_approve(producer, options.get("approve")))
         producer.checkpoint_context = {"conversation_id": record.get("conversation_id"), "asks": record.get("asks")}
         start: Callable[..., Any] = self._engine.run  # takes_checkpoints(): a StreamingEngine's run
         run = start(checkpoint, producer.cancel, heartbeat_s=self._routes.append_window_s,
@@ -138,17 +166,23 @@ class Taker:
 
 
 def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int, lease: Lease
-                      ) -> Tuple[List[InterruptedCall], List[ToolCall], int]:
+                      ) -> Tuple[List[InterruptedCall], List[Tuple[ToolCall, bool]], int]:
     """The calls the log shows started after ``after_seq`` (with their logged results), those without a
-    result, and the run's last seq.
+    result (and whether they never ran), and the run's last seq.
 
-    A call only asked about (``approval_request``, no ``tool_start``) that no
-    answer reached never ran: it is left out, so the resumed round asks again.
-    Raises :class:`RunLogError` when frames there were trimmed: what started cannot be known.
+    A ``tool_approved`` frame counts as a start: the approval was logged
+    before the tool could run, so a worker that died between the two left it
+    "maybe run".  A call only asked about (``approval_request``, no
+    ``tool_start``) that no answer reached never ran: it is left out, so the
+    resumed round asks again.  Raises :class:`RunLogError` when frames there
+    were trimmed (what started cannot be known), or when the round was taken
+    over ``MAX_TAKEOVERS`` times already (each worker that resumed it died).
     """
     started: Dict[str, Tuple[str, str]] = {}
-    asked: Dict[str, bool] = {}  # call id -> whether a tool_start came too
+    asked: Dict[str, bool] = {}  # call id -> whether a tool_start (or an approval) came too
     results: Dict[str, ToolResult] = {}
+    skips: Dict[str, str] = {}
+    takeovers = 0
     last = after_seq
     while True:
         items = routes.log.read(run_id, owner, last)
@@ -159,37 +193,46 @@ def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int
                 raise RunLogError(f"run {run_id!r}: frames after its checkpoint were trimmed, so the tool calls its "
                                   "interrupted round started cannot be known")
             last = item.seq
-            _note(item, started, results)
-            call_id = _call_id(item) if item.name in ("tool_start", "approval_request") else ""
+            _note(item, started, results, skips)
+            takeovers += item.name == "reset" and TAKEN_OVER in item.data
+            call_id = _call_id(item) if item.name in _STARTS else ""
             if call_id:
-                asked[call_id] = asked.get(call_id, False) or item.name == "tool_start"
+                asked[call_id] = asked.get(call_id, False) or item.name != "approval_request"
+    if takeovers >= MAX_TAKEOVERS:
+        raise RunLogError(f"run {run_id!r}: its round was taken over {takeovers} times already and its worker died "
+                          "each time; it is not taken over again")
     never_ran = {call_id for call_id, ran in asked.items()
                  if not ran and call_id not in results and routes.log.approval_answer(lease, call_id) is None}
-    calls = [InterruptedCall(name, arguments, results.get(call_id)) for call_id, (name, arguments) in started.items()
-             if call_id not in never_ran]
-    open_calls = [ToolCall(call_id, name, arguments) for call_id, (name, arguments) in started.items()
-                  if call_id not in results]
+    calls = [InterruptedCall(name, arguments, results.get(call_id), call_id, skips.get(call_id))
+             for call_id, (name, arguments) in started.items() if call_id not in never_ran]
+    open_calls = [(ToolCall(call_id, name, arguments), call_id in never_ran)
+                  for call_id, (name, arguments) in started.items() if call_id not in results]
     return calls, open_calls, last
 
 
-def close_open_calls(routes: RunRoutes, lease: Lease, errors: PublicErrors, calls: List[ToolCall]) -> int:
+def close_open_calls(routes: RunRoutes, lease: Lease, errors: PublicErrors, calls: List[Tuple[ToolCall, bool]]) -> int:
     """One ``tool_result`` (``skipped: interrupted``) for each call the dead worker left without one; the last seq.
 
     So every frontend closes the call's card (it would spin for ever); 0 when there was none.
     """
     events = []
-    for call in calls:
-        result = ToolResult.error_result(call, f"interrupted: the worker running '{call.name}' stopped before its "
-                                               "result was logged; it may have taken effect, and is not run again")
+    for call, never_ran in calls:
+        result = ToolResult.error_result(call, (
+            f"interrupted: the worker asking about '{call.name}' stopped before an answer; it never ran, and is "
+            "asked again" if never_ran else
+            f"interrupted: the worker running '{call.name}' stopped before its result was logged; it may have "
+            "taken effect, and is not run again"))
         event = log_event(errors.encode(ToolResultEvent(result, INTERRUPTED, call)))
         if event is not None:
             events.append(event)
     return routes.log.append(lease, events) if events else 0
 
 
-def _note(frame: Frame, started: Dict[str, Tuple[str, str]], results: Dict[str, ToolResult]) -> None:
-    """A ``tool_start`` or ``approval_request`` starts a call; its ``tool_result`` is its logged result."""
-    if frame.name not in ("tool_start", "approval_request", "tool_result"):
+def _note(frame: Frame, started: Dict[str, Tuple[str, str]], results: Dict[str, ToolResult],
+          skips: Dict[str, str]) -> None:
+    """A ``tool_start``, ``tool_approved`` or ``approval_request`` starts a call; its ``tool_result`` is its
+    logged result (and ``skipped`` its reason when it was not run)."""
+    if frame.name not in _STARTS and frame.name != "tool_result":
         return
     try:
         data = json.loads(frame.data)
@@ -197,11 +240,13 @@ def _note(frame: Frame, started: Dict[str, Tuple[str, str]], results: Dict[str, 
         return
     if not isinstance(data, dict):
         return
-    call = data.get("call") if frame.name == "approval_request" else data
+    call = data.get("call") if frame.name in _WRAPPED else data
     if frame.name != "tool_result" and isinstance(call, dict) and isinstance(call.get("id"), str):
         started.setdefault(call["id"], (str(call.get("name")), str(call.get("arguments") or "{}")))
     elif frame.name == "tool_result" and isinstance(data.get("call_id"), str):
         results[data["call_id"]] = _logged_result(data)
+        if isinstance(data.get("skipped"), str):
+            skips[data["call_id"]] = data["skipped"]
 
 
 def _call_id(frame: Frame) -> str:
@@ -210,7 +255,7 @@ def _call_id(frame: Frame) -> str:
         data = json.loads(frame.data)
     except ValueError:
         return ""
-    call = data.get("call") if isinstance(data, dict) and frame.name == "approval_request" else data
+    call = data.get("call") if isinstance(data, dict) and frame.name in _WRAPPED else data
     return str(call.get("id") or "") if isinstance(call, dict) else ""
 
 

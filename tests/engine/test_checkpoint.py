@@ -226,3 +226,47 @@ def test_on_checkpoint_must_be_callable():
     with FakeProvider() as fp, engine(fp, [lookup]) as eng, \
             pytest.raises(ConfigError, match="on_checkpoint must be a callable"):
             eng.run(ASK, on_checkpoint="save")  # type: ignore[arg-type]
+
+
+def test_a_call_the_interrupted_round_refused_is_told_refused_again_not_run_and_not_counted_as_started():
+    send, sent = sender()
+    with FakeProvider() as fp:
+        checkpoint = two_round_checkpoint(fp, [lookup, send])
+        call_turn(fp, "c2", "send", {"to": "bob"})
+        answer_turn(fp, "not sent.")
+        refused = ToolResult("c1", "send", False, "", error="not approved")
+        resumed = checkpoint.after_interruption([InterruptedCall("send", '{"to":"bob"}', refused, "c1",
+                                                                 "not_approved")])
+        resumed = Checkpoint.from_json(resumed.to_json())  # the call's id and skip reason travel too
+        with engine(fp, [lookup, send]) as eng:
+            events, result = run_all(eng, resumed)
+    assert sent == []
+    told = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert [(e.result.call_id, e.skipped) for e in told] == [("c2", "not_approved")]
+    assert result.telemetry.tools_started == 1  # round 1's lookup only
+
+
+def test_a_resumed_round_never_hands_out_an_id_the_dead_worker_used():
+    saved: List[Checkpoint] = []
+    with FakeProvider() as fp:
+        fp.add_turn(s.text("ok"), s.finish("stop"))
+        with engine(fp, [lookup], tool_mode="inline") as eng:
+            run_all(eng, ASK, on_checkpoint=saved.append)
+        fp.add_turn(s.text('<tool name="lookup">{"q": "y"}</tool>'), s.finish("stop"))
+        answer_turn(fp, "y is 42.")
+        started = saved[0].after_interruption([InterruptedCall("lookup", '{"q":"z"}', None, "call_inline_r1_1")])
+        with engine(fp, [lookup], tool_mode="inline") as eng:
+            events, _ = run_all(eng, started)
+    told = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert told and told[0].result.call_id != "call_inline_r1_1" and told[0].result.text == "y is 42"
+
+
+def test_a_checkpoint_keeps_the_inline_scanners_parse_errors_of_its_rounds():
+    saved: List[Checkpoint] = []
+    with FakeProvider() as fp, engine(fp, [lookup], tool_mode="inline") as eng:
+        fp.add_turn(s.text('<tool name="lookup">{not json</tool> <tool name="lookup">{"q": "x"}</tool>'),
+                    s.finish("stop"))
+        answer_turn(fp)
+        _, result = run_all(eng, ASK, on_checkpoint=saved.append)
+    assert result.telemetry.parse_errors == 1
+    assert saved[-1].round == 1 and saved[-1].telemetry.parse_errors == 1

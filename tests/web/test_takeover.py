@@ -40,9 +40,11 @@ def sender():
     return send, sent
 
 
-def abandoned_run(log, record: str = "", lease_s: float = 0.3, asks: bool = False) -> str:
-    """A run as a worker that died in round 1 left it: the start checkpoint, round 1's frames, a started send
-    (``asks``: a send asked about, with no answer yet)."""
+def abandoned_run(log, record: str = "", lease_s: float = 0.3, asks: bool = False, started: str = "tool_start",
+                  before: tuple = ()) -> str:
+    """A run as a worker that died in round 1 left it: the start checkpoint, round 1's frames (``before``
+    first), a started send (``asks``: a send asked about, with no answer yet; ``started="tool_approved"``: a
+    send approved, its worker killed before its ``tool_start`` reached the log)."""
     run_id = new_run_id()
     lease = log.create(run_id, OWNER, {"request_id": "r1"}, lease_s=lease_s)
     log.append(lease, [("round", '{"round":1}'), ("token", json.dumps("Sending. "))])
@@ -50,14 +52,19 @@ def abandoned_run(log, record: str = "", lease_s: float = 0.3, asks: bool = Fals
     if record != "none":
         log.save_checkpoint(lease, 2, record or checkpoint_record({"conversation_id": None, "asks": asks}, start))
     call = {"id": "c1", "name": "send", "arguments": '{"to":"bob"}'}
+    if before:
+        log.append(lease, list(before))
     log.append(lease, [("approval_request", json.dumps({"call": call, "expires_in_s": 60})) if asks else
+                       ("tool_approved", json.dumps({"call": call})) if started == "tool_approved" else
                        ("tool_start", json.dumps(call))])
     time.sleep(lease_s + 0.05)
     return run_id
 
 
+@pytest.mark.parametrize("started", ["tool_start", "tool_approved"])
 def test_a_reader_takes_over_a_run_whose_producer_died_and_its_started_side_effect_call_is_not_run_again(
-        provider, logs):
+        provider, logs, started):
+    """``tool_approved``: the worker died after the app's yes was logged, before the tool's start was."""
     send, sent = sender()
     provider.add_turn(s.text("Sending again. "), s.tool_call(0, id="c9", name="send", arguments='{"to": "bob"}'),
                       s.finish("tool_calls"))
@@ -65,12 +72,13 @@ def test_a_reader_takes_over_a_run_whose_producer_died_and_its_started_side_effe
     log = logs.new()
     with make_engine(provider, [send], tool_mode="native") as engine, \
             serving(make_wsgi_app(engine, runs=log, take_over=True, approve=lambda call, environ: True)) as base:
-        run_id = abandoned_run(log)
+        run_id = abandoned_run(log, started=started)
         resp = requests.get(f"{base}/v1/runs/{run_id}/events", headers={**STREAM, "Last-Event-ID": f"{run_id}.3"},
                             stream=True, timeout=20)
         events, _ = events_of(resp)
         status = requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()
     assert sent == []
+    events = [e for e in events if e.kind != "tool_approved"]  # the taker's own yes for c9, logged before it
     assert [e.kind for e in events if e.kind != "message"] == ["tool_result", "reset", "tool_result", "round", "done"]
     closed, reset = events[0].json(), events[1].json()
     told = next(e.json() for e in events[2:] if e.kind == "tool_result")
@@ -104,10 +112,36 @@ def test_a_call_only_asked_about_is_asked_again_by_the_taker_and_runs_once_appro
             if line == "data: [DONE]":
                 break
     events = [line[7:] for line in seen if line.startswith("event: ")]
-    assert events == ["tool_result", "reset", "approval_request", "tool_start", "tool_result", "round", "done"]
+    assert events == ["tool_result", "reset", "approval_request", "tool_approved", "tool_start", "tool_result",
+                      "round", "done"]
     assert sent == ["bob"]  # asked again (nobody had answered c1, so it never ran), approved, run once
     done = json.loads(next(line for line in reversed(seen) if line.startswith("data: {"))[6:])
     assert done["answer"] == "Sent to bob."
+
+
+def test_an_approved_side_effect_call_is_logged_as_approved_before_it_starts(provider, logs):
+    send, sent = sender()
+    provider.add_turn(s.tool_call(0, id="c9", name="send", arguments='{"to": "bob"}'), s.finish("tool_calls"))
+    provider.add_turn(s.text("Sent."), s.finish())
+    log = logs.new()
+    with make_engine(provider, [send], tool_mode="native") as engine, \
+            serving(make_wsgi_app(engine, runs=log, take_over=True, approve=lambda call, environ: True)) as base:
+        events, _ = events_of(requests.post(f"{base}/v1/chat/stream", json={"messages": [
+            {"role": "user", "content": "tell bob"}]}, headers=STREAM, stream=True, timeout=20))
+    names = [e.kind for e in events if e.kind in ("tool_approved", "tool_start", "tool_result")]
+    assert names == ["tool_approved", "tool_start", "tool_result"] and sent == ["bob"]
+    assert events[[e.kind for e in events].index("tool_approved")].json()["call"]["id"] == "c9"
+
+
+def test_a_round_whose_takers_each_died_is_not_taken_over_a_third_time(provider, logs):
+    reset = ("reset", json.dumps({"round": 1, "reason": "the run was taken over after round 0; round 1 is asked "
+                                                          "again"}))
+    log = logs.new()
+    with make_engine(provider) as engine, serving(make_wsgi_app(engine, runs=log, take_over=True)) as base:
+        run_id = abandoned_run(log, before=(reset, reset))
+        status = requests.get(f"{base}/v1/runs/{run_id}", timeout=5).json()
+    assert status["state"] == "failed" and status["terminal"]["data"]["code"] == "producer_lost"
+    assert provider.request_count == 0
 
 
 @pytest.mark.parametrize("record, take_over", [
