@@ -125,7 +125,7 @@ class Checkpoint:
             if raw.get("version") != CHECKPOINT_VERSION:
                 raise ValueError(f"version {raw.get('version')!r}, this engine reads version {CHECKPOINT_VERSION}")
             return cls._parsed(raw)
-        except (ValueError, TypeError, KeyError, AttributeError, ConfigError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, ConfigError) as exc:
             raise ConfigError(f"not a run checkpoint this engine can resume ({type(exc).__name__}: {exc}); "
                               "start the run again from its messages") from exc
 

@@ -29,7 +29,7 @@ from .._config import EngineConfig, output_chars, output_limit_error
 from .._errors import LlmCancelledError, LlmError, LlmOutputLimitError
 from .._inline import InlineToolScanner, tool_instructions
 from .._messages import LLM_WARNING, Chunk, Message, Response, ToolCall, ToolResult, ToolSpec, Usage
-from .._wait import Wait
+from .._wait import Wait, at_once
 from ..tools import ToolExecutor, ToolRegistry
 from .checkpoint import Checkpoint, restore_state, snapshot
 from .events import DoneEvent, ErrorEvent, Event, ReasoningEvent, RefusalEvent, ResetEvent, RoundEvent, TokenEvent
@@ -37,10 +37,6 @@ from .result import CUT_OFF_FINISH_REASONS, EngineResult, Telemetry, attempt_fai
 from .tool_calls import ToolCalls, continuation_messages
 
 Steps = Generator[Wait, None, Any]
-
-
-def _at_once() -> bool:
-    return True
 
 
 def _joined(parts: Iterable[str]) -> str:
@@ -115,7 +111,7 @@ class RoundRunner:
                 if not (yield from self._round(round_no, is_last=round_no == last_round)):
                     break
                 if self.on_checkpoint is not None:
-                    yield Wait(ready=_at_once)  # the round's events go to the consumer before its checkpoint
+                    yield Wait(ready=at_once)  # the round's events go to the consumer before its checkpoint
                     self._checkpoint(round_no)
             self._finish()
         except GeneratorExit:
@@ -140,9 +136,8 @@ class RoundRunner:
     def _checkpoint(self, completed: int) -> None:
         """Hand the run's checkpoint after ``completed`` rounds to ``on_checkpoint``; a hook that fails is logged."""
         assert self.on_checkpoint is not None
-        checkpoint = snapshot(self, completed, time.monotonic() - self.state.started)
         try:
-            self.on_checkpoint(checkpoint)
+            self.on_checkpoint(snapshot(self, completed, time.monotonic() - self.state.started))
         except Exception as exc:  # the run goes on; only a takeover from this round is lost
             self.deps.log.opt(exception=exc).warning("on_checkpoint failed after round {}: {}", completed, exc)
 

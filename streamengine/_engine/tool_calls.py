@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, List, Mapping,
 
 from .._errors import ToolError
 from .._messages import Message, ProviderItem, ToolCall, ToolResult
-from .._wait import Flag, Wait
+from .._wait import Flag, Wait, at_once
 from ..tools import Tool, ToolHandle
 from .events import ErrorEvent, ToolResultEvent, ToolStartEvent
 from .filing import wait_filed
@@ -77,10 +77,6 @@ _NO_ANSWER = object()
 def canonical_key(call: ToolCall) -> Key:
     """Same name and same arguments (key order and spacing aside) = same call."""
     return call.name, json.dumps(call.args(), sort_keys=True, separators=(",", ":"))
-
-
-def _at_once() -> bool:
-    return True
 
 
 class Call:
@@ -429,7 +425,7 @@ class ToolCalls:
         held, self._held = self._held, []
         if not held:
             return
-        yield Wait(ready=_at_once)
+        yield Wait(ready=at_once)
         if self._approve is None:
             for entry in held:
                 self._refuse(entry, f"not run: '{entry.call.name}' has side effects and nothing approved it; "

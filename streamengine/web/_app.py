@@ -428,6 +428,8 @@ class StreamApp:
             self._sites.refuse_post(environ)
         elif path.endswith("/events"):
             self._sites.refuse_get(environ)
+        else:  # a status poll may close a lost run or take it over (with this request's environ): this site's only
+            self._sites.refuse_other_sites(environ)
         self._check_authorized(environ)
         return self._runs.route(path, method, environ, lambda env: _decode_json(self._read_body(env)))
 

@@ -183,6 +183,15 @@ class CrossSite:
                             "Accept: text/event-stream from a client of your own (EventSource does)",
                             403, field="Accept")
 
+    @staticmethod
+    def refuse_other_sites(environ: Environ) -> None:
+        """A read that may act (a status poll can take a lost run over) is refused when a browser says another
+        site asked; a backend's client, which sends no ``Sec-Fetch-Site``, passes."""
+        site = environ.get("HTTP_SEC_FETCH_SITE", "")
+        if site in ("cross-site", "same-site"):
+            raise HttpError(f"refused a {site} request for a run: only this site's page and your own clients may "
+                            "read runs", 403, field="Sec-Fetch-Site")
+
     def origin_allowed(self, origin: str) -> bool:
         if self.origins is None:
             return False
