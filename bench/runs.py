@@ -46,8 +46,8 @@ def _logs(folder: str) -> List[Tuple[str, str]]:
         if os.environ.get(env):
             logs.append((name, os.environ[env]))
     redis = os.environ.get("STREAMENGINE_TEST_REDIS_URL")
-    if redis:  # no wait to group (grouped only with appends already queued); a 100 ms window (fewer appends)
-        logs += [("redis-0ms", redis + "#group_delay_s=0"), ("redis-w100", redis + "#append_window_s=0.1")]
+    if redis:  # no wait to group (grouped only with appends already queued); the earlier 20 ms window
+        logs += [("redis-0ms", redis + "#group_delay_s=0"), ("redis-w20", redis + "#append_window_s=0.02")]
     return logs
 
 

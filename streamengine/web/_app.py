@@ -268,9 +268,10 @@ class StreamApp:
     ``lease_s`` + 1 s).  ``approvals=True`` asks the run's readers about
     side-effect calls (``approval_request``, answered by ``POST
     /v1/runs/<id>/approvals/<call_id>``) instead of an ``approve`` hook.
-    ``append_window_s``: tokens this close to the last append wait to go
-    with the next (the first after a pause goes at once); a longer window
-    means fewer appends (CPU) for later tokens (docs/runs.md).
+    ``append_window_s`` (0.1): tokens this close to the last append wait
+    to go with the next (the first after a pause goes at once); a longer
+    window means fewer appends and writes (CPU) for later tokens
+    (docs/runs.md).
     ``take_over`` (default: on with a shared log): the worker that notices a
     dead producer goes on with its run from the last round checkpoint
     (announced with ``reset``; side-effect calls of the interrupted round are
