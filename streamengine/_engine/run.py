@@ -276,6 +276,10 @@ class StreamingEngine:
             raise ConfigError("messages is empty; pass at least one message, e.g. "
                               "[{'role': 'user', 'content': 'hi'}]")
         deps = self._deps_for(model, options, checked_approve(approve, "run(approve=...)"))
+        if resume is not None and resume.round > deps.config.max_continuations:
+            raise ConfigError(f"this checkpoint is after round {resume.round}, and this engine stops after round "
+                              f"{deps.config.max_continuations + 1} (max_continuations="
+                              f"{deps.config.max_continuations}); resume it on an engine with the same configuration")
         self._check_parts(conversation, deps.config.models)
         # The run's span is a child of the context current *here*, whichever thread then drives the run.
         otel = self._otel

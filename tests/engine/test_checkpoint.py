@@ -270,3 +270,12 @@ def test_a_checkpoint_keeps_the_inline_scanners_parse_errors_of_its_rounds():
         _, result = run_all(eng, ASK, on_checkpoint=saved.append)
     assert result.telemetry.parse_errors == 1
     assert saved[-1].round == 1 and saved[-1].telemetry.parse_errors == 1
+
+
+def test_a_checkpoint_past_this_engines_last_round_is_refused_before_any_request():
+    with FakeProvider() as fp:
+        checkpoint = two_round_checkpoint(fp, [lookup])  # after round 1
+        with engine(fp, [lookup], max_continuations=0) as eng, \
+                pytest.raises(ConfigError, match="max_continuations=0"):  # this engine stops after round 1
+            eng.run(checkpoint)
+        assert fp.request_count == 2  # the two of the run that made the checkpoint, none since
