@@ -80,15 +80,19 @@ class GroupCommit(Generic[Request, Outcome]):
             slots, self._queue = self._queue, []
             self._leading = False  # the next arrival leads the next group while this one is written
             self._last_write = time.monotonic()
+        interrupted: Optional[BaseException] = None
         try:
             results = self._write_all([slot.request for slot in slots])
             if len(results) != len(slots):
                 raise RuntimeError(f"write_all returned {len(results)} results for {len(slots)} requests")
         except BaseException as exc:  # every caller of the group gets the failure, chained
             results = [_failed(exc) for _ in slots]
+            interrupted = None if isinstance(exc, Exception) else exc
         for slot, result in zip(slots, results):
             slot.result = result
             slot.ready.release()
+        if interrupted is not None:  # KeyboardInterrupt, SystemExit: the others are answered, this thread stops
+            raise interrupted
 
 
 def _failed(cause: BaseException) -> BaseException:
