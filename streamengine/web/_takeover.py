@@ -37,7 +37,7 @@ from .._engine.events import ToolResultEvent
 from .._engine.tool_calls import INTERRUPTED
 from .._errors import ConfigError
 from .._messages import ToolCall, ToolResult
-from ..runs import Frame, Gap, Lease, RunLogError, RunStatus
+from ..runs import Frame, Gap, Lease, RunLogError, RunStatus, SavedCheckpoint
 from ._guard import HttpError
 from ._producer import RunProducer, detach, error_event, log_event
 from ._sse import EngineLike, PublicErrors, RunOptions
@@ -105,8 +105,7 @@ class Taker:
         if saved is None:
             return False
         try:
-            record = json.loads(saved.data)
-            checkpoint = Checkpoint.from_json(record["checkpoint"])
+            record, checkpoint = _parsed(saved)
         except (ValueError, KeyError, TypeError, ConfigError) as exc:
             routes.logger.opt(exception=exc).warning("run {}: its checkpoint does not parse ({}); closing it as "
                                                      "producer_lost", run_id, exc)
@@ -126,6 +125,9 @@ class Taker:
             return True
         errors = self._make_errors(str(status.meta.get("request_id") or ""))
         try:
+            newer = routes.log.checkpoint(run_id)  # a frozen producer revived before the lease moved may have saved
+            if newer is not None and newer != saved:  # another since the first look: go on
+                saved, (record, checkpoint) = newer, _parsed(newer)  # from that one
             calls, open_calls, last_seq = interrupted_calls(routes, run_id, owner, saved.after_seq, lease)
             last_seq = close_open_calls(routes, lease, errors, open_calls) or last_seq
             producer = RunProducer(routes.log, lease, owner, errors.encode, detach_grace_s=routes.detach_grace_s,
@@ -163,6 +165,12 @@ class Taker:
                     **options)
         producer.wake_with(run.set_heartbeat)
         return producer.drive(run.batches())
+
+
+def _parsed(saved: SavedCheckpoint) -> Tuple[Dict[str, Any], Checkpoint]:
+    """A saved checkpoint's record (the producer's context) and the engine's checkpoint in it."""
+    record = json.loads(saved.data)
+    return record, Checkpoint.from_json(record["checkpoint"])
 
 
 def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int, lease: Lease

@@ -19,7 +19,7 @@ from test_runs_http import STREAM, answer_tokens, events_of
 from wsgi_support import make_engine, serving
 
 from streamengine import Checkpoint, ConfigError, Message
-from streamengine.runs import new_run_id
+from streamengine.runs import MemoryRunLog, new_run_id
 from streamengine.testing import steps as s
 from streamengine.tools import tool
 from streamengine.web._producer import checkpoint_record
@@ -164,3 +164,39 @@ def test_take_over_is_checked(provider, logs):
             make_wsgi_app(engine, take_over=True)
         with pytest.raises(ConfigError, match="take_over must be True, False or None"):
             make_wsgi_app(engine, runs=logs.new(), take_over="yes")
+
+
+class RevivedProducerLog(MemoryRunLog):
+    """A log whose run's frozen producer comes back just after a taker's first look, and saves a newer checkpoint
+    (its lease had run out, but nobody had taken the run yet)."""
+
+    revive = None
+
+    def checkpoint(self, run_id):
+        saved = super().checkpoint(run_id)
+        revive, self.revive = self.revive, None
+        if revive is not None:
+            revive()
+        return saved
+
+
+def test_a_taker_goes_on_from_a_checkpoint_saved_between_its_first_look_and_its_lease(provider):
+    provider.add_turn(s.text("Round two, resumed."), s.finish())
+    log = RevivedProducerLog()
+    run_id = new_run_id()
+    lease = log.create(run_id, OWNER, {"request_id": "r1"}, lease_s=0.3)
+    log.append(lease, [("round", '{"round":1}'), ("token", json.dumps("Looked it up. "))])
+    first = Checkpoint(round=0, messages=(Message(role="user", content="tell bob"),))
+    log.save_checkpoint(lease, 2, checkpoint_record({"conversation_id": None, "asks": False}, first))
+    after_round_1 = Checkpoint(round=1, messages=(Message(role="user", content="tell bob"),
+                                                  Message(role="assistant", content="Looked it up.")))
+    log.revive = lambda: log.save_checkpoint(lease, 2, checkpoint_record({"conversation_id": None, "asks": False},
+                                                                       after_round_1))
+    time.sleep(0.35)
+    with make_engine(provider) as engine, serving(make_wsgi_app(engine, runs=log, take_over=True)) as base:
+        events, _ = events_of(requests.get(f"{base}/v1/runs/{run_id}/events", stream=True, timeout=20,
+                                           headers={**STREAM, "Last-Event-ID": f"{run_id}.2"}))
+    reset = next(e.json() for e in events if e.kind == "reset")
+    assert reset["round"] == 2  # from the newer checkpoint: round 1 is not asked again
+    assert [m["content"] for m in provider.requests[0].json["messages"]] == ["tell bob", "Looked it up."]
+    assert answer_tokens(events) == "Round two, resumed."
