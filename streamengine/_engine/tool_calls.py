@@ -75,8 +75,19 @@ _NO_ANSWER = object()
 
 
 def canonical_key(call: ToolCall) -> Key:
-    """Same name and same arguments (key order and spacing aside) = same call."""
-    return call.name, json.dumps(call.args(), sort_keys=True, separators=(",", ":"))
+    """Same name and same arguments (key order, spacing and ``1`` vs ``1.0`` aside) = same call."""
+    return call.name, json.dumps(_same_numbers(call.args()), sort_keys=True, separators=(",", ":"))
+
+
+def _same_numbers(value: Any) -> Any:
+    """``value`` with whole floats as ints: JSON's 1 and 1.0 are one number, and a model writes either."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _same_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_same_numbers(item) for item in value]
+    return value
 
 
 class Call:

@@ -279,3 +279,23 @@ def test_a_checkpoint_past_this_engines_last_round_is_refused_before_any_request
                 pytest.raises(ConfigError, match="max_continuations=0"):  # this engine stops after round 1
             eng.run(checkpoint)
         assert fp.request_count == 2  # the two of the run that made the checkpoint, none since
+
+
+def test_an_interrupted_side_effect_call_is_known_again_when_the_model_writes_its_numbers_another_way():
+    sent: List[int] = []
+
+    @tool(side_effects=True)
+    def pay(cents: float) -> str:
+        """Pays."""
+        sent.append(int(cents))
+        return "paid"
+
+    with FakeProvider() as fp:
+        checkpoint = two_round_checkpoint(fp, [lookup, pay])
+        fp.add_turn(s.tool_call(0, id="c2", name="pay", arguments='{"cents": 500.0}'), s.finish("tool_calls"))
+        answer_turn(fp, "could not confirm.")
+        resumed = checkpoint.after_interruption([InterruptedCall("pay", '{"cents": 500}', None, "c1")])
+        with engine(fp, [lookup, pay]) as eng:
+            events, _ = run_all(eng, resumed)
+    assert sent == []
+    assert [e.skipped for e in events if isinstance(e, ToolResultEvent)] == ["interrupted"]
