@@ -8,6 +8,9 @@ reaches the other worker, which takes the run over from its round-2
 checkpoint.  The page must end as an uninterrupted run would read: round 2's
 first text taken back by ``reset``, the answer once, no card left spinning,
 the killed call's card saying it was interrupted, the run finished.
+Reloaded right after the kill instead, the page reattaches from
+sessionStorage and replays the run from its first frame, the takeover's
+frames among them, to the same end.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from typing import Any, Dict, List
 
 import pytest
 from run_log_kinds import LogMaker
-from test_browser import FINISHED, Browser, browser, chromium, chromium_process, logged  # noqa: F401 (fixtures)
+from test_browser import FINISHED, Browser, PageChanged, browser, chromium, chromium_process, logged  # noqa: F401 (fixtures)
 from test_runs_gunicorn import LEASE_S, two_workers
 from test_takeover_gunicorn import tool_turn
 
@@ -90,21 +93,35 @@ def killed_pid(sent: Path, timeout_s: float = 30.0) -> int:
     raise AssertionError(f"the send tool did not start within {timeout_s}s")
 
 
-def page_after_takeover(browser: Browser, base: str, sent: Path) -> Dict[str, Any]:
-    """Ask on the page, kill the producing worker while round 2's tool runs; the page's state at its end."""
-    browser.open(f"{base}/?autorun=tell%20bob")
+def page_after_takeover(browser: Browser, base: str, sent: Path, reload: bool) -> Dict[str, Any]:
+    """Ask on the page, kill the producing worker while round 2's tool runs (then reload, or not); the page's end."""
+    if reload:  # asked by hand: a reload must reattach, not ask again (autorun would)
+        browser.open_plain(f"{base}/")
+        browser.wait_for("document.getElementById('prompt') !== null")
+        browser.js("document.getElementById('prompt').value = 'tell bob'; "
+                   "document.getElementById('ask').requestSubmit()")
+    else:
+        browser.open(f"{base}/?autorun=tell%20bob")
     pid = killed_pid(sent)
     browser.wait_for("document.querySelector('.tool.running[data-call=\"c2\"]') !== null")  # the card spins
     assert "Sending." in browser.js("document.getElementById('conversation').textContent")
     os.kill(pid, signal.SIGKILL)
+    if reload:  # reattached from sessionStorage: the run's frames from its first, the takeover's among them
+        try:
+            browser.js("location.reload()")
+        except PageChanged:
+            pass
     # Reconnecting (retry 1 s, maybe via the dead worker first), lease out, taken over, rounds 2 and 3 asked.
-    assert browser.wait_for(FINISHED, timeout=LEASE_S + 40) == "done"
+    browser.wait_for("document.getElementById('status').textContent.indexOf('done') === 0", timeout=LEASE_S + 40)
     state: Dict[str, Any] = browser.js(PAGE_STATE)
-    state.update(logged(browser))
+    if not reload:
+        assert browser.wait_for(FINISHED) == "done"
+        state.update(logged(browser))
     return state
 
 
-def test_the_page_shows_a_run_taken_over_after_kill_9_as_one_answer(browser, tmp_path, monkeypatch):
+@pytest.mark.parametrize("reload", [False, True], ids=["reconnected", "reloaded"])
+def test_the_page_shows_a_run_taken_over_after_kill_9_as_one_answer(browser, tmp_path, monkeypatch, reload):
     sent = tmp_path / "sent.txt"
     monkeypatch.setenv("SE_SENT", str(sent))
     spec = LogMaker("sqlite", tmp_path).spec  # a file both workers open
@@ -114,14 +131,11 @@ def test_the_page_shows_a_run_taken_over_after_kill_9_as_one_answer(browser, tmp
         tool_turn(fp, "Sending again. ", "c7", "send", {"to": "bob"})  # round 2 asked again by the taker
         fp.add_turn(s.text("x is 42; "), s.delay(0.05), s.text("the message may have gone to bob."), s.finish())
         with two_workers(tmp_path, fp, spec, APP) as base:
-            page = page_after_takeover(browser, base, sent)
+            page = page_after_takeover(browser, base, sent, reload)
     assert len(sent.read_text().splitlines()) == 1  # ran once, by the killed worker; not again
-    events: List[str] = page["events"]
-    assert events.count("reset") == 1 and events.count("done") == 1 and events[-2:] == ["done", "[DONE]"]
     # Round 2's first text is taken back; each round shows its text once, the answer once.
     assert [section["text"].strip() for section in page["sections"]] == ["Looking it up.", "Sending again.", ANSWER]
     assert page["conversation"].count(ANSWER) == 1 and "Sending. " not in page["conversation"]
-    assert "".join(page["tokens"]).endswith("Sending again. x is 42; the message may have gone to bob.")
     chips = [chip for section in page["sections"] for chip in section["chips"]]
     assert not [chip for chip in chips if "running" in chip["cls"]], chips  # nothing left spinning
     assert [chip["cls"] for chip in chips] == ["tool ok", "tool skipped", "tool skipped"], chips
@@ -131,3 +145,8 @@ def test_the_page_shows_a_run_taken_over_after_kill_9_as_one_answer(browser, tmp
     assert page["status"].startswith("done") and "3 rounds" in page["status"], page["status"]
     assert page["stopDisabled"] and not page["sendDisabled"] and page["kept"] is None
     assert [m["role"] for m in fp.requests[3].json["messages"]] == ["user", "assistant", "tool", "assistant", "tool"]
+    if not reload:  # the page's own record of the run (?autorun&debug=1): one reset, one done, every token
+        events: List[str] = page["events"]
+        assert events.count("reset") == 1 and events.count("done") == 1 and events[-2:] == ["done", "[DONE]"]
+        assert page["tokens"] == ["Looking it up. ", "Sending. ", "Sending again. ", "x is 42; ",
+                                  "the message may have gone to bob."]
