@@ -61,6 +61,8 @@ APP = textwrap.dedent("""
 """)
 
 ANSWER = "x is 42; the message may have gone to bob."
+# The page's status line says the run is done (null while a reload has no document yet).
+DONE = "(document.getElementById('status') || {textContent: ''}).textContent.indexOf('done') === 0"
 PAGE_STATE = """(function () {
     function texts(selector) {
         return Array.from(document.querySelectorAll(selector)).map(function (e) { return e.textContent; });
@@ -104,7 +106,7 @@ def page_after_takeover(browser: Browser, base: str, sent: Path, reload: bool) -
         browser.open(f"{base}/?autorun=tell%20bob")
     pid = killed_pid(sent)
     browser.wait_for("document.querySelector('.tool.running[data-call=\"c2\"]') !== null")  # the card spins
-    assert "Sending." in browser.js("document.getElementById('conversation').textContent")
+    browser.wait_for("document.getElementById('conversation').textContent.indexOf('Sending.') >= 0")  # rendered
     os.kill(pid, signal.SIGKILL)
     if reload:  # reattached from sessionStorage: the run's frames from its first, the takeover's among them
         try:
@@ -112,7 +114,7 @@ def page_after_takeover(browser: Browser, base: str, sent: Path, reload: bool) -
         except PageChanged:
             pass
     # Reconnecting (retry 1 s, maybe via the dead worker first), lease out, taken over, rounds 2 and 3 asked.
-    browser.wait_for("document.getElementById('status').textContent.indexOf('done') === 0", timeout=LEASE_S + 40)
+    browser.wait_for(DONE, timeout=LEASE_S + 40)
     state: Dict[str, Any] = browser.js(PAGE_STATE)
     if not reload:
         assert browser.wait_for(FINISHED) == "done"
