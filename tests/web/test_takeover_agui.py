@@ -16,6 +16,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -50,7 +51,9 @@ def agui_run_killed(node: str, base: str, sent: Path) -> Dict[str, Any]:
                 line = lines.get(timeout=NODE_TIMEOUT_S) or ""
                 assert line or proc.poll() is None, "node agui-lost.mjs ended before round 2's tool call"
             os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
             proc.wait(NODE_TIMEOUT_S)
+            print(f"\nagui: the client had the run's rest {time.monotonic() - killed:.2f}s after kill -9")
         finally:
             proc.kill()
             reader.join(10)
@@ -93,6 +96,8 @@ def test_an_agui_run_whose_worker_dies_fails_in_the_client_and_its_rest_is_read_
     names = [frame["event"] for frame in followed]
     assert names.count("reset") == 1 and names[-1] == "done" and sum(n in ("done", "error") for n in names) == 1
     reset = names.index("reset")
+    assert names.index("tool_approved") < reset  # logged before the killed call ran; AG-UI showed nothing of it
+    assert not [e for e in result["events"] if e["type"] == "CUSTOM" and "approved" in e["name"]]
     assert followed[reset]["data"]["round"] == 2
     closed = [frame["data"] for frame in followed if frame["event"] == "tool_result" and frame["data"]["skipped"]]
     assert [(c["call_id"], c["skipped"]) for c in closed] == [("c2", "interrupted"), ("c7", "interrupted")]

@@ -108,6 +108,7 @@ def page_after_takeover(browser: Browser, base: str, sent: Path, reload: bool) -
     browser.wait_for("document.querySelector('.tool.running[data-call=\"c2\"]') !== null")  # the card spins
     browser.wait_for("document.getElementById('conversation').textContent.indexOf('Sending.') >= 0")  # rendered
     os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
     if reload:  # reattached from sessionStorage: the run's frames from its first, the takeover's among them
         try:
             browser.js("location.reload()")
@@ -115,6 +116,7 @@ def page_after_takeover(browser: Browser, base: str, sent: Path, reload: bool) -
             pass
     # Reconnecting (retry 1 s, maybe via the dead worker first), lease out, taken over, rounds 2 and 3 asked.
     browser.wait_for(DONE, timeout=LEASE_S + 40)
+    print(f"\npage ({'reloaded' if reload else 'reconnected'}): done {time.monotonic() - killed:.2f}s after kill -9")
     state: Dict[str, Any] = browser.js(PAGE_STATE)
     if not reload:
         assert browser.wait_for(FINISHED) == "done"
