@@ -6,7 +6,8 @@ client's ``runAgent`` fails with its fetch's error, after the events it had,
 with no terminal event.  The run itself is in the log: the client names it by
 the response's ``X-Run-Id`` (``HttpAgent``'s ``fetch`` option) and reads the
 rest from ``/v1/runs/<id>/events``, which reaches the other worker and makes it
-take the run over (tests/web/frontend/agui-lost.mjs; docs/frontends.md).
+take the run over, or polls ``/v1/runs/<id>`` for the answer, which does the
+same (tests/web/frontend/agui-lost.mjs; docs/frontends.md).
 """
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ pytest.importorskip("gunicorn", reason="gunicorn is in the test extra: pip insta
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 
-def agui_run_killed(node: str, base: str, sent: Path) -> Dict[str, Any]:
+def agui_run_killed(node: str, base: str, sent: Path, *how: str) -> Dict[str, Any]:
     """``agui-lost.mjs`` asking through ``/agui``; its worker is killed once the client shows round 2's tool call."""
     messages = json.dumps([{"id": "u1", "role": "user", "content": "tell bob"}])
     lines: queue.Queue[Optional[str]] = queue.Queue()
-    with subprocess.Popen([node, "agui-lost.mjs", base + "/agui", messages], cwd=FRONTEND, stdout=subprocess.PIPE,
+    with subprocess.Popen([node, "agui-lost.mjs", base + "/agui", messages, *how], cwd=FRONTEND, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
         reader = threading.Thread(target=lambda: [*map(lines.put, proc.stdout or ()), lines.put(None)],
                                   name="test-agui-stdout")
@@ -68,8 +69,8 @@ def agui_run_killed(node: str, base: str, sent: Path) -> Dict[str, Any]:
     return result
 
 
-def test_an_agui_run_whose_worker_dies_fails_in_the_client_and_its_rest_is_read_by_its_run_id(tmp_path,
-                                                                                                monkeypatch):
+def killed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *how: str) -> Dict[str, Any]:
+    """The two-round run of the takeover tests, asked through /agui; its worker killed during round 2's tool."""
     node = require_node()
     sent = tmp_path / "sent.txt"
     monkeypatch.setenv("SE_SENT", str(sent))
@@ -80,8 +81,14 @@ def test_an_agui_run_whose_worker_dies_fails_in_the_client_and_its_rest_is_read_
         tool_turn(fp, "Sending again. ", "c7", "send", {"to": "bob"})
         fp.add_turn(s.text("x is 42; "), s.delay(0.05), s.text("the message may have gone to bob."), s.finish())
         with two_workers(tmp_path, fp, spec, APP) as base:
-            result = agui_run_killed(node, base, sent)
+            result = agui_run_killed(node, base, sent, *how)
     assert len(sent.read_text().splitlines()) == 1  # ran once, by the killed worker
+    return result
+
+
+def test_an_agui_run_whose_worker_dies_fails_in_the_client_and_its_rest_is_read_by_its_run_id(tmp_path,
+                                                                                                monkeypatch):
+    result = killed_run(tmp_path, monkeypatch)
     # The AG-UI run: what came before the kill, then the client's own error; no terminal event, no crash.
     kinds = [event["type"] for event in result["events"]]
     assert result["error"] == "terminated", result["error"]
@@ -104,3 +111,10 @@ def test_an_agui_run_whose_worker_dies_fails_in_the_client_and_its_rest_is_read_
     after = "".join(frame["data"] for frame in followed[reset:] if frame["event"] == "message")
     assert after == "Sending again. " + ANSWER
     assert followed[-1]["data"]["answer"] == ANSWER
+
+
+def test_an_agui_client_polling_the_runs_status_gets_the_answer_of_the_run_taken_over(tmp_path, monkeypatch):
+    result = killed_run(tmp_path, monkeypatch, "--poll")
+    assert result["error"] == "terminated" and result["followed"] is None
+    polled = result["polled"]  # a poll found the lease out and took the run over; a later one saw it done
+    assert (polled["state"], polled["answer"]) == ("done", ANSWER), polled
