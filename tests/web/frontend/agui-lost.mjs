@@ -1,9 +1,10 @@
-// @ag-ui/client's HttpAgent on a run whose worker dies mid-answer, then the run's rest read the way
-// docs/frontends.md tells an AG-UI client to: by the X-Run-Id of the /agui response, from /v1/runs/<id>/events.
+// @ag-ui/client's HttpAgent on a run whose worker dies mid-answer, then the run's rest read the ways
+// docs/frontends.md tells an AG-UI client to: by the X-Run-Id of the /agui response, through the run routes.
 // node agui-lost.mjs <url of /agui> <RunAgentInput messages as JSON> [--poll]
-//   ->  a line "event {json}" as each AG-UI event comes (the test kills the worker on one), then one JSON line: the AG-UI run's error, events and messages, the run id, unhandled rejections, and
-//       "followed": the run's frames ({event, data}) from its start to its terminal frame, or with --poll "polled":
-//       its status (GET /v1/runs/<id>) once it is no longer running.
+//   ->  a line "event {json}" as each AG-UI event comes (the test kills the worker on one), then one JSON line:
+//       the AG-UI run's error, events and messages, the run id, unhandled rejections, and "followed": the run's
+//       frames ({event, data}) from /v1/runs/<id>/events, start to terminal frame; or with --poll, "polled": its
+//       status (GET /v1/runs/<id>) once it is no longer running.
 import { HttpAgent } from '@ag-ui/client';
 
 const [url, messagesJson, how] = process.argv.slice(2);
