@@ -53,8 +53,8 @@ def provider():
 # pool, a Dask cluster, a mypy run.  Under pytest-xdist each runs whole on one worker; every other
 # test is scheduled on its own, wherever a worker is free.
 ONE_WORKER_MODULES = frozenset({
-    "tests/web/test_browser.py", "tests/engine/test_engine_remote.py", "tests/tools/test_executor_remote.py",
-    "tests/test_types.py",
+    "tests/web/test_browser.py", "tests/web/test_takeover_page.py", "tests/engine/test_engine_remote.py",
+    "tests/tools/test_executor_remote.py", "tests/test_types.py",
 })
 
 
