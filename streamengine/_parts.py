@@ -28,6 +28,7 @@ from ._errors import ConfigError
 
 #: The audio formats OpenAI's ``input_audio`` takes, and their media types.
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg"}
+_AUDIO_FORMAT_OF = {media: name for name, media in AUDIO_FORMATS.items()}
 
 _DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[^;,]*)*);base64,", re.I)
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
@@ -82,7 +83,7 @@ def attachment_part(media_type: str, url: str, filename: Optional[str] = None) -
     if media_type.lower().startswith("image/"):
         return {"type": "image_url", "image_url": {"url": url}}
     inline = split_data_url(url, f"the {media_type} attachment's url")
-    audio = {media: name for name, media in AUDIO_FORMATS.items()}.get(media_type.lower())
+    audio = _AUDIO_FORMAT_OF.get(media_type.lower())
     if audio is not None and inline is not None:
         return {"type": "input_audio", "input_audio": {"data": inline[1], "format": audio}}
     file: Dict[str, Any] = {"file_data": url} if inline is not None else {"file_url": url}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._errors import ConfigError
-from .._messages import Message, ProviderItem, ToolCall, ToolResult, Usage, as_message
+from .._messages import Message, ProviderItem, ToolResult, Usage, as_message
 from .result import Telemetry
 
 if TYPE_CHECKING:  # pragma: no cover - rounds.py imports this module
@@ -86,11 +86,6 @@ class Checkpoint:
     output_left: Optional[int] = None  # EngineConfig.max_run_output_chars still to spend
     scope: str = ""  # the run's RAG scope
     interrupted: Tuple[InterruptedCall, ...] = ()
-
-    @property
-    def results_by_call_id(self) -> Dict[str, ToolResult]:
-        """The tool results of the completed rounds, by call id."""
-        return {result.call_id: result for result in self.tool_results}
 
     def after_interruption(self, calls: Sequence[InterruptedCall]) -> Checkpoint:
         """This checkpoint, resumed after a round that started ``calls``: side-effect ones are not run again."""
@@ -161,9 +156,8 @@ class Checkpoint:
 def snapshot(runner: RoundRunner, completed: int, elapsed_s: float) -> Checkpoint:
     """The run's state now, after ``completed`` rounds (0: before the first, the request as given)."""
     state, calls = runner.state, runner.calls
-    telemetry = dataclasses.replace(state.telemetry, finish_reasons=list(state.telemetry.finish_reasons),
-                                    failed_attempts=list(state.telemetry.failed_attempts),
-                                    parse_errors=state.telemetry.parse_errors + runner.parse_errors_pending)
+    telemetry = _telemetry_copy(state.telemetry,
+                                parse_errors=state.telemetry.parse_errors + runner.parse_errors_pending)
     return Checkpoint(
         round=completed, messages=tuple(state.conversation if completed == 0 else runner.messages),
         rounds=tuple(state.rounds), reasoning_rounds=tuple(state.reasoning_rounds), tool_results=tuple(state.results),
@@ -175,15 +169,19 @@ def snapshot(runner: RoundRunner, completed: int, elapsed_s: float) -> Checkpoin
 def restore_state(runner: RoundRunner, checkpoint: Checkpoint) -> None:
     """What the run had gathered before the checkpoint, back in its state (before its ToolCalls exist)."""
     state = runner.state
-    state.telemetry = dataclasses.replace(checkpoint.telemetry,
-                                          finish_reasons=list(checkpoint.telemetry.finish_reasons),
-                                          failed_attempts=list(checkpoint.telemetry.failed_attempts))
+    state.telemetry = _telemetry_copy(checkpoint.telemetry)
     state.rounds[:] = checkpoint.rounds
     state.reasoning_rounds[:] = checkpoint.reasoning_rounds
     state.results[:] = checkpoint.tool_results
     state.usage, state.refusal = checkpoint.usage, checkpoint.refusal
     if checkpoint.output_left is not None:
         runner.output_left = checkpoint.output_left
+
+
+def _telemetry_copy(telemetry: Telemetry, **changes: Any) -> Telemetry:
+    """``telemetry`` with lists of its own: the run goes on appending to them, a checkpoint must not move."""
+    return dataclasses.replace(telemetry, finish_reasons=list(telemetry.finish_reasons),
+                               failed_attempts=list(telemetry.failed_attempts), **changes)
 
 
 def _message_json(message: Message) -> Dict[str, Any]:
@@ -200,8 +198,7 @@ def _message_of(raw: Any) -> Message:
     items = tuple(ProviderItem(str(item["wire"]), dict(item["data"]), int(item.get("size", -1)))
                   for item in raw.get("provider_items") or ())
     message = as_message({key: value for key, value in raw.items() if key != "provider_items"})
-    calls = tuple(ToolCall(call.id, call.name, call.arguments) for call in message.tool_calls)
-    return dataclasses.replace(message, provider_items=items, tool_calls=calls)
+    return dataclasses.replace(message, provider_items=items)
 
 
 def _result_of(raw: Any) -> ToolResult:

@@ -304,9 +304,7 @@ class RedisRunLog(RunLog):
         return self._call(doing, self._scripts[name], keys=self._keys(run_id), args=list(args))
 
     def _append_args(self, lease: Lease, events: Sequence[Event], final_state: str) -> List[Any]:
-        args: List[Any] = [lease.token, self.limits.max_events, self.limits.max_bytes, final_state]
-        args += [part for event in events for part in event]
-        return args
+        return [lease.token, self.limits.max_events, self.limits.max_bytes, final_state, *_flat(events)]
 
     def _write(self, lease: Lease, events: Sequence[Event], final_state: str, doing: str) -> int:
         reply = self._script("append", lease.run_id, self._append_args(lease, events, final_state), doing)
@@ -320,9 +318,7 @@ class RedisRunLog(RunLog):
         args: List[Any] = [self.limits.max_events, self.limits.max_bytes]
         for lease, events in requests:
             keys += self._keys(lease.run_id)
-            args += [lease.token, len(events)]
-            for name, data in events:
-                args += (name, data)
+            args += [lease.token, len(events), *_flat(events)]
         try:
             reply = self._scripts["append_many"](keys=keys, args=args)
         except self._errors as exc:
@@ -435,6 +431,11 @@ class RedisRunLog(RunLog):
     def _do_checkpoint(self, run_id: str) -> Optional[SavedCheckpoint]:
         seq, data = self._call("read a checkpoint", self._redis.hmget, self._keys(run_id)[0], "cp_seq", "cp_data")
         return None if seq is None or data is None else SavedCheckpoint(int(seq), data)
+
+
+def _flat(events: Sequence[Event]) -> List[str]:
+    """``[(name, data), ...]`` as the scripts take them: name, data, name, data ..."""
+    return [part for event in events for part in event]
 
 
 def _frames(entries: Sequence[Tuple[str, Dict[str, str]]]) -> List[Frame]:

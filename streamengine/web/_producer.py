@@ -26,7 +26,7 @@ import json
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
 from .._cancel import CancelToken
 from .._engine.events import DoneEvent, Event, HeartbeatEvent
@@ -65,6 +65,33 @@ def log_event(frame: bytes) -> Optional[LogEvent]:
         name, _, data = text[7:].partition("\ndata: ")
         return name, data[:-2]
     return None
+
+
+def frame_object(frame: Frame) -> Optional[Dict[str, Any]]:
+    """A log frame's data as a JSON object; None for one that is not (a token's string, unreadable text)."""
+    try:
+        data = json.loads(frame.data)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def frame_call(frame: Frame, data: Dict[str, Any]) -> Dict[str, Any]:
+    """The call a ``tool_start``, ``tool_approved`` or ``approval_request`` frame names, with a str ``id``;
+    {} for none."""
+    call = data.get("call") if frame.name in ("tool_approved", "approval_request") else data
+    return call if isinstance(call, dict) and isinstance(call.get("id"), str) else {}
+
+
+def read_to_end(log: RunLog, run_id: str, owner: str, after_seq: int) -> Iterator[Union[Gap, Frame]]:
+    """Every frame (and gap) the log holds for the run after ``after_seq``, read page by page without waiting."""
+    while True:
+        items = log.read(run_id, owner, after_seq)
+        if not items:
+            return
+        for item in items:
+            after_seq = item.next_seq - 1 if isinstance(item, Gap) else item.seq
+            yield item
 
 
 def logged_event(name: str, data: str) -> Optional[SimpleNamespace]:
@@ -181,6 +208,7 @@ class RunProducer:
         self._window_s = window_s
         self._lock = threading.Lock()  # the pending events and appends: the approve thread appends too
         self._pending: List[LogEvent] = []
+        self._other_waits = False  # an event that is not a token waits: only tokens wait for the window
         self._out: List[Frame] = []
         self._last_write = self._last_tokens = -1e9
         self._next_stop_poll = self._next_abandon_poll = 0.0
@@ -227,13 +255,16 @@ class RunProducer:
         try:
             done: Optional[DoneEvent] = None
             for batch in batches:
+                events: List[LogEvent] = []
                 for event in batch:
                     if event.__class__ is DoneEvent:
                         done = event
                     elif event.__class__ is not HeartbeatEvent:
                         encoded = log_event(self._encode(event))
                         if encoded is not None:
-                            self._pending.append(encoded)
+                            events.append(encoded)
+                if events:
+                    self._queue(events)
                 if not self._step(done is not None):
                     break
                 yield self._take()
@@ -268,7 +299,7 @@ class RunProducer:
         now = time.monotonic()
         try:
             with self._lock:
-                if self._pending and (last or now - self._last_tokens >= self._window_s or not self._only_tokens()):
+                if self._pending and (last or now - self._last_tokens >= self._window_s or self._other_waits):
                     self._append_pending(now)
                 self._hold(bool(self._pending))
             if now - self._last_write >= self.lease.lease_s / 3:
@@ -287,9 +318,15 @@ class RunProducer:
             self._log_failed(exc)
         return not (self.fenced or self.log_failed is not None)
 
+    def _queue(self, events: List[LogEvent]) -> None:
+        """``events`` wait for the next append (under the lock: the approval thread appends too)."""
+        with self._lock:
+            self._pending += events
+            self._other_waits = self._other_waits or any(name != "token" for name, _ in events)
+
     def _append_pending(self, now: float) -> None:
         """Under the lock: the pending events become frames (fenced or failing: raised, nothing sent)."""
-        events, self._pending = self._pending, []
+        events, self._pending, self._other_waits = self._pending, [], False
         last, stop = self.log.append_and_poll(self.lease, events)
         self._last_seq = last
         first = last - len(events) + 1
@@ -300,10 +337,6 @@ class RunProducer:
             self.cancel_run("stopped")
         if events[-1][0] == "token":
             self._last_tokens = now
-
-    def _only_tokens(self) -> bool:
-        """Whether every pending event is a token: only tokens wait for the window (a tool's result never does)."""
-        return all(name == "token" for name, _ in self._pending)
 
     def _take(self) -> List[Frame]:
         with self._lock:

@@ -77,7 +77,7 @@ from ..runs import (
 )
 from ._frames import DONE_FRAME, OK_FRAME, PING_FRAME
 from ._guard import ClientKey, HttpError, StreamLimiter, clip, engine_refusal, json_response, status_line
-from ._producer import APPEND_WINDOW_S, RunProducer, detach, error_event
+from ._producer import APPEND_WINDOW_S, RunProducer, detach, error_event, frame_call, frame_object, read_to_end
 from ._sse import PROBE_S, EngineLike, PublicErrors, RunOptions, StuckReaders, connection_dropper
 
 if TYPE_CHECKING:
@@ -167,15 +167,12 @@ class ChatRun(NamedTuple):
 
 def _note_approval(frame: Frame, held: Dict[str, int], settled: List[str]) -> None:
     """An ``approval_request`` holds its call; the call's ``tool_result`` settles it."""
-    try:
-        data = json.loads(frame.data)
-    except ValueError:
-        return
-    if not isinstance(data, dict):
+    data = frame_object(frame)
+    if data is None:
         return
     if frame.name == "approval_request":
-        call = data.get("call")
-        if isinstance(call, dict) and isinstance(call.get("id"), str):
+        call = frame_call(frame, data)
+        if call:
             held[call["id"]] = frame.seq
     elif data.get("call_id") in held:
         call_id = data["call_id"]
@@ -445,8 +442,8 @@ class RunRoutes:
             self.log.mark_read(status.run_id, owner)
             for call_id, approved, reason in valid:
                 self.log.answer_approval(status.run_id, owner, call_id, approved, reason)
-        except RunNotFound:
-            raise not_found() from None
+        except RunNotFound as exc:
+            raise not_found() from exc
         except RunLogError as exc:
             raise HttpError(f"the run log cannot be reached now ({exc}); retry later", 503) from exc
         release = self.acquire(environ)
@@ -460,19 +457,11 @@ class RunRoutes:
         """The run's held calls (call id -> the seq of its ``approval_request``), and those it asked and settled."""
         held: Dict[str, int] = {}
         settled: List[str] = []
-        after = 0
         try:
-            while True:
-                items = self.log.read(run_id, owner, after)
-                if not items:
-                    return held, settled
-                for item in items:
-                    if isinstance(item, Gap):
-                        after = item.next_seq - 1
-                        continue
-                    after = item.seq
-                    if item.name in ("approval_request", "tool_result"):
-                        _note_approval(item, held, settled)
+            for item in read_to_end(self.log, run_id, owner, 0):
+                if isinstance(item, Frame) and item.name in ("approval_request", "tool_result"):
+                    _note_approval(item, held, settled)
+            return held, settled
         except RunNotFound:
             return {}, []
         except RunLogError as exc:
@@ -778,5 +767,6 @@ def _read_wait(heartbeat_s: Optional[float], disconnected: Optional[Callable[[],
 
 
 def _error_frame(code: str, message: str) -> bytes:
-    payload = json.dumps({"message": message, "fatal": True, "code": code}, ensure_ascii=True)
-    return f"event: error\ndata: {payload}\n\n".encode("ascii")
+    """A reader's own fatal ``error`` (no ``id:``: it is not in the log)."""
+    name, data = error_event(code, message)
+    return f"event: {name}\ndata: {data}\n\n".encode()

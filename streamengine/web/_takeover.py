@@ -39,7 +39,7 @@ from .._errors import ConfigError
 from .._messages import ToolCall, ToolResult
 from ..runs import Frame, Gap, Lease, RunLogError, RunStatus, SavedCheckpoint
 from ._guard import HttpError
-from ._producer import RunProducer, detach, error_event, log_event
+from ._producer import RunProducer, detach, error_event, frame_call, frame_object, log_event, read_to_end
 from ._sse import EngineLike, PublicErrors, RunOptions
 
 if TYPE_CHECKING:
@@ -47,10 +47,8 @@ if TYPE_CHECKING:
 
     from ._runs import RunRoutes
 
-#: Frames that start a call (``tool_approved``: logged before an approved side-effect call runs), and those
-#: whose call sits under ``"call"``.
+#: Frames that start a call (``tool_approved``: logged before an approved side-effect call runs).
 _STARTS = ("tool_start", "tool_approved", "approval_request")
-_WRAPPED = ("tool_approved", "approval_request")
 #: A round whose every taker died in turn is not taken over again (a tool that kills its worker would take
 #: down every worker in turn): its run is closed as producer_lost.
 MAX_TAKEOVERS = 2
@@ -192,20 +190,15 @@ def interrupted_calls(routes: RunRoutes, run_id: str, owner: str, after_seq: int
     skips: Dict[str, str] = {}
     takeovers = 0
     last = after_seq
-    while True:
-        items = routes.log.read(run_id, owner, last)
-        if not items:
-            break
-        for item in items:
-            if isinstance(item, Gap):
-                raise RunLogError(f"run {run_id!r}: frames after its checkpoint were trimmed, so the tool calls its "
-                                  "interrupted round started cannot be known")
-            last = item.seq
-            _note(item, started, results, skips)
-            takeovers += item.name == "reset" and TAKEN_OVER in item.data
-            call_id = _call_id(item) if item.name in _STARTS else ""
-            if call_id:
-                asked[call_id] = asked.get(call_id, False) or item.name != "approval_request"
+    for item in read_to_end(routes.log, run_id, owner, after_seq):
+        if isinstance(item, Gap):
+            raise RunLogError(f"run {run_id!r}: frames after its checkpoint were trimmed, so the tool calls its "
+                              "interrupted round started cannot be known")
+        last = item.seq
+        takeovers += item.name == "reset" and TAKEN_OVER in item.data
+        call_id = _note(item, started, results, skips)
+        if call_id:
+            asked[call_id] = asked.get(call_id, False) or item.name != "approval_request"
     if takeovers >= MAX_TAKEOVERS:
         raise RunLogError(f"run {run_id!r}: its round was taken over {takeovers} times already and its worker died "
                           "each time; it is not taken over again")
@@ -237,34 +230,22 @@ def close_open_calls(routes: RunRoutes, lease: Lease, errors: PublicErrors, call
 
 
 def _note(frame: Frame, started: Dict[str, Tuple[str, str]], results: Dict[str, ToolResult],
-          skips: Dict[str, str]) -> None:
-    """A ``tool_start``, ``tool_approved`` or ``approval_request`` starts a call; its ``tool_result`` is its
-    logged result (and ``skipped`` its reason when it was not run)."""
-    if frame.name not in _STARTS and frame.name != "tool_result":
-        return
-    try:
-        data = json.loads(frame.data)
-    except ValueError:
-        return
-    if not isinstance(data, dict):
-        return
-    call = data.get("call") if frame.name in _WRAPPED else data
-    if frame.name != "tool_result" and isinstance(call, dict) and isinstance(call.get("id"), str):
-        started.setdefault(call["id"], (str(call.get("name")), str(call.get("arguments") or "{}")))
-    elif frame.name == "tool_result" and isinstance(data.get("call_id"), str):
-        results[data["call_id"]] = _logged_result(data)
-        if isinstance(data.get("skipped"), str):
-            skips[data["call_id"]] = data["skipped"]
-
-
-def _call_id(frame: Frame) -> str:
-    """The call id of a ``tool_start`` or ``approval_request`` frame ("" when it has none)."""
-    try:
-        data = json.loads(frame.data)
-    except ValueError:
+          skips: Dict[str, str]) -> str:
+    """A ``tool_start``, ``tool_approved`` or ``approval_request`` starts a call (its id is returned); a
+    ``tool_result`` is its call's logged result (and ``skipped`` its reason when it was not run)."""
+    data = frame_object(frame) if frame.name in _STARTS or frame.name == "tool_result" else None
+    if data is None:
         return ""
-    call = data.get("call") if isinstance(data, dict) and frame.name in _WRAPPED else data
-    return str(call.get("id") or "") if isinstance(call, dict) else ""
+    if frame.name == "tool_result":
+        if isinstance(data.get("call_id"), str):
+            results[data["call_id"]] = _logged_result(data)
+            if isinstance(data.get("skipped"), str):
+                skips[data["call_id"]] = data["skipped"]
+        return ""
+    call = frame_call(frame, data)
+    if call:
+        started.setdefault(call["id"], (str(call.get("name")), str(call.get("arguments") or "{}")))
+    return str(call.get("id") or "")
 
 
 def _logged_result(data: Dict[str, Any]) -> ToolResult:

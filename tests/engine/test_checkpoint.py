@@ -87,7 +87,7 @@ def test_a_run_hands_a_checkpoint_before_its_first_round_and_after_each_round_wi
     assert [m.content for m in start.messages] == ["what is x?"] and start.tool_results == ()
     assert after.rounds == ("let me look. ",) and after.usage is not None and after.usage.prompt_tokens == 10
     assert [r.text for r in after.tool_results] == ["x is 42"]
-    assert after.results_by_call_id["c1"].ok and after.telemetry.tools_started == 1
+    assert {result.call_id: result for result in after.tool_results}["c1"].ok and after.telemetry.tools_started == 1
     assert after.messages[-2].tool_calls[0].name == "lookup" and after.messages[-1].role == "tool"
     assert result.answer == "x is 42."
 
