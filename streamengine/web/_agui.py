@@ -28,7 +28,7 @@ from ._frames import OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
 from ._producer import LoggedErrors, LogRender
-from ._sse import EventFramer, PublicErrors
+from ._sse import EventFramer, PublicErrors, held_call, result_call
 
 #: The response headers of an AG-UI stream.
 AGUI_HEADERS: Headers = [
@@ -347,9 +347,7 @@ class AgUiStream(EventFramer):
             return b""
         head = b""
         if call_id not in self._shown:  # it never started (skipped): the call is still shown
-            call = getattr(event, "call", None)
-            head = self._show_call(call if isinstance(call, ToolCall) else
-                                   ToolCall(call_id, str(getattr(result, "name", "")), ""))
+            head = self._show_call(result_call(event, result, call_id))
         skipped = getattr(event, "skipped", None)
         ok = bool(getattr(result, "ok", False))
         content = getattr(result, "text", "") if ok else str(self._errors.tool_error_text(result, skipped) or "failed")
@@ -400,10 +398,9 @@ class AgUiStream(EventFramer):
         its log, and the client's next run answers with a ``resume`` entry
         whose ``interruptId`` is the call's id (:func:`resume_entries`).
         """
-        raw = getattr(event, "call", None)
-        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        call = held_call(event)
+        if call is None:
             return b""
-        call = ToolCall(raw["id"], str(raw.get("name")), str(raw.get("arguments") or ""))
         head = b"" if call.id in self._shown else self._show_call(call)
         self._ended = self.parked = True
         interrupt = {"id": call.id, "reason": "tool_approval", "toolCallId": call.id,
@@ -413,8 +410,6 @@ class AgUiStream(EventFramer):
             "outcome": {"type": "interrupt", "interrupts": [interrupt]}})
 
     def _done(self, event: object) -> bytes:
-        if self._ended:
-            return b""
         result = getattr(event, "result", None)
         self._ended = True
         finished: Dict[str, Any] = {

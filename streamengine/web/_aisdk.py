@@ -46,7 +46,7 @@ from ._frames import DONE_FRAME, OK_FRAME, data_frame
 from ._guard import Headers, RequestRejected, clip, messages_from_request
 from ._parts import PartsPolicy
 from ._producer import LoggedErrors, LogRender
-from ._sse import EventFramer, PublicErrors
+from ._sse import EventFramer, PublicErrors, held_call, result_call
 
 #: The ``ai`` major versions whose UI message stream the app can speak (``make_wsgi_app(ai_sdk_version=)``).
 AI_SDK_VERSIONS = (5, 6, 7)
@@ -230,7 +230,6 @@ class UiMessageStream(EventFramer):
         # Calls whose approval was asked (in this stream, or in the one ``held`` continues): a refusal of one is
         # its card's output-denied, and a card the client has is not shown again.
         self._asked = set(held)
-        self._shown.update((call_id, []) for call_id in self._asked)
 
     # --- Framer -----------------------------------------------------------------------------
     def opening(self) -> bytes:
@@ -342,10 +341,8 @@ class UiMessageStream(EventFramer):
         skipped = getattr(event, "skipped", None)
         error = self._errors.tool_error_text(result, skipped)
         head = b""
-        if call_id not in self._shown:  # it never started (skipped): its card still shows what was asked
-            call = getattr(event, "call", None)
-            if not isinstance(call, ToolCall):
-                call = ToolCall(call_id, str(getattr(result, "name", "")), "")
+        if call_id not in self._shown and call_id not in self._asked:  # never started (skipped): shown as asked
+            call = result_call(event, result, call_id)
             invalid = str(error) if skipped == "invalid" else None
             head = self._show_input(call, invalid)
             if invalid is not None and self.version >= 6:  # the input error is the card's final state
@@ -405,11 +402,10 @@ class UiMessageStream(EventFramer):
         and gets the rest on the same message.  The approval's id is the
         call's: the server checks it against the calls its run holds.
         """
-        raw = getattr(event, "call", None)
-        if self.version < 6 or not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        call = held_call(event)
+        if self.version < 6 or call is None:
             return b""
-        call = ToolCall(raw["id"], str(raw.get("name")), str(raw.get("arguments") or ""))
-        head = b"" if call.id in self._shown else self._show_input(call)
+        head = b"" if call.id in self._shown or call.id in self._asked else self._show_input(call)
         self._asked.add(call.id)
         self._ended = self.parked = True
         finish: Dict[str, Any] = {"type": "finish", "finishReason": "tool-calls",

@@ -154,6 +154,20 @@ class Framer(Protocol):
     def closing(self) -> bytes: ...
 
 
+def result_call(event: object, result: object, call_id: str) -> ToolCall:
+    """The call a ``tool_result`` answers: its event's, or (a logged result has none) one named by the result."""
+    call = getattr(event, "call", None)
+    return call if isinstance(call, ToolCall) else ToolCall(call_id, str(getattr(result, "name", "")), "")
+
+
+def held_call(event: object) -> Optional[ToolCall]:
+    """The call an ``approval_request`` holds (its logged ``{"id", "name", "arguments"}``); None without an id."""
+    raw = getattr(event, "call", None)
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        return None
+    return ToolCall(raw["id"], str(raw.get("name")), str(raw.get("arguments") or ""))
+
+
 class EventFramer:
     """What the frontends' framers share: the text of a token a client may see, and events dispatched by name.
 
