@@ -67,6 +67,7 @@ from ._aisdk import (
     chat_messages,
     check_ai_sdk_version,
 )
+from ._frames import SSE_HEADERS
 from ._guard import (
     SEND,
     ClientKey,
@@ -591,7 +592,7 @@ class StreamApp:
         holder.append(response)
         self._stuck.add(response)
         self._log.info("request {}: stream started for {}", request_id, environ.get("REMOTE_ADDR", "?"))
-        return status_line(200), [*(headers if headers is not None else _SSE_HEADERS),
+        return status_line(200), [*(headers if headers is not None else SSE_HEADERS),
                                   ("X-Request-Id", request_id)], response
 
     # --- request checks ---------------------------------------------------------------------
@@ -653,13 +654,6 @@ class StreamApp:
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-_SSE_HEADERS: Headers = [
-    ("Content-Type", "text/event-stream; charset=utf-8"),
-    ("Cache-Control", "no-cache"),
-    ("X-Accel-Buffering", "no"),
-]
-
 
 def _decode_json(body: bytes) -> Any:
     try:

@@ -46,9 +46,16 @@ import math
 from collections import abc
 from itertools import repeat
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, cast
 
 from .._engine.events import Event
+
+#: The response headers of the app's own event stream (proxies must not buffer it).
+SSE_HEADERS: List[Tuple[str, str]] = [
+    ("Content-Type", "text/event-stream; charset=utf-8"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),
+]
 
 #: Always the last frame of a stream; OpenAI-style clients stop on it.
 DONE_FRAME = b"data: [DONE]\n\n"

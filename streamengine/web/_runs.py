@@ -75,7 +75,7 @@ from ..runs import (
     RunStatus,
     new_run_id,
 )
-from ._frames import DONE_FRAME, OK_FRAME, PING_FRAME
+from ._frames import DONE_FRAME, OK_FRAME, PING_FRAME, SSE_HEADERS
 from ._guard import ClientKey, HttpError, StreamLimiter, clip, engine_refusal, json_response, status_line
 from ._producer import APPEND_WINDOW_S, RunProducer, detach, error_event, frame_call, frame_object, read_to_end
 from ._sse import PROBE_S, EngineLike, PublicErrors, RunOptions, StuckReaders, connection_dropper
@@ -340,7 +340,7 @@ class RunRoutes:
         self.stuck.add(response)
         self._log.info("request {}: run {} started for {}", errors.request_id, run_id, environ.get("REMOTE_ADDR", "?"))
         prefix = (environ.get("SCRIPT_NAME") or "").rstrip("/")
-        headers = chat.headers if chat is not None else _stream_headers()
+        headers = chat.headers if chat is not None else SSE_HEADERS
         return status_line(200), headers + [
             ("X-Run-Id", run_id), ("Location", f"{prefix}{RUNS_PATH}{run_id}/events"),
             ("X-Request-Id", errors.request_id)], response
@@ -493,7 +493,7 @@ class RunRoutes:
         release = self.acquire(environ)
         body = Following(self.follow(run_id, owner, after_seq, _probe(environ), environ=environ), release, environ,
                          self.stuck)
-        return status_line(200), _stream_headers() + [("X-Run-Id", run_id)], body
+        return status_line(200), SSE_HEADERS + [("X-Run-Id", run_id)], body
 
     def follow(self, run_id: str, owner: str, after_seq: int, disconnected: Optional[Callable[[], bool]],
                render: Optional[Render] = None, head: Optional[bytes] = None,
@@ -749,11 +749,6 @@ def _tracked(body: Iterator[bytes], response: _Writing) -> Generator[bytes, None
         response.writing_since = monotonic()
         yield chunk
         response.writing_since = None
-
-
-def _stream_headers() -> Headers:
-    return [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache"),
-            ("X-Accel-Buffering", "no")]
 
 
 def _probe(environ: WSGIEnvironment) -> Optional[Callable[[], bool]]:
